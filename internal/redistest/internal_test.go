@@ -1,0 +1,54 @@
+package redistest
+
+import (
+	"strconv"
+	"testing"
+)
+
+// TestStartRetriesWhenPortTaken simulates losing the race for a free port:
+// the first port offered is already used by another redis-server, which also
+// answers PING, so Start must detect that the answering server is not its
+// own process and retry on a new port.
+func TestStartRetriesWhenPortTaken(t *testing.T) {
+	t.Parallel()
+	Require(t)
+	other := Start(t)
+
+	calls := 0
+	pick := func() (int, error) {
+		calls++
+		if calls == 1 {
+			return other.port, nil
+		}
+		return freePort()
+	}
+	s := startServer(t, false, pick, nil)
+	if calls < 2 {
+		t.Fatalf("pickPort called %d times, want a retry", calls)
+	}
+	if s.Addr == other.Addr {
+		t.Fatalf("started on the taken address %s", s.Addr)
+	}
+	if err := pingOwn(s.Addr, s.proc.cmd.Process.Pid); err != nil {
+		t.Fatalf("new server: %v", err)
+	}
+	if err := pingOwn(other.Addr, other.proc.cmd.Process.Pid); err != nil {
+		t.Fatalf("other server disturbed: %v", err)
+	}
+}
+
+func TestFreeClusterPort(t *testing.T) {
+	t.Parallel()
+	for i := 0; i < 20; i++ {
+		p, err := freeClusterPort()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p < clusterPortMin || p >= clusterPortMax || p+clusterBusOffset > 65535 {
+			t.Fatalf("port %d out of range", p)
+		}
+		if !portFree(p) || !portFree(p+clusterBusOffset) {
+			t.Fatalf("port %d or %s not free", p, strconv.Itoa(p+clusterBusOffset))
+		}
+	}
+}

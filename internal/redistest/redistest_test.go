@@ -1,0 +1,195 @@
+package redistest_test
+
+// This test uses only the standard library: go.sum currently lacks the
+// entries for testify's own dependencies.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/asynq-throttle/asynq-throttle/internal/redistest"
+)
+
+func TestStart(t *testing.T) {
+	t.Parallel()
+	s := redistest.Start(t)
+	if s.Addr == "127.0.0.1:6379" || !strings.HasPrefix(s.Addr, "127.0.0.1:") {
+		t.Fatalf("unexpected Addr %q", s.Addr)
+	}
+
+	ctx := context.Background()
+	c := s.Client(t)
+	if got, err := c.Ping(ctx).Result(); err != nil || got != "PONG" {
+		t.Fatalf("PING = %q, %v", got, err)
+	}
+	if err := c.Set(ctx, "k", "v", 0).Err(); err != nil {
+		t.Fatalf("SET: %v", err)
+	}
+	if got, err := c.Get(ctx, "k").Result(); err != nil || got != "v" {
+		t.Fatalf("GET = %q, %v; want v", got, err)
+	}
+
+	want := map[string]string{"maxmemory-policy": "noeviction", "save": "", "appendonly": "no"}
+	for name, w := range want {
+		got, err := c.ConfigGet(ctx, name).Result()
+		if err != nil {
+			t.Fatalf("CONFIG GET %s: %v", name, err)
+		}
+		if got[name] != w {
+			t.Errorf("CONFIG GET %s = %q, want %q", name, got[name], w)
+		}
+	}
+}
+
+func TestStartExtraArgs(t *testing.T) {
+	t.Parallel()
+	s := redistest.Start(t, "--databases", "4")
+	got, err := s.Client(t).ConfigGet(context.Background(), "databases").Result()
+	if err != nil || got["databases"] != "4" {
+		t.Fatalf("CONFIG GET databases = %v, %v; want 4", got, err)
+	}
+}
+
+func TestStartTwoServersAreIndependent(t *testing.T) {
+	t.Parallel()
+	a, b := redistest.Start(t), redistest.Start(t)
+	if a.Addr == b.Addr {
+		t.Fatalf("both servers on %s", a.Addr)
+	}
+	ctx := context.Background()
+	if err := a.Client(t).Set(ctx, "k", "a", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Client(t).Get(ctx, "k").Err(); !errors.Is(err, redis.Nil) {
+		t.Fatalf("GET on other server: %v, want redis.Nil", err)
+	}
+}
+
+func TestRestart(t *testing.T) {
+	t.Parallel()
+	s := redistest.Start(t)
+	addr := s.Addr
+	ctx := context.Background()
+	c := s.Client(t)
+	if err := c.Set(ctx, "k", "v", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	sha, err := c.ScriptLoad(ctx, "return 1").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	s.Restart(t)
+	if s.Addr != addr {
+		t.Fatalf("Addr after restart = %s, want %s", s.Addr, addr)
+	}
+	// The old client reconnects to the same address; data and scripts are gone.
+	if err := c.Get(ctx, "k").Err(); !errors.Is(err, redis.Nil) {
+		t.Fatalf("GET after restart: %v, want redis.Nil", err)
+	}
+	if err := c.EvalSha(ctx, sha, nil).Err(); err == nil || !strings.HasPrefix(err.Error(), "NOSCRIPT") {
+		t.Fatalf("EVALSHA after restart: %v, want NOSCRIPT", err)
+	}
+
+	// Restarting is repeatable.
+	s.Restart(t)
+	if got, err := s.Client(t).Ping(ctx).Result(); err != nil || got != "PONG" {
+		t.Fatalf("PING after second restart = %q, %v", got, err)
+	}
+}
+
+func TestStop(t *testing.T) {
+	t.Parallel()
+	s := redistest.Start(t)
+	ctx := context.Background()
+	c := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1, DialerRetries: 1, DialTimeout: time.Second})
+	t.Cleanup(func() { _ = c.Close() })
+	if err := c.Ping(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+
+	s.Stop()
+	if err := c.Ping(ctx).Err(); err == nil {
+		t.Fatal("PING succeeded after Stop")
+	}
+	s.Stop() // idempotent
+	if err := c.Ping(ctx).Err(); err == nil {
+		t.Fatal("PING succeeded after second Stop")
+	}
+}
+
+func TestStartCluster(t *testing.T) {
+	t.Parallel()
+	start := time.Now()
+	cl := redistest.StartCluster(t)
+	t.Logf("cluster %v ready in %v", cl.Addrs, time.Since(start).Round(time.Millisecond))
+	if len(cl.Addrs) != 3 {
+		t.Fatalf("Addrs = %v, want 3", cl.Addrs)
+	}
+
+	ctx := context.Background()
+	cc := cl.Client(t)
+	slots := map[int64]bool{}
+	for i := 0; i < 100; i++ {
+		key := fmt.Sprintf("key:%d", i)
+		if err := cc.Set(ctx, key, i, 0).Err(); err != nil {
+			t.Fatalf("SET %s: %v", key, err)
+		}
+		slot, err := cc.ClusterKeySlot(ctx, key).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		slots[slot] = true
+	}
+	if len(slots) < 90 {
+		t.Fatalf("100 keys hashed to only %d slots", len(slots))
+	}
+	for i := 0; i < 100; i++ {
+		key := fmt.Sprintf("key:%d", i)
+		if got, err := cc.Get(ctx, key).Int(); err != nil || got != i {
+			t.Fatalf("GET %s = %d, %v; want %d", key, got, err, i)
+		}
+	}
+
+	// Every master holds some of the keys and reports the cluster ok.
+	var total int64
+	for _, addr := range cl.Addrs {
+		node := redis.NewClient(&redis.Options{Addr: addr})
+		t.Cleanup(func() { _ = node.Close() })
+		info, err := node.ClusterInfo(ctx).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(info, "cluster_state:ok") || !strings.Contains(info, "cluster_slots_assigned:16384") {
+			t.Fatalf("CLUSTER INFO on %s:\n%s", addr, info)
+		}
+		n, err := node.DBSize(ctx).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 {
+			t.Errorf("node %s holds no keys", addr)
+		}
+		total += n
+	}
+	if total != 100 {
+		t.Fatalf("nodes hold %d keys in total, want 100", total)
+	}
+}
+
+func BenchmarkPing(b *testing.B) {
+	s := redistest.Start(b)
+	c := s.Client(b)
+	ctx := context.Background()
+	for b.Loop() {
+		if err := c.Ping(ctx).Err(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

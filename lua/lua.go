@@ -1,0 +1,295 @@
+// Package lua holds the Redis Lua scripts that make every throttling decision,
+// embedded from .lua files, and the typed Go wrappers that run them.
+//
+// Every script starts with lib.lua (shared helpers) and reads Redis TIME once,
+// so the whole fleet shares one clock. All keys of one limiter key share a hash
+// tag and are passed in KEYS, so the scripts run unchanged on Redis Cluster.
+// go-redis runs scripts with EVALSHA and falls back to EVAL on NOSCRIPT, so a
+// restart, failover or SCRIPT FLUSH reloads the script instead of failing.
+package lua
+
+import (
+	_ "embed"
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+var (
+	//go:embed lib.lua
+	libSrc string
+	//go:embed decide.lua
+	decideSrc string
+	//go:embed setlimits.lua
+	setLimitsSrc string
+	//go:embed suspend.lua
+	suspendSrc string
+	//go:embed inspect.lua
+	inspectSrc string
+)
+
+// The scripts, each prefixed with the shared helpers.
+var (
+	decideScript    = redis.NewScript(libSrc + decideSrc)
+	setLimitsScript = redis.NewScript(libSrc + setLimitsSrc)
+	suspendScript   = redis.NewScript(libSrc + suspendSrc)
+	inspectScript   = redis.NewScript(libSrc + inspectSrc)
+)
+
+// Status codes in the first element of a Decide reply.
+const (
+	StatusAllowed   = 1
+	StatusDenied    = 0
+	StatusBadConfig = -1
+	StatusNoLimits  = -2
+)
+
+// Keys are the Redis keys of one limiter key. All four must hash to one slot.
+type Keys struct {
+	Config       string // hash: tiers, rate:i, per_ms:i, burst:i
+	State        string // hash: ts (us), tk:i (tokens), vnext (us, next free reservation slot)
+	Suspend      string // string: suspended until (us)
+	Reservations string // sorted set: task ID scored by its slot (us)
+}
+
+func (k Keys) all() []string { return []string{k.Config, k.State, k.Suspend, k.Reservations} }
+
+// Tier is one validated limit as the scripts store it: Rate tokens every
+// PerMS milliseconds, holding at most Burst.
+type Tier struct {
+	Rate, PerMS, Burst int64
+}
+
+func appendTiers(args []any, tiers []Tier) []any {
+	args = append(args, len(tiers))
+	for _, t := range tiers {
+		args = append(args, t.Rate, t.PerMS, t.Burst)
+	}
+	return args
+}
+
+// DecideArgs are the inputs of one decision.
+type DecideArgs struct {
+	// TaskID names the caller for a reservation; "" never reserves.
+	TaskID string
+	// Granule is how precisely a denied caller can come back (asynq: 1 s).
+	// Reservation slots are spaced so that one granule of returning callers
+	// fits in every tier's burst. Zero means callers return on time.
+	Granule time.Duration
+	// Horizon is how far ahead a slot may be reserved; zero never reserves.
+	Horizon time.Duration
+	// Lapse is how long a reservation is kept after its slot.
+	Lapse time.Duration
+	// IdleExpiry is refreshed on the config at every call.
+	IdleExpiry time.Duration
+	// Defaults apply when the key has no config in Redis.
+	Defaults []Tier
+}
+
+// DecideReply is the outcome of one decision.
+type DecideReply struct {
+	Status     int           // StatusAllowed, StatusDenied, StatusBadConfig or StatusNoLimits
+	RetryAfter time.Duration // when denied: wait at least this long
+	Remaining  int64         // when allowed: tokens left in the tightest tier
+	RefusedBy  string        // "tier:N", "suspended", "queue" or "reserved"
+	Slot       time.Time     // when denied with a reservation: the reserved slot (Redis clock)
+	Field      string        // when StatusBadConfig: the offending config field
+	Reason     string        // when StatusBadConfig: what is wrong with it
+}
+
+// Decide runs decide.lua.
+//
+//	KEYS[1] config  KEYS[2] state  KEYS[3] suspend  KEYS[4] reservations
+//	ARGV[1] task ID ("" = no reservation)
+//	ARGV[2] granule, microseconds
+//	ARGV[3] reservation horizon, microseconds (0 = never reserve)
+//	ARGV[4] lapse, microseconds
+//	ARGV[5] config inactivity expiry, milliseconds
+//	ARGV[6] number of default tiers, then ARGV[7..] rate, per_ms, burst per tier
+//
+// Reply: {status, retry_after_us, remaining, refused_by, slot_us} with numbers
+// as strings (Lua would truncate them), or {-1, field, reason} for a bad config,
+// or {-2} when the key has no limits.
+func Decide(ctx context.Context, c redis.Scripter, k Keys, a DecideArgs) (DecideReply, error) {
+	args := make([]any, 0, 6+3*len(a.Defaults))
+	args = append(args, a.TaskID, a.Granule.Microseconds(), a.Horizon.Microseconds(),
+		a.Lapse.Microseconds(), a.IdleExpiry.Milliseconds())
+	args = appendTiers(args, a.Defaults)
+	v, err := decideScript.Run(ctx, c, k.all(), args...).Slice()
+	if err != nil {
+		return DecideReply{}, err
+	}
+	return parseDecide(v)
+}
+
+func parseDecide(v []any) (DecideReply, error) {
+	if len(v) == 0 {
+		return DecideReply{}, errBadReply("decide", v)
+	}
+	status, ok := v[0].(int64)
+	if !ok {
+		return DecideReply{}, errBadReply("decide", v)
+	}
+	switch status {
+	case StatusNoLimits:
+		return DecideReply{Status: StatusNoLimits}, nil
+	case StatusBadConfig:
+		if len(v) != 3 {
+			return DecideReply{}, errBadReply("decide", v)
+		}
+		field, _ := v[1].(string)
+		reason, _ := v[2].(string)
+		return DecideReply{Status: StatusBadConfig, Field: field, Reason: reason}, nil
+	}
+	if len(v) != 5 {
+		return DecideReply{}, errBadReply("decide", v)
+	}
+	retry, ok1 := num(v[1])
+	remaining, ok2 := num(v[2])
+	by, ok3 := v[3].(string)
+	slot, ok4 := num(v[4])
+	if !ok1 || !ok2 || !ok3 || !ok4 {
+		return DecideReply{}, errBadReply("decide", v)
+	}
+	r := DecideReply{
+		Status:     int(status),
+		RetryAfter: time.Duration(retry) * time.Microsecond,
+		Remaining:  remaining,
+		RefusedBy:  by,
+	}
+	if slot > 0 {
+		r.Slot = time.UnixMicro(slot)
+	}
+	return r, nil
+}
+
+// SetLimits runs setlimits.lua: tokens are brought up to date under the old
+// limits and clamped to the new bursts, then the config is replaced.
+//
+//	KEYS[1] config  KEYS[2] state
+//	ARGV[1] config inactivity expiry, milliseconds
+//	ARGV[2] number of tiers, then ARGV[3..] rate, per_ms, burst per tier
+//
+// Reply: {1}, or {-1, field, reason} when a tier is out of range.
+func SetLimits(ctx context.Context, c redis.Scripter, k Keys, idle time.Duration, tiers []Tier) (field, reason string, err error) {
+	args := appendTiers([]any{idle.Milliseconds()}, tiers)
+	v, err := setLimitsScript.Run(ctx, c, []string{k.Config, k.State}, args...).Slice()
+	if err != nil {
+		return "", "", err
+	}
+	if len(v) == 3 {
+		field, _ = v[1].(string)
+		reason, _ = v[2].(string)
+		return field, reason, nil
+	}
+	if len(v) != 1 {
+		return "", "", errBadReply("setlimits", v)
+	}
+	return "", "", nil
+}
+
+// Suspend runs suspend.lua: the key is suspended until now+d (d capped at
+// max) or until its current end, whichever is later.
+//
+//	KEYS[1] suspend
+//	ARGV[1] duration, microseconds   ARGV[2] maximum, microseconds
+//
+// Reply: the remaining suspension in microseconds, as a string.
+func Suspend(ctx context.Context, c redis.Scripter, k Keys, d, max time.Duration) (time.Duration, error) {
+	v, err := suspendScript.Run(ctx, c, []string{k.Suspend}, d.Microseconds(), max.Microseconds()).Result()
+	if err != nil {
+		return 0, err
+	}
+	us, ok := num(v)
+	if !ok {
+		return 0, errBadReply("suspend", v)
+	}
+	return time.Duration(us) * time.Microsecond, nil
+}
+
+// InspectReply is a read-only view of one key.
+type InspectReply struct {
+	Status       int           // StatusAllowed (limits known), StatusBadConfig or StatusNoLimits
+	Suspended    time.Duration // remaining suspension, 0 if none
+	Reservations int64         // outstanding reservations
+	QueuedFor    time.Duration // time until the last reserved slot
+	Tokens       []float64     // tokens per tier now
+	Field        string
+	Reason       string
+}
+
+// Inspect runs inspect.lua; it writes nothing.
+//
+//	KEYS as Decide; ARGV[1] number of default tiers, then rate, per_ms, burst per tier
+//
+// Reply: {1, suspended_us, reservations, queued_us, tokens...}, {-2,
+// suspended_us, reservations} without limits, or {-1, field, reason}.
+func Inspect(ctx context.Context, c redis.Scripter, k Keys, defaults []Tier) (InspectReply, error) {
+	v, err := inspectScript.Run(ctx, c, k.all(), appendTiers(nil, defaults)...).Slice()
+	if err != nil {
+		return InspectReply{}, err
+	}
+	if len(v) < 3 {
+		return InspectReply{}, errBadReply("inspect", v)
+	}
+	status, _ := v[0].(int64)
+	if status == StatusBadConfig {
+		field, _ := v[1].(string)
+		reason, _ := v[2].(string)
+		return InspectReply{Status: StatusBadConfig, Field: field, Reason: reason}, nil
+	}
+	susp, ok1 := num(v[1])
+	resv, ok2 := v[2].(int64)
+	if !ok1 || !ok2 {
+		return InspectReply{}, errBadReply("inspect", v)
+	}
+	r := InspectReply{Status: int(status), Suspended: time.Duration(susp) * time.Microsecond, Reservations: resv}
+	if status == StatusNoLimits {
+		return r, nil
+	}
+	if len(v) < 4 {
+		return InspectReply{}, errBadReply("inspect", v)
+	}
+	q, ok := num(v[3])
+	if !ok {
+		return InspectReply{}, errBadReply("inspect", v)
+	}
+	r.QueuedFor = time.Duration(q) * time.Microsecond
+	for _, e := range v[4:] {
+		s, _ := e.(string)
+		f, err := strconv.ParseFloat(s, 64)
+		if err != nil {
+			return InspectReply{}, errBadReply("inspect", v)
+		}
+		r.Tokens = append(r.Tokens, f)
+	}
+	return r, nil
+}
+
+// num reads an integer that the script sent as a %.17g string.
+func num(v any) (int64, bool) {
+	s, ok := v.(string)
+	if !ok {
+		return 0, false
+	}
+	if n, err := strconv.ParseInt(s, 10, 64); err == nil {
+		return n, true
+	}
+	f, err := strconv.ParseFloat(s, 64)
+	if err != nil || f != f {
+		return 0, false
+	}
+	return int64(f), true
+}
+
+// ErrBadReply reports a script reply of an unexpected shape (a script and
+// wrapper out of step, or something other than Redis answering).
+var ErrBadReply = errors.New("lua: unexpected script reply")
+
+func errBadReply(script string, v any) error {
+	return fmt.Errorf("%w from %s: %#v", ErrBadReply, script, v)
+}

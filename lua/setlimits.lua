@@ -1,0 +1,37 @@
+-- setlimits.lua: replace a key's limits atomically (see lua.go for the contract).
+-- Tokens are first brought up to date under the old limits, then clamped to
+-- the new bursts, so a change neither grants a fresh burst nor loses debt.
+local cfg_key, state_key = KEYS[1], KEYS[2]
+local idle_ms = tonumber(ARGV[1])
+local NEW_AT = 2
+
+local now = now_us()
+local new, field, why = tiers_from_argv(ARGV, NEW_AT)
+if not new then return {-1, field or 'tiers', why or 'missing'} end
+
+local old = nil
+if redis.call('EXISTS', cfg_key) == 1 then old = load_tiers(cfg_key, {}, 1) end
+local state = read_state(state_key)
+if old and state.ts then
+  local tokens = refill(state, old, now)
+  local kept = {}
+  for i, t in ipairs(new) do
+    local v = tokens[i] or t.burst
+    if v > t.burst then v = t.burst end
+    kept[i] = v
+  end
+  write_tokens(state_key, state, new, kept, now)
+  redis.call('PEXPIRE', state_key, math.ceil(full_after(new, kept) / 1000) + 1000)
+end
+
+local args = {'tiers', ARGV[NEW_AT]}
+for i = 1, #new do
+  local at = NEW_AT + 1 + (i - 1) * 3
+  args[#args + 1] = 'rate:' .. i;   args[#args + 1] = ARGV[at]
+  args[#args + 1] = 'per_ms:' .. i; args[#args + 1] = ARGV[at + 1]
+  args[#args + 1] = 'burst:' .. i;  args[#args + 1] = ARGV[at + 2]
+end
+redis.call('DEL', cfg_key)
+redis.call('HSET', cfg_key, unpack(args))
+redis.call('PEXPIRE', cfg_key, idle_ms)
+return {1}

@@ -1,0 +1,54 @@
+package throttle
+
+import (
+	"fmt"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/asynq-throttle/asynq-throttle/lua"
+)
+
+// MaxKeyLen is the longest key name, in bytes.
+const MaxKeyLen = 128
+
+// DefaultPrefix starts every Redis key the limiter writes; see WithPrefix.
+const DefaultPrefix = "throttle"
+
+// ValidateKey reports whether name can be used as a limiter key: non-empty, at
+// most MaxKeyLen bytes of valid UTF-8, printable, without '{' or '}' (which
+// would break the Redis Cluster hash tag). The error wraps ErrInvalidKey.
+func ValidateKey(name string) error {
+	bad := func(why string) error { return fmt.Errorf("%w: %q: %s", ErrInvalidKey, name, why) }
+	switch {
+	case name == "":
+		return bad("must not be empty")
+	case len(name) > MaxKeyLen:
+		return bad(fmt.Sprintf("is %d bytes, at most %d", len(name), MaxKeyLen))
+	case !utf8.ValidString(name):
+		return bad("is not valid UTF-8")
+	}
+	for _, r := range name {
+		if r == '{' || r == '}' {
+			return bad("must not contain '{' or '}'")
+		}
+		if !unicode.IsPrint(r) {
+			return bad(fmt.Sprintf("contains the unprintable character %U", r))
+		}
+	}
+	return nil
+}
+
+// redisKeys derives every Redis key of one limiter key. It is the only place
+// key names are built; all share the hash tag {name}.
+func redisKeys(prefix, name string) (lua.Keys, error) {
+	if err := ValidateKey(name); err != nil {
+		return lua.Keys{}, err
+	}
+	base := prefix + ":{" + name + "}:"
+	return lua.Keys{
+		Config:       base + "cfg",
+		State:        base + "state",
+		Suspend:      base + "suspend",
+		Reservations: base + "resv",
+	}, nil
+}

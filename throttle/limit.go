@@ -1,0 +1,104 @@
+package throttle
+
+import (
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/asynq-throttle/asynq-throttle/lua"
+)
+
+// Bounds on limits. Values outside them are refused with ErrInvalidLimit, by
+// SetLimits in Go and again by the script for config read from Redis.
+const (
+	// MaxTiers is the most limits one key can have (e.g. per second, per
+	// minute, per hour, per day).
+	MaxTiers = 4
+	// MaxPer is the longest period of a limit.
+	MaxPer = 30 * 24 * time.Hour
+	// MaxRatePerSecond is the fastest rate a limit may allow.
+	MaxRatePerSecond = 1_000_000
+	// MaxBurst is the largest burst a limit may allow.
+	MaxBurst = 1_000_000_000
+)
+
+// Limit allows Rate events every Per, with at most Burst at once. A Limit is a
+// token bucket: it holds Burst tokens and refills at Rate/Per.
+//
+// The zero value is not a valid limit. Burst 0 means Burst equals Rate.
+type Limit struct {
+	Rate  int
+	Per   time.Duration
+	Burst int
+}
+
+// PerSecond allows n events per second with a burst of n.
+func PerSecond(n int) Limit { return Limit{Rate: n, Per: time.Second} }
+
+// PerMinute allows n events per minute with a burst of n.
+func PerMinute(n int) Limit { return Limit{Rate: n, Per: time.Minute} }
+
+// PerHour allows n events per hour with a burst of n.
+func PerHour(n int) Limit { return Limit{Rate: n, Per: time.Hour} }
+
+// WithBurst returns a copy of l whose burst is b.
+func (l Limit) WithBurst(b int) Limit {
+	l.Burst = b
+	return l
+}
+
+// burst is the effective burst: Burst, or Rate when Burst is 0.
+func (l Limit) burst() int {
+	if l.Burst == 0 {
+		return l.Rate
+	}
+	return l.Burst
+}
+
+// String formats l as "50/1m0s burst 50".
+func (l Limit) String() string {
+	return fmt.Sprintf("%d/%v burst %d", l.Rate, l.Per, l.burst())
+}
+
+// validate checks one limit; i is its position, used in the error.
+func (l Limit) validate(i int) error {
+	bad := func(field string, v any, why string) error {
+		return fmt.Errorf("%w: limits[%d].%s = %v: %s", ErrInvalidLimit, i, field, v, why)
+	}
+	switch {
+	case l.Rate <= 0:
+		return bad("Rate", l.Rate, "must be > 0")
+	case l.Per <= 0:
+		return bad("Per", l.Per, "must be > 0")
+	case l.Per%time.Millisecond != 0:
+		return bad("Per", l.Per, "must be a whole number of milliseconds")
+	case l.Per > MaxPer:
+		return bad("Per", l.Per, fmt.Sprintf("must be at most %v", MaxPer))
+	case l.Burst < 0:
+		return bad("Burst", l.Burst, "must be >= 0 (0 means Rate)")
+	case l.burst() > MaxBurst:
+		return bad("Burst", l.burst(), fmt.Sprintf("must be at most %d", MaxBurst))
+	}
+	if perSec := float64(l.Rate) / l.Per.Seconds(); perSec > MaxRatePerSecond || math.IsInf(perSec, 0) {
+		return bad("Rate", l.Rate, fmt.Sprintf("%g per second is above the maximum %d per second", perSec, MaxRatePerSecond))
+	}
+	return nil
+}
+
+// validateLimits checks a set of tiers and converts them for the scripts.
+func validateLimits(limits []Limit) ([]lua.Tier, error) {
+	if len(limits) == 0 {
+		return nil, fmt.Errorf("%w: no limits given (want 1 to %d)", ErrInvalidLimit, MaxTiers)
+	}
+	if len(limits) > MaxTiers {
+		return nil, fmt.Errorf("%w: %d limits given, at most %d", ErrInvalidLimit, len(limits), MaxTiers)
+	}
+	tiers := make([]lua.Tier, len(limits))
+	for i, l := range limits {
+		if err := l.validate(i); err != nil {
+			return nil, err
+		}
+		tiers[i] = lua.Tier{Rate: int64(l.Rate), PerMS: l.Per.Milliseconds(), Burst: int64(l.burst())}
+	}
+	return tiers, nil
+}

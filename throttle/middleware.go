@@ -1,0 +1,282 @@
+package throttle
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/asynq-throttle/asynq-throttle/internal/deferral"
+	"github.com/asynq-throttle/asynq-throttle/internal/jitter"
+	"github.com/asynq-throttle/asynq-throttle/lua"
+)
+
+// Outcome is what the middleware did with one task.
+type Outcome int
+
+const (
+	// Ran: a token was taken and the handler ran.
+	Ran Outcome = iota
+	// Deferred: refused; the task will run later.
+	Deferred
+	// Suspended: the handler reported a rate limit; the key was suspended
+	// fleet-wide and the task deferred.
+	Suspended
+	// Unthrottled: the task has no key, or its key has no limits; the
+	// handler ran without a decision.
+	Unthrottled
+	// Failed: Redis could not decide; the failure policy applied (Event.Ran
+	// tells whether the handler ran).
+	Failed
+)
+
+func (o Outcome) String() string {
+	switch o {
+	case Ran:
+		return "ran"
+	case Deferred:
+		return "deferred"
+	case Suspended:
+		return "suspended"
+	case Unthrottled:
+		return "unthrottled"
+	case Failed:
+		return "failed"
+	}
+	return "Outcome(" + strconv.Itoa(int(o)) + ")"
+}
+
+// Event describes one middleware decision, for WithObserver.
+type Event struct {
+	Key      string
+	TaskID   string
+	TaskType string
+	Outcome  Outcome
+	// Reason is the refusal's reason when Deferred.
+	Reason Reason
+	// Delay is how long a Deferred or Suspended task waits.
+	Delay time.Duration
+	// Reserved reports that the deferred task holds a reserved slot.
+	Reserved bool
+	// Copied reports that the deferral re-enqueued a copy of the task (the
+	// path used outside worker.NewServer and on a task's last attempt).
+	Copied bool
+	// Ran reports whether the handler ran.
+	Ran bool
+	// Err is the Redis error of a Failed decision.
+	Err error
+}
+
+// ByProvider returns an asynq middleware that throttles every task by its key
+// (see Key, WithKeyFunc) with limits shared through rdb by every process:
+//
+//	mux.Use(throttle.ByProvider(rdb))
+//
+// Before the handler runs it makes one decision in Redis. When allowed, the
+// handler runs. When refused, the handler does not run: the task is deferred
+// to run after the retry-after, and the worker goroutine is free at once. A
+// handler error wrapping RateLimited suspends the key fleet-wide.
+//
+// Use it in a server built by worker.NewServer: deferrals then keep the task's
+// ID and retry count and count as neither processed nor failed. In a plain
+// asynq.Server (and on a task's last allowed attempt, which asynq would
+// archive) the task is deferred by enqueueing a copy with a new ID and
+// finishing the original, which asynq counts as processed.
+func ByProvider(rdb redis.UniversalClient, opts ...Option) asynq.MiddlewareFunc {
+	return NewLimiter(rdb, opts...).Middleware()
+}
+
+// Middleware returns the ByProvider middleware of l.
+func (l *Limiter) Middleware() asynq.MiddlewareFunc {
+	m := &middleware{
+		l:      l,
+		jitter: jitter.New(l.o.jitterSource, l.o.jitterMin, l.o.jitterMax, l.o.jitterFraction),
+		client: l.o.deferralClient,
+		now:    time.Now,
+	}
+	return func(next asynq.Handler) asynq.Handler {
+		return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
+			return m.process(ctx, t, next)
+		})
+	}
+}
+
+type middleware struct {
+	l          *Limiter
+	jitter     *jitter.Jitter
+	now        func() time.Time
+	clientOnce sync.Once
+	client     *asynq.Client
+	warned     sync.Map // key -> struct{}: "no limits" logged once per key
+}
+
+func (m *middleware) process(ctx context.Context, t *asynq.Task, next asynq.Handler) error {
+	o := &m.l.o
+	key, err := o.keyOf(t)
+	if err != nil {
+		return err
+	}
+	id, _ := asynq.GetTaskID(ctx)
+	ev := Event{Key: key, TaskID: id, TaskType: t.Type()}
+	if key == "" {
+		ev.Outcome, ev.Ran = Unthrottled, true
+		m.observe(ev)
+		return next.ProcessTask(ctx, t)
+	}
+
+	d, err := m.decide(ctx, key, t, id)
+	switch {
+	case errors.Is(err, ErrNoLimits):
+		if _, seen := m.warned.LoadOrStore(key, struct{}{}); !seen {
+			o.logger.Warn("throttle: key has no limits, running its tasks unthrottled; call SetLimits or use WithDefaultLimits",
+				"key", key, "task_type", t.Type())
+		}
+		ev.Outcome, ev.Ran = Unthrottled, true
+		m.observe(ev)
+		return next.ProcessTask(ctx, t)
+	case err != nil:
+		ev.Outcome, ev.Err = Failed, err
+		if o.failure == FailOpen {
+			o.logger.Error("throttle: cannot decide, running task unthrottled (fail open)", "key", key, "task_id", id, "err", err)
+			ev.Ran = true
+			m.observe(ev)
+			return next.ProcessTask(ctx, t)
+		}
+		delay := m.roundUp(m.jitter.Add(o.failureDelay))
+		o.logger.Error("throttle: cannot decide, deferring task (fail closed)", "key", key, "task_id", id, "retry_in", delay, "err", err)
+		ev.Delay = delay
+		var derr error
+		ev.Copied, derr = m.deferTask(ctx, t, key, delay, "redis unavailable")
+		m.observe(ev)
+		return derr
+	case !d.Allowed:
+		return m.deferDecision(ctx, t, key, d, ev, Deferred)
+	}
+
+	ev.Outcome, ev.Ran = Ran, true
+	m.observe(ev)
+	herr := next.ProcessTask(ctx, t)
+	var rl *RateLimitedError
+	if !errors.As(herr, &rl) {
+		return herr
+	}
+	// The provider said "too many requests": stop the whole fleet.
+	wait := rl.RetryAfter
+	if wait <= 0 {
+		wait = o.defaultSuspend
+	}
+	left, err := m.l.suspend(ctx, key, wait)
+	if err != nil {
+		o.logger.Error("throttle: cannot suspend key after a rate limit, deferring the task", "key", key, "err", err)
+		left = wait
+	} else {
+		o.logger.Warn("throttle: provider rate limited a task, key suspended fleet-wide", "key", key, "task_id", id, "suspended_for", left)
+	}
+	d, err = m.decide(ctx, key, t, id)
+	if err != nil || d.Allowed {
+		// Without a decision (or with a token that appeared), wait out the
+		// suspension spread by jitter.
+		d = Decision{RetryAfter: left, Reason: RefusedBySuspension}
+	}
+	return m.deferDecision(ctx, t, key, d, ev, Suspended)
+}
+
+func (m *middleware) decide(ctx context.Context, key string, t *asynq.Task, id string) (Decision, error) {
+	a := lua.DecideArgs{Granule: Granule}
+	if origin := t.Headers()[HeaderOrigin]; origin != "" {
+		id = origin
+	}
+	if m.l.o.horizon > 0 && id != "" {
+		a.TaskID, a.Horizon = id, m.l.o.horizon
+	}
+	return m.l.decide(ctx, key, a)
+}
+
+// deferDecision defers a refused task: a task with a reserved slot comes back
+// right after it; others get jitter so a crowd does not come back at once.
+func (m *middleware) deferDecision(ctx context.Context, t *asynq.Task, key string, d Decision, ev Event, out Outcome) error {
+	delay := d.RetryAfter
+	if !d.Reserved {
+		delay = m.jitter.Add(delay)
+	}
+	delay = m.roundUp(delay)
+	ev.Outcome, ev.Reason, ev.Delay, ev.Reserved = out, d.Reason, delay, d.Reserved
+	m.l.o.logger.Debug("throttle: task deferred", "key", key, "task_id", ev.TaskID, "reason", d.Reason, "retry_in", delay, "reserved", d.Reserved)
+	var err error
+	ev.Copied, err = m.deferTask(ctx, t, key, delay, d.Reason.String())
+	m.observe(ev)
+	return err
+}
+
+// roundUp stretches d so that now+d falls on a whole second: asynq scores
+// delayed tasks in whole seconds and runs them once that second has begun, so
+// a task is never brought back before the time it was given.
+func (m *middleware) roundUp(d time.Duration) time.Duration {
+	now := m.now()
+	at := now.Add(d)
+	if t := at.Truncate(time.Second); t.Before(at) {
+		at = t.Add(time.Second)
+	}
+	return at.Sub(now)
+}
+
+// deferTask makes t run again after delay without spending its retry budget.
+// It reports whether it re-enqueued a copy.
+func (m *middleware) deferTask(ctx context.Context, t *asynq.Task, key string, delay time.Duration, why string) (bool, error) {
+	retried, _ := asynq.GetRetryCount(ctx)
+	maxRetry, hasMax := asynq.GetMaxRetry(ctx)
+	if deferral.Marked(ctx) && hasMax && retried < maxRetry {
+		// asynq's retry path: atomic, same task ID, retry count untouched.
+		return false, &deferral.Error{Key: key, Reason: why, Delay: delay}
+	}
+	return true, m.enqueueCopy(ctx, t, delay, maxRetry, hasMax)
+}
+
+// enqueueCopy re-enqueues t to run after delay and lets the original finish.
+// The copy's ID is derived from the original's, so doing it twice (a crash
+// between enqueue and finish) finds the first copy instead of making another.
+func (m *middleware) enqueueCopy(ctx context.Context, t *asynq.Task, delay time.Duration, maxRetry int, hasMax bool) error {
+	id, _ := asynq.GetTaskID(ctx)
+	queue, _ := asynq.GetQueueName(ctx)
+	headers := make(map[string]string, len(t.Headers())+2)
+	for k, v := range t.Headers() {
+		headers[k] = v
+	}
+	origin := headers[HeaderOrigin]
+	if origin == "" {
+		origin = id
+		headers[HeaderOrigin] = id
+	}
+	n, _ := strconv.Atoi(headers[HeaderDeferrals])
+	n++
+	headers[HeaderDeferrals] = strconv.Itoa(n)
+	opts := []asynq.Option{asynq.ProcessIn(delay), asynq.TaskID(origin + "~throttle-" + strconv.Itoa(n))}
+	if queue != "" {
+		opts = append(opts, asynq.Queue(queue))
+	}
+	if hasMax {
+		opts = append(opts, asynq.MaxRetry(maxRetry))
+	}
+	m.clientOnce.Do(func() {
+		if m.client == nil {
+			m.client = asynq.NewClientFromRedisClient(m.l.rdb)
+		}
+	})
+	_, err := m.client.EnqueueContext(ctx, asynq.NewTaskWithHeaders(t.Type(), t.Payload(), headers), opts...)
+	if err != nil && !errors.Is(err, asynq.ErrTaskIDConflict) {
+		return fmt.Errorf("throttle: cannot re-enqueue deferred task %s: %w", id, err)
+	}
+	return nil
+}
+
+func (m *middleware) observe(ev Event) {
+	if f := m.l.o.observer; f != nil {
+		f(ev)
+	}
+}
+

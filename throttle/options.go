@@ -1,0 +1,193 @@
+package throttle
+
+import (
+	"log/slog"
+	"math/rand/v2"
+	"time"
+
+	"github.com/hibiken/asynq"
+)
+
+// Defaults of the options; each With* doc names the one it changes.
+const (
+	// DefaultTimeout bounds every Redis call of a decision.
+	DefaultTimeout = time.Second
+	// DefaultIdleExpiry is how long a key's limits stay in Redis without any
+	// call; every decision refreshes it.
+	DefaultIdleExpiry = 7 * 24 * time.Hour
+	// DefaultMaxSuspension caps one suspension, so that a bogus Retry-After
+	// (a year, say) cannot stop a provider for good.
+	DefaultMaxSuspension = time.Hour
+	// DefaultSuspension is used for a 429 that does not say how long to wait.
+	DefaultSuspension = 5 * time.Second
+	// DefaultHorizon is how far ahead the middleware reserves slots for denied
+	// tasks. A backlog deeper than Horizon x rate waits without a slot and
+	// reserves one once it is within the horizon.
+	DefaultHorizon = time.Minute
+	// DefaultLapse is how long a reservation is kept after its slot for a task
+	// that has not come back (deleted, or its worker down).
+	DefaultLapse = 5 * time.Minute
+	// DefaultFailureDelay is how long a task is deferred when Redis cannot
+	// decide (FailClosed).
+	DefaultFailureDelay = 5 * time.Second
+	// Granule is asynq's scheduling granularity: delayed tasks are scored in
+	// whole seconds.
+	Granule = time.Second
+)
+
+// FailurePolicy says what the middleware does with a task when Redis cannot
+// make a decision (unreachable, timed out, invalid config).
+type FailurePolicy int
+
+const (
+	// FailClosed defers the task (by WithFailureDelay plus jitter). Nothing
+	// runs above the limit while Redis is down. This is the default.
+	FailClosed FailurePolicy = iota
+	// FailOpen runs the task unthrottled: availability over the quota.
+	FailOpen
+)
+
+func (p FailurePolicy) String() string {
+	if p == FailOpen {
+		return "fail open"
+	}
+	return "fail closed"
+}
+
+// Option configures a Limiter or the ByProvider middleware. Options that only
+// concern the middleware are ignored by NewLimiter.
+type Option func(*options)
+
+type options struct {
+	prefix        string
+	timeout       time.Duration
+	idleExpiry    time.Duration
+	maxSuspension time.Duration
+	defaults      []Limit
+	keyDefaults   map[string][]Limit
+
+	// middleware only
+	keyFunc        func(*asynq.Task) string
+	horizon        time.Duration
+	lapse          time.Duration
+	jitterMin      time.Duration
+	jitterMax      time.Duration
+	jitterFraction float64
+	jitterSource   rand.Source
+	failure        FailurePolicy
+	failureDelay   time.Duration
+	defaultSuspend time.Duration
+	logger         *slog.Logger
+	observer       func(Event)
+	deferralClient *asynq.Client
+}
+
+func newOptions(opts []Option) options {
+	o := options{
+		prefix:         DefaultPrefix,
+		timeout:        DefaultTimeout,
+		idleExpiry:     DefaultIdleExpiry,
+		maxSuspension:  DefaultMaxSuspension,
+		horizon:        DefaultHorizon,
+		lapse:          DefaultLapse,
+		jitterMin:      0,
+		jitterMax:      10 * time.Second,
+		jitterFraction: 0.1,
+		failure:        FailClosed,
+		failureDelay:   DefaultFailureDelay,
+		defaultSuspend: DefaultSuspension,
+		logger:         slog.Default(),
+	}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	return o
+}
+
+// WithPrefix sets the prefix of every Redis key (default DefaultPrefix,
+// "throttle"). Processes that share limits must use the same prefix.
+func WithPrefix(p string) Option { return func(o *options) { o.prefix = p } }
+
+// WithTimeout bounds every Redis call made for one decision (default
+// DefaultTimeout, 1 s). A call that takes longer counts as a Redis failure.
+func WithTimeout(d time.Duration) Option { return func(o *options) { o.timeout = d } }
+
+// WithIdleExpiry sets how long a key's limits stay in Redis with no call at
+// all (default DefaultIdleExpiry, 7 days). Every decision refreshes it.
+// Buckets themselves expire as soon as they are full again.
+func WithIdleExpiry(d time.Duration) Option { return func(o *options) { o.idleExpiry = d } }
+
+// WithMaxSuspension caps a single suspension (default DefaultMaxSuspension,
+// 1 hour).
+func WithMaxSuspension(d time.Duration) Option { return func(o *options) { o.maxSuspension = d } }
+
+// WithDefaultLimits sets the limits of every key that has none in Redis (no
+// default: such keys get ErrNoLimits from Take and run unthrottled under the
+// middleware, with a warning). Limits set in Redis by SetLimits win.
+func WithDefaultLimits(limits ...Limit) Option {
+	return func(o *options) { o.defaults = limits }
+}
+
+// WithKeyLimits sets the default limits of one key; they win over
+// WithDefaultLimits, and limits set in Redis by SetLimits win over both.
+func WithKeyLimits(key string, limits ...Limit) Option {
+	return func(o *options) {
+		if o.keyDefaults == nil {
+			o.keyDefaults = make(map[string][]Limit)
+		}
+		o.keyDefaults[key] = limits
+	}
+}
+
+// WithKeyFunc sets how the middleware finds the key of a task that has no Key
+// header (default: the task type up to its first ':', so "slack:sync" is
+// throttled as "slack"). Return "" to run the task unthrottled.
+func WithKeyFunc(f func(*asynq.Task) string) Option { return func(o *options) { o.keyFunc = f } }
+
+// WithReservations sets how far ahead the middleware reserves a run slot for a
+// denied task (default DefaultHorizon, 1 minute). A task with a slot is
+// admitted when it comes back instead of contending again, so a backlog drains
+// with about one deferral per task. Zero turns reservations off: denied tasks
+// simply retry after the retry-after (plus jitter).
+func WithReservations(horizon time.Duration) Option {
+	return func(o *options) { o.horizon = horizon }
+}
+
+// WithJitter bounds the random delay added to a deferral that has no reserved
+// slot: between min and max, and fraction of the retry-after in between
+// (defaults 0, 10 s and 0.1). Jitter is only ever added, never subtracted.
+func WithJitter(min, max time.Duration, fraction float64) Option {
+	return func(o *options) { o.jitterMin, o.jitterMax, o.jitterFraction = min, max, fraction }
+}
+
+// WithJitterSource sets the random source of the jitter (default: randomly
+// seeded). Tests pass a seeded source.
+func WithJitterSource(src rand.Source) Option { return func(o *options) { o.jitterSource = src } }
+
+// WithFailurePolicy sets what the middleware does when Redis cannot decide
+// (default FailClosed).
+func WithFailurePolicy(p FailurePolicy) Option { return func(o *options) { o.failure = p } }
+
+// WithFailureDelay sets how long FailClosed defers a task (default
+// DefaultFailureDelay, 5 s, plus jitter).
+func WithFailureDelay(d time.Duration) Option { return func(o *options) { o.failureDelay = d } }
+
+// WithDefaultSuspension sets the suspension for a RateLimited error that does
+// not say how long (default DefaultSuspension, 5 s).
+func WithDefaultSuspension(d time.Duration) Option {
+	return func(o *options) { o.defaultSuspend = d }
+}
+
+// WithLogger sets the middleware's logger (default slog.Default()).
+// Deferrals log at Debug, suspensions at Warn, Redis failures at Error.
+func WithLogger(l *slog.Logger) Option { return func(o *options) { o.logger = l } }
+
+// WithObserver registers a function called once per middleware decision, for
+// metrics and progress displays. It runs on the worker goroutine: keep it fast.
+func WithObserver(f func(Event)) Option { return func(o *options) { o.observer = f } }
+
+// WithClient sets the asynq client the middleware uses to re-enqueue a copy of
+// a deferred task when the retry path cannot be used (default: a client on the
+// limiter's Redis). Give it when your tasks live in another Redis than the
+// limits.
+func WithClient(c *asynq.Client) Option { return func(o *options) { o.deferralClient = c } }

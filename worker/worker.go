@@ -1,0 +1,96 @@
+// Package worker builds asynq servers whose throttling deferrals are exact:
+// a task deferred by throttle.ByProvider goes back to asynq's retry set in one
+// atomic step, keeps its ID, its unique lock and its retry count, is counted
+// neither processed nor failed, and never reaches the user's ErrorHandler.
+package worker
+
+import (
+	"context"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/asynq-throttle/asynq-throttle/internal/deferral"
+)
+
+// DelayedTaskCheckInterval is the forwarder interval NewServer sets when the
+// config leaves it zero. asynq's default (5 s) would hold a deferred task up
+// to 5 s past its slot; 1 s matches asynq's one-second scheduling resolution,
+// at the cost of one small Redis script per queue per second per server.
+const DelayedTaskCheckInterval = time.Second
+
+// NewServer returns an asynq server on rdb configured for throttling. It wraps
+// cfg's IsFailure, RetryDelayFunc, ErrorHandler and BaseContext so that they
+// recognise deferrals and pass every other error to the user's own functions
+// (or asynq's defaults when cfg leaves them nil). Use it with the middleware:
+//
+//	srv := worker.NewServer(rdb, asynq.Config{Concurrency: 20})
+//	mux := asynq.NewServeMux()
+//	mux.Use(throttle.ByProvider(rdb))
+//	srv.Run(mux)
+func NewServer(rdb redis.UniversalClient, cfg asynq.Config) *asynq.Server {
+	return asynq.NewServerFromRedisClient(rdb, Config(cfg))
+}
+
+// Config returns cfg wrapped as NewServer wraps it, for callers that build
+// the asynq.Server themselves.
+func Config(cfg asynq.Config) asynq.Config {
+	isFailure := cfg.IsFailure
+	if isFailure == nil {
+		isFailure = func(err error) bool { return err != nil }
+	}
+	cfg.IsFailure = func(err error) bool {
+		if IsDeferral(err) {
+			return false
+		}
+		return isFailure(err)
+	}
+
+	retryDelay := cfg.RetryDelayFunc
+	if retryDelay == nil {
+		retryDelay = asynq.DefaultRetryDelayFunc
+	}
+	cfg.RetryDelayFunc = func(n int, err error, t *asynq.Task) time.Duration {
+		if d, ok := deferral.As(err); ok {
+			return d.Delay
+		}
+		return retryDelay(n, err, t)
+	}
+
+	if h := cfg.ErrorHandler; h != nil {
+		cfg.ErrorHandler = asynq.ErrorHandlerFunc(func(ctx context.Context, t *asynq.Task, err error) {
+			if !IsDeferral(err) {
+				h.HandleError(ctx, t, err)
+			}
+		})
+	}
+
+	base := cfg.BaseContext
+	if base == nil {
+		base = context.Background
+	}
+	cfg.BaseContext = func() context.Context { return deferral.Mark(base()) }
+
+	if cfg.DelayedTaskCheckInterval == 0 {
+		cfg.DelayedTaskCheckInterval = DelayedTaskCheckInterval
+	}
+	return cfg
+}
+
+// IsDeferral reports whether err is a throttling deferral (a task that will
+// run later, not a failure).
+func IsDeferral(err error) bool {
+	_, ok := deferral.As(err)
+	return ok
+}
+
+// Delay returns how long a deferral error asks the task to wait.
+func Delay(err error) (time.Duration, bool) {
+	d, ok := deferral.As(err)
+	if !ok {
+		return 0, false
+	}
+	return d.Delay, true
+}
+
