@@ -9,8 +9,8 @@
 package lua
 
 import (
-	_ "embed"
 	"context"
+	_ "embed"
 	"errors"
 	"fmt"
 	"strconv"

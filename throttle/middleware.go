@@ -279,4 +279,3 @@ func (m *middleware) observe(ev Event) {
 		f(ev)
 	}
 }
-

@@ -93,4 +93,3 @@ func Delay(err error) (time.Duration, bool) {
 	}
 	return d.Delay, true
 }
-
