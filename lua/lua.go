@@ -168,16 +168,17 @@ func parseDecide(v []any) (DecideReply, error) {
 }
 
 // SetLimits runs setlimits.lua: tokens are brought up to date under the old
-// limits and clamped to the new bursts, then the config is replaced.
+// limits and clamped to the new bursts, the reservation queue is dropped, then
+// the config is replaced.
 //
-//	KEYS[1] config  KEYS[2] state
+//	KEYS[1] config  KEYS[2] state  KEYS[3] reservations
 //	ARGV[1] config inactivity expiry, milliseconds
 //	ARGV[2] number of tiers, then ARGV[3..] rate, per_ms, burst per tier
 //
 // Reply: {1}, or {-1, field, reason} when a tier is out of range.
 func SetLimits(ctx context.Context, c redis.Scripter, k Keys, idle time.Duration, tiers []Tier) (field, reason string, err error) {
 	args := appendTiers([]any{idle.Milliseconds()}, tiers)
-	v, err := setLimitsScript.Run(ctx, c, []string{k.Config, k.State}, args...).Slice()
+	v, err := setLimitsScript.Run(ctx, c, []string{k.Config, k.State, k.Reservations}, args...).Slice()
 	if err != nil {
 		return "", "", err
 	}

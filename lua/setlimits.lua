@@ -1,7 +1,9 @@
 -- setlimits.lua: replace a key's limits atomically (see lua.go for the contract).
 -- Tokens are first brought up to date under the old limits, then clamped to
 -- the new bursts, so a change neither grants a fresh burst nor loses debt.
-local cfg_key, state_key = KEYS[1], KEYS[2]
+-- The reservation queue is dropped: its slots were spaced for the old limits.
+-- Tasks that held one come back when they were told to and are decided anew.
+local cfg_key, state_key, resv_key = KEYS[1], KEYS[2], KEYS[3]
 local idle_ms = tonumber(ARGV[1])
 local NEW_AT = 2
 
@@ -31,7 +33,8 @@ for i = 1, #new do
   args[#args + 1] = 'per_ms:' .. i; args[#args + 1] = ARGV[at + 1]
   args[#args + 1] = 'burst:' .. i;  args[#args + 1] = ARGV[at + 2]
 end
-redis.call('DEL', cfg_key)
+redis.call('DEL', cfg_key, resv_key)
+redis.call('HDEL', state_key, 'vnext')
 redis.call('HSET', cfg_key, unpack(args))
 redis.call('PEXPIRE', cfg_key, idle_ms)
 return {1}

@@ -1,0 +1,187 @@
+package throttle_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/asynq-throttle/asynq-throttle/internal/redistest"
+	"github.com/asynq-throttle/asynq-throttle/throttle"
+)
+
+// hammer runs procs limiters (each on its own client, as separate processes
+// would be) with goroutines each, taking from key for d. It returns how many
+// were admitted, the elapsed time and the errors seen.
+func hammer(t *testing.T, clients []redis.UniversalClient, goroutines int, key string, d time.Duration) (admitted int64, elapsed time.Duration, errs []error) {
+	t.Helper()
+	var (
+		n    atomic.Int64
+		mu   sync.Mutex
+		wg   sync.WaitGroup
+		ctx  = context.Background()
+		stop = make(chan struct{})
+	)
+	start := time.Now()
+	for _, c := range clients {
+		l := throttle.NewLimiter(c)
+		for range goroutines {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					dec, err := l.Take(ctx, key)
+					if err != nil {
+						mu.Lock()
+						errs = append(errs, err)
+						mu.Unlock()
+						continue
+					}
+					if dec.Allowed {
+						n.Add(1)
+					}
+				}
+			}()
+		}
+	}
+	time.AfterFunc(d, func() { close(stop) })
+	wg.Wait()
+	return n.Load(), time.Since(start), errs
+}
+
+func clientsOf(t *testing.T, s *redistest.Server, n int) []redis.UniversalClient {
+	out := make([]redis.UniversalClient, n)
+	for i := range out {
+		out[i] = redis.NewClient(&redis.Options{Addr: s.Addr, PoolSize: 16})
+		t.Cleanup(func() { out[i].Close() })
+	}
+	return out
+}
+
+// The fleet-wide bound: 4 limiters x 8 goroutines at 100/s burst 20 never
+// admit more than burst + rate x elapsed, and admit nearly that many.
+func TestIntegrationFleetBound(t *testing.T) {
+	s := redistest.Start(t)
+	clients := clientsOf(t, s, 4)
+	ctx := context.Background()
+	limit := throttle.PerSecond(100).WithBurst(20)
+	require.NoError(t, throttle.NewLimiter(clients[0]).SetLimits(ctx, "api", limit))
+
+	admitted, elapsed, errs := hammer(t, clients, 8, "api", 3*time.Second)
+	require.Empty(t, errs)
+	bound := 20 + 100*elapsed.Seconds()
+	t.Logf("admitted %d in %v (bound %.1f)", admitted, elapsed, bound)
+	assert.LessOrEqual(t, float64(admitted), bound+1, "admitted more than burst + rate x elapsed")
+	assert.GreaterOrEqual(t, float64(admitted), 0.95*bound, "admitted far less than the limit allows")
+}
+
+// NOSCRIPT after SCRIPT FLUSH is reloaded transparently: no caller sees it.
+func TestIntegrationScriptFlush(t *testing.T) {
+	s := redistest.Start(t)
+	clients := clientsOf(t, s, 4)
+	ctx := context.Background()
+	require.NoError(t, throttle.NewLimiter(clients[0]).SetLimits(ctx, "api", throttle.PerSecond(100).WithBurst(20)))
+
+	flusher := s.Client(t)
+	done := make(chan struct{})
+	var flushes atomic.Int64
+	go func() {
+		tick := time.NewTicker(100 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-tick.C:
+				if flusher.ScriptFlush(ctx).Err() == nil {
+					flushes.Add(1)
+				}
+			}
+		}
+	}()
+	admitted, elapsed, errs := hammer(t, clients, 8, "api", 3*time.Second)
+	close(done)
+	require.Empty(t, errs, "an error reached a caller")
+	require.Greater(t, flushes.Load(), int64(20))
+	bound := 20 + 100*elapsed.Seconds()
+	assert.LessOrEqual(t, float64(admitted), bound+1)
+	assert.GreaterOrEqual(t, float64(admitted), 0.9*bound)
+}
+
+// A Redis restart loses the script cache (and, without persistence, the
+// data): the next call reloads the script and works.
+func TestIntegrationRestart(t *testing.T) {
+	s := redistest.Start(t)
+	rdb := s.Client(t)
+	ctx := context.Background()
+	l := throttle.NewLimiter(rdb, throttle.WithDefaultLimits(throttle.PerSecond(5)))
+	d, err := l.Take(ctx, "api")
+	require.NoError(t, err)
+	require.True(t, d.Allowed)
+
+	s.Restart(t)
+	require.Eventually(t, func() bool { return rdb.Ping(ctx).Err() == nil }, 5*time.Second, 20*time.Millisecond)
+	d, err = l.Take(ctx, "api")
+	require.NoError(t, err, "Take after restart")
+	assert.True(t, d.Allowed)
+}
+
+// With Redis gone, a decision fails within its deadline instead of hanging.
+func TestIntegrationRedisDown(t *testing.T) {
+	s := redistest.Start(t)
+	rdb := s.Client(t)
+	l := throttle.NewLimiter(rdb, throttle.WithDefaultLimits(throttle.PerSecond(5)), throttle.WithTimeout(300*time.Millisecond))
+	s.Stop()
+	start := time.Now()
+	_, err := l.Take(context.Background(), "api")
+	require.Error(t, err)
+	assert.Less(t, time.Since(start), 5*time.Second, "Take did not honour its deadline")
+	assert.Contains(t, err.Error(), `throttle: key "api"`)
+}
+
+// Every script runs on a 3-master Redis Cluster: all keys of one limiter key
+// share a hash tag, and keys spread over the masters stay independent.
+func TestIntegrationCluster(t *testing.T) {
+	c := redistest.StartCluster(t)
+	rdb := c.Client(t)
+	ctx := context.Background()
+	l := throttle.NewLimiter(rdb)
+
+	for i := range 12 {
+		key := fmt.Sprintf("provider-%d", i)
+		require.NoError(t, l.SetLimits(ctx, key, throttle.PerMinute(3), throttle.PerHour(100)), key)
+		for j := range 4 {
+			d, err := l.Take(ctx, key)
+			require.NoError(t, err, key)
+			assert.Equal(t, j < 3, d.Allowed, "%s take %d", key, j)
+		}
+		d, err := l.Reserve(ctx, key, "task-1", time.Hour, time.Second)
+		require.NoError(t, err)
+		assert.True(t, d.Reserved, "%s: reservation on a cluster", key)
+		require.NoError(t, l.Suspend(ctx, key, time.Minute))
+		st, err := l.Inspect(ctx, key)
+		require.NoError(t, err)
+		assert.Greater(t, st.Suspended, 50*time.Second)
+		assert.Equal(t, 1, st.Reservations)
+		require.NoError(t, l.Resume(ctx, key))
+	}
+
+	// The bound holds on a cluster too.
+	require.NoError(t, l.SetLimits(ctx, "api", throttle.PerSecond(100).WithBurst(20)))
+	admitted, elapsed, errs := hammer(t, []redis.UniversalClient{rdb, c.Client(t)}, 8, "api", 2*time.Second)
+	require.Empty(t, errs)
+	bound := 20 + 100*elapsed.Seconds()
+	assert.LessOrEqual(t, float64(admitted), bound+1)
+	assert.GreaterOrEqual(t, float64(admitted), 0.9*bound)
+}

@@ -1,0 +1,462 @@
+// End-to-end tests: real redis-server processes, fleets of real asynq
+// servers, a real asynq.Client, every task audited through asynq.Inspector.
+package throttle_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/asynq-throttle/asynq-throttle/internal/redistest"
+	"github.com/asynq-throttle/asynq-throttle/throttle"
+	"github.com/asynq-throttle/asynq-throttle/worker"
+)
+
+// recorder notes every handler run by job (the task payload).
+type recorder struct {
+	mu    sync.Mutex
+	runs  map[string][]time.Time // job -> start times of successful runs
+	ids   map[string]string      // job -> task ID it succeeded under
+	all   []time.Time            // every successful run start, any job
+	byKey map[string][]time.Time
+}
+
+func newRecorder() *recorder {
+	return &recorder{runs: map[string][]time.Time{}, ids: map[string]string{}, byKey: map[string][]time.Time{}}
+}
+
+func (r *recorder) done(ctx context.Context, t *asynq.Task, start time.Time) {
+	id, _ := asynq.GetTaskID(ctx)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	job := string(t.Payload())
+	r.runs[job] = append(r.runs[job], start)
+	r.ids[job] = id
+	r.all = append(r.all, start)
+	k := throttle.KeyOf(t)
+	r.byKey[k] = append(r.byKey[k], start)
+}
+
+func (r *recorder) count() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.all)
+}
+
+func (r *recorder) times(key string) []time.Time {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := slices.Clone(r.byKey[key])
+	slices.SortFunc(out, func(a, b time.Time) int { return a.Compare(b) })
+	return out
+}
+
+// maxInWindow is the most events in any half-open window [t, t+w).
+func maxInWindow(ts []time.Time, w time.Duration) int {
+	best, j := 0, 0
+	for i := range ts {
+		for j < len(ts) && ts[j].Sub(ts[i]) < w {
+			j++
+		}
+		best = max(best, j-i)
+	}
+	return best
+}
+
+func countIn(ts []time.Time, from, to time.Time) int {
+	n := 0
+	for _, t := range ts {
+		if !t.Before(from) && t.Before(to) {
+			n++
+		}
+	}
+	return n
+}
+
+// events counts middleware events by job and outcome.
+type events struct {
+	mu       sync.Mutex
+	byJob    map[string]map[throttle.Outcome]int
+	copied   atomic.Int64
+	deferred atomic.Int64
+}
+
+func newEvents() *events { return &events{byJob: map[string]map[throttle.Outcome]int{}} }
+
+func (e *events) observe(job func(id string) string) func(throttle.Event) {
+	return func(ev throttle.Event) {
+		if ev.Copied {
+			e.copied.Add(1)
+		}
+		if ev.Outcome == throttle.Deferred || ev.Outcome == throttle.Suspended {
+			e.deferred.Add(1)
+		}
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		j := job(ev.TaskID)
+		if e.byJob[j] == nil {
+			e.byJob[j] = map[throttle.Outcome]int{}
+		}
+		e.byJob[j][ev.Outcome]++
+	}
+}
+
+type fleet struct {
+	t       *testing.T
+	redis   *redistest.Server
+	rdb     *redis.Client
+	client  *asynq.Client
+	insp    *asynq.Inspector
+	rec     *recorder
+	ev      *events
+	jobOfID sync.Map // task ID -> job, filled at enqueue and by copies
+}
+
+type fleetConfig struct {
+	servers     int
+	concurrency int
+	plain       bool // plain asynq.Server instead of worker.NewServer
+	cfg         asynq.Config
+	opts        []throttle.Option
+	handler     func(ctx context.Context, t *asynq.Task) error // nil: succeed
+}
+
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+func startFleet(t *testing.T, fc fleetConfig) *fleet {
+	t.Helper()
+	s := redistest.Start(t)
+	f := &fleet{t: t, redis: s, rdb: s.Client(t), rec: newRecorder(), ev: newEvents()}
+	f.client = asynq.NewClientFromRedisClient(f.rdb)
+	f.insp = asynq.NewInspectorFromRedisClient(f.rdb)
+	if fc.servers == 0 {
+		fc.servers = 3
+	}
+	if fc.concurrency == 0 {
+		fc.concurrency = 10
+	}
+	for range fc.servers {
+		rdb := s.Client(t) // one connection pool per server, as separate processes
+		cfg := fc.cfg
+		cfg.Concurrency = fc.concurrency
+		cfg.LogLevel = asynq.FatalLevel
+		cfg.ShutdownTimeout = 2 * time.Second
+		if cfg.DelayedTaskCheckInterval == 0 {
+			cfg.DelayedTaskCheckInterval = time.Second
+		}
+		var srv *asynq.Server
+		if fc.plain {
+			srv = asynq.NewServerFromRedisClient(rdb, cfg)
+		} else {
+			srv = worker.NewServer(rdb, cfg)
+		}
+		opts := append([]throttle.Option{
+			throttle.WithLogger(quiet),
+			throttle.WithObserver(f.ev.observe(f.job)),
+		}, fc.opts...)
+		mux := asynq.NewServeMux()
+		mux.Use(throttle.ByProvider(rdb, opts...))
+		mux.HandleFunc("sync:", func(ctx context.Context, task *asynq.Task) error {
+			start := time.Now()
+			if fc.handler != nil {
+				if err := fc.handler(ctx, task); err != nil {
+					return err
+				}
+			}
+			f.rec.done(ctx, task, start)
+			return nil
+		})
+		require.NoError(t, srv.Start(mux))
+		t.Cleanup(srv.Shutdown)
+	}
+	return f
+}
+
+// job maps a task ID (or a deferred copy's ID) to the job it runs.
+func (f *fleet) job(id string) string {
+	if j, ok := f.jobOfID.Load(id); ok {
+		return j.(string)
+	}
+	// Copies are named <origin>~throttle-<n>.
+	for i := range len(id) {
+		if id[i] == '~' {
+			return f.job(id[:i])
+		}
+	}
+	return id
+}
+
+// enqueue enqueues n jobs named prefix-i under key and returns their task IDs.
+func (f *fleet) enqueue(key, prefix string, n int, opts ...asynq.Option) []string {
+	f.t.Helper()
+	ids := make([]string, n)
+	for i := range n {
+		job := fmt.Sprintf("%s-%d", prefix, i)
+		o := append([]asynq.Option{throttle.Key(key), asynq.Retention(time.Hour)}, opts...)
+		info, err := f.client.Enqueue(throttle.NewTask("sync:"+key, []byte(job), o...))
+		require.NoError(f.t, err)
+		ids[i] = info.ID
+		f.jobOfID.Store(info.ID, job)
+	}
+	return ids
+}
+
+func (f *fleet) waitDone(n int, within time.Duration) {
+	f.t.Helper()
+	require.Eventually(f.t, func() bool { return f.rec.count() >= n }, within, 50*time.Millisecond,
+		"only %d of %d jobs done", f.rec.count(), n)
+	// Let late duplicates (there must be none) show up.
+	time.Sleep(200 * time.Millisecond)
+}
+
+// audit checks every job ran exactly once and nothing is archived, pending
+// or failed in asynq.
+func (f *fleet) audit(jobs int) {
+	f.t.Helper()
+	f.rec.mu.Lock()
+	for job, runs := range f.rec.runs {
+		assert.Len(f.t, runs, 1, "job %s ran %d times", job, len(runs))
+	}
+	assert.Len(f.t, f.rec.runs, jobs, "distinct jobs done")
+	f.rec.mu.Unlock()
+	q, err := f.insp.GetQueueInfo("default")
+	require.NoError(f.t, err)
+	assert.Zero(f.t, q.Archived, "archived tasks")
+	assert.Zero(f.t, q.Pending+q.Active+q.Scheduled+q.Retry, "tasks left in the queue: %+v", q)
+	archived, err := f.insp.ListArchivedTasks("default")
+	require.NoError(f.t, err)
+	for _, a := range archived {
+		f.t.Errorf("archived: %s %s: %s", a.ID, a.Payload, a.LastErr)
+	}
+}
+
+func (f *fleet) setLimits(key string, limits ...throttle.Limit) {
+	f.t.Helper()
+	require.NoError(f.t, throttle.NewLimiter(f.rdb).SetLimits(context.Background(), key, limits...))
+}
+
+// 300 tasks at 50/s burst 10 across three servers: never more than 60 in any
+// second, each task succeeds exactly once under its own ID, and throttling
+// shows in no statistic and no retry count.
+func TestE2EFleetHoldsTheLimit(t *testing.T) {
+	t.Parallel()
+	f := startFleet(t, fleetConfig{})
+	f.setLimits("crm", throttle.PerSecond(50).WithBurst(10))
+	ids := f.enqueue("crm", "job", 300)
+	f.waitDone(300, 90*time.Second)
+	f.audit(300)
+
+	ts := f.rec.times("crm")
+	assert.LessOrEqual(t, maxInWindow(ts, time.Second), 60, "executions in a 1 s window")
+	t.Logf("300 tasks in %v, %d deferrals", ts[len(ts)-1].Sub(ts[0]), f.ev.deferred.Load())
+	assert.Positive(t, f.ev.deferred.Load(), "the limit never bound: the test proves nothing")
+	assert.Zero(t, f.ev.copied.Load(), "worker.NewServer deferrals must use the retry path")
+
+	q, err := f.insp.GetQueueInfo("default")
+	require.NoError(t, err)
+	assert.Equal(t, 300, q.ProcessedTotal, "processed counts only the real runs")
+	assert.Zero(t, q.FailedTotal, "deferrals counted as failures")
+	for _, id := range ids {
+		info, err := f.insp.GetTaskInfo("default", id)
+		require.NoError(t, err, "task %s not found under the ID it was enqueued with", id)
+		assert.Equal(t, asynq.TaskStateCompleted, info.State, id)
+		assert.Zero(t, info.Retried, "retry count of %s spent by throttling", id)
+	}
+	f.rec.mu.Lock()
+	for i, id := range ids {
+		assert.Equal(t, id, f.rec.ids[fmt.Sprintf("job-%d", i)], "job-%d ran under another ID", i)
+	}
+	f.rec.mu.Unlock()
+}
+
+// Tasks asynq would archive on a throttling error (MaxRetry(0), or on their
+// last attempt) are deferred by copy and all complete.
+func TestE2EArchiveTrap(t *testing.T) {
+	t.Parallel()
+	var failedOnce sync.Map
+	f := startFleet(t, fleetConfig{
+		cfg: asynq.Config{RetryDelayFunc: func(int, error, *asynq.Task) time.Duration { return time.Second }},
+		handler: func(ctx context.Context, task *asynq.Task) error {
+			job := string(task.Payload())
+			if job[:4] == "last" {
+				if _, seen := failedOnce.LoadOrStore(job, true); !seen {
+					return errors.New("transient failure: spend the only retry")
+				}
+			}
+			return nil
+		},
+	})
+	f.setLimits("erp", throttle.PerSecond(20))
+	lim := throttle.NewLimiter(f.rdb)
+	ctx := context.Background()
+
+	// The "last" tasks fail once (their only retry) while the limit is
+	// wide open, then come back on their last attempt into a suspension.
+	f.enqueue("erp", "last", 50, asynq.MaxRetry(1))
+	require.Eventually(t, func() bool {
+		n := 0
+		failedOnce.Range(func(any, any) bool { n++; return true })
+		return n == 50
+	}, 20*time.Second, 20*time.Millisecond)
+	require.NoError(t, lim.Suspend(ctx, "erp", 3*time.Second))
+	f.enqueue("erp", "zero", 50, asynq.MaxRetry(0))
+
+	f.waitDone(100, 60*time.Second)
+	f.audit(100)
+	f.ev.mu.Lock()
+	for job, outcomes := range f.ev.byJob {
+		assert.Positive(t, outcomes[throttle.Deferred]+outcomes[throttle.Suspended], "job %s was never throttled", job)
+	}
+	f.ev.mu.Unlock()
+	assert.GreaterOrEqual(t, f.ev.copied.Load(), int64(100), "every trapped task deferred by copy")
+}
+
+// Under a plain asynq.Server (only mux.Use), deferrals re-enqueue copies:
+// nothing is archived or failed, every job runs once.
+func TestE2EPlainServer(t *testing.T) {
+	t.Parallel()
+	f := startFleet(t, fleetConfig{plain: true})
+	f.setLimits("crm", throttle.PerSecond(25))
+	require.NoError(t, throttle.NewLimiter(f.rdb).Suspend(context.Background(), "crm", 2*time.Second))
+	f.enqueue("crm", "job", 100)
+	f.waitDone(100, 60*time.Second)
+	f.audit(100)
+	q, err := f.insp.GetQueueInfo("default")
+	require.NoError(t, err)
+	assert.Zero(t, q.FailedTotal)
+	assert.GreaterOrEqual(t, f.ev.copied.Load(), int64(100))
+}
+
+// A handler's RateLimited stops its key on every server for the suspension,
+// while another key keeps running on the same servers.
+func TestE2ERateLimitedSuspendsTheFleet(t *testing.T) {
+	t.Parallel()
+	var (
+		once      sync.Once
+		limitedAt atomic.Int64
+	)
+	f := startFleet(t, fleetConfig{handler: func(ctx context.Context, task *asynq.Task) error {
+		if string(task.Payload()) == "slack-20" {
+			var err error
+			once.Do(func() {
+				limitedAt.Store(time.Now().UnixNano())
+				err = throttle.RateLimited(2 * time.Second)
+			})
+			return err
+		}
+		time.Sleep(5 * time.Millisecond) // a short API call
+		return nil
+	}})
+	f.setLimits("slack", throttle.PerSecond(40))
+	f.setLimits("github", throttle.PerSecond(40))
+	f.enqueue("slack", "slack", 150)
+	f.enqueue("github", "github", 150)
+	f.waitDone(300, 60*time.Second)
+	f.audit(300)
+
+	require.NotZero(t, limitedAt.Load(), "the rate-limited task never ran")
+	t0 := time.Unix(0, limitedAt.Load())
+	// Tasks admitted before the suspension was written may still start a
+	// moment after the 429; from then on, nothing until it ends.
+	from, to := t0.Add(100*time.Millisecond), t0.Add(2*time.Second)
+	assert.Zero(t, countIn(f.rec.times("slack"), from, to), "slack ran during its suspension")
+	assert.Positive(t, countIn(f.rec.times("github"), from, to), "github stopped during slack's suspension")
+	f.ev.mu.Lock()
+	assert.Equal(t, 1, f.ev.byJob["slack-20"][throttle.Suspended])
+	f.ev.mu.Unlock()
+}
+
+// Lowering the limit mid-run takes effect from the next decision.
+func TestE2ESetLimitsMidRun(t *testing.T) {
+	t.Parallel()
+	f := startFleet(t, fleetConfig{})
+	f.setLimits("crm", throttle.PerSecond(50))
+	f.enqueue("crm", "job", 250)
+	require.Eventually(t, func() bool { return f.rec.count() >= 60 }, 20*time.Second, 10*time.Millisecond)
+	f.setLimits("crm", throttle.PerSecond(5))
+	changed := time.Now()
+	time.Sleep(4 * time.Second) // observe the new rate
+	ts := f.rec.times("crm")
+	before := countIn(ts, changed.Add(-time.Second), changed)
+	after := countIn(ts, changed.Add(50*time.Millisecond), changed.Add(4*time.Second))
+	t.Logf("1 s before the change: %d runs; 3.95 s after: %d runs", before, after)
+	assert.Greater(t, before, 20, "the old limit was not in force before the change")
+	assert.LessOrEqual(t, after, 5+5*4+1, "runs after lowering to 5/s burst 5")
+	assert.Positive(t, after, "nothing ran after the change")
+}
+
+// The user's IsFailure, RetryDelayFunc and ErrorHandler still apply to
+// ordinary errors, and never see deferrals.
+func TestE2EUserConfigStillApplies(t *testing.T) {
+	t.Parallel()
+	errNotFailure := errors.New("benign: not a failure")
+	errFailure := errors.New("real failure")
+	var (
+		handled  sync.Map // error text -> count
+		delays   atomic.Int64
+		attempts sync.Map
+	)
+	f := startFleet(t, fleetConfig{
+		cfg: asynq.Config{
+			IsFailure: func(err error) bool { return !errors.Is(err, errNotFailure) },
+			RetryDelayFunc: func(n int, err error, task *asynq.Task) time.Duration {
+				delays.Add(1)
+				return time.Second
+			},
+			ErrorHandler: asynq.ErrorHandlerFunc(func(ctx context.Context, task *asynq.Task, err error) {
+				v, _ := handled.LoadOrStore(err.Error(), new(atomic.Int64))
+				v.(*atomic.Int64).Add(1)
+			}),
+		},
+		handler: func(ctx context.Context, task *asynq.Task) error {
+			job := string(task.Payload())
+			v, _ := attempts.LoadOrStore(job, new(atomic.Int64))
+			switch n := v.(*atomic.Int64).Add(1); {
+			case job == "job-0" && n == 1:
+				return errNotFailure
+			case job == "job-1" && n == 1:
+				return errFailure
+			}
+			return nil
+		},
+	})
+	f.setLimits("crm", throttle.PerSecond(10))
+	require.NoError(t, throttle.NewLimiter(f.rdb).Suspend(context.Background(), "crm", time.Second))
+	ids := f.enqueue("crm", "job", 30)
+	f.waitDone(30, 30*time.Second)
+	f.audit(30)
+
+	count := func(s string) int64 {
+		v, ok := handled.Load(s)
+		if !ok {
+			return 0
+		}
+		return v.(*atomic.Int64).Load()
+	}
+	assert.Equal(t, int64(1), count(errNotFailure.Error()), "ErrorHandler for the benign error")
+	assert.Equal(t, int64(1), count(errFailure.Error()), "ErrorHandler for the real failure")
+	n := 0
+	handled.Range(func(any, any) bool { n++; return true })
+	assert.Equal(t, 2, n, "ErrorHandler saw something other than the two errors (a deferral?)")
+	assert.Equal(t, int64(2), delays.Load(), "user RetryDelayFunc called for the two errors only")
+	assert.Positive(t, f.ev.deferred.Load())
+
+	info0, err := f.insp.GetTaskInfo("default", ids[0])
+	require.NoError(t, err)
+	assert.Zero(t, info0.Retried, "user IsFailure said the benign error is not a failure")
+	info1, err := f.insp.GetTaskInfo("default", ids[1])
+	require.NoError(t, err)
+	assert.Equal(t, 1, info1.Retried, "a real failure spends a retry")
+}
