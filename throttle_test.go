@@ -131,6 +131,7 @@ type fleetConfig struct {
 	cfg         asynq.Config
 	opts        []throttle.Option
 	handler     func(ctx context.Context, t *asynq.Task) error // nil: succeed
+	limits      *redistest.Server                                // limiter's Redis, when not the tasks' one
 }
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -166,8 +167,13 @@ func startFleet(t *testing.T, fc fleetConfig) *fleet {
 			throttle.WithLogger(quiet),
 			throttle.WithObserver(f.ev.observe(f.job)),
 		}, fc.opts...)
+		limits := redis.UniversalClient(rdb)
+		if fc.limits != nil {
+			limits = redis.NewClient(&redis.Options{Addr: fc.limits.Addr, MaxRetries: -1})
+			t.Cleanup(func() { limits.Close() })
+		}
 		mux := asynq.NewServeMux()
-		mux.Use(throttle.ByProvider(rdb, opts...))
+		mux.Use(throttle.ByProvider(limits, opts...))
 		mux.HandleFunc("sync:", func(ctx context.Context, task *asynq.Task) error {
 			start := time.Now()
 			if fc.handler != nil {
@@ -459,4 +465,47 @@ func TestE2EUserConfigStillApplies(t *testing.T) {
 	info1, err := f.insp.GetTaskInfo("default", ids[1])
 	require.NoError(t, err)
 	assert.Equal(t, 1, info1.Retried, "a real failure spends a retry")
+}
+
+// When the limiter's Redis is down, FailOpen runs tasks unthrottled and
+// FailClosed defers them (retry count untouched) until Redis is back.
+func TestE2ERedisDownFailurePolicy(t *testing.T) {
+	t.Parallel()
+	for _, policy := range []throttle.FailurePolicy{throttle.FailOpen, throttle.FailClosed} {
+		t.Run(policy.String(), func(t *testing.T) {
+			limits := redistest.Start(t)
+			f := startFleet(t, fleetConfig{limits: limits, opts: []throttle.Option{
+				throttle.WithFailurePolicy(policy),
+				throttle.WithFailureDelay(time.Second),
+				throttle.WithTimeout(200 * time.Millisecond),
+				throttle.WithDefaultLimits(throttle.PerSecond(100)),
+			}})
+			limits.Stop()
+			ids := f.enqueue("crm", "job", 20)
+			if policy == throttle.FailClosed {
+				require.Eventually(t, func() bool { return f.ev.deferred.Load() == 0 && countFailed(f) >= 20 },
+					10*time.Second, 20*time.Millisecond)
+				assert.Zero(t, f.rec.count(), "a task ran while the limiter could not decide (fail closed)")
+				limits.Restart(t)
+			}
+			f.waitDone(20, 30*time.Second)
+			f.audit(20)
+			for _, id := range ids {
+				info, err := f.insp.GetTaskInfo("default", id)
+				require.NoError(t, err)
+				assert.Zero(t, info.Retried, "%s: retry spent by a Redis outage", id)
+			}
+			assert.GreaterOrEqual(t, countFailed(f), 20, "failed decisions observed")
+		})
+	}
+}
+
+func countFailed(f *fleet) int {
+	f.ev.mu.Lock()
+	defer f.ev.mu.Unlock()
+	n := 0
+	for _, o := range f.ev.byJob {
+		n += o[throttle.Failed]
+	}
+	return n
 }
