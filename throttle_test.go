@@ -131,7 +131,7 @@ type fleetConfig struct {
 	cfg         asynq.Config
 	opts        []throttle.Option
 	handler     func(ctx context.Context, t *asynq.Task) error // nil: succeed
-	limits      *redistest.Server                                // limiter's Redis, when not the tasks' one
+	limits      *redistest.Server                              // limiter's Redis, when not the tasks' one
 }
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
