@@ -11,12 +11,14 @@ local now = now_us()
 local ALLOWED, DENIED, BAD_CONFIG, NO_LIMITS = 1, 0, -1, -2
 
 local function reply(status, retry, remaining, by, slot)
+  if remaining < 0 then remaining = 0 end
+  if retry > MAX_WAIT then retry = MAX_WAIT end
   return {status, fmt(math.ceil(retry)), fmt(math.floor(remaining)), by, fmt(slot)}
 end
 
 -- 1. Suspension comes first: nothing else is read while a key is suspended
 -- unless the task can be given a slot after the suspension ends.
-local until_ = tonumber(redis.call('GET', suspend_key))
+local until_ = finite(redis.call('GET', suspend_key))
 local suspended = until_ ~= nil and until_ > now
 
 -- 2. Config, validated; the decision never crashes on a bad one.
@@ -26,24 +28,24 @@ if not tiers then
   if suspended then return reply(DENIED, until_ - now, 0, 'suspended', 0) end
   return {NO_LIMITS}
 end
-if idle_ms > 0 then redis.call('PEXPIRE', cfg_key, idle_ms) end
+if idle_ms > 0 then expire_in(cfg_key, idle_ms * 1000) end
 
 -- Reservations that lapsed (their task never came back) are dropped.
 local slot = nil
 if horizon > 0 then
   redis.call('ZREMRANGEBYSCORE', resv_key, '-inf', '(' .. fmt(now - lapse))
-  if id ~= '' then slot = tonumber(redis.call('ZSCORE', resv_key, id)) end
+  if id ~= '' then slot = finite(redis.call('ZSCORE', resv_key, id)) end
 end
 
 local state = read_state(state_key)
-local vnext = tonumber(state.vnext) or 0
+local vnext = stored_time(state.vnext, now + horizon) or 0
 
 -- keep_state refreshes the state's expiry: never shorter than the time the
 -- bucket still needs to refill, or than the reservation queue.
 local function keep_state(tokens)
-  local ttl = full_after(tiers, tokens)
+  local ttl = full_after(state, tiers, tokens, now)
   if vnext - now > ttl then ttl = vnext - now end
-  redis.call('PEXPIRE', state_key, math.ceil(ttl / 1000) + 1000)
+  expire_in(state_key, ttl + 1e6)
 end
 
 -- 3. Refill every tier on demand.
@@ -58,10 +60,8 @@ end
 -- take tokens that the queue of reservations has been promised.
 local short_tier, wait = 0, 0
 for i, t in ipairs(tiers) do
-  if tokens[i] < 1 - EPS then
-    local w = (1 - tokens[i]) * t.per / t.rate
-    if w > wait then short_tier, wait = i, w end
-  end
+  local w = wait_for(tokens[i], t)
+  if w > wait then short_tier, wait = i, w end
 end
 local queued = (slot == nil) and vnext > now
 if not suspended and short_tier == 0 and not queued then
@@ -95,6 +95,7 @@ if horizon > 0 and id ~= '' then
     if granule > 0 and granule / t.burst > e then e = granule / t.burst end
     if e > spacing then spacing = e end
   end
+  spacing = math.ceil(spacing)   -- slots stay whole microseconds
   if slot and slot >= earliest then
     return reply(DENIED, slot - now, 0, by, slot)
   end
@@ -104,7 +105,7 @@ if horizon > 0 and id ~= '' then
     vnext = s + spacing
     redis.call('HSET', state_key, 'vnext', fmt(vnext))
     redis.call('ZADD', resv_key, fmt(s), id)
-    redis.call('PEXPIRE', resv_key, math.ceil((vnext - now + lapse) / 1000))
+    expire_in(resv_key, vnext - now + lapse)
     keep_state(tokens)
     return reply(DENIED, s - now, 0, by, s)
   end

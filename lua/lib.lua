@@ -10,7 +10,8 @@ local MAX_TIERS = 4
 local MAX_PER_MS = 30 * 24 * 3600 * 1000   -- 30 days
 local MAX_RATE_PER_SEC = 1e6
 local MAX_BURST = 1e9
-local EPS = 1e-9                           -- float slack when comparing tokens with 1
+local MAX_WAIT = 1e13                      -- us (~116 days): no honest wait is longer
+local MAX_SKEW = 3600 * 1e6                -- a stored time further ahead of TIME is garbage
 
 local function now_us()
   local t = redis.call('TIME')
@@ -19,6 +20,32 @@ end
 
 local function fmt(x)
   return string.format('%.17g', x)
+end
+
+-- expire_in sets a key's expiry to us microseconds from now (at least 1 ms,
+-- at most MAX_TTL_MS): every key written gets a TTL, in an integer form Redis
+-- accepts (Lua would print a large number as 1e+15).
+local MAX_TTL_MS = 1e13
+local function expire_in(key, us)
+  local ms = math.ceil(us / 1000)
+  if ms < 1 then ms = 1 end
+  if ms > MAX_TTL_MS then ms = MAX_TTL_MS end
+  redis.call('PEXPIRE', key, string.format('%d', ms))
+end
+
+-- finite returns a stored number, or nil when it is missing or not finite.
+local function finite(raw)
+  local v = tonumber(raw)
+  if v == nil or v ~= v or v == math.huge or v == -math.huge then return nil end
+  return v
+end
+
+-- stored_time reads a stored timestamp. Stored times may be ahead of TIME
+-- after the clock stepped back; one implausibly far ahead is garbage.
+local function stored_time(raw, now)
+  local v = finite(raw)
+  if v == nil or v > now + MAX_SKEW then return nil end
+  return v
 end
 
 -- check_num validates one untrusted number. It returns the number, or nil and
@@ -89,16 +116,18 @@ end
 -- stored state: tokens never exceed the (possibly lowered) burst, and elapsed
 -- time is clamped at zero so a clock that steps back refills nothing.
 local function refill(state, tiers, now)
-  local ts = tonumber(state.ts)
+  local ts = stored_time(state.ts, now)
   local elapsed = 0
   if ts and now > ts then elapsed = now - ts end
   local tokens = {}
   for i, t in ipairs(tiers) do
-    local stored = tonumber(state['tk:' .. i])
+    local stored = finite(state['tk:' .. i])
     local v
-    if stored == nil or stored ~= stored then
+    if stored == nil or ts == nil then
       v = t.burst
     else
+      -- Tokens are never taken below zero; anything less is garbage.
+      if stored < 0 then stored = 0 end
       v = stored + elapsed * t.rate / t.per
     end
     if v > t.burst then v = t.burst end
@@ -114,20 +143,34 @@ local function read_state(state_key)
   return s
 end
 
--- full_after returns how long (microseconds) until every tier is full again.
-local function full_after(tiers, tokens)
+-- wait_for returns how long (whole microseconds) until a tier has one
+-- token; 0 when it has one now. SLACK absorbs float rounding in the refill
+-- (about 1e-4 us even for a month-long period) and nothing more.
+local SLACK = 1e-3   -- microseconds
+local function wait_for(tokens, t)
+  local need = (1 - tokens) * t.per / t.rate
+  if need <= SLACK then return 0 end
+  return math.ceil(need - SLACK)
+end
+
+-- full_after returns how long (microseconds) until every tier is full again,
+-- counted from now. A stored time ahead of now (the clock stepped back) holds
+-- the refill back by that much.
+local function full_after(state, tiers, tokens, now)
   local longest = 0
   for i, t in ipairs(tiers) do
     local need = (t.burst - tokens[i]) * t.per / t.rate
     if need > longest then longest = need end
   end
+  local ts = stored_time(state.ts, now)
+  if ts and ts > now then longest = longest + (ts - now) end
   return longest
 end
 
 -- write_tokens stores tokens and the time they were computed at. The stored
 -- time never moves backwards.
 local function write_tokens(state_key, state, tiers, tokens, now)
-  local ts = tonumber(state.ts)
+  local ts = stored_time(state.ts, now)
   if ts == nil or now > ts then ts = now end
   local args = {'ts', fmt(ts)}
   for i = 1, #tiers do

@@ -13,6 +13,7 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"time"
 
@@ -168,16 +169,18 @@ func parseDecide(v []any) (DecideReply, error) {
 }
 
 // SetLimits runs setlimits.lua: tokens are brought up to date under the old
-// limits and clamped to the new bursts, the reservation queue is dropped, then
-// the config is replaced.
+// limits (the config in Redis, else defaults) and clamped to the new bursts,
+// the reservation queue is dropped, then the config is replaced.
 //
 //	KEYS[1] config  KEYS[2] state  KEYS[3] reservations
 //	ARGV[1] config inactivity expiry, milliseconds
-//	ARGV[2] number of tiers, then ARGV[3..] rate, per_ms, burst per tier
+//	ARGV[2] number of tiers n, then ARGV[3..2+3n] rate, per_ms, burst per tier
+//	then the number of default tiers, then rate, per_ms, burst per default tier
 //
 // Reply: {1}, or {-1, field, reason} when a tier is out of range.
-func SetLimits(ctx context.Context, c redis.Scripter, k Keys, idle time.Duration, tiers []Tier) (field, reason string, err error) {
+func SetLimits(ctx context.Context, c redis.Scripter, k Keys, idle time.Duration, tiers, defaults []Tier) (field, reason string, err error) {
 	args := appendTiers([]any{idle.Milliseconds()}, tiers)
+	args = appendTiers(args, defaults)
 	v, err := setLimitsScript.Run(ctx, c, []string{k.Config, k.State, k.Reservations}, args...).Slice()
 	if err != nil {
 		return "", "", err
@@ -218,6 +221,8 @@ type InspectReply struct {
 	Suspended    time.Duration // remaining suspension, 0 if none
 	Reservations int64         // outstanding reservations
 	QueuedFor    time.Duration // time until the last reserved slot
+	FromRedis    bool          // the tiers are the config in Redis, not the defaults
+	Tiers        []Tier        // the tiers in force, validated by the script
 	Tokens       []float64     // tokens per tier now
 	Field        string
 	Reason       string
@@ -227,15 +232,17 @@ type InspectReply struct {
 //
 //	KEYS as Decide; ARGV[1] number of default tiers, then rate, per_ms, burst per tier
 //
-// Reply: {1, suspended_us, reservations, queued_us, tokens...}, {-2,
-// suspended_us, reservations} without limits, or {-1, field, reason}.
+// Reply: {1, suspended_us, reservations, queued_us, from_redis (0/1), n, then
+// rate, per_ms, burst, tokens per tier}; {-2, suspended_us, reservations}
+// without limits; {-1, field, reason} for a bad config.
 func Inspect(ctx context.Context, c redis.Scripter, k Keys, defaults []Tier) (InspectReply, error) {
 	v, err := inspectScript.Run(ctx, c, k.all(), appendTiers(nil, defaults)...).Slice()
 	if err != nil {
 		return InspectReply{}, err
 	}
+	bad := errBadReply("inspect", v)
 	if len(v) < 3 {
-		return InspectReply{}, errBadReply("inspect", v)
+		return InspectReply{}, bad
 	}
 	status, _ := v[0].(int64)
 	if status == StatusBadConfig {
@@ -246,32 +253,41 @@ func Inspect(ctx context.Context, c redis.Scripter, k Keys, defaults []Tier) (In
 	susp, ok1 := num(v[1])
 	resv, ok2 := v[2].(int64)
 	if !ok1 || !ok2 {
-		return InspectReply{}, errBadReply("inspect", v)
+		return InspectReply{}, bad
 	}
 	r := InspectReply{Status: int(status), Suspended: time.Duration(susp) * time.Microsecond, Reservations: resv}
 	if status == StatusNoLimits {
 		return r, nil
 	}
-	if len(v) < 4 {
-		return InspectReply{}, errBadReply("inspect", v)
+	if len(v) < 6 {
+		return InspectReply{}, bad
 	}
-	q, ok := num(v[3])
-	if !ok {
-		return InspectReply{}, errBadReply("inspect", v)
+	q, ok1 := num(v[3])
+	fromRedis, ok2 := v[4].(int64)
+	n, ok3 := v[5].(int64)
+	if !ok1 || !ok2 || !ok3 || len(v) != 6+4*int(n) {
+		return InspectReply{}, bad
 	}
 	r.QueuedFor = time.Duration(q) * time.Microsecond
-	for _, e := range v[4:] {
-		s, _ := e.(string)
-		f, err := strconv.ParseFloat(s, 64)
-		if err != nil {
-			return InspectReply{}, errBadReply("inspect", v)
+	r.FromRedis = fromRedis == 1
+	for i := range int(n) {
+		e := v[6+4*i : 10+4*i]
+		rate, ok1 := num(e[0])
+		per, ok2 := num(e[1])
+		burst, ok3 := num(e[2])
+		s, _ := e[3].(string)
+		tokens, err := strconv.ParseFloat(s, 64)
+		if !ok1 || !ok2 || !ok3 || err != nil {
+			return InspectReply{}, bad
 		}
-		r.Tokens = append(r.Tokens, f)
+		r.Tiers = append(r.Tiers, Tier{Rate: rate, PerMS: per, Burst: burst})
+		r.Tokens = append(r.Tokens, tokens)
 	}
 	return r, nil
 }
 
 // num reads an integer that the script sent as a %.17g string.
+// Anything not finite or outside int64 is refused rather than wrapped around.
 func num(v any) (int64, bool) {
 	s, ok := v.(string)
 	if !ok {
@@ -281,7 +297,7 @@ func num(v any) (int64, bool) {
 		return n, true
 	}
 	f, err := strconv.ParseFloat(s, 64)
-	if err != nil || f != f {
+	if err != nil || math.IsNaN(f) || f < math.MinInt64 || f >= math.MaxInt64 {
 		return 0, false
 	}
 	return int64(f), true

@@ -1,18 +1,20 @@
 -- setlimits.lua: replace a key's limits atomically (see lua.go for the contract).
--- Tokens are first brought up to date under the old limits, then clamped to
--- the new bursts, so a change neither grants a fresh burst nor loses debt.
+-- Tokens are first brought up to date under the old limits (from Redis, or
+-- the caller's defaults when Redis has none), then clamped to the new bursts,
+-- so a change neither grants a fresh burst nor loses debt.
 -- The reservation queue is dropped: its slots were spaced for the old limits.
 -- Tasks that held one come back when they were told to and are decided anew.
 local cfg_key, state_key, resv_key = KEYS[1], KEYS[2], KEYS[3]
 local idle_ms = tonumber(ARGV[1])
 local NEW_AT = 2
+local n_new = tonumber(ARGV[NEW_AT]) or 0
+local DEFAULTS_AT = NEW_AT + 1 + 3 * n_new
 
 local now = now_us()
 local new, field, why = tiers_from_argv(ARGV, NEW_AT)
 if not new then return {-1, field or 'tiers', why or 'missing'} end
 
-local old = nil
-if redis.call('EXISTS', cfg_key) == 1 then old = load_tiers(cfg_key, {}, 1) end
+local old = load_tiers(cfg_key, ARGV, DEFAULTS_AT)   -- nil when none or invalid
 local state = read_state(state_key)
 if old and state.ts then
   local tokens = refill(state, old, now)
@@ -23,7 +25,7 @@ if old and state.ts then
     kept[i] = v
   end
   write_tokens(state_key, state, new, kept, now)
-  redis.call('PEXPIRE', state_key, math.ceil(full_after(new, kept) / 1000) + 1000)
+  expire_in(state_key, full_after(state, new, kept, now) + 1e6)
 end
 
 local args = {'tiers', ARGV[NEW_AT]}
@@ -36,5 +38,5 @@ end
 redis.call('DEL', cfg_key, resv_key)
 redis.call('HDEL', state_key, 'vnext')
 redis.call('HSET', cfg_key, unpack(args))
-redis.call('PEXPIRE', cfg_key, idle_ms)
+expire_in(cfg_key, idle_ms * 1000)
 return {1}

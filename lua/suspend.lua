@@ -5,7 +5,8 @@ local d, max = tonumber(ARGV[1]), tonumber(ARGV[2])
 if d > max then d = max end
 local now = now_us()
 local until_ = now + d
-local cur = tonumber(redis.call('GET', suspend_key))
+local cur = finite(redis.call('GET', suspend_key))
 if cur and cur > until_ then until_ = cur end
-redis.call('SET', suspend_key, fmt(until_), 'PX', math.max(1, math.ceil((until_ - now) / 1000)))
+redis.call('SET', suspend_key, fmt(until_))
+expire_in(suspend_key, until_ - now)
 return fmt(until_ - now)

@@ -2,7 +2,6 @@ package throttle
 
 import (
 	"fmt"
-	"math"
 	"time"
 
 	"github.com/asynq-throttle/asynq-throttle/lua"
@@ -79,7 +78,10 @@ func (l Limit) validate(i int) error {
 	case l.burst() > MaxBurst:
 		return bad("Burst", l.burst(), fmt.Sprintf("must be at most %d", MaxBurst))
 	}
-	if perSec := float64(l.Rate) / l.Per.Seconds(); perSec > MaxRatePerSecond || math.IsInf(perSec, 0) {
+	// Rate/Per > Max/s  <=>  Rate*1000 > Max*PerMS  <=>  Rate > floor(Max*PerMS/1000)
+	// for integer Rate: exact, where float division misjudges limits at the maximum.
+	if int64(l.Rate) > MaxRatePerSecond*l.Per.Milliseconds()/1000 {
+		perSec := float64(l.Rate) / l.Per.Seconds()
 		return bad("Rate", l.Rate, fmt.Sprintf("%g per second is above the maximum %d per second", perSec, MaxRatePerSecond))
 	}
 	return nil

@@ -22,8 +22,9 @@ type Limiter struct {
 	o   options
 }
 
-// NewLimiter returns a Limiter on rdb (a *redis.Client, *redis.ClusterClient or
-// *redis.Ring-less UniversalClient).
+// NewLimiter returns a Limiter on rdb (a *redis.Client, *redis.ClusterClient
+// or failover client). An invalid option does not panic: every method of the
+// Limiter (and every task through its middleware) returns an error naming it.
 func NewLimiter(rdb redis.UniversalClient, opts ...Option) *Limiter {
 	return &Limiter{rdb: rdb, o: newOptions(opts)}
 }
@@ -105,6 +106,9 @@ func (l *Limiter) Reserve(ctx context.Context, key, id string, horizon, granule 
 }
 
 func (l *Limiter) decide(ctx context.Context, key string, a lua.DecideArgs) (Decision, error) {
+	if l.o.err != nil {
+		return Decision{}, l.o.err
+	}
 	keys, err := redisKeys(l.o.prefix, key)
 	if err != nil {
 		return Decision{}, err
@@ -181,6 +185,9 @@ func (l *Limiter) withTimeout(ctx context.Context) (context.Context, context.Can
 // PerSecond(1).WithBurst(3), PerMinute(50)) admits a call only when both have
 // a token. The limits expire after WithIdleExpiry without any call.
 func (l *Limiter) SetLimits(ctx context.Context, key string, limits ...Limit) error {
+	if l.o.err != nil {
+		return l.o.err
+	}
 	keys, err := redisKeys(l.o.prefix, key)
 	if err != nil {
 		return err
@@ -189,9 +196,13 @@ func (l *Limiter) SetLimits(ctx context.Context, key string, limits ...Limit) er
 	if err != nil {
 		return err
 	}
+	defaults, err := l.defaults(key)
+	if err != nil {
+		return err
+	}
 	ctx, cancel := l.withTimeout(ctx)
 	defer cancel()
-	field, reason, err := lua.SetLimits(ctx, l.rdb, keys, l.o.idleExpiry, tiers)
+	field, reason, err := lua.SetLimits(ctx, l.rdb, keys, l.o.idleExpiry, tiers, defaults)
 	if err != nil {
 		return fmt.Errorf("throttle: key %q: set limits: %w", key, err)
 	}
@@ -203,55 +214,16 @@ func (l *Limiter) SetLimits(ctx context.Context, key string, limits ...Limit) er
 
 // Limits returns the limits key has in Redis. Without any there, it returns
 // the limiter's defaults for key, or ErrNoLimits. A config in Redis that is
-// invalid gives a *ConfigError.
+// invalid gives a *ConfigError, exactly as Take would.
 func (l *Limiter) Limits(ctx context.Context, key string) ([]Limit, error) {
-	keys, err := redisKeys(l.o.prefix, key)
+	st, err := l.Inspect(ctx, key)
 	if err != nil {
 		return nil, err
 	}
-	ctx, cancel := l.withTimeout(ctx)
-	defer cancel()
-	h, err := l.rdb.HGetAll(ctx, keys.Config).Result()
-	if err != nil {
-		return nil, fmt.Errorf("throttle: key %q: read limits: %w", key, err)
-	}
-	if len(h) == 0 {
-		if d, ok := l.o.keyDefaults[key]; ok {
-			return append([]Limit(nil), d...), nil
-		}
-		if len(l.o.defaults) > 0 {
-			return append([]Limit(nil), l.o.defaults...), nil
-		}
+	if st.Limits == nil {
 		return nil, fmt.Errorf("%w %q", ErrNoLimits, key)
 	}
-	return parseConfig(key, h)
-}
-
-// parseConfig reads a config hash, as the script would validate it.
-func parseConfig(key string, h map[string]string) ([]Limit, error) {
-	bad := func(field, why string) error { return &ConfigError{Key: key, Field: field, Reason: why} }
-	var n int
-	if _, err := fmt.Sscanf(h["tiers"], "%d", &n); err != nil || n < 1 || n > MaxTiers {
-		return nil, bad("tiers", fmt.Sprintf("%q is not a tier count from 1 to %d", h["tiers"], MaxTiers))
-	}
-	limits := make([]Limit, n)
-	for i := range n {
-		var rate, perMS, burst int64
-		for _, f := range []struct {
-			name string
-			v    *int64
-		}{{"rate", &rate}, {"per_ms", &perMS}, {"burst", &burst}} {
-			field := fmt.Sprintf("%s:%d", f.name, i+1)
-			if _, err := fmt.Sscanf(h[field], "%d", f.v); err != nil {
-				return nil, bad(field, fmt.Sprintf("%q is not an integer", h[field]))
-			}
-		}
-		limits[i] = Limit{Rate: int(rate), Per: time.Duration(perMS) * time.Millisecond, Burst: int(burst)}
-		if err := limits[i].validate(i); err != nil {
-			return nil, bad(fmt.Sprintf("tier %d", i+1), err.Error())
-		}
-	}
-	return limits, nil
+	return st.Limits, nil
 }
 
 // Suspend stops every process from taking tokens of key for d: each of them
@@ -264,6 +236,9 @@ func (l *Limiter) Suspend(ctx context.Context, key string, d time.Duration) erro
 }
 
 func (l *Limiter) suspend(ctx context.Context, key string, d time.Duration) (time.Duration, error) {
+	if l.o.err != nil {
+		return 0, l.o.err
+	}
 	keys, err := redisKeys(l.o.prefix, key)
 	if err != nil {
 		return 0, err
@@ -309,8 +284,12 @@ type Status struct {
 }
 
 // Inspect reports key's limits, tokens, suspension and reservations without
-// changing anything.
+// changing anything. The limits are validated by the same script code as a
+// decision, so Inspect fails exactly when Take would.
 func (l *Limiter) Inspect(ctx context.Context, key string) (Status, error) {
+	if l.o.err != nil {
+		return Status{}, l.o.err
+	}
 	keys, err := redisKeys(l.o.prefix, key)
 	if err != nil {
 		return Status{}, err
@@ -329,12 +308,8 @@ func (l *Limiter) Inspect(ctx context.Context, key string) (Status, error) {
 		return Status{}, &ConfigError{Key: key, Field: r.Field, Reason: r.Reason}
 	}
 	s := Status{Suspended: r.Suspended, Reservations: int(r.Reservations), QueuedFor: r.QueuedFor, Tokens: r.Tokens}
-	if r.Status == lua.StatusNoLimits {
-		return s, nil
-	}
-	s.Limits, err = l.Limits(ctx, key)
-	if err != nil {
-		return Status{}, err
+	for _, t := range r.Tiers {
+		s.Limits = append(s.Limits, Limit{Rate: int(t.Rate), Per: time.Duration(t.PerMS) * time.Millisecond, Burst: int(t.Burst)})
 	}
 	return s, nil
 }

@@ -1,8 +1,10 @@
 package throttle
 
 import (
+	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"strings"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -80,6 +82,8 @@ type options struct {
 	logger         *slog.Logger
 	observer       func(Event)
 	deferralClient *asynq.Client
+
+	err error // the first invalid option, returned by every call
 }
 
 func newOptions(opts []Option) options {
@@ -101,7 +105,36 @@ func newOptions(opts []Option) options {
 	for _, opt := range opts {
 		opt(&o)
 	}
+	o.err = o.validate()
 	return o
+}
+
+// validate names the first option whose value cannot work.
+func (o *options) validate() error {
+	bad := func(opt string, v any, why string) error {
+		return fmt.Errorf("throttle: option %s(%v): %s", opt, v, why)
+	}
+	switch {
+	case o.prefix == "" || strings.ContainsAny(o.prefix, "{}"):
+		return bad("WithPrefix", fmt.Sprintf("%q", o.prefix), "must be non-empty, without '{' or '}'")
+	case o.idleExpiry < time.Millisecond:
+		return bad("WithIdleExpiry", o.idleExpiry, "must be at least 1ms (limits would expire at once)")
+	case o.maxSuspension < time.Millisecond:
+		return bad("WithMaxSuspension", o.maxSuspension, "must be at least 1ms")
+	case o.timeout < 0:
+		return bad("WithTimeout", o.timeout, "must be >= 0 (0: no deadline of its own)")
+	case o.horizon < 0:
+		return bad("WithReservations", o.horizon, "must be >= 0 (0: off)")
+	case o.jitterMin < 0 || o.jitterMax < o.jitterMin || o.jitterFraction < 0:
+		return bad("WithJitter", fmt.Sprintf("%v, %v, %v", o.jitterMin, o.jitterMax, o.jitterFraction), "want 0 <= min <= max and fraction >= 0")
+	case o.failureDelay <= 0:
+		return bad("WithFailureDelay", o.failureDelay, "must be > 0")
+	case o.defaultSuspend <= 0:
+		return bad("WithDefaultSuspension", o.defaultSuspend, "must be > 0")
+	case o.logger == nil:
+		return bad("WithLogger", nil, "must not be nil")
+	}
+	return nil
 }
 
 // WithPrefix sets the prefix of every Redis key (default DefaultPrefix,
@@ -110,6 +143,8 @@ func WithPrefix(p string) Option { return func(o *options) { o.prefix = p } }
 
 // WithTimeout bounds every Redis call made for one decision (default
 // DefaultTimeout, 1 s). A call that takes longer counts as a Redis failure.
+// Zero sets no deadline of its own (the caller's context and the client's
+// read/write timeouts still apply).
 func WithTimeout(d time.Duration) Option { return func(o *options) { o.timeout = d } }
 
 // WithIdleExpiry sets how long a key's limits stay in Redis with no call at

@@ -1,0 +1,1308 @@
+package throttle_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/asynq-throttle/asynq-throttle/throttle"
+)
+
+// epoch is the Redis clock at the start of every test: a fixed instant, so
+// that every decision is reproducible.
+func epoch() time.Time { return time.Unix(1_700_000_000, 0) }
+
+// rig is one limiter on its own miniredis with a clock the test moves. The
+// scripts read Redis TIME, which miniredis serves from SetTime; expiry is
+// driven separately by FastForward, so advance moves both, as a real clock
+// would.
+type rig struct {
+	t   testing.TB
+	mr  *miniredis.Miniredis
+	rdb *redis.Client
+	lim *throttle.Limiter
+	now time.Time
+	ctx context.Context
+}
+
+func newRig(t testing.TB, opts ...throttle.Option) *rig {
+	t.Helper()
+	mr := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	t.Cleanup(func() { _ = rdb.Close() })
+	r := &rig{t: t, mr: mr, rdb: rdb, lim: throttle.NewLimiter(rdb, opts...), ctx: context.Background()}
+	r.setClock(epoch())
+	return r
+}
+
+// setClock moves Redis TIME only (expiry does not follow), e.g. for a clock
+// that steps back.
+func (r *rig) setClock(at time.Time) {
+	r.now = at
+	r.mr.SetTime(at)
+}
+
+// advance moves Redis TIME and key expiry forward by d.
+func (r *rig) advance(d time.Duration) {
+	r.t.Helper()
+	require.GreaterOrEqual(r.t, d, time.Duration(0), "advance(%v): use setClock to step back", d)
+	r.setClock(r.now.Add(d))
+	r.mr.FastForward(d)
+}
+
+// since is the rig's clock relative to epoch, for messages.
+func (r *rig) since() time.Duration { return r.now.Sub(epoch()) }
+
+func (r *rig) take(key string) throttle.Decision {
+	r.t.Helper()
+	d, err := r.lim.Take(r.ctx, key)
+	require.NoError(r.t, err, "Take(%q) at epoch+%v", key, r.since())
+	return d
+}
+
+func (r *rig) reserve(key, id string, horizon, granule time.Duration) throttle.Decision {
+	r.t.Helper()
+	d, err := r.lim.Reserve(r.ctx, key, id, horizon, granule)
+	require.NoError(r.t, err, "Reserve(%q, %q, %v, %v) at epoch+%v", key, id, horizon, granule, r.since())
+	return d
+}
+
+func (r *rig) setLimits(key string, limits ...throttle.Limit) {
+	r.t.Helper()
+	require.NoError(r.t, r.lim.SetLimits(r.ctx, key, limits...), "SetLimits(%q, %v)", key, limits)
+}
+
+func (r *rig) suspend(key string, d time.Duration) {
+	r.t.Helper()
+	require.NoError(r.t, r.lim.Suspend(r.ctx, key, d), "Suspend(%q, %v)", key, d)
+}
+
+func (r *rig) inspect(key string) throttle.Status {
+	r.t.Helper()
+	s, err := r.lim.Inspect(r.ctx, key)
+	require.NoError(r.t, err, "Inspect(%q) at epoch+%v", key, r.since())
+	return s
+}
+
+// takeAll takes until the first refusal (at most limit times) and returns
+// how many were allowed and the refusal.
+func (r *rig) takeAll(key string, limit int) (int, throttle.Decision) {
+	r.t.Helper()
+	for n := 0; n < limit; n++ {
+		d := r.take(key)
+		if !d.Allowed {
+			return n, d
+		}
+	}
+	r.t.Fatalf("Take(%q) allowed %d times in a row at epoch+%v, expected a refusal", key, limit, r.since())
+	return 0, throttle.Decision{}
+}
+
+// redisKey is the Redis key of part ("cfg", "state", "suspend", "resv") of a
+// limiter key under the default prefix.
+func redisKey(name, part string) string { return "throttle:{" + name + "}:" + part }
+
+// hset writes config fields by hand, as an operator would with redis-cli.
+func (r *rig) hset(key string, kv ...string) {
+	r.t.Helper()
+	require.Zero(r.t, len(kv)%2, "hset(%q, %q): odd field/value list", key, kv)
+	for i := 0; i < len(kv); i += 2 {
+		r.mr.HSet(key, kv[i], kv[i+1])
+	}
+}
+
+// stateTS is the timestamp (us) stored in a key's bucket state.
+func (r *rig) stateTS(name string) int64 {
+	r.t.Helper()
+	raw := r.mr.HGet(redisKey(name, "state"), "ts")
+	require.NotEmpty(r.t, raw, "HGET %s ts", redisKey(name, "state"))
+	f, err := strconv.ParseFloat(raw, 64)
+	require.NoError(r.t, err, "HGET %s ts = %q", redisKey(name, "state"), raw)
+	return int64(f)
+}
+
+func assertAllowed(t testing.TB, d throttle.Decision, call string) {
+	t.Helper()
+	assert.True(t, d.Allowed, "%s: want allowed, got %+v", call, d)
+	assert.Equal(t, throttle.NotRefused, d.Reason, "%s: Reason", call)
+	assert.Zero(t, d.RetryAfter, "%s: RetryAfter of an allowed decision", call)
+}
+
+func assertRefused(t testing.TB, d throttle.Decision, reason throttle.Reason, retry time.Duration, call string) {
+	t.Helper()
+	assert.False(t, d.Allowed, "%s: want refused, got %+v", call, d)
+	assert.Equal(t, reason, d.Reason, "%s: Reason (decision %+v)", call, d)
+	assert.Equal(t, retry, d.RetryAfter, "%s: RetryAfter (decision %+v)", call, d)
+}
+
+func TestTake_BurstThenRefill(t *testing.T) {
+	tests := []struct {
+		name      string
+		limit     throttle.Limit
+		burst     int
+		interval  time.Duration // time for one token
+		remaining []int         // Remaining of each allowed take
+	}{
+		{"PerSecond(5)", throttle.PerSecond(5), 5, 200 * time.Millisecond, []int{4, 3, 2, 1, 0}},
+		{"PerMinute(2).WithBurst(3)", throttle.PerMinute(2).WithBurst(3), 3, 30 * time.Second, []int{2, 1, 0}},
+		{"PerHour(1)", throttle.PerHour(1), 1, time.Hour, []int{0}},
+		{"Limit{3, 1500ms, 1}", throttle.Limit{Rate: 3, Per: 1500 * time.Millisecond, Burst: 1}, 1, 500 * time.Millisecond, []int{0}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := newRig(t)
+			r.setLimits("k", tt.limit)
+			for i, want := range tt.remaining {
+				d := r.take("k")
+				assertAllowed(t, d, fmt.Sprintf("Take #%d", i+1))
+				assert.Equal(t, want, d.Remaining, "Take #%d: Remaining", i+1)
+			}
+			d := r.take("k")
+			assertRefused(t, d, throttle.RefusedByTier, tt.interval, "Take after the burst")
+			assert.Equal(t, 1, d.Tier, "Take after the burst: Tier")
+
+			r.advance(tt.interval - time.Millisecond)
+			d = r.take("k")
+			assertRefused(t, d, throttle.RefusedByTier, time.Millisecond, "Take 1ms before the next token")
+
+			r.advance(time.Millisecond)
+			assertAllowed(t, r.take("k"), "Take when the next token is due")
+			assertRefused(t, r.take("k"), throttle.RefusedByTier, tt.interval, "Take right after")
+		})
+	}
+}
+
+// TestTake_RetryAfterIsEnough: a refusal always asks to wait (RetryAfter >
+// 0), and coming back after exactly RetryAfter is admitted, for rates whose
+// token interval is not a whole number of microseconds.
+func TestTake_RetryAfterIsEnough(t *testing.T) {
+	for rate := 1; rate <= 40; rate++ {
+		t.Run(fmt.Sprintf("PerSecond(%d)", rate), func(t *testing.T) {
+			r := newRig(t)
+			r.setLimits("k", throttle.PerSecond(rate).WithBurst(1))
+			assertAllowed(t, r.take("k"), "first Take")
+			for i := 0; i < 3; i++ {
+				d := r.take("k")
+				require.False(t, d.Allowed, "Take #%d right after a take: %+v", i, d)
+				require.Positive(t, d.RetryAfter, "Take #%d: RetryAfter of a refusal (%+v)", i, d)
+				r.advance(d.RetryAfter)
+				d2 := r.take("k")
+				require.True(t, d2.Allowed, "Take #%d again after RetryAfter %v: %+v", i, d.RetryAfter, d2)
+			}
+		})
+	}
+}
+
+// TestTake_LongPeriodNotEarly: for long periods a token is not handed out
+// before it is due, and Remaining is never negative.
+func TestTake_LongPeriodNotEarly(t *testing.T) {
+	for _, l := range []throttle.Limit{
+		throttle.PerSecond(1),
+		throttle.PerMinute(1),
+		{Rate: 1, Per: 1000 * time.Second},
+		throttle.PerHour(1),
+		{Rate: 1, Per: throttle.MaxPer},
+	} {
+		t.Run(l.String(), func(t *testing.T) {
+			r := newRig(t, throttle.WithIdleExpiry(2*throttle.MaxPer))
+			r.setLimits("k", l)
+			assertAllowed(t, r.take("k"), "first Take")
+			r.advance(l.Per - time.Microsecond)
+			d := r.take("k")
+			assertRefused(t, d, throttle.RefusedByTier, time.Microsecond, fmt.Sprintf("Take %v later (1us early)", l.Per-time.Microsecond))
+			assert.GreaterOrEqual(t, d.Remaining, 0, "Remaining")
+			r.advance(time.Microsecond)
+			d = r.take("k")
+			assertAllowed(t, d, fmt.Sprintf("Take %v later", l.Per))
+			assert.Equal(t, 0, d.Remaining, "Remaining")
+		})
+	}
+}
+
+func TestTake_TiersAllOrNothing(t *testing.T) {
+	r := newRig(t)
+	// 10/s with burst 10, and 3/min with burst 3: the minute tier runs dry first.
+	r.setLimits("k", throttle.PerSecond(10), throttle.PerMinute(3))
+	n, d := r.takeAll("k", 100)
+	assert.Equal(t, 3, n, "allowed before the minute tier refused")
+	assertRefused(t, d, throttle.RefusedByTier, 20*time.Second, "Take #4")
+	assert.Equal(t, 2, d.Tier, "Take #4: Tier")
+
+	// The refused take took nothing from tier 1.
+	s := r.inspect("k")
+	require.Len(t, s.Tokens, 2, "Inspect tokens")
+	assert.InDelta(t, 7, s.Tokens[0], 1e-9, "tier 1 tokens after 3 takes and a refusal")
+	assert.InDelta(t, 0, s.Tokens[1], 1e-9, "tier 2 tokens after 3 takes")
+}
+
+func TestTake_TierWithLongestWaitRefuses(t *testing.T) {
+	r := newRig(t)
+	// Tier 1: 1/s burst 5. Tier 2: 6/min burst 6 (one token per 10 s).
+	r.setLimits("k", throttle.PerSecond(1).WithBurst(5), throttle.PerMinute(6))
+	n, d := r.takeAll("k", 10)
+	require.Equal(t, 5, n, "allowed from full buckets")
+	assertRefused(t, d, throttle.RefusedByTier, time.Second, "Take #6 (tier 1 empty, tier 2 has 1)")
+	assert.Equal(t, 1, d.Tier, "Take #6: Tier")
+
+	r.advance(time.Second) // tier 1: 1, tier 2: 1.1
+	assertAllowed(t, r.take("k"), "Take at +1s")
+
+	r.advance(500 * time.Millisecond) // tier 1: 0.5 (wait 0.5 s), tier 2: 0.15 (wait 8.5 s)
+	d = r.take("k")
+	assertRefused(t, d, throttle.RefusedByTier, 8500*time.Millisecond, "Take at +1.5s, both tiers short")
+	assert.Equal(t, 2, d.Tier, "Take at +1.5s: Tier is the one with the longest wait")
+
+	r.advance(500 * time.Millisecond) // tier 1: 1, tier 2: 0.2 (wait 8 s)
+	d = r.take("k")
+	assertRefused(t, d, throttle.RefusedByTier, 8*time.Second, "Take at +2s, only tier 2 short")
+	assert.Equal(t, 2, d.Tier, "Take at +2s: Tier")
+}
+
+func TestSuspend(t *testing.T) {
+	type step struct {
+		advance time.Duration
+		suspend time.Duration // 0: none
+		resume  bool
+		// expectation for a Take after the step
+		allowed bool
+		retry   time.Duration
+	}
+	tests := []struct {
+		name  string
+		opts  []throttle.Option
+		steps []step
+	}{
+		{"refuses for d then allows", nil, []step{
+			{suspend: 5 * time.Second, retry: 5 * time.Second},
+			{advance: 2 * time.Second, retry: 3 * time.Second},
+			{advance: 3*time.Second - time.Microsecond, retry: time.Microsecond},
+			{advance: time.Microsecond, allowed: true},
+		}},
+		{"extends, never shortens", nil, []step{
+			{suspend: 10 * time.Second, retry: 10 * time.Second},
+			{advance: time.Second, suspend: time.Second, retry: 9 * time.Second},
+			{suspend: 20 * time.Second, retry: 20 * time.Second},
+		}},
+		{"resume ends it", nil, []step{
+			{suspend: time.Minute, retry: time.Minute},
+			{resume: true, allowed: true},
+		}},
+		{"capped at DefaultMaxSuspension", nil, []step{
+			{suspend: 48 * time.Hour, retry: throttle.DefaultMaxSuspension},
+		}},
+		{"capped by WithMaxSuspension", []throttle.Option{throttle.WithMaxSuspension(time.Minute)}, []step{
+			{suspend: time.Hour, retry: time.Minute},
+			{advance: 30 * time.Second, suspend: time.Hour, retry: time.Minute},
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := newRig(t, tt.opts...)
+			r.setLimits("k", throttle.PerSecond(100))
+			for i, s := range tt.steps {
+				r.advance(s.advance)
+				if s.suspend > 0 {
+					r.suspend("k", s.suspend)
+				}
+				if s.resume {
+					require.NoError(t, r.lim.Resume(r.ctx, "k"), "Resume")
+				}
+				call := fmt.Sprintf("step %d: Take at epoch+%v", i, r.since())
+				d := r.take("k")
+				if s.allowed {
+					assertAllowed(t, d, call)
+					continue
+				}
+				assertRefused(t, d, throttle.RefusedBySuspension, s.retry, call)
+				assert.Equal(t, s.retry, r.inspect("k").Suspended, "step %d: Inspect.Suspended", i)
+			}
+		})
+	}
+}
+
+func TestSuspend_RetryAfterCoversEmptyBucket(t *testing.T) {
+	r := newRig(t)
+	r.setLimits("k", throttle.PerMinute(1))
+	assertAllowed(t, r.take("k"), "Take")
+	r.suspend("k", 5*time.Second)
+	// Suspended for 5 s but the bucket needs 60 s: wait for the later.
+	assertRefused(t, r.take("k"), throttle.RefusedBySuspension, time.Minute, "Take while suspended with an empty bucket")
+}
+
+func TestSuspend_RejectsNonPositive(t *testing.T) {
+	r := newRig(t)
+	for _, d := range []time.Duration{0, -time.Second} {
+		assert.Error(t, r.lim.Suspend(r.ctx, "k", d), "Suspend(k, %v)", d)
+	}
+	assert.False(t, r.mr.Exists(redisKey("k", "suspend")), "a refused Suspend wrote the suspend key")
+}
+
+func TestSetLimits_AtRunTime(t *testing.T) {
+	tests := []struct {
+		name     string
+		before   []throttle.Limit
+		taken    int           // takes before the change
+		wait     time.Duration // between those takes and the change
+		after    []throttle.Limit
+		allowed  int           // takes allowed right after the change
+		retry    time.Duration // RetryAfter of the first refusal
+		tier     int
+		wantTkns []float64 // Inspect tokens right after the change
+	}{
+		{
+			name:   "lowering clamps at once",
+			before: []throttle.Limit{throttle.PerSecond(10)}, after: []throttle.Limit{throttle.PerSecond(2)},
+			allowed: 2, retry: 500 * time.Millisecond, tier: 1, wantTkns: []float64{2},
+		},
+		{
+			name:   "raising grants no new burst",
+			before: []throttle.Limit{throttle.PerSecond(2)}, taken: 2, after: []throttle.Limit{throttle.PerSecond(100)},
+			allowed: 0, retry: 10 * time.Millisecond, tier: 1, wantTkns: []float64{0},
+		},
+		{
+			name:   "tokens brought up to date under the old rate",
+			before: []throttle.Limit{throttle.PerSecond(1).WithBurst(10)}, taken: 10, wait: 5 * time.Second,
+			after:   []throttle.Limit{throttle.PerSecond(100)},
+			allowed: 5, retry: 10 * time.Millisecond, tier: 1, wantTkns: []float64{5},
+		},
+		{
+			name:   "refilled under the old rate, clamped to the new burst",
+			before: []throttle.Limit{throttle.PerMinute(60)}, taken: 60, wait: 30 * time.Second,
+			after:   []throttle.Limit{throttle.PerSecond(1).WithBurst(10)},
+			allowed: 10, retry: time.Second, tier: 1, wantTkns: []float64{10},
+		},
+		{
+			name:   "a new tier starts full, the old one keeps its debt",
+			before: []throttle.Limit{throttle.PerSecond(5)}, taken: 5,
+			after:   []throttle.Limit{throttle.PerSecond(5), throttle.PerMinute(100)},
+			allowed: 0, retry: 200 * time.Millisecond, tier: 1, wantTkns: []float64{0, 100},
+		},
+		{
+			name:   "dropping a tier",
+			before: []throttle.Limit{throttle.PerSecond(100), throttle.PerMinute(3)}, taken: 3,
+			after:   []throttle.Limit{throttle.PerSecond(100)},
+			allowed: 97, retry: 10 * time.Millisecond, tier: 1, wantTkns: []float64{97},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := newRig(t)
+			r.setLimits("k", tt.before...)
+			for i := 0; i < tt.taken; i++ {
+				require.True(t, r.take("k").Allowed, "Take #%d before the change", i+1)
+			}
+			r.advance(tt.wait)
+			r.setLimits("k", tt.after...)
+
+			s := r.inspect("k")
+			require.Len(t, s.Tokens, len(tt.wantTkns), "Inspect tokens after SetLimits(%v)", tt.after)
+			for i, w := range tt.wantTkns {
+				assert.InDelta(t, w, s.Tokens[i], 1e-9, "tier %d tokens after SetLimits(%v)", i+1, tt.after)
+			}
+
+			n, d := r.takeAll("k", 1000)
+			assert.Equal(t, tt.allowed, n, "takes allowed after SetLimits(%v)", tt.after)
+			assertRefused(t, d, throttle.RefusedByTier, tt.retry, "first refusal after SetLimits")
+			assert.Equal(t, tt.tier, d.Tier, "first refusal: Tier")
+		})
+	}
+}
+
+// TestSetLimits_KeyOnDefaultLimits: a key that ran on the limiter's default
+// limits has a bucket but no config in Redis. SetLimits must still bring its
+// tokens up to date under the limits it ran on and clamp them; it must not
+// hand out the new limits' full burst.
+func TestSetLimits_KeyOnDefaultLimits(t *testing.T) {
+	r := newRig(t, throttle.WithDefaultLimits(throttle.PerMinute(1)))
+	assertAllowed(t, r.take("k"), "Take on the default 1/min")
+	r.advance(30 * time.Second) // half a token under the old limit
+
+	r.setLimits("k", throttle.PerSecond(100))
+	// Under the old limit the bucket holds 0.5 token: the first token under
+	// the new rate is 5 ms away.
+	n, d := r.takeAll("k", 1000)
+	assert.Equal(t, 0, n, "takes allowed right after SetLimits(PerSecond(100)) on a key that had 0.5 token")
+	assertRefused(t, d, throttle.RefusedByTier, 5*time.Millisecond, "first Take after SetLimits")
+}
+
+// TestSetLimits_DefaultsKeyStateOutlivesNewRefill: the bucket's expiry must
+// follow the new (slower) limits too, or the bucket resets to full.
+func TestSetLimits_DefaultsKeyStateOutlivesNewRefill(t *testing.T) {
+	r := newRig(t, throttle.WithDefaultLimits(throttle.PerSecond(10)))
+	n, _ := r.takeAll("k", 100)
+	require.Equal(t, 10, n, "burst of the default limit")
+	r.setLimits("k", throttle.PerMinute(10))
+
+	r.advance(6 * time.Second) // one token under 10/min
+	n, d := r.takeAll("k", 100)
+	assert.Equal(t, 1, n, "takes allowed 6 s after SetLimits(PerMinute(10)) on an empty bucket")
+	assertRefused(t, d, throttle.RefusedByTier, 6*time.Second, "refusal after that")
+}
+
+func TestSetLimits_FixesGarbageConfig(t *testing.T) {
+	r := newRig(t)
+	r.hset(redisKey("k", "cfg"), "tiers", "1", "rate:1", "abc", "per_ms:1", "1000", "burst:1", "1")
+	_, err := r.lim.Take(r.ctx, "k")
+	require.ErrorIs(t, err, throttle.ErrInvalidLimit, "Take on a garbage config")
+
+	r.setLimits("k", throttle.PerSecond(2))
+	n, d := r.takeAll("k", 10)
+	assert.Equal(t, 2, n, "takes after SetLimits replaced the garbage")
+	assertRefused(t, d, throttle.RefusedByTier, 500*time.Millisecond, "refusal after that")
+}
+
+func TestHandWrittenConfig(t *testing.T) {
+	t.Run("used on the next call and clamps tokens", func(t *testing.T) {
+		r := newRig(t)
+		r.setLimits("k", throttle.PerSecond(10))
+		assertAllowed(t, r.take("k"), "Take under 10/s")
+		r.hset(redisKey("k", "cfg"), "tiers", "1", "rate:1", "2", "per_ms:1", "1000", "burst:1", "2")
+		n, d := r.takeAll("k", 100)
+		assert.Equal(t, 2, n, "takes after HSET burst:1 2 (9 tokens stored)")
+		assertRefused(t, d, throttle.RefusedByTier, 500*time.Millisecond, "refusal under the hand-written 2/s")
+	})
+	t.Run("on a fresh key", func(t *testing.T) {
+		r := newRig(t)
+		r.hset(redisKey("k", "cfg"), "tiers", "2",
+			"rate:1", "5", "per_ms:1", "1000", "burst:1", "5",
+			"rate:2", "3", "per_ms:2", "60000", "burst:2", "3")
+		n, d := r.takeAll("k", 100)
+		assert.Equal(t, 3, n, "takes under the hand-written 5/s + 3/min")
+		assertRefused(t, d, throttle.RefusedByTier, 20*time.Second, "refusal")
+		assert.Equal(t, 2, d.Tier, "refusal: Tier")
+		got, err := r.lim.Limits(r.ctx, "k")
+		require.NoError(t, err, "Limits(k)")
+		assert.Equal(t, []throttle.Limit{
+			{Rate: 5, Per: time.Second, Burst: 5}, {Rate: 3, Per: time.Minute, Burst: 3},
+		}, got, "Limits(k) of a hand-written config")
+	})
+}
+
+func TestClockStepsBack(t *testing.T) {
+	t.Run("no refill, no error, no extra tokens when it returns", func(t *testing.T) {
+		r := newRig(t)
+		r.setLimits("k", throttle.PerSecond(1).WithBurst(5))
+		r.advance(10 * time.Second)
+		n, _ := r.takeAll("k", 10)
+		require.Equal(t, 5, n, "burst")
+		stored := r.stateTS("k")
+
+		r.setClock(epoch()) // 10 s back
+		d := r.take("k")
+		assertRefused(t, d, throttle.RefusedByTier, time.Second, "Take 10 s in the past")
+		assert.Equal(t, stored, r.stateTS("k"), "stored ts after a call in the past")
+
+		r.setClock(epoch().Add(10 * time.Second)) // back where it was
+		assertRefused(t, r.take("k"), throttle.RefusedByTier, time.Second, "Take when the clock is back")
+		r.setClock(epoch().Add(11 * time.Second))
+		assertAllowed(t, r.take("k"), "Take 1 s after the last real take")
+	})
+	t.Run("allowed take in the past keeps the stored time", func(t *testing.T) {
+		r := newRig(t)
+		r.setLimits("k", throttle.PerSecond(1).WithBurst(5))
+		r.advance(10 * time.Second)
+		for i := 0; i < 2; i++ {
+			require.True(t, r.take("k").Allowed, "Take #%d", i+1)
+		}
+		stored := r.stateTS("k")
+
+		r.setClock(epoch().Add(5 * time.Second))
+		assertAllowed(t, r.take("k"), "Take 5 s in the past (3 tokens left)")
+		assert.Equal(t, stored, r.stateTS("k"), "stored ts after an allowed take in the past")
+
+		r.setClock(epoch().Add(10 * time.Second))
+		n, _ := r.takeAll("k", 10)
+		assert.Equal(t, 2, n, "takes allowed when the clock is back")
+	})
+}
+
+// TestClockStepsBack_StateOutlivesRefill: after the clock stepped back, the
+// bucket's expiry must still cover the time it needs to refill counted from
+// its stored (later) timestamp. Real Redis runs expiry on the same wall clock
+// as TIME, so we move both together: back 60 s, then forward 60 s.
+func TestClockStepsBack_StateOutlivesRefill(t *testing.T) {
+	r := newRig(t)
+	r.setLimits("k", throttle.PerSecond(1).WithBurst(10))
+	r.advance(100 * time.Second)
+	for i := 0; i < 5; i++ {
+		require.True(t, r.take("k").Allowed, "Take #%d", i+1)
+	}
+	// The clock steps back 60 s; one more take leaves 4 tokens stamped at +100 s.
+	r.setClock(epoch().Add(40 * time.Second))
+	assertAllowed(t, r.take("k"), "Take 60 s in the past")
+	// Full again at +106 s on the script's clock, i.e. 66 s from now.
+	ttl := r.mr.TTL(redisKey("k", "state"))
+	assert.GreaterOrEqual(t, ttl, 66*time.Second, "state TTL after a take 60 s in the past (bucket full at +106 s, now +40 s)")
+
+	// The wall clock runs to +100 s again: the bucket still holds 4 tokens.
+	r.advance(60 * time.Second)
+	n, _ := r.takeAll("k", 20)
+	assert.Equal(t, 4, n, "takes allowed when the clock is back at the stored time")
+}
+
+func TestLongIdleGivesOneBurst(t *testing.T) {
+	tests := []struct {
+		name  string
+		limit throttle.Limit
+		idle  time.Duration
+		burst int
+	}{
+		{"PerSecond(10).WithBurst(3) idle 1000h", throttle.PerSecond(10).WithBurst(3), 1000 * time.Hour, 3},
+		{"PerMinute(1).WithBurst(5) idle 30 days", throttle.PerMinute(1).WithBurst(5), 30 * 24 * time.Hour, 5},
+		{"Limit{1, 1000s, 2} idle 10 years", throttle.Limit{Rate: 1, Per: 1000 * time.Second, Burst: 2}, 10 * 365 * 24 * time.Hour, 2},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := newRig(t, throttle.WithDefaultLimits(tt.limit))
+			n, _ := r.takeAll("k", 100)
+			require.Equal(t, tt.burst, n, "first burst")
+			r.setClock(r.now.Add(tt.idle)) // TIME only: the bucket state is still there
+			n, _ = r.takeAll("k", 100)
+			assert.Equal(t, tt.burst, n, "takes after idle %v with the state kept", tt.idle)
+
+			r.advance(tt.idle) // TIME and expiry: the state is gone
+			n, _ = r.takeAll("k", 100)
+			assert.Equal(t, tt.burst, n, "takes after idle %v with the state expired", tt.idle)
+		})
+	}
+}
+
+func TestRates_SlowestAndFastest(t *testing.T) {
+	t.Run("0.001/s", func(t *testing.T) {
+		r := newRig(t)
+		r.setLimits("k", throttle.Limit{Rate: 1, Per: 1000 * time.Second})
+		assertAllowed(t, r.take("k"), "first Take")
+		assertRefused(t, r.take("k"), throttle.RefusedByTier, 1000*time.Second, "second Take")
+		r.advance(999_999 * time.Millisecond)
+		assertRefused(t, r.take("k"), throttle.RefusedByTier, time.Millisecond, "Take after 999.999 s")
+		r.advance(time.Millisecond)
+		assertAllowed(t, r.take("k"), "Take after exactly 1000 s")
+	})
+	t.Run("1e6/s burst 1", func(t *testing.T) {
+		r := newRig(t)
+		r.setLimits("k", throttle.PerSecond(throttle.MaxRatePerSecond).WithBurst(1))
+		assertAllowed(t, r.take("k"), "first Take")
+		allowed := 0
+		for us := 1; us <= 1000; us++ {
+			r.advance(time.Microsecond)
+			d := r.take("k")
+			if d.Allowed {
+				allowed++
+			}
+			d = r.take("k")
+			if !assert.False(t, d.Allowed, "second Take at +%dus: %+v", us, d) {
+				return
+			}
+			assert.Equal(t, time.Microsecond, d.RetryAfter, "second Take at +%dus: RetryAfter", us)
+		}
+		assert.Equal(t, 1000, allowed, "takes allowed in 1 ms at one per microsecond")
+	})
+	t.Run("1e6/s full burst", func(t *testing.T) {
+		r := newRig(t)
+		r.setLimits("k", throttle.PerSecond(throttle.MaxRatePerSecond))
+		s := r.inspect("k")
+		require.Len(t, s.Tokens, 1, "Inspect tokens")
+		assert.Equal(t, float64(throttle.MaxRatePerSecond), s.Tokens[0], "tokens of a fresh 1e6/s bucket")
+		d := r.take("k")
+		assertAllowed(t, d, "Take")
+		assert.Equal(t, throttle.MaxRatePerSecond-1, d.Remaining, "Remaining")
+	})
+}
+
+// bucketModel is an exact integer token bucket: tokens are counted in units of
+// 1/per_us of a token, so every refill is an integer.
+type bucketModel struct {
+	rate, perUS, burstU, tokensU, ts int64
+}
+
+func (m *bucketModel) take(now int64) bool {
+	m.tokensU = min(m.burstU, m.tokensU+(now-m.ts)*m.rate)
+	m.ts = now
+	if m.tokensU >= m.perUS {
+		m.tokensU -= m.perUS
+		return true
+	}
+	return false
+}
+
+func TestRates_NoPrecisionDrift(t *testing.T) {
+	// miniredis runs a script in about 0.7 ms: 10^4 steps is a few seconds.
+	long, short := 10_000, 2_000
+	if testing.Short() {
+		long, short = 1_000, 500
+	}
+	tests := []struct {
+		name  string
+		limit throttle.Limit
+		steps int
+		at    func(k int64) int64 // time of step k, us after the start
+	}{
+		{"3/s burst 1, steps of exactly 1/3 s rounded up", throttle.PerSecond(3).WithBurst(1), long,
+			func(k int64) int64 { return (k*1_000_000 + 2) / 3 }},
+		{"3/s burst 1, steps of 333333us", throttle.PerSecond(3).WithBurst(1), short,
+			func(k int64) int64 { return k * 333_333 }},
+		{"3/s burst 3, steps of exactly 1/3 s rounded down", throttle.PerSecond(3), short,
+			func(k int64) int64 { return k * 1_000_000 / 3 }},
+		{"7 per 3 s burst 2, steps of 428571us", throttle.Limit{Rate: 7, Per: 3 * time.Second, Burst: 2}, short,
+			func(k int64) int64 { return k * 428_571 }},
+		{"1000/s burst 1, steps of 999us", throttle.PerSecond(1000).WithBurst(1), short,
+			func(k int64) int64 { return k * 999 }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			r := newRig(t)
+			r.setLimits("k", tt.limit)
+			burst := tt.limit.Burst
+			if burst == 0 {
+				burst = tt.limit.Rate
+			}
+			m := bucketModel{rate: int64(tt.limit.Rate), perUS: tt.limit.Per.Microseconds()}
+			m.burstU = int64(burst) * m.perUS
+			m.tokensU = m.burstU
+			var got, want int
+			for k := int64(1); k <= int64(tt.steps); k++ {
+				at := tt.at(k)
+				r.setClock(epoch().Add(time.Duration(at) * time.Microsecond))
+				w := m.take(at)
+				d := r.take("k")
+				if w {
+					want++
+				}
+				if d.Allowed {
+					got++
+					if !assert.GreaterOrEqual(t, d.Remaining, 0, "step %d: Remaining of an allowed take", k) {
+						return
+					}
+				}
+				if !assert.Equal(t, w, d.Allowed, "step %d (t=%dus): Allowed (exact model has %d/%d tokens)", k, at, m.tokensU, m.perUS) {
+					return
+				}
+			}
+			assert.Equal(t, want, got, "admitted over %d steps", tt.steps)
+		})
+	}
+}
+
+// garbageCases are config hashes an operator could leave in Redis. Each is a
+// valid two-tier base with one change; field is the field Take must name.
+type garbageCase struct {
+	name  string
+	set   map[string]string
+	del   []string
+	field string
+}
+
+func garbageCases() []garbageCase {
+	var cases []garbageCase
+	values := []struct{ name, v string }{
+		{"NaN", "NaN"}, {"nan", "nan"}, {"inf", "inf"}, {"-inf", "-inf"}, {"-1", "-1"}, {"0", "0"},
+		{"abc", "abc"}, {"empty", ""}, {"1e300", "1e300"}, {"1.5", "1.5"}, {"5abc", "5abc"}, {"1e400", "1e400"},
+	}
+	for _, f := range []string{"rate:1", "per_ms:1", "burst:1", "rate:2", "per_ms:2", "burst:2"} {
+		for _, v := range values {
+			cases = append(cases, garbageCase{name: f + "=" + v.name, set: map[string]string{f: v.v}, field: f})
+		}
+		cases = append(cases, garbageCase{name: f + " missing", del: []string{f}, field: f})
+	}
+	for _, v := range []string{"5", "0", "-1", "1.5", "abc", "", "NaN", "inf"} {
+		cases = append(cases, garbageCase{name: "tiers=" + v, set: map[string]string{"tiers": v}, field: "tiers"})
+	}
+	cases = append(cases,
+		garbageCase{name: "tiers missing", del: []string{"tiers"}, field: "tiers"},
+		garbageCase{name: "tiers=3 with two tiers", set: map[string]string{"tiers": "3"}, field: "rate:3"},
+		garbageCase{name: "per_ms:1 above 30 days", set: map[string]string{"per_ms:1": "2592000001"}, field: "per_ms:1"},
+		garbageCase{name: "rate:1 above 1e6/s", set: map[string]string{"rate:1": "1000001"}, field: "rate:1"},
+		garbageCase{name: "rate:1 2e6 per 1000ms", set: map[string]string{"rate:1": "2000000"}, field: "rate:1"},
+		garbageCase{name: "rate:2 above 1e6/s", set: map[string]string{"rate:2": "60000001"}, field: "rate:2"},
+		garbageCase{name: "burst:1 above 1e9", set: map[string]string{"burst:1": "1000000001"}, field: "burst:1"},
+	)
+	return cases
+}
+
+// writeGarbage writes the valid base config (10/s, 100/min) with tc applied.
+func (r *rig) writeGarbage(name string, tc garbageCase) {
+	r.t.Helper()
+	h := map[string]string{
+		"tiers":  "2",
+		"rate:1": "10", "per_ms:1": "1000", "burst:1": "10",
+		"rate:2": "100", "per_ms:2": "60000", "burst:2": "100",
+	}
+	for k, v := range tc.set {
+		h[k] = v
+	}
+	for _, k := range tc.del {
+		delete(h, k)
+	}
+	for k, v := range h {
+		r.mr.HSet(redisKey(name, "cfg"), k, v)
+	}
+}
+
+func TestGarbageConfig_TakeNamesTheField(t *testing.T) {
+	r := newRig(t)
+	for _, tc := range garbageCases() {
+		t.Run(tc.name, func(t *testing.T) {
+			r.t = t
+			r.mr.FlushAll()
+			r.writeGarbage("k", tc)
+			d, err := r.lim.Take(r.ctx, "k")
+			require.Error(t, err, "Take with %s: want an error, got %+v", tc.name, d)
+			assert.ErrorIs(t, err, throttle.ErrInvalidLimit, "Take with %s", tc.name)
+			var ce *throttle.ConfigError
+			if assert.ErrorAs(t, err, &ce, "Take with %s: %v", tc.name, err) {
+				assert.Equal(t, tc.field, ce.Field, "Take with %s: ConfigError.Field (reason %q)", tc.name, ce.Reason)
+				assert.Equal(t, "k", ce.Key, "Take with %s: ConfigError.Key", tc.name)
+				assert.NotEmpty(t, ce.Reason, "Take with %s: ConfigError.Reason", tc.name)
+			}
+			assert.False(t, r.mr.Exists(redisKey("k", "state")), "Take with %s wrote a bucket", tc.name)
+
+			_, err = r.lim.Inspect(r.ctx, "k")
+			assert.ErrorAs(t, err, &ce, "Inspect with %s", tc.name)
+		})
+	}
+}
+
+// TestGarbageConfig_LimitsRejectsWhatTakeRejects: Limits (and so Inspect)
+// parse the config in Go; a config the script refuses must not be reported
+// as valid limits.
+func TestGarbageConfig_LimitsRejectsWhatTakeRejects(t *testing.T) {
+	r := newRig(t)
+	for _, tc := range garbageCases() {
+		t.Run(tc.name, func(t *testing.T) {
+			r.t = t
+			r.mr.FlushAll()
+			r.writeGarbage("k", tc)
+			got, err := r.lim.Limits(r.ctx, "k")
+			var ce *throttle.ConfigError
+			assert.ErrorAs(t, err, &ce, "Limits with %s: want a *ConfigError, got %v, %v", tc.name, got, err)
+			assert.ErrorIs(t, err, throttle.ErrInvalidLimit, "Limits with %s", tc.name)
+		})
+	}
+}
+
+// TestGarbageConfig_LimitsNamesTheField: ConfigError.Field is documented as
+// the config hash field ("rate:1"); Limits must name the same one as Take.
+func TestGarbageConfig_LimitsNamesTheField(t *testing.T) {
+	r := newRig(t)
+	for _, tc := range garbageCases() {
+		t.Run(tc.name, func(t *testing.T) {
+			r.t = t
+			r.mr.FlushAll()
+			r.writeGarbage("k", tc)
+			_, err := r.lim.Limits(r.ctx, "k")
+			var ce *throttle.ConfigError
+			if errors.As(err, &ce) { // a missed error is TestGarbageConfig_LimitsRejectsWhatTakeRejects
+				assert.Equal(t, tc.field, ce.Field, "Limits with %s: ConfigError.Field (reason %q)", tc.name, ce.Reason)
+			}
+		})
+	}
+}
+
+func TestNoLimitsAndDefaults(t *testing.T) {
+	ten := []throttle.Limit{throttle.PerSecond(10)}
+	two := []throttle.Limit{throttle.PerSecond(2)}
+	five := []throttle.Limit{throttle.PerMinute(5)}
+	tests := []struct {
+		name    string
+		opts    []throttle.Option
+		stored  []throttle.Limit // SetLimits before, nil for none
+		key     string
+		want    []throttle.Limit // nil: ErrNoLimits
+		allowed int
+	}{
+		{"no config, no defaults", nil, nil, "slack", nil, 0},
+		{"default limits", []throttle.Option{throttle.WithDefaultLimits(ten...)}, nil, "slack", ten, 10},
+		{"key limits win over defaults", []throttle.Option{throttle.WithDefaultLimits(ten...), throttle.WithKeyLimits("slack", two...)}, nil, "slack", two, 2},
+		{"key limits of another key", []throttle.Option{throttle.WithDefaultLimits(ten...), throttle.WithKeyLimits("github", two...)}, nil, "slack", ten, 10},
+		{"key limits without defaults, other key", []throttle.Option{throttle.WithKeyLimits("github", two...)}, nil, "slack", nil, 0},
+		{"redis wins over key limits", []throttle.Option{throttle.WithKeyLimits("slack", ten...)}, five, "slack", []throttle.Limit{throttle.PerMinute(5).WithBurst(5)}, 5},
+		{"redis wins over defaults", []throttle.Option{throttle.WithDefaultLimits(ten...)}, five, "slack", []throttle.Limit{throttle.PerMinute(5).WithBurst(5)}, 5},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := newRig(t, tt.opts...)
+			if tt.stored != nil {
+				r.setLimits(tt.key, tt.stored...)
+			}
+			got, err := r.lim.Limits(r.ctx, tt.key)
+			d, terr := r.lim.Take(r.ctx, tt.key)
+			if tt.want == nil {
+				assert.ErrorIs(t, err, throttle.ErrNoLimits, "Limits(%q) = %v", tt.key, got)
+				assert.ErrorIs(t, terr, throttle.ErrNoLimits, "Take(%q) = %+v", tt.key, d)
+				s := r.inspect(tt.key)
+				assert.Nil(t, s.Limits, "Inspect(%q).Limits without limits", tt.key)
+				return
+			}
+			require.NoError(t, err, "Limits(%q)", tt.key)
+			assert.Equal(t, effective(tt.want), got, "Limits(%q)", tt.key)
+			require.NoError(t, terr, "Take(%q)", tt.key)
+			n, _ := r.takeAll(tt.key, 100)
+			assert.Equal(t, tt.allowed, n+1, "takes allowed under %v", tt.want)
+		})
+	}
+}
+
+func TestInvalidDefaultLimits(t *testing.T) {
+	r := newRig(t, throttle.WithDefaultLimits(throttle.Limit{Rate: 0, Per: time.Second}))
+	_, err := r.lim.Take(r.ctx, "k")
+	assert.ErrorIs(t, err, throttle.ErrInvalidLimit, "Take with invalid default limits")
+}
+
+func TestLimits_RoundTrip(t *testing.T) {
+	tests := []struct {
+		name   string
+		limits []throttle.Limit
+	}{
+		{"one tier", []throttle.Limit{throttle.PerSecond(10).WithBurst(20)}},
+		{"burst 0 means rate", []throttle.Limit{throttle.PerMinute(50)}},
+		{"four tiers", []throttle.Limit{throttle.PerSecond(5).WithBurst(1), throttle.PerMinute(100), throttle.PerHour(1000), {Rate: 5000, Per: 24 * time.Hour, Burst: 10}}},
+		{"odd period", []throttle.Limit{{Rate: 3, Per: 1500 * time.Millisecond, Burst: 2}}},
+		{"extremes", []throttle.Limit{throttle.PerSecond(throttle.MaxRatePerSecond).WithBurst(throttle.MaxBurst), {Rate: 1, Per: throttle.MaxPer, Burst: 1}}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := newRig(t)
+			r.setLimits("k", tt.limits...)
+			got, err := r.lim.Limits(r.ctx, "k")
+			require.NoError(t, err, "Limits(k) after SetLimits(%v)", tt.limits)
+			want := make([]throttle.Limit, len(tt.limits))
+			for i, l := range tt.limits {
+				if l.Burst == 0 {
+					l.Burst = l.Rate
+				}
+				want[i] = l
+			}
+			assert.Equal(t, want, got, "Limits(k) after SetLimits(%v)", tt.limits)
+			assert.Equal(t, want, r.inspect("k").Limits, "Inspect(k).Limits")
+		})
+	}
+}
+
+func TestInvalidKeys(t *testing.T) {
+	r := newRig(t, throttle.WithDefaultLimits(throttle.PerSecond(1)))
+	for _, key := range []string{"", strings.Repeat("a", throttle.MaxKeyLen+1), "a{b", "a}b", "\x00", "tab\t", "\xff\xfe", "new\nline"} {
+		t.Run(fmt.Sprintf("%q", key), func(t *testing.T) {
+			calls := map[string]error{
+				"ValidateKey": throttle.ValidateKey(key),
+				"SetLimits":   r.lim.SetLimits(r.ctx, key, throttle.PerSecond(1)),
+				"Suspend":     r.lim.Suspend(r.ctx, key, time.Second),
+				"Resume":      r.lim.Resume(r.ctx, key),
+			}
+			_, calls["Take"] = r.lim.Take(r.ctx, key)
+			_, calls["Reserve"] = r.lim.Reserve(r.ctx, key, "id", time.Minute, time.Second)
+			_, calls["Limits"] = r.lim.Limits(r.ctx, key)
+			_, calls["Inspect"] = r.lim.Inspect(r.ctx, key)
+			for call, err := range calls {
+				assert.ErrorIs(t, err, throttle.ErrInvalidKey, "%s(%q)", call, key)
+			}
+		})
+	}
+	assert.Empty(t, r.mr.Keys(), "Redis keys written for invalid limiter keys")
+}
+
+func TestRedisKeyNames(t *testing.T) {
+	tests := []struct {
+		name   string
+		opts   []throttle.Option
+		prefix string
+	}{
+		{"default prefix", nil, throttle.DefaultPrefix},
+		{"WithPrefix", []throttle.Option{throttle.WithPrefix("myapp")}, "myapp"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := newRig(t, tt.opts...)
+			r.setLimits("slack", throttle.PerSecond(1))
+			r.take("slack")
+			r.reserve("slack", "task-1", time.Minute, time.Second)
+			r.suspend("slack", time.Second)
+			want := []string{}
+			for _, p := range []string{"cfg", "resv", "state", "suspend"} {
+				want = append(want, tt.prefix+":{slack}:"+p)
+			}
+			assert.Equal(t, want, r.mr.Keys(), "Redis keys of limiter key slack")
+		})
+	}
+}
+
+func TestReserve_SlotsInDenyOrder(t *testing.T) {
+	r := newRig(t)
+	r.setLimits("k", throttle.PerSecond(1))
+	const horizon = 10 * time.Second
+	assertAllowed(t, r.take("k"), "Take from the full bucket")
+
+	for i, id := range []string{"a", "b", "c"} {
+		d := r.reserve("k", id, horizon, 0)
+		want := time.Duration(i+1) * time.Second
+		assert.True(t, d.Reserved, "Reserve(%s): Reserved (%+v)", id, d)
+		assert.Equal(t, throttle.RefusedByTier, d.Reason, "Reserve(%s) on an empty bucket: Reason", id)
+		assert.Equal(t, want, d.RetryAfter, "Reserve(%s): RetryAfter", id)
+		assert.Equal(t, epoch().Add(want), d.Slot, "Reserve(%s): Slot", id)
+	}
+	assert.Equal(t, 3, r.inspect("k").Reservations, "Inspect.Reservations")
+
+	d := r.reserve("k", "a", horizon, 0)
+	assertRefused(t, d, throttle.RefusedBeforeSlot, time.Second, "Reserve(a) again before its slot")
+	assert.Equal(t, epoch().Add(time.Second), d.Slot, "Reserve(a) again: Slot")
+	assertRefused(t, r.take("k"), throttle.RefusedByQueue, 4*time.Second, "Take behind 3 reservations")
+
+	r.advance(time.Second) // one token; a's slot
+	assertRefused(t, r.take("k"), throttle.RefusedByQueue, 3*time.Second, "Take with a token promised to a")
+	d = r.reserve("k", "d", horizon, 0)
+	assert.True(t, d.Reserved, "Reserve(d) with a token promised to a: Reserved (%+v)", d)
+	assert.Equal(t, throttle.RefusedByQueue, d.Reason, "Reserve(d): Reason")
+	assert.Equal(t, epoch().Add(4*time.Second), d.Slot, "Reserve(d): Slot")
+	assertAllowed(t, r.reserve("k", "a", horizon, 0), "Reserve(a) at its slot")
+
+	r.advance(500 * time.Millisecond)
+	assertRefused(t, r.reserve("k", "b", horizon, 0), throttle.RefusedBeforeSlot, 500*time.Millisecond, "Reserve(b) 0.5 s early")
+	r.advance(500 * time.Millisecond)
+	assertAllowed(t, r.reserve("k", "b", horizon, 0), "Reserve(b) at its slot")
+	r.advance(time.Second)
+	assertAllowed(t, r.reserve("k", "c", horizon, 0), "Reserve(c) at its slot")
+	r.advance(time.Second)
+	assertAllowed(t, r.reserve("k", "d", horizon, 0), "Reserve(d) at its slot")
+	assert.Equal(t, 0, r.inspect("k").Reservations, "Inspect.Reservations after all came back")
+	assertRefused(t, r.take("k"), throttle.RefusedByTier, time.Second, "Take after the queue drained")
+	r.advance(time.Second)
+	assertAllowed(t, r.take("k"), "Take a token later")
+}
+
+func TestReserve_Spacing(t *testing.T) {
+	tests := []struct {
+		name    string
+		limits  []throttle.Limit
+		granule time.Duration
+		spacing time.Duration
+	}{
+		{"per/rate", []throttle.Limit{throttle.PerSecond(2)}, 0, 500 * time.Millisecond},
+		{"granule/burst beats per/rate", []throttle.Limit{throttle.PerSecond(10).WithBurst(1)}, time.Second, time.Second},
+		{"granule/burst", []throttle.Limit{throttle.PerSecond(10).WithBurst(5)}, time.Second, 200 * time.Millisecond},
+		{"per/rate beats granule/burst", []throttle.Limit{throttle.PerSecond(4).WithBurst(20)}, time.Second, 250 * time.Millisecond},
+		{"slowest tier", []throttle.Limit{throttle.PerSecond(10), throttle.PerMinute(30)}, time.Second, 2 * time.Second},
+		{"granule over a tier's burst", []throttle.Limit{throttle.PerSecond(100), throttle.PerMinute(6000).WithBurst(4)}, time.Second, 250 * time.Millisecond},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := newRig(t)
+			r.setLimits("k", tt.limits...)
+			_, first := r.takeAll("k", 10_000)
+			var prev time.Time
+			for i := 0; i < 5; i++ {
+				id := fmt.Sprintf("task-%d", i)
+				d := r.reserve("k", id, time.Hour, tt.granule)
+				require.True(t, d.Reserved, "Reserve(%s): Reserved (%+v)", id, d)
+				if i == 0 {
+					assert.Equal(t, first.RetryAfter, d.RetryAfter, "Reserve(%s): first slot is when a token is due", id)
+				} else {
+					assert.Equal(t, tt.spacing, d.Slot.Sub(prev), "Reserve(%s): slot after the previous one", id)
+				}
+				assert.Equal(t, d.Slot.Sub(r.now), d.RetryAfter, "Reserve(%s): RetryAfter = Slot - now", id)
+				prev = d.Slot
+			}
+		})
+	}
+}
+
+// TestReserve_ComeBackAtSlot: a caller that comes back at exactly
+// Decision.Slot is admitted, for rates whose interval is not whole
+// microseconds.
+func TestReserve_ComeBackAtSlot(t *testing.T) {
+	for _, rate := range []int{1, 3, 7, 9, 11, 13} {
+		t.Run(fmt.Sprintf("PerSecond(%d)", rate), func(t *testing.T) {
+			r := newRig(t)
+			r.setLimits("k", throttle.PerSecond(rate).WithBurst(1))
+			assertAllowed(t, r.take("k"), "Take")
+			var slots []time.Time
+			for i := 0; i < 4; i++ {
+				d := r.reserve("k", fmt.Sprint(i), time.Minute, 0)
+				require.True(t, d.Reserved, "Reserve(%d): %+v", i, d)
+				slots = append(slots, d.Slot)
+			}
+			for i, s := range slots {
+				r.advance(s.Sub(r.now))
+				assertAllowed(t, r.reserve("k", fmt.Sprint(i), time.Minute, 0), fmt.Sprintf("Reserve(%d) at Decision.Slot %v", i, s.Sub(epoch())))
+			}
+		})
+	}
+}
+
+func TestReserve_Horizon(t *testing.T) {
+	r := newRig(t)
+	r.setLimits("k", throttle.PerSecond(1))
+	const horizon = 2500 * time.Millisecond
+	assertAllowed(t, r.take("k"), "Take")
+	for i, id := range []string{"a", "b"} {
+		d := r.reserve("k", id, horizon, 0)
+		assert.True(t, d.Reserved, "Reserve(%s) within the horizon: %+v", id, d)
+		assert.Equal(t, time.Duration(i+1)*time.Second, d.RetryAfter, "Reserve(%s): RetryAfter", id)
+	}
+	d := r.reserve("k", "c", horizon, 0)
+	assert.False(t, d.Reserved, "Reserve(c) beyond the horizon: %+v", d)
+	assert.True(t, d.Slot.IsZero(), "Reserve(c) beyond the horizon: Slot %v", d.Slot)
+	assert.False(t, d.Allowed, "Reserve(c) beyond the horizon: Allowed")
+	// The next free slot is at 3 s: c can reserve it once 3 s is within 2.5 s.
+	assert.Equal(t, 500*time.Millisecond, d.RetryAfter, "Reserve(c) beyond the horizon: RetryAfter")
+	assert.Equal(t, 2, r.inspect("k").Reservations, "Inspect.Reservations")
+
+	r.advance(d.RetryAfter)
+	d = r.reserve("k", "c", horizon, 0)
+	assert.True(t, d.Reserved, "Reserve(c) after RetryAfter: %+v", d)
+	assert.Equal(t, epoch().Add(3*time.Second), d.Slot, "Reserve(c) after RetryAfter: Slot")
+}
+
+func TestReserve_Lapse(t *testing.T) {
+	r := newRig(t)
+	r.setLimits("k", throttle.PerSecond(1))
+	resv := redisKey("k", "resv")
+	assertAllowed(t, r.take("k"), "Take")
+	for _, id := range []string{"a", "b"} { // slots at +1 s and +2 s
+		d := r.reserve("k", id, time.Minute, 0)
+		require.True(t, d.Reserved, "Reserve(%s): %+v", id, d)
+	}
+	members := func() []string {
+		t.Helper()
+		m, err := r.mr.ZMembers(resv)
+		require.NoError(t, err, "ZRANGE %s", resv)
+		return m
+	}
+
+	// Exactly DefaultLapse after a's slot: a is still kept. z gets a token.
+	r.advance(time.Second + throttle.DefaultLapse)
+	assertAllowed(t, r.reserve("k", "z", time.Minute, 0), "Reserve(z) 5 min later")
+	assert.Equal(t, []string{"a", "b"}, members(), "reservations DefaultLapse after a's slot")
+	assert.Equal(t, 2, r.inspect("k").Reservations, "Inspect.Reservations")
+
+	// A second later a has lapsed and b is at its limit.
+	r.advance(time.Second)
+	assertAllowed(t, r.reserve("k", "y", time.Minute, 0), "Reserve(y) 1 s later")
+	assert.Equal(t, []string{"b"}, members(), "reservations DefaultLapse after b's slot")
+
+	// a coming back now is a fresh caller.
+	d := r.reserve("k", "a", time.Minute, 0)
+	assert.Equal(t, throttle.RefusedByTier, d.Reason, "Reserve(a) after its reservation lapsed: %+v", d)
+}
+
+func TestReserve_SuspensionAndQueue(t *testing.T) {
+	r := newRig(t)
+	r.setLimits("k", throttle.PerSecond(10))
+	r.suspend("k", 5*time.Second)
+	d := r.reserve("k", "a", time.Minute, 0)
+	assert.True(t, d.Reserved, "Reserve while suspended: %+v", d)
+	assert.Equal(t, throttle.RefusedBySuspension, d.Reason, "Reserve while suspended: Reason")
+	assert.Equal(t, 5*time.Second, d.RetryAfter, "Reserve while suspended: RetryAfter is the end of the suspension")
+
+	r.advance(5 * time.Second)
+	assertRefused(t, r.take("k"), throttle.RefusedByQueue, 100*time.Millisecond, "Take with a's slot due")
+	assertAllowed(t, r.reserve("k", "a", time.Minute, 0), "Reserve(a) at its slot after the suspension")
+	r.advance(100 * time.Millisecond)
+	assertAllowed(t, r.take("k"), "Take after the queue")
+}
+
+func TestReserve_EmptyID(t *testing.T) {
+	r := newRig(t)
+	r.setLimits("k", throttle.PerSecond(1))
+	_, err := r.lim.Reserve(r.ctx, "k", "", time.Minute, time.Second)
+	assert.Error(t, err, "Reserve with an empty id")
+}
+
+func TestTTLs(t *testing.T) {
+	t.Run("every key written has a TTL", func(t *testing.T) {
+		r := newRig(t)
+		r.setLimits("k", throttle.PerSecond(1))
+		assert.Equal(t, throttle.DefaultIdleExpiry, r.mr.TTL(redisKey("k", "cfg")), "cfg TTL after SetLimits")
+		r.take("k")
+		d := r.reserve("k", "a", time.Minute, 0)
+		require.True(t, d.Reserved, "Reserve: %+v", d)
+		r.suspend("k", 3*time.Second)
+		for _, p := range []string{"cfg", "state", "suspend", "resv"} {
+			assert.Positive(t, r.mr.TTL(redisKey("k", p)), "TTL of %s", redisKey("k", p))
+		}
+		assert.Equal(t, 3*time.Second, r.mr.TTL(redisKey("k", "suspend")), "suspend TTL")
+		assert.GreaterOrEqual(t, r.mr.TTL(redisKey("k", "resv")), time.Second+throttle.DefaultLapse, "resv TTL covers slot + lapse")
+		assert.Equal(t, []string{redisKey("k", "cfg"), redisKey("k", "resv"), redisKey("k", "state"), redisKey("k", "suspend")}, r.mr.Keys(), "keys")
+	})
+	t.Run("idle expiry refreshed by Take", func(t *testing.T) {
+		r := newRig(t, throttle.WithIdleExpiry(time.Hour))
+		r.setLimits("k", throttle.PerSecond(1))
+		r.advance(30 * time.Minute)
+		r.take("k")
+		assert.Equal(t, time.Hour, r.mr.TTL(redisKey("k", "cfg")), "cfg TTL after a Take 30 min later")
+		r.advance(59 * time.Minute)
+		_, err := r.lim.Limits(r.ctx, "k")
+		assert.NoError(t, err, "Limits 59 min after the last Take")
+		r.advance(time.Minute)
+		_, err = r.lim.Limits(r.ctx, "k")
+		assert.ErrorIs(t, err, throttle.ErrNoLimits, "Limits an hour after the last Take")
+	})
+	t.Run("hand-written config gets a TTL", func(t *testing.T) {
+		r := newRig(t)
+		r.hset(redisKey("k", "cfg"), "tiers", "1", "rate:1", "1", "per_ms:1", "1000", "burst:1", "1")
+		require.Zero(t, r.mr.TTL(redisKey("k", "cfg")), "TTL of the hand-written config")
+		r.take("k")
+		assert.Equal(t, throttle.DefaultIdleExpiry, r.mr.TTL(redisKey("k", "cfg")), "cfg TTL after Take")
+	})
+	t.Run("state outlives its refill", func(t *testing.T) {
+		tests := []struct {
+			limit throttle.Limit
+			takes int
+			full  time.Duration // until the bucket is full again
+		}{
+			{throttle.PerHour(1).WithBurst(10), 10, 10 * time.Hour},
+			{throttle.PerSecond(3), 3, time.Second},
+			{throttle.Limit{Rate: 1, Per: throttle.MaxPer, Burst: 3}, 2, 2 * throttle.MaxPer},
+		}
+		for _, tt := range tests {
+			r := newRig(t)
+			r.setLimits("k", tt.limit)
+			for i := 0; i < tt.takes; i++ {
+				require.True(t, r.take("k").Allowed, "%v: Take #%d", tt.limit, i+1)
+			}
+			assert.GreaterOrEqual(t, r.mr.TTL(redisKey("k", "state")), tt.full, "%v: state TTL after %d takes", tt.limit, tt.takes)
+		}
+	})
+	t.Run("state outlives the reservation queue", func(t *testing.T) {
+		r := newRig(t)
+		r.setLimits("k", throttle.PerSecond(1))
+		r.take("k")
+		var last throttle.Decision
+		for i := 0; i < 30; i++ {
+			last = r.reserve("k", fmt.Sprint(i), time.Minute, 0)
+			require.True(t, last.Reserved, "Reserve(%d): %+v", i, last)
+		}
+		queue := last.Slot.Sub(r.now)
+		assert.GreaterOrEqual(t, r.mr.TTL(redisKey("k", "state")), queue, "state TTL with a queue of %v", queue)
+		// SetLimits drops the queue (its slots were spaced for the old
+		// limits): 3 s later a fresh Take is decided by the buckets alone.
+		r.setLimits("k", throttle.PerSecond(1))
+		assert.Zero(t, r.mr.Exists(redisKey("k", "resv")), "reservations kept after SetLimits")
+		r.advance(3 * time.Second)
+		d := r.take("k")
+		assert.True(t, d.Allowed, "Take 3 s after SetLimits dropped the queue: %+v", d)
+	})
+}
+
+// TestIdleExpiryZero: WithIdleExpiry(0) must not make SetLimits a silent
+// no-op (PEXPIRE 0 deletes the key it was meant to keep).
+func TestIdleExpiryZero(t *testing.T) {
+	r := newRig(t, throttle.WithIdleExpiry(0))
+	err := r.lim.SetLimits(r.ctx, "k", throttle.PerSecond(1))
+	if err != nil {
+		return // refusing the option is fine too
+	}
+	got, err := r.lim.Limits(r.ctx, "k")
+	assert.NoError(t, err, "Limits(k) after SetLimits succeeded with WithIdleExpiry(0): got %v", got)
+}
+
+func TestInspect(t *testing.T) {
+	r := newRig(t)
+	r.setLimits("k", throttle.PerSecond(10), throttle.PerMinute(100))
+	for i := 0; i < 3; i++ {
+		require.True(t, r.take("k").Allowed, "Take #%d", i+1)
+	}
+	s := r.inspect("k")
+	assert.Equal(t, []throttle.Limit{throttle.PerSecond(10).WithBurst(10), throttle.PerMinute(100).WithBurst(100)}, s.Limits, "Limits")
+	assert.InDeltaSlice(t, []float64{7, 97}, s.Tokens, 1e-9, "Tokens after 3 takes")
+	assert.Zero(t, s.Suspended, "Suspended")
+	assert.Zero(t, s.Reservations, "Reservations")
+	assert.Zero(t, s.QueuedFor, "QueuedFor")
+
+	r.suspend("k", 5*time.Second)
+	d := r.reserve("k", "a", time.Minute, 0)
+	require.True(t, d.Reserved, "Reserve while suspended: %+v", d)
+	s = r.inspect("k")
+	assert.Equal(t, 5*time.Second, s.Suspended, "Suspended")
+	assert.Equal(t, 1, s.Reservations, "Reservations")
+	// Spacing is the slowest tier's interval: 60 s / 100 = 600 ms.
+	assert.Equal(t, 5600*time.Millisecond, s.QueuedFor, "QueuedFor")
+
+	r.advance(time.Second)
+	s = r.inspect("k")
+	assert.InDeltaSlice(t, []float64{10, 97 + 100.0/60}, s.Tokens, 1e-9, "Tokens 1 s later")
+	assert.Equal(t, 4*time.Second, s.Suspended, "Suspended 1 s later")
+
+	before := r.mr.Dump()
+	r.inspect("k")
+	assert.Equal(t, before, r.mr.Dump(), "Inspect changed Redis")
+
+	t.Run("defaults", func(t *testing.T) {
+		r := newRig(t, throttle.WithDefaultLimits(throttle.PerSecond(4)))
+		s := r.inspect("x")
+		assert.Equal(t, effective([]throttle.Limit{throttle.PerSecond(4)}), s.Limits, "Limits from defaults")
+		assert.Equal(t, []float64{4}, s.Tokens, "Tokens of a fresh key")
+	})
+	t.Run("no limits but suspended", func(t *testing.T) {
+		r := newRig(t)
+		r.suspend("x", time.Minute)
+		s := r.inspect("x")
+		assert.Nil(t, s.Limits, "Limits")
+		assert.Equal(t, time.Minute, s.Suspended, "Suspended")
+		d, err := r.lim.Take(r.ctx, "x")
+		require.NoError(t, err, "Take on a suspended key without limits")
+		assertRefused(t, d, throttle.RefusedBySuspension, time.Minute, "Take on a suspended key without limits")
+	})
+}
+
+func TestScriptFlush(t *testing.T) {
+	r := newRig(t)
+	r.setLimits("k", throttle.PerSecond(2))
+	assertAllowed(t, r.take("k"), "Take before SCRIPT FLUSH")
+	steps := []struct {
+		name string
+		call func() error
+	}{
+		{"Take", func() error { _, err := r.lim.Take(r.ctx, "k"); return err }},
+		{"Reserve", func() error { _, err := r.lim.Reserve(r.ctx, "k", "a", time.Minute, 0); return err }},
+		{"SetLimits", func() error { return r.lim.SetLimits(r.ctx, "k", throttle.PerSecond(3)) }},
+		{"Suspend", func() error { return r.lim.Suspend(r.ctx, "k", time.Second) }},
+		{"Inspect", func() error { _, err := r.lim.Inspect(r.ctx, "k"); return err }},
+	}
+	for _, s := range steps {
+		require.NoError(t, r.rdb.ScriptFlush(r.ctx).Err(), "SCRIPT FLUSH")
+		assert.NoError(t, s.call(), "%s after SCRIPT FLUSH", s.name)
+	}
+}
+
+func TestDecision_ReasonString(t *testing.T) {
+	for reason, want := range map[throttle.Reason]string{
+		throttle.NotRefused:          "allowed",
+		throttle.RefusedByTier:       "tier",
+		throttle.RefusedBySuspension: "suspended",
+		throttle.RefusedByQueue:      "queued",
+		throttle.RefusedBeforeSlot:   "before slot",
+		throttle.Reason(42):          "Reason(42)",
+	} {
+		assert.Equal(t, want, reason.String(), "Reason(%d).String()", int(reason))
+	}
+}
+
+func TestContextDeadline(t *testing.T) {
+	r := newRig(t)
+	r.setLimits("k", throttle.PerSecond(1))
+	ctx, cancel := context.WithCancel(r.ctx)
+	cancel()
+	_, err := r.lim.Take(ctx, "k")
+	assert.True(t, errors.Is(err, context.Canceled), "Take with a canceled context: %v", err)
+}
+
+// effective spells out Burst 0 as Rate, as Limits and Inspect report it.
+func effective(ls []throttle.Limit) []throttle.Limit {
+	out := make([]throttle.Limit, len(ls))
+	for i, l := range ls {
+		if l.Burst == 0 {
+			l.Burst = l.Rate
+		}
+		out[i] = l
+	}
+	return out
+}
