@@ -221,8 +221,14 @@ func (f *fleet) enqueue(key, prefix string, n int, opts ...asynq.Option) []strin
 
 func (f *fleet) waitDone(n int, within time.Duration) {
 	f.t.Helper()
-	require.Eventually(f.t, func() bool { return f.rec.count() >= n }, within, 50*time.Millisecond,
-		"only %d of %d jobs done", f.rec.count(), n)
+	deadline := time.Now().Add(within)
+	for f.rec.count() < n {
+		if time.Now().After(deadline) {
+			q, _ := f.insp.GetQueueInfo("default")
+			f.t.Fatalf("only %d of %d jobs done after %v; queue: %+v", f.rec.count(), n, within, q)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 	// Let late duplicates (there must be none) show up.
 	time.Sleep(200 * time.Millisecond)
 }
@@ -293,7 +299,8 @@ func TestE2EArchiveTrap(t *testing.T) {
 	t.Parallel()
 	var failedOnce sync.Map
 	f := startFleet(t, fleetConfig{
-		cfg: asynq.Config{RetryDelayFunc: func(int, error, *asynq.Task) time.Duration { return time.Second }},
+		// Failed tasks wait in the retry set until the test runs them.
+		cfg: asynq.Config{RetryDelayFunc: func(int, error, *asynq.Task) time.Duration { return time.Hour }},
 		handler: func(ctx context.Context, task *asynq.Task) error {
 			job := string(task.Payload())
 			if job[:4] == "last" {
@@ -308,15 +315,17 @@ func TestE2EArchiveTrap(t *testing.T) {
 	lim := throttle.NewLimiter(f.rdb)
 	ctx := context.Background()
 
-	// The "last" tasks fail once (their only retry) while the limit is
-	// wide open, then come back on their last attempt into a suspension.
+	// The "last" tasks fail once (their only retry), then come back on their
+	// last attempt into a suspension.
 	f.enqueue("erp", "last", 50, asynq.MaxRetry(1))
 	require.Eventually(t, func() bool {
-		n := 0
-		failedOnce.Range(func(any, any) bool { n++; return true })
-		return n == 50
+		q, err := f.insp.GetQueueInfo("default")
+		return err == nil && q.FailedTotal == 50 && q.Retry == 50
 	}, 20*time.Second, 20*time.Millisecond)
 	require.NoError(t, lim.Suspend(ctx, "erp", 3*time.Second))
+	n, err := f.insp.RunAllRetryTasks("default")
+	require.NoError(t, err)
+	require.Equal(t, 50, n)
 	f.enqueue("erp", "zero", 50, asynq.MaxRetry(0))
 
 	f.waitDone(100, 60*time.Second)
