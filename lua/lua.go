@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"math"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -112,55 +113,73 @@ type DecideReply struct {
 //	ARGV[5] config inactivity expiry, milliseconds
 //	ARGV[6] number of default tiers, then ARGV[7..] rate, per_ms, burst per tier
 //
-// Reply: {status, retry_after_us, remaining, refused_by, slot_us} with numbers
-// as strings (Lua would truncate them), or {-1, field, reason} for a bad config,
-// or {-2} when the key has no limits.
+// Reply: one string, so that reading it costs one allocation:
+// "status|retry_after_us|remaining|refused_by|slot_us" (status 1 allowed,
+// 0 denied), "-1|field|reason" for a bad config, "-2" without limits.
 func Decide(ctx context.Context, c redis.Scripter, k Keys, a DecideArgs) (DecideReply, error) {
-	args := make([]any, 0, 6+3*len(a.Defaults))
-	args = append(args, a.TaskID, a.Granule.Microseconds(), a.Horizon.Microseconds(),
-		a.Lapse.Microseconds(), a.IdleExpiry.Milliseconds())
-	args = appendTiers(args, a.Defaults)
-	v, err := decideScript.Run(ctx, c, k.all(), args...).Slice()
+	args := AppendDecideArgs(nil, k, a)
+	s, err := decideScript.Run(ctx, c, k.all(), args[TaskIDArg:]...).Text()
 	if err != nil {
 		return DecideReply{}, err
 	}
-	return parseDecide(v)
+	return ParseDecide(s)
 }
 
-func parseDecide(v []any) (DecideReply, error) {
-	if len(v) == 0 {
-		return DecideReply{}, errBadReply("decide", v)
-	}
-	status, ok := v[0].(int64)
-	if !ok {
-		return DecideReply{}, errBadReply("decide", v)
-	}
-	switch status {
-	case StatusNoLimits:
-		return DecideReply{Status: StatusNoLimits}, nil
-	case StatusBadConfig:
-		if len(v) != 3 {
-			return DecideReply{}, errBadReply("decide", v)
+// DecideSHA is the SHA1 of the decide script, for EVALSHA in pipelines.
+var DecideSHA = decideScript.Hash()
+
+// LoadDecide loads the decide script into c's script cache (every master of
+// a cluster), after NOSCRIPT.
+func LoadDecide(ctx context.Context, c redis.Scripter) error {
+	return decideScript.Load(ctx, c).Err()
+}
+
+// AppendDecideArgs appends the whole EVALSHA command of one decision to dst:
+// "evalsha", sha, 4, the keys, then ARGV as Decide documents.
+func AppendDecideArgs(dst []any, k Keys, a DecideArgs) []any {
+	dst = append(dst, "evalsha", DecideSHA, 4, k.Config, k.State, k.Suspend, k.Reservations,
+		a.TaskID, a.Granule.Microseconds(), a.Horizon.Microseconds(),
+		a.Lapse.Microseconds(), a.IdleExpiry.Milliseconds())
+	return appendTiers(dst, a.Defaults)
+}
+
+// TaskIDArg is the position of the task ID in AppendDecideArgs' command.
+const TaskIDArg = 7
+
+// ParseDecide reads a decide reply without allocating.
+func ParseDecide(s string) (DecideReply, error) {
+	reply := s
+	var f [5]string
+	n := 0
+	for n < 4 {
+		i := strings.IndexByte(s, '|')
+		if i < 0 {
+			break
 		}
-		field, _ := v[1].(string)
-		reason, _ := v[2].(string)
-		return DecideReply{Status: StatusBadConfig, Field: field, Reason: reason}, nil
+		f[n], s = s[:i], s[i+1:]
+		n++
 	}
-	if len(v) != 5 {
-		return DecideReply{}, errBadReply("decide", v)
+	f[n] = s
+	n++
+	switch {
+	case n == 1 && f[0] == "-2":
+		return DecideReply{Status: StatusNoLimits}, nil
+	case n == 3 && f[0] == "-1":
+		return DecideReply{Status: StatusBadConfig, Field: f[1], Reason: f[2]}, nil
+	case n != 5 || (f[0] != "0" && f[0] != "1"):
+		return DecideReply{}, errBadReply("decide", reply)
 	}
-	retry, ok1 := num(v[1])
-	remaining, ok2 := num(v[2])
-	by, ok3 := v[3].(string)
-	slot, ok4 := num(v[4])
-	if !ok1 || !ok2 || !ok3 || !ok4 {
-		return DecideReply{}, errBadReply("decide", v)
+	retry, ok1 := parseNum(f[1])
+	remaining, ok2 := parseNum(f[2])
+	slot, ok3 := parseNum(f[4])
+	if !ok1 || !ok2 || !ok3 || retry < 0 || remaining < 0 {
+		return DecideReply{}, errBadReply("decide", reply)
 	}
 	r := DecideReply{
-		Status:     int(status),
+		Status:     int(f[0][0] - '0'),
 		RetryAfter: time.Duration(retry) * time.Microsecond,
 		Remaining:  remaining,
-		RefusedBy:  by,
+		RefusedBy:  f[3],
 	}
 	if slot > 0 {
 		r.Slot = time.UnixMicro(slot)
@@ -293,6 +312,10 @@ func num(v any) (int64, bool) {
 	if !ok {
 		return 0, false
 	}
+	return parseNum(s)
+}
+
+func parseNum(s string) (int64, bool) {
 	if n, err := strconv.ParseInt(s, 10, 64); err == nil {
 		return n, true
 	}

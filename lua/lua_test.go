@@ -90,36 +90,47 @@ func TestParseDecide(t *testing.T) {
 	slot := testEpoch().Add(time.Second)
 	tests := []struct {
 		name  string
-		reply []any
+		reply string
 		want  DecideReply
 		bad   bool
 	}{
-		{"allowed", []any{int64(1), "0", "4", "", "0"}, DecideReply{Status: StatusAllowed, Remaining: 4}, false},
-		{"denied by tier", []any{int64(0), "1500", "0", "tier:2", "0"}, DecideReply{Status: StatusDenied, RetryAfter: 1500 * time.Microsecond, RefusedBy: "tier:2"}, false},
-		{"denied with slot", []any{int64(0), "1000000", "0", "tier:1", strconv.FormatInt(slot.UnixMicro(), 10)}, DecideReply{Status: StatusDenied, RetryAfter: time.Second, RefusedBy: "tier:1", Slot: slot}, false},
-		{"no limits", []any{int64(-2)}, DecideReply{Status: StatusNoLimits}, false},
-		{"bad config", []any{int64(-1), "rate:1", "NaN"}, DecideReply{Status: StatusBadConfig, Field: "rate:1", Reason: "NaN"}, false},
-		{"empty", []any{}, DecideReply{}, true},
-		{"status not an integer", []any{"1", "0", "0", "", "0"}, DecideReply{}, true},
-		{"bad config too short", []any{int64(-1)}, DecideReply{}, true},
-		{"too short", []any{int64(1), "0", "0", ""}, DecideReply{}, true},
-		{"too long", []any{int64(1), "0", "0", "", "0", "x"}, DecideReply{}, true},
-		{"retry not a number", []any{int64(0), "soon", "0", "tier:1", "0"}, DecideReply{}, true},
-		{"retry an integer reply", []any{int64(0), int64(5), "0", "tier:1", "0"}, DecideReply{}, true},
-		{"refused_by not a string", []any{int64(0), "5", "0", int64(1), "0"}, DecideReply{}, true},
-		{"retry infinite", []any{int64(0), "+Inf", "0", "tier:1", "0"}, DecideReply{}, true},
+		{"allowed", "1|0|4||0", DecideReply{Status: StatusAllowed, Remaining: 4}, false},
+		{"denied by tier", "0|1500|0|tier:2|0", DecideReply{Status: StatusDenied, RetryAfter: 1500 * time.Microsecond, RefusedBy: "tier:2"}, false},
+		{"denied with slot", "0|1000000|0|tier:1|" + strconv.FormatInt(slot.UnixMicro(), 10), DecideReply{Status: StatusDenied, RetryAfter: time.Second, RefusedBy: "tier:1", Slot: slot}, false},
+		{"float-formatted numbers", "0|1.5e+06|0|queue|0", DecideReply{Status: StatusDenied, RetryAfter: 1500 * time.Millisecond, RefusedBy: "queue"}, false},
+		{"no limits", "-2", DecideReply{Status: StatusNoLimits}, false},
+		{"bad config", "-1|rate:1|NaN", DecideReply{Status: StatusBadConfig, Field: "rate:1", Reason: "NaN"}, false},
+		{"empty", "", DecideReply{}, true},
+		{"unknown status", "2|0|0||0", DecideReply{}, true},
+		{"bad config too short", "-1", DecideReply{}, true},
+		{"too short", "1|0|0|", DecideReply{}, true},
+		{"too long", "1|0|0||0|x", DecideReply{}, true},
+		{"retry not a number", "0|soon|0|tier:1|0", DecideReply{}, true},
+		{"retry negative", "0|-5|0|tier:1|0", DecideReply{}, true},
+		{"retry infinite", "0|+Inf|0|tier:1|0", DecideReply{}, true},
+		{"retry NaN", "0|nan|0|tier:1|0", DecideReply{}, true},
+		{"retry beyond int64", "0|1e300|0|tier:1|0", DecideReply{}, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, err := parseDecide(tt.reply)
+			got, err := ParseDecide(tt.reply)
 			if tt.bad {
-				assert.ErrorIs(t, err, ErrBadReply, "parseDecide(%#v) = %+v", tt.reply, got)
+				assert.ErrorIs(t, err, ErrBadReply, "ParseDecide(%q) = %+v", tt.reply, got)
 				return
 			}
-			require.NoError(t, err, "parseDecide(%#v)", tt.reply)
-			assert.Equal(t, tt.want, got, "parseDecide(%#v)", tt.reply)
+			require.NoError(t, err, "ParseDecide(%q)", tt.reply)
+			assert.Equal(t, tt.want, got, "ParseDecide(%q)", tt.reply)
 		})
 	}
+}
+
+func TestParseDecideAllocs(t *testing.T) {
+	allocs := testing.AllocsPerRun(100, func() {
+		if _, err := ParseDecide("0|1000000|0|tier:1|1700000001000000"); err != nil {
+			t.Fatal(err)
+		}
+	})
+	assert.Zero(t, allocs, "ParseDecide allocates")
 }
 
 func TestDecide(t *testing.T) {

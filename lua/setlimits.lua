@@ -36,7 +36,7 @@ for i = 1, #new do
   args[#args + 1] = 'burst:' .. i;  args[#args + 1] = ARGV[at + 2]
 end
 redis.call('DEL', cfg_key, resv_key)
-redis.call('HDEL', state_key, 'vnext')
+redis.call('HDEL', state_key, 'vnext', 'va', 'vt:1', 'vt:2', 'vt:3', 'vt:4')
 redis.call('HSET', cfg_key, unpack(args))
 expire_in(cfg_key, idle_ms * 1000)
 return {1}

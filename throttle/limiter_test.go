@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/big"
 	"strconv"
 	"strings"
 	"testing"
@@ -978,40 +979,118 @@ func TestReserve_SlotsInDenyOrder(t *testing.T) {
 	assertAllowed(t, r.take("k"), "Take a token later")
 }
 
-func TestReserve_Spacing(t *testing.T) {
+// TestReserve_Schedule: reserved slots are exactly what the buckets can
+// admit when the tasks come back. Without a granule, slots are spaced by the
+// tightest tier's interval. With one (asynq: 1 s), slots fall on granule
+// boundaries and each boundary gets as many tasks as every bucket will hold
+// at that instant: a greedy drain, simulated here independently.
+func TestReserve_Schedule(t *testing.T) {
 	tests := []struct {
 		name    string
 		limits  []throttle.Limit
+		drain   int // tokens taken at the start (all of the tightest tier's burst, or fewer)
 		granule time.Duration
-		spacing time.Duration
+		n       int
 	}{
-		{"per/rate", []throttle.Limit{throttle.PerSecond(2)}, 0, 500 * time.Millisecond},
-		{"granule/burst beats per/rate", []throttle.Limit{throttle.PerSecond(10).WithBurst(1)}, time.Second, time.Second},
-		{"granule/burst", []throttle.Limit{throttle.PerSecond(10).WithBurst(5)}, time.Second, 200 * time.Millisecond},
-		{"per/rate beats granule/burst", []throttle.Limit{throttle.PerSecond(4).WithBurst(20)}, time.Second, 250 * time.Millisecond},
-		{"slowest tier", []throttle.Limit{throttle.PerSecond(10), throttle.PerMinute(30)}, time.Second, 2 * time.Second},
-		{"granule over a tier's burst", []throttle.Limit{throttle.PerSecond(100), throttle.PerMinute(6000).WithBurst(4)}, time.Second, 250 * time.Millisecond},
+		{"continuous, one tier", []throttle.Limit{throttle.PerSecond(2)}, 2, 0, 6},
+		{"granule, burst below rate", []throttle.Limit{throttle.PerSecond(10).WithBurst(5)}, 5, time.Second, 20},
+		{"granule, burst 1", []throttle.Limit{throttle.PerSecond(10).WithBurst(1)}, 1, time.Second, 5},
+		{"granule, rate below burst", []throttle.Limit{throttle.PerSecond(4).WithBurst(20)}, 20, time.Second, 20},
+		{"granule, burst = rate", []throttle.Limit{throttle.PerSecond(100)}, 100, time.Second, 350},
+		{"two tiers: the slow tier's burst is used", []throttle.Limit{throttle.PerSecond(5), throttle.PerMinute(120).WithBurst(30)}, 5, time.Second, 80},
+		{"two tiers, slow tier binding", []throttle.Limit{throttle.PerSecond(10), throttle.PerMinute(30)}, 10, time.Second, 25},
+		{"continuous, two tiers", []throttle.Limit{throttle.PerSecond(5), throttle.PerMinute(120).WithBurst(30)}, 5, 0, 60},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			r := newRig(t)
+			r.advance(300 * time.Millisecond) // off a granule boundary
 			r.setLimits("k", tt.limits...)
-			_, first := r.takeAll("k", 10_000)
-			var prev time.Time
-			for i := 0; i < 5; i++ {
+			start := r.now
+			for i := range tt.drain {
+				require.True(t, r.take("k").Allowed, "drain take %d", i)
+			}
+			var slots []time.Time
+			for i := range tt.n {
 				id := fmt.Sprintf("task-%d", i)
 				d := r.reserve("k", id, time.Hour, tt.granule)
-				require.True(t, d.Reserved, "Reserve(%s): Reserved (%+v)", id, d)
-				if i == 0 {
-					assert.Equal(t, first.RetryAfter, d.RetryAfter, "Reserve(%s): first slot is when a token is due", id)
-				} else {
-					assert.Equal(t, tt.spacing, d.Slot.Sub(prev), "Reserve(%s): slot after the previous one", id)
-				}
+				require.True(t, d.Reserved, "Reserve(%s): %+v", id, d)
 				assert.Equal(t, d.Slot.Sub(r.now), d.RetryAfter, "Reserve(%s): RetryAfter = Slot - now", id)
-				prev = d.Slot
+				if len(slots) > 0 {
+					require.False(t, d.Slot.Before(slots[len(slots)-1]), "Reserve(%s): slot %v before the previous %v", id, d.Slot, slots[len(slots)-1])
+				}
+				if tt.granule > 0 {
+					assert.Zero(t, d.Slot.UnixMicro()%tt.granule.Microseconds(), "Reserve(%s): slot %v off the granule", id, d.Slot)
+				}
+				slots = append(slots, d.Slot)
 			}
+			want := greedySchedule(tt.limits, tt.drain, start, tt.granule, tt.n)
+			assert.Equal(t, want, slots, "slots of %v with granule %v", tt.limits, tt.granule)
 		})
 	}
+}
+
+// greedySchedule is the reference for TestReserve_Schedule: buckets (full at
+// start, minus drain) admit tasks one at a time, as early as they can, at
+// granule boundaries when granule > 0 (in microsecond steps otherwise).
+func greedySchedule(limits []throttle.Limit, drain int, start time.Time, granule time.Duration, n int) []time.Time {
+	step := granule
+	if step == 0 {
+		step = time.Microsecond
+	}
+	tokens := make([]*big.Rat, len(limits))
+	for i, l := range effective(limits) {
+		tokens[i] = new(big.Rat).SetInt64(int64(l.Burst - drain))
+	}
+	at := start
+	last := start
+	var out []time.Time
+	for len(out) < n {
+		// Refill to at.
+		el := at.Sub(last).Microseconds()
+		for i, l := range effective(limits) {
+			add := new(big.Rat).SetFrac64(el*int64(l.Rate), l.Per.Microseconds())
+			tokens[i].Add(tokens[i], add)
+			if b := new(big.Rat).SetInt64(int64(l.Burst)); tokens[i].Cmp(b) > 0 {
+				tokens[i] = b
+			}
+		}
+		last = at
+		ok := true
+		for _, tk := range tokens {
+			if tk.Cmp(big.NewRat(1, 1)) < 0 {
+				ok = false
+			}
+		}
+		if ok {
+			for _, tk := range tokens {
+				tk.Sub(tk, big.NewRat(1, 1))
+			}
+			out = append(out, at)
+			continue
+		}
+		// Jump to the next instant a token can be there.
+		next := at.Add(step)
+		if granule == 0 {
+			var wait time.Duration
+			for i, l := range effective(limits) {
+				if tokens[i].Cmp(big.NewRat(1, 1)) < 0 {
+					need := new(big.Rat).Sub(big.NewRat(1, 1), tokens[i])
+					need.Mul(need, new(big.Rat).SetFrac64(l.Per.Microseconds(), int64(l.Rate)))
+					us := new(big.Int).Quo(need.Num(), need.Denom())
+					if new(big.Rat).SetInt(us).Cmp(need) < 0 {
+						us.Add(us, big.NewInt(1))
+					}
+					wait = max(wait, time.Duration(us.Int64())*time.Microsecond)
+				}
+			}
+			next = at.Add(wait)
+		} else {
+			next = at.Truncate(granule).Add(granule)
+		}
+		at = next
+	}
+	return out
 }
 
 // TestReserve_ComeBackAtSlot: a caller that comes back at exactly

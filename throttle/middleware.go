@@ -200,11 +200,15 @@ func (m *middleware) decide(ctx context.Context, key string, t *asynq.Task, id s
 // deferDecision defers a refused task: a task with a reserved slot comes back
 // right after it; others get jitter so a crowd does not come back at once.
 func (m *middleware) deferDecision(ctx context.Context, t *asynq.Task, key string, d Decision, ev Event, out Outcome) error {
-	delay := d.RetryAfter
-	if !d.Reserved {
-		delay = m.jitter.Add(delay)
+	var delay time.Duration
+	if d.Reserved {
+		// Aim at the slot itself (a whole second of the Redis clock), not at
+		// now+RetryAfter: the reply's travel time would push the task past
+		// the boundary and cost it a whole second.
+		delay = m.until(d.Slot)
+	} else {
+		delay = m.roundUp(m.jitter.Add(d.RetryAfter))
 	}
-	delay = m.roundUp(delay)
 	ev.Outcome, ev.Reason, ev.Delay, ev.Reserved = out, d.Reason, delay, d.Reserved
 	m.l.o.logger.Debug("throttle: task deferred", "key", key, "task_id", ev.TaskID, "reason", d.Reason, "retry_in", delay, "reserved", d.Reserved)
 	var err error
@@ -217,8 +221,16 @@ func (m *middleware) deferDecision(ctx context.Context, t *asynq.Task, key strin
 // delayed tasks in whole seconds and runs them once that second has begun, so
 // a task is never brought back before the time it was given.
 func (m *middleware) roundUp(d time.Duration) time.Duration {
+	return m.until(m.now().Add(d))
+}
+
+// until returns the delay that brings a task back at the first whole second
+// at or after at (measured on one reading of the clock).
+func (m *middleware) until(at time.Time) time.Duration {
 	now := m.now()
-	at := now.Add(d)
+	if at.Before(now) {
+		at = now
+	}
 	if t := at.Truncate(time.Second); t.Before(at) {
 		at = t.Add(time.Second)
 	}

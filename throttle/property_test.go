@@ -44,8 +44,9 @@ type refModel struct {
 	maxSusp  int64
 }
 
-// refEps mirrors the script's slack when it compares tokens with 1.
-func refEps() *big.Rat { return big.NewRat(1, 1_000_000_000) }
+// refSlack mirrors the script's SLACK: a tier is short of a token when the
+// token is more than 0.001 us of refill away.
+func refSlack() *big.Rat { return big.NewRat(1, 1000) }
 
 func (m *refModel) refill(tiers []refTier, now int64) []*big.Rat {
 	var elapsed int64
@@ -87,15 +88,15 @@ func ceilRat(r *big.Rat) int64 {
 func (m *refModel) take(now int64) refDecision {
 	tokens := m.refill(m.tiers, now)
 	one := big.NewRat(1, 1)
-	threshold := new(big.Rat).Sub(one, refEps())
 	waits := make([]*big.Rat, len(m.tiers)) // nil: the tier has a token
 	short, wait := 0, new(big.Rat)
 	for i, t := range m.tiers {
-		if tokens[i].Cmp(threshold) >= 0 {
-			continue
-		}
 		w := new(big.Rat).Sub(one, tokens[i])
 		w.Mul(w, big.NewRat(t.perUS, t.rate))
+		if w.Cmp(refSlack()) <= 0 {
+			continue
+		}
+		w.Sub(w, refSlack()) // the script waits ceil(need - SLACK)
 		waits[i] = w
 		if w.Cmp(wait) > 0 {
 			short, wait = i+1, w
@@ -316,14 +317,6 @@ func TestProperty_Reservations(t *testing.T) {
 		require.NoError(t, lim.SetLimits(ctx, "k", limits...), "SetLimits(%v)", limits)
 		horizon := rapid.SampledFrom([]time.Duration{2 * time.Second, 10 * time.Second, time.Minute}).Draw(t, "horizon")
 		granule := rapid.SampledFrom([]time.Duration{0, time.Second}).Draw(t, "granule")
-		var spacing time.Duration
-		for _, l := range limits {
-			e := l.Per / time.Duration(l.Rate)
-			if granule > 0 {
-				e = max(e, granule/time.Duration(l.Burst))
-			}
-			spacing = max(spacing, e)
-		}
 
 		held := map[string]time.Time{} // id -> reserved slot
 		var lastSlot time.Time         // the latest slot issued
@@ -361,15 +354,17 @@ func TestProperty_Reservations(t *testing.T) {
 			if mustAdmit {
 				require.True(t, d.Allowed, "%s: holder first in line at its slot: %+v", call, d)
 			}
-			if holds && now.Before(slot) {
+			// Within one granule of its slot a holder is decided by the
+			// buckets alone (a worker clock slightly behind Redis).
+			if holds && now.Before(slot.Add(-granule)) {
 				require.False(t, d.Allowed, "%s: admitted before its slot %v: %+v", call, slot.Sub(start), d)
 				require.Equal(t, throttle.RefusedBeforeSlot, d.Reason, "%s: Reason (%+v)", call, d)
 				require.Equal(t, slot.Sub(now), d.RetryAfter, "%s: RetryAfter = slot - now (%+v)", call, d)
 				return
 			}
 			if d.Allowed {
-				if holds && now.After(slot) {
-					onSchedule = false
+				if holds && !now.Equal(slot) {
+					onSchedule = false // it took a token at another time than planned
 				}
 				delete(held, id)
 				admit(t, call)
@@ -386,8 +381,11 @@ func TestProperty_Reservations(t *testing.T) {
 				return // told its existing slot again
 			}
 			if !lastSlot.IsZero() {
-				require.GreaterOrEqual(t, d.Slot.Sub(lastSlot), spacing,
-					"%s: new slot %v after the last issued %v, spacing %v", call, d.Slot.Sub(start), lastSlot.Sub(start), spacing)
+				require.False(t, d.Slot.Before(lastSlot),
+					"%s: new slot %v before the last issued %v", call, d.Slot.Sub(start), lastSlot.Sub(start))
+			}
+			if granule > 0 {
+				require.Zero(t, d.Slot.UnixMicro()%granule.Microseconds(), "%s: slot %v off the granule", call, d.Slot.Sub(start))
 			}
 			lastSlot = d.Slot
 			held[id] = d.Slot
