@@ -1,0 +1,143 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/asynq-throttle/asynq-throttle/throttle"
+)
+
+// audit checks every job against asynq (through the Inspector), the
+// handlers' ledger and the provider's own count, and fills s. rows are the
+// last progress counts.
+func (m monitor) audit(ctx context.Context, rdb redis.UniversalClient, queue string, ids map[string][]string, rows []row, s *Summary) error {
+	insp := asynq.NewInspectorFromRedisClient(rdb)
+	defer insp.Close()
+
+	archivedByType, err := archivedTasks(insp, queue)
+	if err != nil {
+		return err
+	}
+	var last time.Time
+	for i, p := range m.providers {
+		name := p.Spec.Name
+		done, err := m.ledger.doneCounts(ctx, name)
+		if err != nil {
+			return fmt.Errorf("audit: read ledger: %w", err)
+		}
+		st := p.Stats()
+		ps := ProviderSummary{
+			Name:     name,
+			Quota:    formatLimits(p.Spec.Quota),
+			Limit:    formatLimits(rows[i].Limit),
+			Jobs:     len(ids[name]),
+			Served:   st.Served,
+			TooMany:  st.TooMany,
+			Archived: archivedByType[p.Spec.TaskType],
+		}
+		if p.Spec.HeaderLimit {
+			ps.Adopted = formatLimits([]throttle.Limit{headerLimit(p.Spec.Quota[0].Rate)})
+			if ps.Limit != ps.Adopted {
+				ps.Adopted = ""
+			}
+		}
+		ps.Deferred, ps.Suspended = rows[i].Deferred, rows[i].Suspended
+		for _, id := range ids[name] {
+			info, err := insp.GetTaskInfo(queue, id)
+			switch {
+			case err == nil:
+			case errors.Is(err, asynq.ErrTaskNotFound), errors.Is(err, asynq.ErrQueueNotFound):
+				info = nil
+			default:
+				return fmt.Errorf("audit: task %s: %w", id, err)
+			}
+			n := done[id]
+			if n > 0 {
+				ps.Done++
+			}
+			if n > 1 || p.servedCount(id) > 1 {
+				ps.Duplicates++
+			}
+			completed := info != nil && info.State == asynq.TaskStateCompleted
+			archived := info != nil && info.State == asynq.TaskStateArchived
+			if (n == 0 || !completed) && !archived {
+				ps.Lost++
+			}
+		}
+		if !st.Last.IsZero() {
+			ps.Seconds = round(st.Last.Sub(m.start).Seconds(), 3)
+			ps.Rate = round(float64(st.Served)/max(ps.Seconds, 1), 2)
+			if st.Last.After(last) {
+				last = st.Last
+			}
+		}
+		s.Providers = append(s.Providers, ps)
+		s.Jobs += ps.Jobs
+		s.Done += ps.Done
+		s.Duplicates += ps.Duplicates
+		s.Archived += ps.Archived
+		s.Lost += ps.Lost
+		s.TooMany += ps.TooMany
+	}
+	if !last.IsZero() {
+		s.Seconds = round(last.Sub(m.start).Seconds(), 3)
+	}
+	if s.ByWorker, err = m.ledger.workerCounts(ctx); err != nil {
+		return fmt.Errorf("audit: read ledger: %w", err)
+	}
+	s.OK = s.Done == s.Jobs && s.Duplicates == 0 && s.Archived == 0 && s.Lost == 0
+	return nil
+}
+
+// round rounds x to the given number of decimals, for readable JSON.
+func round(x float64, decimals int) float64 {
+	p := math.Pow10(decimals)
+	return math.Round(x*p) / p
+}
+
+// archivedTasks counts the queue's archived tasks by type (deferred copies
+// included: they keep their original's type).
+func archivedTasks(insp *asynq.Inspector, queue string) (map[string]int, error) {
+	out := map[string]int{}
+	for page := 1; ; page++ {
+		tasks, err := insp.ListArchivedTasks(queue, asynq.Page(page), asynq.PageSize(100))
+		if errors.Is(err, asynq.ErrQueueNotFound) {
+			return out, nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("audit: list archived tasks: %w", err)
+		}
+		for _, t := range tasks {
+			out[t.Type]++
+		}
+		if len(tasks) < 100 {
+			return out, nil
+		}
+	}
+}
+
+// cleanup removes the run's queue, limits and ledger from a shared Redis.
+// Everything also expires on its own, except asynq's counters.
+func cleanup(ctx context.Context, rdb redis.UniversalClient, run string) {
+	insp := asynq.NewInspectorFromRedisClient(rdb)
+	defer insp.Close()
+	// DeleteQueue leaves completed tasks and the queue's counters behind.
+	_, _ = insp.DeleteAllCompletedTasks(queueName(run))
+	_ = insp.DeleteQueue(queueName(run), true)
+	var keys []string
+	for _, pattern := range []string{ledgerNS(run) + ":*", "asynq:{" + queueName(run) + "}:*"} {
+		iter := rdb.Scan(ctx, 0, pattern, 100).Iterator()
+		for iter.Next(ctx) {
+			keys = append(keys, iter.Val())
+		}
+	}
+	if len(keys) > 0 {
+		_ = rdb.Del(ctx, keys...).Err()
+	}
+}

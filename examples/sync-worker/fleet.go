@@ -1,0 +1,295 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/asynq-throttle/asynq-throttle/throttle"
+	"github.com/asynq-throttle/asynq-throttle/worker"
+)
+
+// nodeSpec is everything a worker needs to join the fleet of one run. With
+// -procs the parent hands it to each worker process as JSON.
+type nodeSpec struct {
+	// Run namespaces the run's queue, limiter keys and ledger in Redis.
+	Run string `json:"run"`
+	// RedisURL is the Redis of a worker process ("" in-process).
+	RedisURL string `json:"redis_url,omitempty"`
+	// Name tells this worker's log lines and counts apart ("w1"); with
+	// several servers, each gets a number ("s1", "s2").
+	Name string `json:"name"`
+	// Servers is how many asynq servers the node runs.
+	Servers int `json:"servers"`
+	// Concurrency is each server's number of worker goroutines.
+	Concurrency int `json:"concurrency"`
+	// Endpoints are the providers to sync from.
+	Endpoints []endpoint `json:"endpoints"`
+}
+
+// endpoint is what a worker knows of a provider: where it is, its task type,
+// and the limit to start from when the provider does not publish one.
+type endpoint struct {
+	Name        string           `json:"name"`
+	TaskType    string           `json:"task_type"`
+	URL         string           `json:"url"`
+	Guess       []throttle.Limit `json:"guess,omitempty"`
+	HeaderLimit bool             `json:"header_limit,omitempty"`
+}
+
+// Names of a run's things in Redis.
+func queueName(run string) string     { return "sync-" + run }
+func limiterPrefix(run string) string { return "sync-worker:" + run + ":throttle" }
+func ledgerNS(run string) string      { return "sync-worker:" + run }
+
+// limiterOptions are the options every process of a run builds its limiter
+// with: the run's prefix, and the guessed limit of every provider that does
+// not publish its own.
+func limiterOptions(run string, eps []endpoint) []throttle.Option {
+	opts := []throttle.Option{throttle.WithPrefix(limiterPrefix(run))}
+	for _, ep := range eps {
+		if len(ep.Guess) > 0 {
+			opts = append(opts, throttle.WithKeyLimits(ep.Name, ep.Guess...))
+		}
+	}
+	return opts
+}
+
+// job is the payload of one sync task.
+type job struct {
+	ID      string `json:"id"`
+	Account string `json:"account"`
+}
+
+// node is one worker process's share of the fleet: asynq servers built by
+// worker.NewServer, each with the throttle.ByProvider middleware, whose
+// handlers call the providers over HTTP.
+type node struct {
+	spec    nodeSpec
+	limiter *throttle.Limiter
+	ledger  ledger
+	counts  *counters
+	log     *slog.Logger
+	http    *http.Client
+	byType  map[string]endpoint
+	adopted map[string]*atomic.Int64 // provider -> limit last read from its header
+	servers []*asynq.Server
+
+	stopFlush chan struct{}
+	flushed   chan struct{}
+}
+
+// flushInterval is how often a node writes its middleware counts to Redis.
+const flushInterval = 200 * time.Millisecond
+
+// startNode starts spec.Servers asynq servers on rdb. Stop them with stop.
+func startNode(rdb redis.UniversalClient, spec nodeSpec, log *slog.Logger) (*node, error) {
+	n := &node{
+		spec:   spec,
+		ledger: ledger{rdb: rdb, ns: ledgerNS(spec.Run)},
+		counts: newCounters(),
+		log:    log,
+		http: &http.Client{
+			Timeout:   10 * time.Second,
+			Transport: &http.Transport{MaxIdleConns: 256, MaxIdleConnsPerHost: 64, IdleConnTimeout: 30 * time.Second},
+		},
+		byType:    map[string]endpoint{},
+		adopted:   map[string]*atomic.Int64{},
+		stopFlush: make(chan struct{}),
+		flushed:   make(chan struct{}),
+	}
+	opts := limiterOptions(spec.Run, spec.Endpoints)
+	n.limiter = throttle.NewLimiter(rdb, opts...)
+	for _, ep := range spec.Endpoints {
+		n.byType[ep.TaskType] = ep
+		n.adopted[ep.Name] = new(atomic.Int64)
+	}
+	opts = append(opts, throttle.WithObserver(n.counts.observe), throttle.WithLogger(log))
+	go n.flushLoop()
+	for i := range spec.Servers {
+		srv := worker.NewServer(rdb, asynq.Config{
+			Concurrency:     spec.Concurrency,
+			Queues:          map[string]int{queueName(spec.Run): 1},
+			Logger:          asynqLogger{log},
+			LogLevel:        asynq.WarnLevel,
+			ShutdownTimeout: 5 * time.Second,
+		})
+		mux := asynq.NewServeMux()
+		// One middleware (and limiter) per server, as separate processes
+		// would have: they share nothing but Redis.
+		mux.Use(throttle.ByProvider(rdb, opts...))
+		name := spec.Name
+		if spec.Servers > 1 {
+			name = fmt.Sprintf("%s%d", spec.Name, i+1)
+		}
+		handle := func(ctx context.Context, t *asynq.Task) error { return n.handle(ctx, t, name) }
+		for _, ep := range spec.Endpoints {
+			mux.HandleFunc(ep.TaskType, handle)
+		}
+		if err := srv.Start(mux); err != nil {
+			n.stop()
+			return nil, fmt.Errorf("start asynq server: %w", err)
+		}
+		n.servers = append(n.servers, srv)
+	}
+	return n, nil
+}
+
+// stop shuts the servers down (letting running handlers finish) and writes
+// the last counts.
+func (n *node) stop() {
+	var wg sync.WaitGroup
+	for _, srv := range n.servers {
+		wg.Go(srv.Shutdown)
+	}
+	wg.Wait()
+	close(n.stopFlush)
+	<-n.flushed
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if err := n.counts.flush(ctx, n.ledger); err != nil {
+		n.log.Error("cannot write the last middleware counts", "err", err)
+	}
+	n.http.CloseIdleConnections()
+}
+
+func (n *node) flushLoop() {
+	defer close(n.flushed)
+	t := time.NewTicker(flushInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-n.stopFlush:
+			return
+		case <-t.C:
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			_ = n.counts.flush(ctx, n.ledger) // kept and retried on the next tick
+			cancel()
+		}
+	}
+}
+
+// handle syncs one job: one call to the provider. A 429 is returned as
+// throttle.FromResponse's error, which makes the middleware suspend the
+// provider for the whole fleet and run the task again later.
+func (n *node) handle(ctx context.Context, t *asynq.Task, worker string) error {
+	ep, ok := n.byType[t.Type()]
+	if !ok {
+		return fmt.Errorf("no provider for task type %q: %w", t.Type(), asynq.SkipRetry)
+	}
+	var j job
+	if err := json.Unmarshal(t.Payload(), &j); err != nil || j.ID == "" {
+		return fmt.Errorf("bad payload %q: %w", t.Payload(), asynq.SkipRetry)
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, ep.URL+"/sync/"+j.ID, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := n.http.Do(req)
+	if err != nil {
+		return fmt.Errorf("%s: %w", ep.Name, err)
+	}
+	defer resp.Body.Close()
+	_, _ = io.Copy(io.Discard, resp.Body)
+
+	if ep.HeaderLimit {
+		n.adoptHeaderLimit(ctx, ep, resp.Header)
+	}
+	if err := throttle.FromResponse(resp); err != nil {
+		return err // a *throttle.RateLimitedError: the middleware suspends ep.Name
+	}
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("%s: job %s: HTTP %s", ep.Name, j.ID, resp.Status)
+	}
+	return n.ledger.markDone(ctx, ep.Name, j.ID, worker)
+}
+
+// adoptHeaderLimit reads the limit a provider publishes in X-RateLimit-Limit
+// (per second, for this provider) and makes it the fleet's limit with
+// SetLimits as soon as it differs from what this process last saw. Every
+// process of the fleet obeys it from its next decision.
+func (n *node) adoptHeaderLimit(ctx context.Context, ep endpoint, h http.Header) {
+	v, err := strconv.Atoi(h.Get("X-RateLimit-Limit"))
+	if err != nil || v <= 0 {
+		return
+	}
+	seen := n.adopted[ep.Name]
+	old := seen.Load()
+	if int64(v) == old || !seen.CompareAndSwap(old, int64(v)) {
+		return
+	}
+	want := headerLimit(v)
+	current, err := n.limiter.Limits(ctx, ep.Name)
+	if err == nil && len(current) == 1 && current[0] == want {
+		return // another worker adopted it already
+	}
+	if err := n.limiter.SetLimits(ctx, ep.Name, want); err != nil {
+		seen.CompareAndSwap(int64(v), old) // try again on the next response
+		n.log.Error("cannot adopt the published limit", "provider", ep.Name, "err", err)
+		return
+	}
+	n.log.Info(fmt.Sprintf("%s: X-RateLimit-Limit: %d; limit %s -> %s (SetLimits)",
+		ep.Name, v, formatLimits(current), formatLimits([]throttle.Limit{want})))
+}
+
+// headerLimit is the limit adopted from "X-RateLimit-Limit: n": n per second
+// (this provider's documented window), burst n, spelled out as Limits reads
+// it back from Redis.
+func headerLimit(n int) throttle.Limit { return throttle.PerSecond(n).WithBurst(n) }
+
+// asynqLogger sends asynq's warnings and errors to the run's event log.
+type asynqLogger struct{ log *slog.Logger }
+
+var _ asynq.Logger = asynqLogger{}
+
+func (l asynqLogger) Debug(args ...any) {}
+func (l asynqLogger) Info(args ...any)  {}
+func (l asynqLogger) Warn(args ...any)  { l.log.Warn("asynq: " + fmt.Sprint(args...)) }
+func (l asynqLogger) Error(args ...any) { l.log.Error("asynq: " + fmt.Sprint(args...)) }
+func (l asynqLogger) Fatal(args ...any) {
+	l.log.Error("asynq: " + fmt.Sprint(args...))
+	os.Exit(1)
+}
+
+// runWorkerProcess is the hidden -worker mode: one worker process of a
+// -procs run. It serves until its standard input closes (the parent closes
+// it, or died), then shuts down cleanly.
+func runWorkerProcess(ctx context.Context, spec nodeSpec, stdin io.Reader, logw io.Writer) error {
+	if spec.RedisURL == "" {
+		return errors.New("-worker: the spec has no Redis URL")
+	}
+	opt, err := redis.ParseURL(spec.RedisURL)
+	if err != nil {
+		return fmt.Errorf("-worker: %w", err)
+	}
+	rdb := redis.NewClient(opt)
+	defer rdb.Close()
+	log := slog.New(newLineHandler(func(line string) { fmt.Fprintln(logw, line) }))
+	n, err := startNode(rdb, spec, log)
+	if err != nil {
+		return err
+	}
+	eof := make(chan struct{})
+	go func() {
+		_, _ = io.Copy(io.Discard, stdin)
+		close(eof)
+	}()
+	select {
+	case <-eof:
+	case <-ctx.Done():
+	}
+	n.stop()
+	return nil
+}

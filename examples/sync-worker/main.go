@@ -1,0 +1,138 @@
+// Command sync-worker is a background sync pipeline that shows what
+// asynq-throttle is for: a fleet of asynq workers syncing data from
+// rate-limited third-party APIs without tripping their quotas.
+//
+//	go run ./examples/sync-worker
+//
+// It needs no setup: the providers are simulated over HTTP on 127.0.0.1 by
+// the program itself (each enforces its quota and answers excess with 429),
+// Redis is an embedded miniredis, and the fleet is several asynq servers in
+// one process. With -redis it uses a real Redis, and with -procs it starts
+// worker processes of itself against it, to show the limits holding across
+// processes. It audits every task at the end and exits 1 if any job was
+// lost, archived or done twice.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Exit statuses.
+const (
+	exitOK    = 0
+	exitAudit = 1 // a job lost, archived or done twice, or the run timed out
+	exitSetup = 2 // bad flags, or the run could not be set up
+)
+
+func main() {
+	// go-redis logs every failed dial on its own; the errors that matter
+	// reach us as return values.
+	redis.SetLogger(quietRedisLogger{})
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	os.Exit(cli(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
+}
+
+type quietRedisLogger struct{}
+
+func (quietRedisLogger) Printf(context.Context, string, ...any) {}
+
+// hiddenFlags are left out of -help: they are for the program itself.
+var hiddenFlags = map[string]bool{"worker": true}
+
+// cli parses args and runs the pipeline, or the hidden -worker mode.
+func cli(ctx context.Context, args []string, stdin io.Reader, stdout, stderr *os.File) int {
+	fs := flag.NewFlagSet("sync-worker", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var (
+		cfg      Config
+		asJSON   bool
+		workerJS string
+	)
+	fs.IntVar(&cfg.Jobs, "jobs", 40, "sync jobs per provider")
+	fs.IntVar(&cfg.Servers, "servers", 3, "asynq servers in this process (without -procs)")
+	fs.IntVar(&cfg.Concurrency, "concurrency", 5, "worker goroutines per asynq server (per process with -procs)")
+	fs.StringVar(&cfg.RedisURL, "redis", os.Getenv("REDIS_URL"), "Redis URL, e.g. redis://localhost:6379/0 (default $REDIS_URL, else an embedded miniredis)")
+	fs.IntVar(&cfg.Procs, "procs", 0, "start this many worker processes of this program instead of in-process servers (needs -redis)")
+	fs.BoolVar(&asJSON, "json", false, "print the summary as JSON on stdout (progress goes to stderr)")
+	fs.DurationVar(&cfg.Timeout, "timeout", time.Minute, "give up waiting for the jobs after this long")
+	fs.BoolVar(&cfg.Keep, "keep", false, "with -redis: leave the run's queue, limits and ledger in Redis for inspection (they expire in an hour)")
+	fs.StringVar(&workerJS, "worker", "", "run as one worker process of a -procs run (internal)")
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "Usage: sync-worker [flags]\n\n"+
+			"Runs a background sync pipeline against simulated rate-limited APIs, throttled\n"+
+			"fleet-wide by asynq-throttle, and audits every task. Exit status 1 if a job was\n"+
+			"lost, archived or done twice.\n\nFlags:\n")
+		fs.VisitAll(func(f *flag.Flag) {
+			if hiddenFlags[f.Name] {
+				return
+			}
+			name, usage := flag.UnquoteUsage(f)
+			if name != "" {
+				name = " " + name
+			}
+			fmt.Fprintf(stderr, "  -%s%s\n    \t%s", f.Name, name, usage)
+			if f.DefValue != "" && f.DefValue != "0" && f.DefValue != "false" {
+				fmt.Fprintf(stderr, " (default %s)", f.DefValue)
+			}
+			fmt.Fprintln(stderr)
+		})
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return exitOK
+		}
+		return exitSetup
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "sync-worker: unexpected arguments %q\n", fs.Args())
+		fs.Usage()
+		return exitSetup
+	}
+
+	if workerJS != "" {
+		var spec nodeSpec
+		if err := json.Unmarshal([]byte(workerJS), &spec); err != nil {
+			fmt.Fprintf(stderr, "sync-worker: -worker: %v\n", err)
+			return exitSetup
+		}
+		if err := runWorkerProcess(ctx, spec, stdin, stderr); err != nil {
+			fmt.Fprintf(stderr, "sync-worker: %v\n", err)
+			return exitSetup
+		}
+		return exitOK
+	}
+
+	out := stdout
+	if asJSON {
+		out = stderr
+	}
+	cfg.Live = isTerminal(out)
+	sum, err := run(ctx, cfg, out)
+	if err != nil {
+		fmt.Fprintf(stderr, "sync-worker: %v\n", err)
+		return exitSetup
+	}
+	if asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(sum); err != nil {
+			return exitSetup
+		}
+	}
+	if !sum.OK {
+		return exitAudit
+	}
+	return exitOK
+}
