@@ -150,6 +150,48 @@ func TestIntegrationRedisDown(t *testing.T) {
 	assert.Contains(t, err.Error(), `throttle: key "api"`)
 }
 
+// A Redis that hangs (SIGSTOP: sockets open, no answer) costs a decision its
+// WithTimeout, not the client's read timeout, and decisions work again once
+// it answers.
+func TestIntegrationRedisHangs(t *testing.T) {
+	s := redistest.Start(t)
+	rdb := redis.NewClient(&redis.Options{Addr: s.Addr, ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second})
+	t.Cleanup(func() { rdb.Close() })
+	l := throttle.NewLimiter(rdb, throttle.WithDefaultLimits(throttle.PerSecond(1000)), throttle.WithTimeout(300*time.Millisecond))
+	ctx := context.Background()
+	_, err := l.Take(ctx, "api")
+	require.NoError(t, err)
+
+	s.Pause(t)
+	var wg sync.WaitGroup
+	errs := make([]error, 8)
+	took := make([]time.Duration, 8)
+	for i := range errs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			start := time.Now()
+			_, errs[i] = l.Take(ctx, "api")
+			took[i] = time.Since(start)
+		}()
+	}
+	wg.Wait()
+	for i := range errs {
+		assert.ErrorIs(t, errs[i], context.DeadlineExceeded, "Take %d while Redis hangs", i)
+		assert.Less(t, took[i], 3*time.Second, "Take %d waited for the client's 10 s read timeout", i)
+	}
+	cctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	_, err = l.Take(cctx, "api")
+	cancel()
+	assert.ErrorIs(t, err, context.DeadlineExceeded, "the caller's own deadline")
+
+	s.Resume(t)
+	require.Eventually(t, func() bool {
+		d, err := l.Take(ctx, "api")
+		return err == nil && d.Allowed
+	}, 15*time.Second, 50*time.Millisecond, "decisions after Redis answers again")
+}
+
 // Every script runs on a 3-master Redis Cluster: all keys of one limiter key
 // share a hash tag, and keys spread over the masters stay independent.
 func TestIntegrationCluster(t *testing.T) {

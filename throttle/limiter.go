@@ -4,6 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -18,15 +22,31 @@ import (
 // A Limiter is safe for concurrent use. It keeps no state of its own besides
 // its options: limits, buckets and suspensions all live in Redis.
 type Limiter struct {
-	rdb redis.UniversalClient
-	o   options
+	rdb    redis.UniversalClient
+	o      options
+	flight flight
+
+	// templates caches the EVALSHA command of each key (and reservation
+	// mode), built once: a decision then only copies it and sets the task ID.
+	templates  sync.Map // templateKey -> []any
+	nTemplates atomic.Int64
 }
+
+type templateKey struct {
+	key              string
+	horizon, granule time.Duration
+}
+
+// maxTemplates bounds the template cache; past it the cache starts over.
+const maxTemplates = 4096
 
 // NewLimiter returns a Limiter on rdb (a *redis.Client, *redis.ClusterClient
 // or failover client). An invalid option does not panic: every method of the
 // Limiter (and every task through its middleware) returns an error naming it.
 func NewLimiter(rdb redis.UniversalClient, opts ...Option) *Limiter {
-	return &Limiter{rdb: rdb, o: newOptions(opts)}
+	l := &Limiter{rdb: rdb, o: newOptions(opts)}
+	l.flight = flight{rdb: rdb, timeout: l.o.timeout}
+	return l
 }
 
 // Reason says why a Decision refused.
@@ -109,21 +129,25 @@ func (l *Limiter) decide(ctx context.Context, key string, a lua.DecideArgs) (Dec
 	if l.o.err != nil {
 		return Decision{}, l.o.err
 	}
-	keys, err := redisKeys(l.o.prefix, key)
+	if err := ctx.Err(); err != nil {
+		return Decision{}, fmt.Errorf("throttle: key %q: decide: %w", key, err)
+	}
+	tmpl, err := l.template(key, a.Horizon, a.Granule)
 	if err != nil {
 		return Decision{}, err
 	}
-	a.Defaults, err = l.defaults(key)
-	if err != nil {
-		return Decision{}, err
+	c := getCall()
+	c.args = append(c.args, tmpl...)
+	if a.TaskID != "" {
+		c.args[lua.TaskIDArg] = a.TaskID
 	}
-	a.IdleExpiry = l.o.idleExpiry
-	a.Lapse = l.o.lapse
-	ctx, cancel := l.withTimeout(ctx)
-	defer cancel()
-	r, err := lua.Decide(ctx, l.rdb, keys, a)
+	reply, err := l.flight.do(ctx, c)
 	if err != nil {
 		return Decision{}, fmt.Errorf("throttle: key %q: decide: %w", key, err)
+	}
+	r, err := lua.ParseDecide(reply)
+	if err != nil {
+		return Decision{}, fmt.Errorf("throttle: key %q: %w", key, err)
 	}
 	switch r.Status {
 	case lua.StatusNoLimits:
@@ -148,9 +172,36 @@ func (l *Limiter) decide(ctx context.Context, key string, a lua.DecideArgs) (Dec
 		d.Reason = RefusedBeforeSlot
 	default:
 		d.Reason = RefusedByTier
-		fmt.Sscanf(r.RefusedBy, "tier:%d", &d.Tier)
+		d.Tier, _ = strconv.Atoi(strings.TrimPrefix(r.RefusedBy, "tier:"))
 	}
 	return d, nil
+}
+
+// template returns the EVALSHA command of a decision on key, task ID left
+// empty, from the cache or built and cached.
+func (l *Limiter) template(key string, horizon, granule time.Duration) ([]any, error) {
+	tk := templateKey{key: key, horizon: horizon, granule: granule}
+	if v, ok := l.templates.Load(tk); ok {
+		return v.([]any), nil
+	}
+	keys, err := redisKeys(l.o.prefix, key)
+	if err != nil {
+		return nil, err
+	}
+	defaults, err := l.defaults(key)
+	if err != nil {
+		return nil, err
+	}
+	tmpl := lua.AppendDecideArgs(nil, keys, lua.DecideArgs{
+		Granule: granule, Horizon: horizon, Lapse: l.o.lapse,
+		IdleExpiry: l.o.idleExpiry, Defaults: defaults,
+	})
+	if l.nTemplates.Add(1) > maxTemplates {
+		l.templates.Clear()
+		l.nTemplates.Store(1)
+	}
+	l.templates.Store(tk, tmpl)
+	return tmpl, nil
 }
 
 // defaults returns the limits a key falls back to when Redis has none.

@@ -141,10 +141,14 @@ func (o *options) validate() error {
 // "throttle"). Processes that share limits must use the same prefix.
 func WithPrefix(p string) Option { return func(o *options) { o.prefix = p } }
 
-// WithTimeout bounds every Redis call made for one decision (default
-// DefaultTimeout, 1 s). A call that takes longer counts as a Redis failure.
-// Zero sets no deadline of its own (the caller's context and the client's
-// read/write timeouts still apply).
+// WithTimeout bounds how long a decision (Take, Reserve, the middleware)
+// waits for Redis (default DefaultTimeout, 1 s): past it the decision fails
+// with context.DeadlineExceeded, whatever the client's own timeouts, and the
+// middleware applies its failure policy. Zero sets no bound of its own (the
+// caller's context and the client's read/write timeouts still apply). The
+// other calls (SetLimits, Suspend, Inspect, ...) pass it as their context
+// deadline, which go-redis applies to socket I/O only with
+// ContextTimeoutEnabled; otherwise its ReadTimeout does.
 func WithTimeout(d time.Duration) Option { return func(o *options) { o.timeout = d } }
 
 // WithIdleExpiry sets how long a key's limits stay in Redis with no call at

@@ -19,6 +19,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -166,6 +167,31 @@ func (s *Server) Stop() {
 	if s.proc != nil {
 		s.proc.kill()
 		s.proc = nil
+	}
+}
+
+// Pause stops the server process (SIGSTOP) without closing its sockets: a
+// Redis that hangs, as under a long fork, swap or a stuck host. Resume
+// continues it; Stop and the test cleanup kill a paused server as usual.
+func (s *Server) Pause(t testing.TB) {
+	t.Helper()
+	s.signal(t, syscall.SIGSTOP)
+}
+
+// Resume continues a paused server (SIGCONT).
+func (s *Server) Resume(t testing.TB) {
+	t.Helper()
+	s.signal(t, syscall.SIGCONT)
+}
+
+func (s *Server) signal(t testing.TB, sig syscall.Signal) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.proc == nil {
+		t.Fatalf("redistest: signal %v: server on %s is not running", sig, s.Addr)
+	}
+	if err := s.proc.cmd.Process.Signal(sig); err != nil {
+		t.Fatalf("redistest: signal %v to redis-server on %s: %v", sig, s.Addr, err)
 	}
 }
 
