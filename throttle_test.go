@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -515,6 +516,48 @@ func countFailed(f *fleet) int {
 	n := 0
 	for _, o := range f.ev.byJob {
 		n += o[throttle.Failed]
+	}
+	return n
+}
+
+// A suspended key costs no Redis call per task: once a process has been told
+// the suspension (without a reserved slot), it defers the key's tasks itself
+// until it is over, checking Redis again at most every few seconds.
+func TestE2ESuspendedKeyCostsNoCallPerTask(t *testing.T) {
+	t.Parallel()
+	limits := redistest.Start(t)
+	f := startFleet(t, fleetConfig{limits: limits, opts: []throttle.Option{throttle.WithReservations(0)}})
+	lrdb := limits.Client(t)
+	lim := throttle.NewLimiter(lrdb)
+	ctx := context.Background()
+	require.NoError(t, lim.SetLimits(ctx, "crm", throttle.PerSecond(200)))
+	require.NoError(t, lim.Suspend(ctx, "crm", 4*time.Second))
+	require.NoError(t, lrdb.ConfigResetStat(ctx).Err())
+
+	f.enqueue("crm", "job", 150)
+	require.Eventually(t, func() bool { return f.ev.deferred.Load() >= 150 }, 10*time.Second, 10*time.Millisecond)
+	stats, err := lrdb.Info(ctx, "commandstats").Result()
+	require.NoError(t, err)
+	calls := evalCalls(stats)
+	t.Logf("150 tasks deferred by a suspension with %d decisions in Redis", calls)
+	// Only the decisions already in the air when each server first hears of
+	// the suspension (at most its concurrency) reach Redis.
+	assert.LessOrEqual(t, calls, 3*10, "decisions in Redis for 150 tasks of a suspended key (3 servers x 10)")
+
+	f.waitDone(150, 40*time.Second)
+	f.audit(150)
+}
+
+// evalCalls sums EVALSHA and EVAL calls in an INFO commandstats reply.
+func evalCalls(info string) int {
+	n := 0
+	for _, line := range strings.Split(info, "\n") {
+		if strings.HasPrefix(line, "cmdstat_evalsha:") || strings.HasPrefix(line, "cmdstat_eval:") {
+			var c int
+			if _, err := fmt.Sscanf(line[strings.IndexByte(line, ':')+1:], "calls=%d", &c); err == nil {
+				n += c
+			}
+		}
 	}
 	return n
 }

@@ -113,7 +113,19 @@ type middleware struct {
 	clientOnce sync.Once
 	client     *asynq.Client
 	warned     sync.Map // key -> struct{}: "no limits" logged once per key
+	// suspended remembers, per key, a suspension that Redis answered without
+	// a reserved slot: until then every task of the key gets the same answer,
+	// so it is deferred without asking again (see suspensionCacheMax).
+	suspended sync.Map // key -> suspendedUntil
 }
+
+// suspendedUntil is a cached suspension: ask Redis again at until (local
+// clock); tasks before it are deferred to retryAt.
+type suspendedUntil struct{ until, retryAt time.Time }
+
+// suspensionCacheMax bounds how long a process trusts a cached suspension,
+// so that an operator's Resume reaches every process within it.
+const suspensionCacheMax = 5 * time.Second
 
 func (m *middleware) process(ctx context.Context, t *asynq.Task, next asynq.Handler) error {
 	o := &m.l.o
@@ -129,7 +141,22 @@ func (m *middleware) process(ctx context.Context, t *asynq.Task, next asynq.Hand
 		return next.ProcessTask(ctx, t)
 	}
 
+	if v, ok := m.suspended.Load(key); ok {
+		now := m.now()
+		if su := v.(suspendedUntil); now.Before(su.until) {
+			return m.deferDecision(ctx, t, key, Decision{RetryAfter: su.retryAt.Sub(now), Reason: RefusedBySuspension}, ev, Deferred)
+		}
+		m.suspended.Delete(key)
+	}
+
 	d, err := m.decide(ctx, key, t, id)
+	if err == nil && !d.Allowed && !d.Reserved && d.Reason == RefusedBySuspension {
+		now := m.now()
+		m.suspended.Store(key, suspendedUntil{
+			until:   now.Add(min(d.RetryAfter, suspensionCacheMax)),
+			retryAt: now.Add(d.RetryAfter),
+		})
+	}
 	switch {
 	case errors.Is(err, ErrNoLimits):
 		if _, seen := m.warned.LoadOrStore(key, struct{}{}); !seen {

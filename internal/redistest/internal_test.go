@@ -1,7 +1,6 @@
 package redistest
 
 import (
-	"strconv"
 	"testing"
 )
 
@@ -46,9 +45,6 @@ func TestFreeClusterPort(t *testing.T) {
 		}
 		if p < clusterPortMin || p >= clusterPortMax || p+clusterBusOffset > 65535 {
 			t.Fatalf("port %d out of range", p)
-		}
-		if !portFree(p) || !portFree(p+clusterBusOffset) {
-			t.Fatalf("port %d or %s not free", p, strconv.Itoa(p+clusterBusOffset))
 		}
 	}
 }
