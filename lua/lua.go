@@ -103,22 +103,26 @@ type DecideReply struct {
 	Reason     string        // when StatusBadConfig: what is wrong with it
 }
 
-// Decide runs decide.lua.
+// Decide runs decide.lua for one caller.
 //
 //	KEYS[1] config  KEYS[2] state  KEYS[3] suspend  KEYS[4] reservations
-//	ARGV[1] task ID ("" = no reservation)
+//	ARGV[1] number of decisions n (callers decided in this run, in order)
 //	ARGV[2] granule, microseconds
 //	ARGV[3] reservation horizon, microseconds (0 = never reserve)
 //	ARGV[4] lapse, microseconds
 //	ARGV[5] config inactivity expiry, milliseconds
-//	ARGV[6] number of default tiers, then ARGV[7..] rate, per_ms, burst per tier
+//	ARGV[6] number of default tiers d, then rate, per_ms, burst per tier
+//	then n task IDs ("" = no reservation), one per decision
 //
-// Reply: one string, so that reading it costs one allocation:
-// "status|retry_after_us|remaining|refused_by|slot_us" (status 1 allowed,
-// 0 denied), "-1|field|reason" for a bad config, "-2" without limits.
+// Reply: the n decisions joined by ';', each one string (reading it costs no
+// allocation): "status|retry_after_us|remaining|refused_by|slot_us" (status
+// 1 allowed, 0 denied), "-1|field|reason" for a bad config, "-2" without
+// limits.
 func Decide(ctx context.Context, c redis.Scripter, k Keys, a DecideArgs) (DecideReply, error) {
 	args := AppendDecideArgs(nil, k, a)
-	s, err := decideScript.Run(ctx, c, k.all(), args[TaskIDArg:]...).Text()
+	args[NArg] = 1
+	args = append(args, a.TaskID)
+	s, err := decideScript.Run(ctx, c, k.all(), args[firstARGV:]...).Text()
 	if err != nil {
 		return DecideReply{}, err
 	}
@@ -134,17 +138,32 @@ func LoadDecide(ctx context.Context, c redis.Scripter) error {
 	return decideScript.Load(ctx, c).Err()
 }
 
-// AppendDecideArgs appends the whole EVALSHA command of one decision to dst:
-// "evalsha", sha, 4, the keys, then ARGV as Decide documents.
+// Positions in the command AppendDecideArgs builds.
+const (
+	firstARGV = 7 // "evalsha", sha, 4, four keys
+	// NArg is where the number of decisions goes (ARGV[1]); the caller sets it.
+	NArg = firstARGV
+)
+
+// AppendDecideArgs appends the EVALSHA command of a run of decide.lua to dst
+// without its task IDs: "evalsha", sha, 4, the keys, then ARGV up to the
+// defaults. The caller sets dst[NArg] to the number of decisions and appends
+// one task ID per decision. a.TaskID is ignored.
 func AppendDecideArgs(dst []any, k Keys, a DecideArgs) []any {
 	dst = append(dst, "evalsha", DecideSHA, 4, k.Config, k.State, k.Suspend, k.Reservations,
-		a.TaskID, a.Granule.Microseconds(), a.Horizon.Microseconds(),
+		1, a.Granule.Microseconds(), a.Horizon.Microseconds(),
 		a.Lapse.Microseconds(), a.IdleExpiry.Milliseconds())
 	return appendTiers(dst, a.Defaults)
 }
 
-// TaskIDArg is the position of the task ID in AppendDecideArgs' command.
-const TaskIDArg = 7
+// NextReply splits the first decision off a reply of several: it returns
+// that decision's reply and the rest ("" after the last).
+func NextReply(s string) (first, rest string) {
+	if i := strings.IndexByte(s, ';'); i >= 0 {
+		return s[:i], s[i+1:]
+	}
+	return s, ""
+}
 
 // ParseDecide reads a decide reply without allocating.
 func ParseDecide(s string) (DecideReply, error) {

@@ -3,8 +3,10 @@ package lua
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -361,4 +363,60 @@ func TestErrBadReplyWraps(t *testing.T) {
 	err := errBadReply("decide", []any{"x"})
 	assert.True(t, errors.Is(err, ErrBadReply), "errors.Is(%v, ErrBadReply)", err)
 	assert.Contains(t, err.Error(), "decide", "error names the script")
+}
+
+// One run of decide.lua for several callers decides exactly as the same
+// callers one after the other at the same instant: same replies, same state.
+func TestDecideManyEqualsOneByOne(t *testing.T) {
+	ids := []string{"", "a", "b", "", "c", "a", "d", "", "e", "f", "g", "h"}
+	modes := []DecideArgs{
+		{IdleExpiry: time.Hour},
+		{Horizon: time.Minute, Lapse: time.Minute, IdleExpiry: time.Hour},
+		{Horizon: time.Minute, Granule: time.Second, Lapse: time.Minute, IdleExpiry: time.Hour},
+	}
+	for _, mode := range modes {
+		t.Run(fmt.Sprintf("horizon %v granule %v", mode.Horizon, mode.Granule), func(t *testing.T) {
+			one, many := newEnv(t), newEnv(t)
+			for _, e := range []*env{one, many} {
+				e.setLimits(Tier{Rate: 4, PerMS: 1000, Burst: 3}, Tier{Rate: 30, PerMS: 60000, Burst: 5})
+				require.NoError(t, LoadDecide(e.ctx, e.rdb))
+			}
+			var want []string
+			for _, id := range ids {
+				a := mode
+				a.TaskID = id
+				args := AppendDecideArgs(nil, one.k, a)
+				args[NArg] = 1
+				s, err := one.rdb.Do(one.ctx, append(args, id)...).Text()
+				require.NoError(t, err)
+				want = append(want, s)
+			}
+			args := AppendDecideArgs(nil, many.k, mode)
+			args[NArg] = len(ids)
+			for _, id := range ids {
+				args = append(args, id)
+			}
+			s, err := many.rdb.Do(many.ctx, args...).Text()
+			require.NoError(t, err)
+			var got []string
+			for s != "" {
+				var r string
+				r, s = NextReply(s)
+				got = append(got, r)
+			}
+			assert.Equal(t, want, got, "one run for %d callers", len(ids))
+			assert.Contains(t, want, "1|0|0||0", "the limits never bound: the test proves little")
+			// The expiry memo (xp) may differ: one write sets it once.
+			noXP := func(dump string) string {
+				var keep []string
+				for _, l := range strings.Split(dump, "\n") {
+					if !strings.Contains(l, " xp: ") {
+						keep = append(keep, l)
+					}
+				}
+				return strings.Join(keep, "\n")
+			}
+			assert.Equal(t, noXP(one.mr.Dump()), noXP(many.mr.Dump()), "Redis after one run vs one by one")
+		})
+	}
 }

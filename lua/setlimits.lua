@@ -24,7 +24,12 @@ if old and state.ts then
     if v > t.burst then v = t.burst end
     kept[i] = v
   end
-  write_tokens(state_key, state, new, kept, now)
+  local fields = {}
+  write_tokens(fields, state, new, kept, now)
+  redis.call('HSET', state_key, unpack(fields))
+  drop_extra_tiers(state_key, state, new)
+  -- The next decision recomputes the expiry it needs (xp unknown).
+  redis.call('HDEL', state_key, 'xp')
   expire_in(state_key, full_after(state, new, kept, now) + 1e6)
 end
 
@@ -36,7 +41,7 @@ for i = 1, #new do
   args[#args + 1] = 'burst:' .. i;  args[#args + 1] = ARGV[at + 2]
 end
 redis.call('DEL', cfg_key, resv_key)
-redis.call('HDEL', state_key, 'vnext', 'va', 'vt:1', 'vt:2', 'vt:3', 'vt:4')
+redis.call('HDEL', state_key, 'vnext', 'va', 'vt:1', 'vt:2', 'vt:3', 'vt:4', 'cr')
 redis.call('HSET', cfg_key, unpack(args))
 expire_in(cfg_key, idle_ms * 1000)
 return {1}

@@ -44,12 +44,11 @@ const maxQueued = 100_000
 var errQueueFull = errors.New("throttle: too many decisions waiting for Redis")
 
 // call is one decision travelling in a flight. Calls are pooled, each with
-// its own reusable timer: a decision allocates only what go-redis needs for
-// its command and its reply.
+// its own reusable timer.
 type call struct {
-	args      []any         // the whole EVALSHA command
-	cmd       *redis.Cmd    // set while in a pipeline
-	reply     string        // the script's reply
+	tmpl      []any         // the cached command of its key, without task IDs
+	id        string        // task ID ("" = no reservation)
+	reply     string        // the script's reply for this decision
 	err       error         // or the error
 	abandoned atomic.Bool   // its caller stopped waiting: skip it, never pool it
 	done      chan struct{} // signalled once the reply or error is set
@@ -59,15 +58,24 @@ type call struct {
 var callPool = sync.Pool{New: func() any {
 	t := time.NewTimer(time.Hour)
 	t.Stop()
-	return &call{args: make([]any, 0, 16), done: make(chan struct{}, 1), timer: t}
+	return &call{done: make(chan struct{}, 1), timer: t}
 }}
 
 func getCall() *call { return callPool.Get().(*call) }
 
 func putCall(c *call) {
-	clear(c.args)
-	c.args, c.cmd, c.reply, c.err = c.args[:0], nil, "", nil
+	c.tmpl, c.id, c.reply, c.err = nil, "", "", nil
 	callPool.Put(c)
+}
+
+// maxPerRun bounds the decisions one script run makes, so that one run
+// never holds Redis for long.
+const maxPerRun = 256
+
+// run is one script run in a flight: decisions on one key, in order.
+type run struct {
+	calls []*call
+	cmd   *redis.Cmd
 }
 
 // do runs c in a flight and waits for it until ctx ends or the flight
@@ -129,59 +137,111 @@ func (f *flight) fly() {
 	}
 }
 
-// send runs a batch: one command directly, more in one pipeline. A NOSCRIPT
-// reply (Redis restarted, failed over, or SCRIPT FLUSH) loads the script and
-// sends those calls once more. Every call is signalled at the end.
+// send runs a batch. Decisions on the same key (and mode) share one script
+// run; runs on different keys share one pipeline. A NOSCRIPT reply (Redis
+// restarted, failed over, or SCRIPT FLUSH) loads the script and sends those
+// runs once more. Every call is signalled at the end.
 func (f *flight) send(batch []*call) {
-	live := batch[:0:0]
+	var runs []*run
 	for _, c := range batch {
-		if !c.abandoned.Load() {
-			live = append(live, c)
+		if c.abandoned.Load() {
+			continue
 		}
+		var r *run
+		for _, x := range runs {
+			if &x.calls[0].tmpl[0] == &c.tmpl[0] && len(x.calls) < maxPerRun {
+				r = x
+				break
+			}
+		}
+		if r == nil {
+			r = &run{}
+			runs = append(runs, r)
+		}
+		r.calls = append(r.calls, c)
 	}
-	if len(live) > 0 {
+	if len(runs) > 0 {
 		ctx := context.Background()
 		if f.timeout > 0 {
 			var cancel context.CancelFunc
 			ctx, cancel = context.WithTimeout(ctx, f.timeout)
 			defer cancel()
 		}
-		f.exec(ctx, live)
-		var again []*call
-		for _, c := range live {
-			if c.err != nil && isNoScript(c.err) {
-				again = append(again, c)
+		f.exec(ctx, runs)
+		var again []*run
+		for _, r := range runs {
+			if r.calls[0].err != nil && isNoScript(r.calls[0].err) {
+				again = append(again, r)
 			}
 		}
 		if len(again) > 0 {
 			if err := lua.LoadDecide(ctx, f.rdb); err != nil {
-				for _, c := range again {
-					c.err = err
+				for _, r := range again {
+					r.fail(err)
 				}
 			} else {
 				f.exec(ctx, again)
 			}
 		}
 	}
-	for _, c := range live {
-		c.done <- struct{}{}
+	for _, r := range runs {
+		for _, c := range r.calls {
+			c.done <- struct{}{}
+		}
 	}
 }
 
-func (f *flight) exec(ctx context.Context, batch []*call) {
-	if len(batch) == 1 {
-		c := batch[0]
-		c.reply, c.err = f.rdb.Do(ctx, c.args...).Text()
+// exec sends runs: one alone, several in one pipeline.
+func (f *flight) exec(ctx context.Context, runs []*run) {
+	if len(runs) == 1 {
+		r := runs[0]
+		r.finish(f.rdb.Do(ctx, r.args()...))
 		return
 	}
 	pipe := f.rdb.Pipeline()
-	for _, c := range batch {
-		c.cmd = pipe.Do(ctx, c.args...)
+	for _, r := range runs {
+		r.cmd = pipe.Do(ctx, r.args()...)
 	}
 	_, _ = pipe.Exec(ctx) // each command carries its own error
-	for _, c := range batch {
-		c.reply, c.err = c.cmd.Text()
-		c.cmd = nil
+	for _, r := range runs {
+		r.finish(r.cmd)
+		r.cmd = nil
+	}
+}
+
+// args builds the command of a run: its key's template, the number of
+// decisions, and one task ID each.
+func (r *run) args() []any {
+	tmpl := r.calls[0].tmpl
+	args := make([]any, 0, len(tmpl)+len(r.calls))
+	args = append(args, tmpl...)
+	args[lua.NArg] = len(r.calls)
+	for _, c := range r.calls {
+		args = append(args, c.id)
+	}
+	return args
+}
+
+// finish hands each call its part of the run's reply.
+func (r *run) finish(cmd *redis.Cmd) {
+	s, err := cmd.Text()
+	if err != nil {
+		r.fail(err)
+		return
+	}
+	for i, c := range r.calls {
+		if s == "" && i > 0 {
+			r.fail(fmt.Errorf("%w: %d decisions asked, fewer answered", lua.ErrBadReply, len(r.calls)))
+			return
+		}
+		c.reply, s = lua.NextReply(s)
+		c.err = nil
+	}
+}
+
+func (r *run) fail(err error) {
+	for _, c := range r.calls {
+		c.reply, c.err = "", err
 	}
 }
 

@@ -137,10 +137,7 @@ func (l *Limiter) decide(ctx context.Context, key string, a lua.DecideArgs) (Dec
 		return Decision{}, err
 	}
 	c := getCall()
-	c.args = append(c.args, tmpl...)
-	if a.TaskID != "" {
-		c.args[lua.TaskIDArg] = a.TaskID
-	}
+	c.tmpl, c.id = tmpl, a.TaskID
 	reply, err := l.flight.do(ctx, c)
 	if err != nil {
 		return Decision{}, fmt.Errorf("throttle: key %q: decide: %w", key, err)
@@ -177,8 +174,9 @@ func (l *Limiter) decide(ctx context.Context, key string, a lua.DecideArgs) (Dec
 	return d, nil
 }
 
-// template returns the EVALSHA command of a decision on key, task ID left
-// empty, from the cache or built and cached.
+// template returns the EVALSHA command of decisions on key without their
+// task IDs, from the cache or built and cached. Decisions sharing a template
+// share script runs.
 func (l *Limiter) template(key string, horizon, granule time.Duration) ([]any, error) {
 	tk := templateKey{key: key, horizon: horizon, granule: granule}
 	if v, ok := l.templates.Load(tk); ok {
