@@ -114,10 +114,14 @@ func (l *Limiter) Take(ctx context.Context, key string) (Decision, error) {
 // Reserve is Take for a caller with a stable identity (a task ID). When it is
 // refused and a slot within horizon is free, the slot is reserved for id: the
 // caller should come back after RetryAfter, when it is admitted ahead of
-// callers without a reservation. granule is how precisely the caller can come
-// back (asynq: Granule); slots are spaced so that callers coming back in the
-// same granule fit in each tier's burst. A reservation not used within
-// DefaultLapse of its slot lapses.
+// callers without a reservation. Slots are handed out in the order callers
+// are refused, each tier simulating its bucket at the slots, so callers
+// coming back at their slots find their tokens. granule is how precisely
+// callers come back (asynq: Granule): slots then fall on whole granules and
+// each granule gets what every bucket holds at that instant; zero means
+// callers return exactly on time. A caller back within one granule of its
+// slot is decided by the buckets. A reservation not used within DefaultLapse
+// of its slot lapses; SetLimits drops all reservations of the key.
 func (l *Limiter) Reserve(ctx context.Context, key, id string, horizon, granule time.Duration) (Decision, error) {
 	if id == "" {
 		return Decision{}, errors.New("throttle: Reserve needs a non-empty id")
