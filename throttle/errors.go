@@ -25,6 +25,7 @@ type ConfigError struct {
 	Reason string // what is wrong with it
 }
 
+// Error names the key, the field and what is wrong with it.
 func (e *ConfigError) Error() string {
 	return fmt.Sprintf("throttle: key %q: invalid config in Redis: field %q: %s (fix it with SetLimits)", e.Key, e.Field, e.Reason)
 }

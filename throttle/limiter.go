@@ -66,6 +66,7 @@ const (
 	RefusedBeforeSlot
 )
 
+// String names the reason for logs.
 func (r Reason) String() string {
 	switch r {
 	case NotRefused:

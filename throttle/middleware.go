@@ -35,6 +35,7 @@ const (
 	Failed
 )
 
+// String names the outcome for logs.
 func (o Outcome) String() string {
 	switch o {
 	case Ran:

@@ -49,6 +49,7 @@ const (
 	FailOpen
 )
 
+// String names the policy for logs.
 func (p FailurePolicy) String() string {
 	if p == FailOpen {
 		return "fail open"

@@ -19,6 +19,7 @@ type RateLimitedError struct {
 	StatusCode int
 }
 
+// Error says the provider rate limited the call, and for how long.
 func (e *RateLimitedError) Error() string {
 	if e.RetryAfter > 0 {
 		return fmt.Sprintf("throttle: rate limited by provider, retry after %v", e.RetryAfter)

@@ -25,6 +25,7 @@ type keyOption string
 // switches on: it ignores this option, which is why Key must go through NewTask.
 const optionTypeKey asynq.OptionType = 1 << 20
 
+// String, Type and Value make Key an asynq.Option.
 func (k keyOption) String() string         { return fmt.Sprintf("throttle.Key(%q)", string(k)) }
 func (k keyOption) Type() asynq.OptionType { return optionTypeKey }
 func (k keyOption) Value() interface{}     { return string(k) }

@@ -19,6 +19,7 @@ type Error struct {
 	Delay  time.Duration
 }
 
+// Error says how long the task is deferred and why.
 func (e *Error) Error() string {
 	return fmt.Sprintf("throttle: task deferred %v: key %q %s", e.Delay.Round(time.Millisecond), e.Key, e.Reason)
 }
