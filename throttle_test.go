@@ -561,3 +561,26 @@ func evalCalls(info string) int {
 	}
 	return n
 }
+
+// A key without limits costs no Redis call per task either: the process
+// remembers the answer for a few seconds and runs the tasks unthrottled.
+func TestE2EKeyWithoutLimitsCostsNoCallPerTask(t *testing.T) {
+	t.Parallel()
+	limits := redistest.Start(t)
+	f := startFleet(t, fleetConfig{limits: limits})
+	lrdb := limits.Client(t)
+	require.NoError(t, lrdb.ConfigResetStat(context.Background()).Err())
+	f.enqueue("nolimit", "job", 200)
+	f.waitDone(200, 30*time.Second)
+	f.audit(200)
+	stats, err := lrdb.Info(context.Background(), "commandstats").Result()
+	require.NoError(t, err)
+	calls := evalCalls(stats)
+	t.Logf("200 tasks of a key without limits with %d decisions in Redis", calls)
+	assert.LessOrEqual(t, calls, 3*10, "decisions in Redis for 200 tasks of a key without limits (3 servers x 10)")
+	f.ev.mu.Lock()
+	defer f.ev.mu.Unlock()
+	for job, o := range f.ev.byJob {
+		assert.Equal(t, 1, o[throttle.Unthrottled], "job %s", job)
+	}
+}

@@ -118,7 +118,14 @@ type middleware struct {
 	// a reserved slot: until then every task of the key gets the same answer,
 	// so it is deferred without asking again (see suspensionCacheMax).
 	suspended sync.Map // key -> suspendedUntil
+	// unlimited remembers, per key, that Redis had no limits for it: its
+	// tasks run without asking again until then (see noLimitsCacheFor).
+	unlimited sync.Map // key -> time.Time
 }
+
+// noLimitsCacheFor is how long a process trusts "this key has no limits":
+// limits set later with SetLimits reach it within this time.
+const noLimitsCacheFor = 5 * time.Second
 
 // suspendedUntil is a cached suspension: ask Redis again at until (local
 // clock); tasks before it are deferred to retryAt.
@@ -142,6 +149,14 @@ func (m *middleware) process(ctx context.Context, t *asynq.Task, next asynq.Hand
 		return next.ProcessTask(ctx, t)
 	}
 
+	if v, ok := m.unlimited.Load(key); ok {
+		if m.now().Before(v.(time.Time)) {
+			ev.Outcome, ev.Ran = Unthrottled, true
+			m.observe(ev)
+			return next.ProcessTask(ctx, t)
+		}
+		m.unlimited.Delete(key)
+	}
 	if v, ok := m.suspended.Load(key); ok {
 		now := m.now()
 		if su := v.(suspendedUntil); now.Before(su.until) {
@@ -160,6 +175,7 @@ func (m *middleware) process(ctx context.Context, t *asynq.Task, next asynq.Hand
 	}
 	switch {
 	case errors.Is(err, ErrNoLimits):
+		m.unlimited.Store(key, m.now().Add(noLimitsCacheFor))
 		if _, seen := m.warned.LoadOrStore(key, struct{}{}); !seen {
 			o.logger.Warn("throttle: key has no limits, running its tasks unthrottled; call SetLimits or use WithDefaultLimits",
 				"key", key, "task_type", t.Type())

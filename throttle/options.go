@@ -163,7 +163,9 @@ func WithMaxSuspension(d time.Duration) Option { return func(o *options) { o.max
 
 // WithDefaultLimits sets the limits of every key that has none in Redis (no
 // default: such keys get ErrNoLimits from Take and run unthrottled under the
-// middleware, with a warning). Limits set in Redis by SetLimits win.
+// middleware, with one warning per key; the middleware asks Redis again after
+// 5 s, so limits set later apply within 5 s). Limits set in Redis by
+// SetLimits win.
 func WithDefaultLimits(limits ...Limit) Option {
 	return func(o *options) { o.defaults = limits }
 }
