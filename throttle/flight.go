@@ -26,9 +26,11 @@ import (
 // deadline, so a Redis that stops answering costs each caller its timeout,
 // never longer, whatever the client's read timeout.
 type flight struct {
-	rdb      redis.UniversalClient
-	timeout  time.Duration
-	maxQueue int
+	rdb     redis.UniversalClient
+	timeout time.Duration
+	// inline: the client itself bounds I/O by timeout, so a lone decision
+	// can fly on its caller's goroutine without a handoff.
+	inline bool
 
 	mu     sync.Mutex
 	flying bool    // the flying goroutine is running
@@ -87,6 +89,24 @@ func (f *flight) do(ctx context.Context, c *call) (string, error) {
 		putCall(c)
 		return "", errQueueFull
 	}
+	if !f.flying && f.inline {
+		// Nothing in the air: this decision flies now, on its caller's
+		// goroutine; whoever queued meanwhile leaves in the next flight.
+		f.flying = true
+		f.mu.Unlock()
+		f.send(ctx, []*call{c})
+		<-c.done
+		f.mu.Lock()
+		if len(f.queue) > 0 {
+			go f.fly()
+		} else {
+			f.flying = false
+		}
+		f.mu.Unlock()
+		reply, err := c.reply, c.err
+		putCall(c)
+		return reply, err
+	}
 	f.queue = append(f.queue, c)
 	if !f.flying {
 		f.flying = true
@@ -128,7 +148,7 @@ func (f *flight) fly() {
 		f.queue = f.spare[:0]
 		f.mu.Unlock()
 
-		f.send(batch)
+		f.send(context.Background(), batch)
 
 		clear(batch)
 		f.mu.Lock()
@@ -141,7 +161,7 @@ func (f *flight) fly() {
 // run; runs on different keys share one pipeline. A NOSCRIPT reply (Redis
 // restarted, failed over, or SCRIPT FLUSH) loads the script and sends those
 // runs once more. Every call is signalled at the end.
-func (f *flight) send(batch []*call) {
+func (f *flight) send(ctx context.Context, batch []*call) {
 	var runs []*run
 	for _, c := range batch {
 		if c.abandoned.Load() {
@@ -161,7 +181,6 @@ func (f *flight) send(batch []*call) {
 		r.calls = append(r.calls, c)
 	}
 	if len(runs) > 0 {
-		ctx := context.Background()
 		if f.timeout > 0 {
 			var cancel context.CancelFunc
 			ctx, cancel = context.WithTimeout(ctx, f.timeout)
@@ -243,6 +262,26 @@ func (r *run) fail(err error) {
 	for _, c := range r.calls {
 		c.reply, c.err = "", err
 	}
+}
+
+// boundsIO reports whether rdb's own settings end every command within
+// timeout: context deadlines honoured, or read and write timeouts no longer.
+func boundsIO(rdb redis.UniversalClient, timeout time.Duration) bool {
+	if timeout <= 0 {
+		return true
+	}
+	ok := func(ctxTimeouts bool, read, write time.Duration) bool {
+		return ctxTimeouts || (read > 0 && read <= timeout && write > 0 && write <= timeout)
+	}
+	switch c := rdb.(type) {
+	case *redis.Client:
+		o := c.Options()
+		return ok(o.ContextTimeoutEnabled, o.ReadTimeout, o.WriteTimeout)
+	case *redis.ClusterClient:
+		o := c.Options()
+		return ok(o.ContextTimeoutEnabled, o.ReadTimeout, o.WriteTimeout)
+	}
+	return false
 }
 
 func isNoScript(err error) bool {

@@ -154,8 +154,20 @@ func TestIntegrationRedisDown(t *testing.T) {
 // WithTimeout, not the client's read timeout, and decisions work again once
 // it answers.
 func TestIntegrationRedisHangs(t *testing.T) {
+	for _, opts := range []redis.Options{
+		{ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second}, // decisions fly on their own goroutine
+		{ContextTimeoutEnabled: true},                                   // a lone decision flies on its caller's
+	} {
+		t.Run(fmt.Sprintf("ContextTimeoutEnabled=%v", opts.ContextTimeoutEnabled), func(t *testing.T) {
+			redisHangs(t, opts)
+		})
+	}
+}
+
+func redisHangs(t *testing.T, opts redis.Options) {
 	s := redistest.Start(t)
-	rdb := redis.NewClient(&redis.Options{Addr: s.Addr, ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second})
+	opts.Addr = s.Addr
+	rdb := redis.NewClient(&opts)
 	t.Cleanup(func() { rdb.Close() })
 	l := throttle.NewLimiter(rdb, throttle.WithDefaultLimits(throttle.PerSecond(1000)), throttle.WithTimeout(300*time.Millisecond))
 	ctx := context.Background()

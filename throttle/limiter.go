@@ -45,7 +45,7 @@ const maxTemplates = 4096
 // Limiter (and every task through its middleware) returns an error naming it.
 func NewLimiter(rdb redis.UniversalClient, opts ...Option) *Limiter {
 	l := &Limiter{rdb: rdb, o: newOptions(opts)}
-	l.flight = flight{rdb: rdb, timeout: l.o.timeout}
+	l.flight = flight{rdb: rdb, timeout: l.o.timeout, inline: boundsIO(rdb, l.o.timeout)}
 	return l
 }
 

@@ -1,0 +1,154 @@
+// Command bench measures asynq-throttle against what Go teams use today, in
+// one process run, on one Redis:
+//
+//	go run ./bench                 # all scenarios, on a redis-server it starts
+//	go run ./bench -scenario A     # one scenario (A, B, C or D; comma-separated)
+//	go run ./bench -quick          # a short smoke run
+//	go run ./bench -redis redis://127.0.0.1:6379/0
+//
+// Scenarios (see issue 5): A backlog drain, B head of line, C decisions/s,
+// D middleware overhead. Variants: sleep (redis_rate Allow + sleep), wiki
+// (asynq wiki's per-process x/time/rate + RateLimitError), naive (ours
+// without reservations), ours (worker.NewServer + throttle.ByProvider).
+//
+// Tables go to stdout, progress to stderr. With a Redis the harness started
+// itself, it runs FLUSHALL between runs; with -redis it only deletes its own
+// queues and keys (and commandstats then include other clients' traffic).
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+func main() {
+	os.Exit(run())
+}
+
+func run() int {
+	redisURL := flag.String("redis", "", "use this Redis (redis://...) instead of starting a redis-server")
+	scenarios := flag.String("scenario", "A,B,C,D", "scenarios to run, comma-separated: A, B, C, D")
+	quick := flag.Bool("quick", false, "short smoke run (fewer tasks, shorter measurements)")
+	jsonOut := flag.String("json", "", "also write the results as JSON to this file")
+	verbose := flag.Bool("v", false, "show asynq warnings and errors on stderr")
+	flag.Parse()
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	e := &env{quick: *quick, verbose: *verbose, runID: strconv.FormatInt(time.Now().Unix()%100000, 10)}
+	if *redisURL != "" {
+		opts, err := redis.ParseURL(*redisURL)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "bench: -redis: %v\n", err)
+			return 2
+		}
+		e.opts = opts
+	} else {
+		srv, err := startRedis()
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "bench: %v\n", err)
+			return 1
+		}
+		defer srv.Stop()
+		e.opts, e.own = &redis.Options{Addr: srv.Addr}, true
+	}
+	e.ctl = e.newClient(64)
+	defer e.ctl.Close()
+	if err := e.ctl.Ping(ctx).Err(); err != nil {
+		fmt.Fprintf(os.Stderr, "bench: redis %s: %v\n", e.opts.Addr, err)
+		return 1
+	}
+	if e.own {
+		if err := e.ctl.FlushAll(ctx).Err(); err != nil {
+			fmt.Fprintf(os.Stderr, "bench: %v\n", err)
+			return 1
+		}
+	}
+	e.prov = newProvider()
+	defer e.prov.Close()
+
+	w := os.Stdout
+	printHeader(ctx, e, w)
+	results := map[string]any{}
+	type scenario struct {
+		name string
+		run  func(context.Context, *env, io.Writer) (any, error)
+	}
+	all := []scenario{
+		{"A", func(ctx context.Context, e *env, w io.Writer) (any, error) { return runA(ctx, e, w) }},
+		{"B", func(ctx context.Context, e *env, w io.Writer) (any, error) { return runB(ctx, e, w) }},
+		{"C", func(ctx context.Context, e *env, w io.Writer) (any, error) { return runC(ctx, e, w) }},
+		{"D", func(ctx context.Context, e *env, w io.Writer) (any, error) { return runD(ctx, e, w) }},
+	}
+	want := map[string]bool{}
+	for _, s := range strings.Split(*scenarios, ",") {
+		s = strings.ToUpper(strings.TrimSpace(s))
+		if find(all, func(sc scenario) bool { return sc.name == s }) == nil {
+			fmt.Fprintf(os.Stderr, "bench: unknown scenario %q (want A, B, C or D)\n", s)
+			return 2
+		}
+		want[s] = true
+	}
+	status := 0
+	began := time.Now()
+	for _, sc := range all {
+		if !want[sc.name] || ctx.Err() != nil {
+			continue
+		}
+		r, err := sc.run(ctx, e, w)
+		results[sc.name] = r
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "bench: scenario %s: %v\n", sc.name, err)
+			status = 1
+		}
+	}
+	fmt.Fprintf(w, "\ntotal wall time %v\n", time.Since(began).Round(time.Second))
+	if *jsonOut != "" {
+		b, err := json.MarshalIndent(results, "", "  ")
+		if err == nil {
+			err = os.WriteFile(*jsonOut, b, 0o644)
+		}
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "bench: -json: %v\n", err)
+			status = 1
+		}
+	}
+	if ctx.Err() != nil {
+		return 130
+	}
+	return status
+}
+
+func printHeader(ctx context.Context, e *env, w io.Writer) {
+	ver := "?"
+	if info, err := e.ctl.Info(ctx, "server").Result(); err == nil {
+		for line := range strings.Lines(info) {
+			if v, ok := strings.CutPrefix(strings.TrimSpace(line), "redis_version:"); ok {
+				ver = v
+			}
+		}
+	}
+	where := "started by the harness"
+	if !e.own {
+		where = "given by -redis"
+	}
+	mode := "full"
+	if e.quick {
+		mode = "quick"
+	}
+	fmt.Fprintf(w, "asynq-throttle bench (%s run): %s %s/%s, GOMAXPROCS %d, NumCPU %d; redis %s at %s (%s)\n",
+		mode, runtime.Version(), runtime.GOOS, runtime.GOARCH, runtime.GOMAXPROCS(0), runtime.NumCPU(), ver, e.opts.Addr, where)
+}

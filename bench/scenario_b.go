@@ -1,0 +1,225 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/hibiken/asynq"
+
+	"github.com/asynq-throttle/asynq-throttle/throttle"
+)
+
+// bRounds is how many solo and mixed runs each variant makes.
+const bRounds = 2
+
+// holRun is one fleet run of scenario B, or the sum of several.
+type holRun struct {
+	Runs       int
+	Finished   bool
+	Elapsed    time.Duration // fleet start to the last fast task
+	FastDone   int
+	FastDup    int
+	Throughput float64 // fast tasks per second
+	SlowDone   int
+	SlowDup    int
+	Slow429    int64
+	Denials    int64
+	Cmds       int64 // Redis commands during the run(s)
+}
+
+// add sums run into h; throughput is over the summed wall time.
+func (h *holRun) add(run holRun) {
+	h.Finished = run.Finished && (h.Runs == 0 || h.Finished)
+	h.Runs++
+	h.Elapsed += run.Elapsed
+	h.FastDone += run.FastDone
+	h.FastDup += run.FastDup
+	h.SlowDone += run.SlowDone
+	h.SlowDup += run.SlowDup
+	h.Slow429 += run.Slow429
+	h.Denials += run.Denials
+	h.Cmds += run.Cmds
+	if h.Elapsed > 0 {
+		h.Throughput = float64(h.FastDone) / h.Elapsed.Seconds()
+	}
+}
+
+type holResult struct {
+	Variant string
+	Solo    holRun
+	Mixed   holRun
+}
+
+type scenarioB struct {
+	FastTasks, SlowTasks int
+	SlowRate             float64
+	Servers, Concurrency int
+	Cap                  time.Duration
+	Results              []holResult
+}
+
+func runB(ctx context.Context, e *env, w io.Writer) (*scenarioB, error) {
+	s := &scenarioB{FastTasks: 5000, SlowTasks: 300, SlowRate: 2, Servers: 4, Concurrency: 10, Cap: 15 * time.Second}
+	if e.quick {
+		s.FastTasks, s.SlowTasks, s.Cap = 1000, 60, 10*time.Second
+	}
+	fmt.Fprintf(w, "\n== B. head of line: %d tasks of a provider throttled to %.0f/s beside %d tasks of an unthrottled provider (HTTP call each), %d servers x concurrency %d, one queue, interleaved (cap %v per run)\n",
+		s.SlowTasks, s.SlowRate, s.FastTasks, s.Servers, s.Concurrency, s.Cap)
+	for _, v := range []string{vSleep, vWiki, vNaive, vOurs} {
+		r := holResult{Variant: v}
+		// Rounds of solo and mixed in alternating order, against drift in outside load;
+		// a mixed run that hit the cap is not repeated.
+		for round := range bRounds {
+			for _, withSlow := range []bool{round%2 == 1, round%2 == 0} {
+				if withSlow && r.Mixed.Runs > 0 && !r.Mixed.Finished {
+					continue
+				}
+				run, err := holOnce(ctx, e, s, v, withSlow)
+				if err != nil {
+					return s, fmt.Errorf("B/%s (with throttled tasks: %v): %w", v, withSlow, err)
+				}
+				if withSlow {
+					r.Mixed.add(run)
+				} else {
+					r.Solo.add(run)
+				}
+			}
+		}
+		progress("B/%s: fast alone %.0f/s, beside the throttled provider %.0f/s", v, r.Solo.Throughput, r.Mixed.Throughput)
+		s.Results = append(s.Results, r)
+	}
+	s.print(w)
+	return s, nil
+}
+
+func holOnce(ctx context.Context, e *env, s *scenarioB, variant string, withSlow bool) (holRun, error) {
+	queue, prefix := e.names("b", variant)
+	defer func() { _ = e.cleanup(context.Background(), queue, prefix) }()
+	nSlow := 0
+	if withSlow {
+		nSlow = s.SlowTasks
+	}
+	total := s.FastTasks + nSlow
+	// Spread the slow tasks evenly through the queue.
+	slow := make([]bool, total)
+	idx := make([]int, total)
+	var ns, nf int
+	for i := range total {
+		if nSlow > 0 && (i*nSlow)/total != ((i+1)*nSlow)/total {
+			slow[i], idx[i] = true, ns
+			ns++
+		} else {
+			idx[i] = nf
+			nf++
+		}
+	}
+	fast, slowSet := newTaskSet(s.FastTasks), newTaskSet(max(nSlow, 1))
+	c := newCounters()
+	spec := fleetSpec{
+		variant: variant, servers: s.Servers, concurrency: s.Concurrency,
+		queue: queue, prefix: prefix,
+		limits: map[string]quota{"slow": {Rate: s.SlowRate, Burst: s.SlowRate}},
+		handlers: map[string]func(limitedFunc) asynq.Handler{
+			"slow:call": providerHandler(e.prov, slowSet, "slow"),
+			"fast:call": providerHandler(e.prov, fast, "fast"),
+		},
+	}
+	if err := setLimits(ctx, e, spec); err != nil {
+		return holRun{}, err
+	}
+	err := enqueue(ctx, e, queue, total, func(i int) *asynq.Task {
+		if slow[i] {
+			return throttle.NewTask("slow:call", payload(idx[i]), throttle.Key("slow"))
+		}
+		// The unthrottled provider's tasks carry no key, as a user would
+		// enqueue them; ours derives "fast" from the type, which has no limits.
+		return asynq.NewTask("fast:call", payload(idx[i]))
+	})
+	if err != nil {
+		return holRun{}, err
+	}
+	e.prov.reset(map[string]quota{"slow": {Rate: s.SlowRate, Burst: s.SlowRate}})
+	cmds0, _, err := redisCalls(ctx, e.ctl)
+	if err != nil {
+		return holRun{}, err
+	}
+	start := time.Now()
+	f, err := startFleet(e, spec, c)
+	if err != nil {
+		return holRun{}, err
+	}
+	finished := waitFor(ctx, start.Add(s.Cap), fast.finished)
+	cmds1, _, err := redisCalls(ctx, e.ctl)
+	f.stop()
+	if err != nil {
+		return holRun{}, err
+	}
+	r := holRun{
+		Finished: finished,
+		Elapsed:  fast.elapsed(start),
+		FastDone: int(fast.done.Load()),
+		FastDup:  fast.duplicates(),
+		Denials:  c.denials.Load(),
+		Slow429:  e.prov.endpoint("slow").limited.Load(),
+		Cmds:     cmds1 - cmds0,
+	}
+	if withSlow {
+		r.SlowDone, r.SlowDup = int(slowSet.done.Load()), slowSet.duplicates()
+	}
+	if !finished {
+		r.Elapsed = s.Cap
+	}
+	if r.Elapsed > 0 {
+		r.Throughput = float64(r.FastDone) / r.Elapsed.Seconds()
+	}
+	return r, nil
+}
+
+func (s *scenarioB) print(w io.Writer) {
+	t := newTable("metric")
+	for _, r := range s.Results {
+		t.col(r.Variant)
+	}
+	t.row("fast alone: tasks/s", each(s.Results, func(r holResult) string { return fmt.Sprintf("%.0f", r.Solo.Throughput) }))
+	t.row(fmt.Sprintf("fast alone: runs x done (of %d)", s.FastTasks), each(s.Results, func(r holResult) string {
+		return fmt.Sprintf("%dx %s", r.Solo.Runs, onceness(r.Solo.FastDone, r.Solo.Runs*s.FastTasks, r.Solo.FastDup))
+	}))
+	t.row("fast alone: Redis commands per task", each(s.Results, func(r holResult) string {
+		return fmt.Sprintf("%.1f", float64(r.Solo.Cmds)/float64(max(r.Solo.FastDone, 1)))
+	}))
+	t.row("fast beside throttled: tasks/s", each(s.Results, func(r holResult) string {
+		if !r.Mixed.Finished {
+			return fmt.Sprintf("DNF %.0f", r.Mixed.Throughput)
+		}
+		return fmt.Sprintf("%.0f", r.Mixed.Throughput)
+	}))
+	t.row(fmt.Sprintf("fast beside throttled: runs x done (of %d)", s.FastTasks), each(s.Results, func(r holResult) string {
+		return fmt.Sprintf("%dx %s", r.Mixed.Runs, onceness(r.Mixed.FastDone, r.Mixed.Runs*s.FastTasks, r.Mixed.FastDup))
+	}))
+	t.row("beside / alone (target >= 0.90)", each(s.Results, func(r holResult) string {
+		return ratio(r.Mixed.Throughput, r.Solo.Throughput)
+	}))
+	t.row("fast wall time beside throttled, per run", each(s.Results, func(r holResult) string {
+		return secs(r.Mixed.Elapsed / time.Duration(max(r.Mixed.Runs, 1)))
+	}))
+	t.row("throttled tasks run meanwhile, all runs (dup)", each(s.Results, func(r holResult) string {
+		return fmt.Sprintf("%d (%d)", r.Mixed.SlowDone, r.Mixed.SlowDup)
+	}))
+	t.row("  throttled provider 429s", each(s.Results, func(r holResult) string { return fmt.Sprint(r.Mixed.Slow429) }))
+	t.row("  denials", each(s.Results, func(r holResult) string { return fmt.Sprint(r.Mixed.Denials) }))
+	t.print(w)
+	ours := find(s.Results, func(r holResult) bool { return r.Variant == vOurs })
+	if ours == nil {
+		return
+	}
+	for _, r := range s.Results {
+		if r.Variant != vOurs {
+			fmt.Fprintf(w, "ratio ours/%-5s  fast tasks/s beside throttled %s  (alone %s)\n", r.Variant,
+				ratio(ours.Mixed.Throughput, r.Mixed.Throughput), ratio(ours.Solo.Throughput, r.Solo.Throughput))
+		}
+	}
+	fmt.Fprintln(w, "notes: tasks/s = fast tasks done / (fleet start to the last fast task), summed over runs (solo, mixed, mixed, solo);")
+	fmt.Fprintln(w, "       each variant's own solo runs are its reference; a mixed run that hit the cap is not repeated.")
+}
