@@ -40,13 +40,16 @@ if not tiers then
   return all('-2')
 end
 
--- Reservations whose task never came back lapse.
-if horizon > 0 then
-  redis.call('ZREMRANGEBYSCORE', resv_key, '-inf', '(' .. fmt(now - lapse))
-end
-
 local state = read_state(state_key)
 local vnext = stored_time(state.vnext, now + horizon) or 0
+
+-- Reservations matter only while a queue of them is outstanding. Without
+-- one, a task that held a slot is decided like any other (it cannot jump a
+-- queue that is not there), so the common case reads no reservation at all.
+if horizon > 0 and vnext > now then
+  -- Reservations whose task never came back lapse.
+  redis.call('ZREMRANGEBYSCORE', resv_key, '-inf', '(' .. fmt(now - lapse))
+end
 local fields = {}       -- state fields to write, in one HSET at the end
 local taken = false     -- tokens changed
 
@@ -98,7 +101,9 @@ end
 
 local function decide(id)
   local slot = nil
-  if horizon > 0 and id ~= '' then slot = finite(redis.call('ZSCORE', resv_key, id)) end
+  if horizon > 0 and vnext > now and id ~= '' then
+    slot = finite(redis.call('ZSCORE', resv_key, id))
+  end
 
   -- A task holding a reservation that is not due yet waits for it. Within
   -- one granule of its slot it is let through to the buckets: a worker clock
