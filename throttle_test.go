@@ -584,3 +584,36 @@ func TestE2EKeyWithoutLimitsCostsNoCallPerTask(t *testing.T) {
 		assert.Equal(t, 1, o[throttle.Unthrottled], "job %s", job)
 	}
 }
+
+// On a busy key far from its limit, one decision leases a few tokens to its
+// process, which runs its next tasks of that key without asking Redis.
+func TestE2ELeaseSavesDecisions(t *testing.T) {
+	t.Parallel()
+	limits := redistest.Start(t)
+	f := startFleet(t, fleetConfig{limits: limits})
+	lrdb := limits.Client(t)
+	lim := throttle.NewLimiter(lrdb)
+	ctx := context.Background()
+	// A big burst that refills slowly, so the tokens taken can be counted.
+	require.NoError(t, lim.SetLimits(ctx, "crm", throttle.PerHour(100_000)))
+	require.NoError(t, lrdb.ConfigResetStat(ctx).Err())
+	f.enqueue("crm", "job", 300)
+	f.waitDone(300, 30*time.Second)
+	f.audit(300)
+	stats, err := lrdb.Info(ctx, "commandstats").Result()
+	require.NoError(t, err)
+	calls := evalCalls(stats)
+	f.ev.mu.Lock()
+	for _, o := range f.ev.byJob {
+		if o[throttle.Ran] != 1 {
+			t.Errorf("a job ran %d times", o[throttle.Ran])
+		}
+	}
+	f.ev.mu.Unlock()
+	st, err := lim.Inspect(ctx, "crm")
+	require.NoError(t, err)
+	used := 100_000 - st.Tokens[0]
+	t.Logf("300 tasks, %d script runs in Redis, %.0f tokens taken", calls, used)
+	assert.Less(t, calls, 150, "script runs for 300 tasks far from the limit")
+	assert.GreaterOrEqual(t, used, 300.0, "every task's token was taken in Redis")
+}

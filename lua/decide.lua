@@ -11,7 +11,8 @@ local granule     = tonumber(ARGV[2])   -- us; 0 = callers can come back at any 
 local horizon     = tonumber(ARGV[3])   -- us; 0 = never reserve
 local lapse       = tonumber(ARGV[4])   -- us a reservation is kept after its slot
 local idle_us     = tonumber(ARGV[5]) * 1000   -- inactivity expiry of the config
-local DEFAULTS_AT = 6                   -- ARGV[6] = default tier count, then triples
+local lease       = tonumber(ARGV[6])   -- tokens a caller may take for its process, 0 = none
+local DEFAULTS_AT = 7                   -- ARGV[7] = default tier count, then triples
 local IDS_AT      = DEFAULTS_AT + 1 + 3 * (tonumber(ARGV[DEFAULTS_AT]) or 0)
 
 local now = now_us()
@@ -64,7 +65,23 @@ local function admit(slot, id)
   end
   taken = true
   if slot then redis.call('ZREM', resv_key, id) end
+  -- A lease: up to lease-1 more tokens for the caller's process to hand out
+  -- itself, only while every tier keeps at least lease tokens behind, so
+  -- leases never compete for the last tokens. They are taken here, so the
+  -- bound holds whatever the process does with them.
+  local extra = 0
+  if lease > 1 and not slot then
+    extra = math.floor(remaining) - lease
+    if extra > lease - 1 then extra = lease - 1 end
+    if extra > 0 then
+      for i = 1, #tiers do tokens[i] = tokens[i] - extra end
+      remaining = remaining - extra
+    else
+      extra = 0
+    end
+  end
   if remaining < 0 then remaining = 0 end
+  if extra > 0 then return '1|0|' .. math.floor(remaining) .. '||0|' .. extra end
   return '1|0|' .. math.floor(remaining) .. '||0'
 end
 

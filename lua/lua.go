@@ -90,6 +90,11 @@ type DecideArgs struct {
 	IdleExpiry time.Duration
 	// Defaults apply when the key has no config in Redis.
 	Defaults []Tier
+	// Lease is how many tokens an admitted caller without a reservation may
+	// take at once for its process (the extra ones come back as
+	// DecideReply.Lease), granted only while every tier keeps at least
+	// Lease tokens; 0 or 1 means one token per decision.
+	Lease int
 }
 
 // DecideReply is the outcome of one decision.
@@ -99,6 +104,7 @@ type DecideReply struct {
 	Remaining  int64         // when allowed: tokens left in the tightest tier
 	RefusedBy  string        // "tier:N", "suspended", "queue" or "reserved"
 	Slot       time.Time     // when denied with a reservation: the reserved slot (Redis clock)
+	Lease      int64         // when allowed: extra tokens taken for the caller's process
 	Field      string        // when StatusBadConfig: the offending config field
 	Reason     string        // when StatusBadConfig: what is wrong with it
 }
@@ -111,13 +117,14 @@ type DecideReply struct {
 //	ARGV[3] reservation horizon, microseconds (0 = never reserve)
 //	ARGV[4] lapse, microseconds
 //	ARGV[5] config inactivity expiry, milliseconds
-//	ARGV[6] number of default tiers d, then rate, per_ms, burst per tier
+//	ARGV[6] lease: tokens an admitted caller may take for its process (0 = 1)
+//	ARGV[7] number of default tiers d, then rate, per_ms, burst per tier
 //	then n task IDs ("" = no reservation), one per decision
 //
 // Reply: the n decisions joined by ';', each one string (reading it costs no
 // allocation): "status|retry_after_us|remaining|refused_by|slot_us" (status
-// 1 allowed, 0 denied), "-1|field|reason" for a bad config, "-2" without
-// limits.
+// 1 allowed, 0 denied), with "|extra" appended when a lease granted extra
+// tokens, "-1|field|reason" for a bad config, "-2" without limits.
 func Decide(ctx context.Context, c redis.Scripter, k Keys, a DecideArgs) (DecideReply, error) {
 	args := AppendDecideArgs(nil, k, a)
 	args[NArg] = 1
@@ -152,7 +159,7 @@ const (
 func AppendDecideArgs(dst []any, k Keys, a DecideArgs) []any {
 	dst = append(dst, "evalsha", DecideSHA, 4, k.Config, k.State, k.Suspend, k.Reservations,
 		1, a.Granule.Microseconds(), a.Horizon.Microseconds(),
-		a.Lapse.Microseconds(), a.IdleExpiry.Milliseconds())
+		a.Lapse.Microseconds(), a.IdleExpiry.Milliseconds(), a.Lease)
 	return appendTiers(dst, a.Defaults)
 }
 
@@ -168,9 +175,9 @@ func NextReply(s string) (first, rest string) {
 // ParseDecide reads a decide reply without allocating.
 func ParseDecide(s string) (DecideReply, error) {
 	reply := s
-	var f [5]string
+	var f [6]string
 	n := 0
-	for n < 4 {
+	for n < 5 {
 		i := strings.IndexByte(s, '|')
 		if i < 0 {
 			break
@@ -185,7 +192,7 @@ func ParseDecide(s string) (DecideReply, error) {
 		return DecideReply{Status: StatusNoLimits}, nil
 	case n == 3 && f[0] == "-1":
 		return DecideReply{Status: StatusBadConfig, Field: f[1], Reason: f[2]}, nil
-	case n != 5 || (f[0] != "0" && f[0] != "1"):
+	case (n != 5 && !(n == 6 && f[0] == "1")) || (f[0] != "0" && f[0] != "1"):
 		return DecideReply{}, errBadReply("decide", reply)
 	}
 	retry, ok1 := parseNum(f[1])
@@ -202,6 +209,13 @@ func ParseDecide(s string) (DecideReply, error) {
 	}
 	if slot > 0 {
 		r.Slot = time.UnixMicro(slot)
+	}
+	if n == 6 {
+		extra, ok := parseNum(f[5])
+		if !ok || extra < 0 {
+			return DecideReply{}, errBadReply("decide", reply)
+		}
+		r.Lease = extra
 	}
 	return r, nil
 }

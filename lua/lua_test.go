@@ -420,3 +420,35 @@ func TestDecideManyEqualsOneByOne(t *testing.T) {
 		})
 	}
 }
+
+// A lease takes extra tokens for the caller's process only while every tier
+// keeps at least the lease size behind, and never more than the bucket holds.
+func TestDecideLease(t *testing.T) {
+	e := newEnv(t)
+	e.setLimits(Tier{Rate: 10, PerMS: 1000, Burst: 20}, Tier{Rate: 1000, PerMS: 60000, Burst: 1000})
+	var extras []int64
+	taken := int64(0)
+	for range 30 {
+		r := e.decide(DecideArgs{IdleExpiry: time.Hour, Lease: 8})
+		if r.Status != StatusAllowed {
+			break
+		}
+		extras = append(extras, r.Lease)
+		taken += 1 + r.Lease
+	}
+	// 20 tokens: 1+7 (12 left), 1+3 (8 left), then one at a time.
+	assert.Equal(t, []int64{7, 3, 0, 0, 0, 0, 0, 0, 0, 0}, extras, "extra tokens per decision")
+	assert.Equal(t, int64(20), taken, "tokens taken from a burst of 20")
+	tk, err := e.rdb.HGet(e.ctx, e.k.State, "tk:1").Float64()
+	require.NoError(t, err)
+	assert.GreaterOrEqual(t, tk, -1e-9, "tokens never go below zero")
+
+	// Without a lease (or a lease of 1) every decision takes one token.
+	e2 := newEnv(t)
+	e2.setLimits(Tier{Rate: 10, PerMS: 1000, Burst: 20})
+	for _, lease := range []int{0, 1} {
+		r := e2.decide(DecideArgs{IdleExpiry: time.Hour, Lease: lease})
+		assert.Equal(t, StatusAllowed, r.Status)
+		assert.Zero(t, r.Lease, "Lease %d", lease)
+	}
+}

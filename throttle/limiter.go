@@ -35,6 +35,7 @@ type Limiter struct {
 type templateKey struct {
 	key              string
 	horizon, granule time.Duration
+	lease            int
 }
 
 // maxTemplates bounds the template cache; past it the cache starts over.
@@ -100,6 +101,10 @@ type Decision struct {
 	Reserved bool
 	// Slot is the reserved slot on the Redis clock.
 	Slot time.Time
+	// Lease is, when allowed, how many more tokens were taken for the
+	// caller's process to hand out itself (see WithLease). Take and Reserve
+	// never ask for any.
+	Lease int
 }
 
 // Take takes one token from every tier of key's limits, or none. When refused,
@@ -137,7 +142,7 @@ func (l *Limiter) decide(ctx context.Context, key string, a lua.DecideArgs) (Dec
 	if err := ctx.Err(); err != nil {
 		return Decision{}, fmt.Errorf("throttle: key %q: decide: %w", key, err)
 	}
-	tmpl, err := l.template(key, a.Horizon, a.Granule)
+	tmpl, err := l.template(key, a.Horizon, a.Granule, a.Lease)
 	if err != nil {
 		return Decision{}, err
 	}
@@ -163,6 +168,7 @@ func (l *Limiter) decide(ctx context.Context, key string, a lua.DecideArgs) (Dec
 		Remaining:  int(r.Remaining),
 		Reserved:   !r.Slot.IsZero(),
 		Slot:       r.Slot,
+		Lease:      int(r.Lease),
 	}
 	switch {
 	case d.Allowed:
@@ -182,8 +188,8 @@ func (l *Limiter) decide(ctx context.Context, key string, a lua.DecideArgs) (Dec
 // template returns the EVALSHA command of decisions on key without their
 // task IDs, from the cache or built and cached. Decisions sharing a template
 // share script runs.
-func (l *Limiter) template(key string, horizon, granule time.Duration) ([]any, error) {
-	tk := templateKey{key: key, horizon: horizon, granule: granule}
+func (l *Limiter) template(key string, horizon, granule time.Duration, lease int) ([]any, error) {
+	tk := templateKey{key: key, horizon: horizon, granule: granule, lease: lease}
 	if v, ok := l.templates.Load(tk); ok {
 		return v.([]any), nil
 	}
@@ -197,7 +203,7 @@ func (l *Limiter) template(key string, horizon, granule time.Duration) ([]any, e
 	}
 	tmpl := lua.AppendDecideArgs(nil, keys, lua.DecideArgs{
 		Granule: granule, Horizon: horizon, Lapse: l.o.lapse,
-		IdleExpiry: l.o.idleExpiry, Defaults: defaults,
+		IdleExpiry: l.o.idleExpiry, Defaults: defaults, Lease: lease,
 	})
 	if l.nTemplates.Add(1) > maxTemplates {
 		l.templates.Clear()

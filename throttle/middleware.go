@@ -64,6 +64,9 @@ type Event struct {
 	Delay time.Duration
 	// Reserved reports that the deferred task holds a reserved slot.
 	Reserved bool
+	// Leased reports that the task ran on a token its process had leased,
+	// without a decision in Redis.
+	Leased bool
 	// Copied reports that the deferral re-enqueued a copy of the task (the
 	// path used outside worker.NewServer and on a task's last attempt).
 	Copied bool
@@ -121,6 +124,38 @@ type middleware struct {
 	// unlimited remembers, per key, that Redis had no limits for it: its
 	// tasks run without asking again until then (see noLimitsCacheFor).
 	unlimited sync.Map // key -> time.Time
+	// leases holds, per key, tokens a decision took for this process.
+	leases sync.Map // key -> *lease
+}
+
+// lease is a few tokens taken in Redis for this process, handed out to its
+// next tasks of one key until they run out or expire.
+type lease struct {
+	mu    sync.Mutex
+	n     int
+	until time.Time
+}
+
+// add adds n tokens valid for d; tokens of an expired lease are dropped.
+func (l *lease) add(n int, now time.Time, d time.Duration) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !now.Before(l.until) {
+		l.n = 0
+	}
+	l.n += n
+	l.until = now.Add(d)
+}
+
+// take hands out one leased token, if any is left and still valid.
+func (l *lease) take(now time.Time) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.n <= 0 || !now.Before(l.until) {
+		return false
+	}
+	l.n--
+	return true
 }
 
 // noLimitsCacheFor is how long a process trusts "this key has no limits":
@@ -165,7 +200,15 @@ func (m *middleware) process(ctx context.Context, t *asynq.Task, next asynq.Hand
 		m.suspended.Delete(key)
 	}
 
+	if v, ok := m.leases.Load(key); ok && v.(*lease).take(m.now()) {
+		return m.run(ctx, t, next, key, id, ev, true)
+	}
+
 	d, err := m.decide(ctx, key, t, id)
+	if err == nil && d.Allowed && d.Lease > 0 {
+		v, _ := m.leases.LoadOrStore(key, &lease{})
+		v.(*lease).add(d.Lease, m.now(), o.leaseFor)
+	}
 	if err == nil && !d.Allowed && !d.Reserved && d.Reason == RefusedBySuspension {
 		now := m.now()
 		m.suspended.Store(key, suspendedUntil{
@@ -202,13 +245,21 @@ func (m *middleware) process(ctx context.Context, t *asynq.Task, next asynq.Hand
 		return m.deferDecision(ctx, t, key, d, ev, Deferred)
 	}
 
-	ev.Outcome, ev.Ran = Ran, true
+	return m.run(ctx, t, next, key, id, ev, false)
+}
+
+// run runs the handler of an admitted task, and turns a RateLimited error
+// into a fleet-wide suspension of its key.
+func (m *middleware) run(ctx context.Context, t *asynq.Task, next asynq.Handler, key, id string, ev Event, leased bool) error {
+	o := &m.l.o
+	ev.Outcome, ev.Ran, ev.Leased = Ran, true, leased
 	m.observe(ev)
 	herr := next.ProcessTask(ctx, t)
 	var rl *RateLimitedError
 	if !errors.As(herr, &rl) {
 		return herr
 	}
+	m.leases.Delete(key) // the provider disagrees: lease no more tokens
 	// The provider said "too many requests": stop the whole fleet.
 	wait := rl.RetryAfter
 	if wait <= 0 {
@@ -221,7 +272,7 @@ func (m *middleware) process(ctx context.Context, t *asynq.Task, next asynq.Hand
 	} else {
 		o.logger.Warn("throttle: provider rate limited a task, key suspended fleet-wide", "key", key, "task_id", id, "suspended_for", left)
 	}
-	d, err = m.decide(ctx, key, t, id)
+	d, err := m.decide(ctx, key, t, id)
 	if err != nil || d.Allowed {
 		// Without a decision (or with a token that appeared), wait out the
 		// suspension spread by jitter.
@@ -232,6 +283,9 @@ func (m *middleware) process(ctx context.Context, t *asynq.Task, next asynq.Hand
 
 func (m *middleware) decide(ctx context.Context, key string, t *asynq.Task, id string) (Decision, error) {
 	a := lua.DecideArgs{Granule: Granule}
+	if m.l.o.lease > 1 && m.l.o.leaseFor > 0 {
+		a.Lease = m.l.o.lease
+	}
 	if origin := t.Headers()[HeaderOrigin]; origin != "" {
 		id = origin
 	}
