@@ -48,6 +48,10 @@ var errQueueFull = errors.New("throttle: too many decisions waiting for Redis")
 // call is one decision travelling in a flight. Calls are pooled, each with
 // its own reusable timer.
 type call struct {
+	alone     run           // its own run, when it flies alone
+	one       [1]*call      // the calls of that run: itself
+	args      []any         // the command of that run, reused
+	dctx      deadlineCtx   // its deadline, when it flies alone
 	tmpl      []any         // the cached command of its key, without task IDs
 	id        string        // task ID ("" = no reservation)
 	reply     string        // the script's reply for this decision
@@ -69,6 +73,45 @@ func putCall(c *call) {
 	c.tmpl, c.id, c.reply, c.err = nil, "", "", nil
 	callPool.Put(c)
 }
+
+// sendAlone flies c alone on its caller's goroutine, reusing the buffers c
+// carries, so that a lone decision allocates only what go-redis does.
+func (f *flight) sendAlone(ctx context.Context, c *call) {
+	if f.timeout > 0 {
+		if d, ok := ctx.Deadline(); !ok || time.Until(d) > f.timeout {
+			c.dctx = deadlineCtx{Context: ctx, deadline: time.Now().Add(f.timeout)}
+			ctx = &c.dctx
+		}
+	}
+	c.one[0] = c
+	c.alone = run{calls: c.one[:]}
+	c.args = c.alone.appendArgs(c.args[:0])
+	c.alone.finish(f.rdb.Do(ctx, c.args...))
+	if c.err != nil && isNoScript(c.err) {
+		if err := lua.LoadDecide(ctx, f.rdb); err != nil {
+			c.err = err
+		} else {
+			c.alone.finish(f.rdb.Do(ctx, c.args...))
+		}
+	}
+	if c.err != nil && !c.dctx.deadline.IsZero() && !time.Now().Before(c.dctx.deadline) {
+		// The socket deadline fired: say so as the waiting path does.
+		c.err = fmt.Errorf("%w: no answer within %v (WithTimeout): %v", context.DeadlineExceeded, f.timeout, c.err)
+	}
+	clear(c.args)
+	c.one[0], c.alone, c.dctx = nil, run{}, deadlineCtx{}
+}
+
+// deadlineCtx is ctx with an earlier deadline, without the timer and
+// channel of context.WithTimeout: the client only reads the deadline to bound
+// its socket I/O (ContextTimeoutEnabled), which is all a lone decision needs.
+type deadlineCtx struct {
+	context.Context
+	deadline time.Time
+}
+
+// Deadline returns the earlier deadline.
+func (d *deadlineCtx) Deadline() (time.Time, bool) { return d.deadline, true }
 
 // maxPerRun bounds the decisions one script run makes, so that one run
 // never holds Redis for long.
@@ -94,8 +137,7 @@ func (f *flight) do(ctx context.Context, c *call) (string, error) {
 		// goroutine; whoever queued meanwhile leaves in the next flight.
 		f.flying = true
 		f.mu.Unlock()
-		f.send(ctx, []*call{c})
-		<-c.done
+		f.sendAlone(ctx, c)
 		f.mu.Lock()
 		if len(f.queue) > 0 {
 			go f.fly()
@@ -231,9 +273,11 @@ func (f *flight) exec(ctx context.Context, runs []*run) {
 // args builds the command of a run: its key's template, the number of
 // decisions, and one task ID each.
 func (r *run) args() []any {
-	tmpl := r.calls[0].tmpl
-	args := make([]any, 0, len(tmpl)+len(r.calls))
-	args = append(args, tmpl...)
+	return r.appendArgs(make([]any, 0, len(r.calls[0].tmpl)+len(r.calls)))
+}
+
+func (r *run) appendArgs(args []any) []any {
+	args = append(args, r.calls[0].tmpl...)
 	args[lua.NArg] = len(r.calls)
 	for _, c := range r.calls {
 		args = append(args, c.id)
