@@ -1034,10 +1034,6 @@ func TestReserve_Schedule(t *testing.T) {
 // start, minus drain) admit tasks one at a time, as early as they can, at
 // granule boundaries when granule > 0 (in microsecond steps otherwise).
 func greedySchedule(limits []throttle.Limit, drain int, start time.Time, granule time.Duration, n int) []time.Time {
-	step := granule
-	if step == 0 {
-		step = time.Microsecond
-	}
 	tokens := make([]*big.Rat, len(limits))
 	for i, l := range effective(limits) {
 		tokens[i] = new(big.Rat).SetInt64(int64(l.Burst - drain))
@@ -1070,7 +1066,7 @@ func greedySchedule(limits []throttle.Limit, drain int, start time.Time, granule
 			continue
 		}
 		// Jump to the next instant a token can be there.
-		next := at.Add(step)
+		var next time.Time
 		if granule == 0 {
 			var wait time.Duration
 			for i, l := range effective(limits) {
