@@ -283,34 +283,27 @@ func ratePerSecond(l throttle.Limit) float64 { return float64(l.Rate) / l.Per.Se
 
 // formatLimits renders limits compactly: "5/s burst 4 + 120/min burst 29".
 func formatLimits(limits []throttle.Limit) string {
-	if len(limits) == 0 {
-		return "none"
-	}
-	parts := make([]string, len(limits))
-	for i, l := range limits {
-		s := strconv.Itoa(l.Rate) + "/" + unitOf(l.Per)
-		if b := burstOf(l); b != l.Rate {
-			s += " burst " + strconv.Itoa(b)
-		}
-		parts[i] = s
-	}
-	return strings.Join(parts, " + ")
+	return joinLimits(limits, "none", " burst ", " + ")
 }
 
 // formatLimitsShort is formatLimits for narrow columns: "5/s b4+120/min b29".
 func formatLimitsShort(limits []throttle.Limit) string {
+	return joinLimits(limits, "-", " b", "+")
+}
+
+func joinLimits(limits []throttle.Limit, none, burst, sep string) string {
 	if len(limits) == 0 {
-		return "-"
+		return none
 	}
 	parts := make([]string, len(limits))
 	for i, l := range limits {
 		s := strconv.Itoa(l.Rate) + "/" + unitOf(l.Per)
 		if b := burstOf(l); b != l.Rate {
-			s += " b" + strconv.Itoa(b)
+			s += burst + strconv.Itoa(b)
 		}
 		parts[i] = s
 	}
-	return strings.Join(parts, "+")
+	return strings.Join(parts, sep)
 }
 
 func unitOf(d time.Duration) string {
