@@ -4,9 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -31,6 +34,10 @@ type flight struct {
 	// inline: the client itself bounds I/O by timeout, so a lone decision
 	// can fly on its caller's goroutine without a handoff.
 	inline bool
+	// own is a connection kept for lone decisions (see ownConn); it is only
+	// touched by the one lone decision in the air (flying guards it).
+	owner *redis.Client // non-nil: lone decisions may keep a connection
+	own   *redis.Conn
 
 	mu     sync.Mutex
 	flying bool    // the flying goroutine is running
@@ -86,12 +93,12 @@ func (f *flight) sendAlone(ctx context.Context, c *call) {
 	c.one[0] = c
 	c.alone = run{calls: c.one[:]}
 	c.args = c.alone.appendArgs(c.args[:0])
-	c.alone.finish(f.rdb.Do(ctx, c.args...))
+	c.alone.finish(f.processAlone(ctx, c.args))
 	if c.err != nil && isNoScript(c.err) {
 		if err := lua.LoadDecide(ctx, f.rdb); err != nil {
 			c.err = err
 		} else {
-			c.alone.finish(f.rdb.Do(ctx, c.args...))
+			c.alone.finish(f.processAlone(ctx, c.args))
 		}
 	}
 	if c.err != nil && !c.dctx.deadline.IsZero() && !time.Now().Before(c.dctx.deadline) {
@@ -100,6 +107,49 @@ func (f *flight) sendAlone(ctx context.Context, c *call) {
 	}
 	clear(c.args)
 	c.one[0], c.alone, c.dctx = nil, run{}, deadlineCtx{}
+}
+
+// minPoolForOwn is the smallest pool a lone decision keeps a connection of:
+// a smaller pool is left entirely to the application.
+const minPoolForOwn = 8
+
+// processAlone runs one command for a lone decision. On a plain client with
+// a pool of at least minPoolForOwn connections it runs on a connection the
+// flight keeps for lone decisions: a pool hands out a connection only after
+// a health-check syscall (and three allocations), which costs a lone
+// decision more than it saves. A kept connection that fails other than with
+// a Redis error reply is dropped; when it was found dead (closed by Redis, a
+// restart, a proxy), which the pool's health check would have caught, the
+// command runs once more on the pool, as go-redis itself retries it.
+func (f *flight) processAlone(ctx context.Context, args []any) *redis.StringCmd {
+	cmd := redis.NewStringCmd(ctx, args...)
+	if f.owner == nil {
+		_ = f.rdb.Process(ctx, cmd)
+		return cmd
+	}
+	if f.own == nil {
+		f.own = f.owner.Conn()
+	}
+	err := f.own.Process(ctx, cmd)
+	var re redis.Error
+	if err == nil || errors.As(err, &re) {
+		return cmd
+	}
+	_ = f.own.Close()
+	f.own = nil
+	if !deadConn(err) {
+		return cmd
+	}
+	cmd = redis.NewStringCmd(ctx, args...)
+	_ = f.rdb.Process(ctx, cmd)
+	return cmd
+}
+
+// deadConn reports whether err says a connection was already dead when it
+// was used: closed by the other side or reset.
+func deadConn(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) || errors.Is(err, net.ErrClosed)
 }
 
 // deadlineCtx is ctx with an earlier deadline, without the timer and
@@ -120,7 +170,7 @@ const maxPerRun = 256
 // run is one script run in a flight: decisions on one key, in order.
 type run struct {
 	calls []*call
-	cmd   *redis.Cmd
+	cmd   *redis.StringCmd
 }
 
 // do runs c in a flight and waits for it until ctx ends or the flight
@@ -256,12 +306,15 @@ func (f *flight) send(ctx context.Context, batch []*call) {
 func (f *flight) exec(ctx context.Context, runs []*run) {
 	if len(runs) == 1 {
 		r := runs[0]
-		r.finish(f.rdb.Do(ctx, r.args()...))
+		cmd := redis.NewStringCmd(ctx, r.args()...)
+		_ = f.rdb.Process(ctx, cmd)
+		r.finish(cmd)
 		return
 	}
 	pipe := f.rdb.Pipeline()
 	for _, r := range runs {
-		r.cmd = pipe.Do(ctx, r.args()...)
+		r.cmd = redis.NewStringCmd(ctx, r.args()...)
+		_ = pipe.Process(ctx, r.cmd)
 	}
 	_, _ = pipe.Exec(ctx) // each command carries its own error
 	for _, r := range runs {
@@ -286,8 +339,8 @@ func (r *run) appendArgs(args []any) []any {
 }
 
 // finish hands each call its part of the run's reply.
-func (r *run) finish(cmd *redis.Cmd) {
-	s, err := cmd.Text()
+func (r *run) finish(cmd *redis.StringCmd) {
+	s, err := cmd.Result()
 	if err != nil {
 		r.fail(err)
 		return

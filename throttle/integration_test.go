@@ -137,6 +137,30 @@ func TestIntegrationRestart(t *testing.T) {
 	assert.True(t, d.Allowed)
 }
 
+// A lone decision flies on a connection the Limiter keeps. When Redis
+// closes it (CLIENT KILL here; a restart, an idle timeout or a proxy alike),
+// the decision runs again on the pool instead of failing, as the pool's own
+// health check would have spared it.
+func TestIntegrationKeptConnectionKilled(t *testing.T) {
+	s := redistest.Start(t)
+	rdb := redis.NewClient(&redis.Options{Addr: s.Addr, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = rdb.Close() })
+	admin := s.Client(t)
+	ctx := context.Background()
+	l := throttle.NewLimiter(rdb, throttle.WithDefaultLimits(throttle.PerSecond(1000)))
+	for i := range 5 {
+		d, err := l.Take(ctx, "api")
+		require.NoError(t, err, "Take %d", i)
+		require.True(t, d.Allowed)
+		n, err := admin.ClientKillByFilter(ctx, "TYPE", "normal", "SKIPME", "yes").Result()
+		require.NoError(t, err)
+		require.Positive(t, n, "no connection to kill: the decision kept none")
+	}
+	d, err := l.Take(ctx, "api")
+	require.NoError(t, err, "Take after the last kill")
+	assert.True(t, d.Allowed)
+}
+
 // With Redis gone, a decision fails within its deadline instead of hanging.
 func TestIntegrationRedisDown(t *testing.T) {
 	s := redistest.Start(t)

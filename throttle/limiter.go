@@ -47,6 +47,9 @@ const maxTemplates = 4096
 func NewLimiter(rdb redis.UniversalClient, opts ...Option) *Limiter {
 	l := &Limiter{rdb: rdb, o: newOptions(opts)}
 	l.flight = flight{rdb: rdb, timeout: l.o.timeout, inline: boundsIO(rdb, l.o.timeout)}
+	if c, ok := rdb.(*redis.Client); ok && c.Options().PoolSize >= minPoolForOwn {
+		l.flight.owner = c
+	}
 	return l
 }
 
