@@ -6,14 +6,14 @@
 -- take from all tiers or none, otherwise reserve a slot or say when to come
 -- back.
 local cfg_key, state_key, suspend_key, resv_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local n           = tonumber(ARGV[1])   -- decisions in this run
-local granule     = tonumber(ARGV[2])   -- us; 0 = callers can come back at any instant
-local horizon     = tonumber(ARGV[3])   -- us; 0 = never reserve
-local lapse       = tonumber(ARGV[4])   -- us a reservation is kept after its slot
-local idle_us     = tonumber(ARGV[5]) * 1000   -- inactivity expiry of the config
-local lease       = tonumber(ARGV[6])   -- tokens a caller may take for its process, 0 = none
+local n           = ARGV[1] + 0         -- decisions in this run
+local granule     = ARGV[2] + 0         -- us; 0 = callers can come back at any instant
+local horizon     = ARGV[3] + 0         -- us; 0 = never reserve
+local lapse       = ARGV[4] + 0         -- us a reservation is kept after its slot
+local idle_us     = ARGV[5] * 1000      -- inactivity expiry of the config
+local lease       = ARGV[6] + 0         -- tokens a caller may take for its process, 0 = none
 local DEFAULTS_AT = 7                   -- ARGV[7] = default tier count, then triples
-local IDS_AT      = DEFAULTS_AT + 1 + 3 * (tonumber(ARGV[DEFAULTS_AT]) or 0)
+local IDS_AT      = DEFAULTS_AT + 1 + 3 * ARGV[DEFAULTS_AT]
 
 local now = now_us()
 

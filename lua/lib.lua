@@ -24,9 +24,13 @@ local F_BURST = {'burst:1', 'burst:2', 'burst:3', 'burst:4'}
 local F_TK = {'tk:1', 'tk:2', 'tk:3', 'tk:4'}
 local F_VT = {'vt:1', 'vt:2', 'vt:3', 'vt:4'}
 
+-- (Arithmetic on a string converts it once; tonumber converts it twice, and
+-- a conversion is one of the dearest steps here. Strings from TIME and from
+-- the caller are trusted; stored ones go through tonumber, which survives
+-- garbage.)
 local function now_us()
   local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+  return t[1] * 1000000 + t[2]
 end
 
 -- fmt writes a number for a reply or an error message with full precision.
@@ -150,8 +154,14 @@ local function refill(state, tiers, now)
   return tokens
 end
 
+-- read_state returns the state hash with every value converted to a number
+-- once (nil when it is not one), so the helpers that read a field again and
+-- again pay for the conversion once.
 local function read_state(state_key)
-  return (read_hash(state_key))
+  local flat = redis.call('HGETALL', state_key)
+  local h = {}
+  for i = 1, #flat, 2 do h[flat[i]] = tonumber(flat[i + 1]) end
+  return h
 end
 
 -- wait_for returns how long (whole microseconds) until a tier has one

@@ -120,7 +120,9 @@ const minPoolForOwn = 8
 // decision more than it saves. A kept connection that fails other than with
 // a Redis error reply is dropped; when it was found dead (closed by Redis, a
 // restart, a proxy), which the pool's health check would have caught, the
-// command runs once more on the pool, as go-redis itself retries it.
+// command runs once more on the pool, as go-redis itself retries it. The kept
+// connection counts against the pool's size and carries the client's hooks
+// as they were when it was taken.
 func (f *flight) processAlone(ctx context.Context, args []any) *redis.StringCmd {
 	cmd := redis.NewStringCmd(ctx, args...)
 	if f.owner == nil {
