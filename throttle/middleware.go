@@ -128,33 +128,65 @@ type middleware struct {
 	leases sync.Map // key -> *lease
 }
 
-// lease is a few tokens taken in Redis for this process, handed out to its
-// next tasks of one key until they run out or expire.
+// lease is tokens taken in Redis for this process, handed out to its next
+// tasks of one key until they run out or expire. size is how many the next
+// decision of the key asks for: it doubles (up to the WithLease maximum)
+// when a lease is used up before it expires, and halves when leased tokens
+// expire unused or a decision far enough from the limit to ask got none.
 type lease struct {
 	mu    sync.Mutex
 	n     int
 	until time.Time
+	size  int
 }
 
-// add adds n tokens valid for d; tokens of an expired lease are dropped.
-func (l *lease) add(n int, now time.Time, d time.Duration) {
+// leaseStart is the size a key's first lease asks for.
+const leaseStart = 8
+
+// request returns how many tokens the next decision of the key asks for.
+func (l *lease) request(max int) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.size == 0 {
+		l.size = min(leaseStart, max)
+	}
+	return l.size
+}
+
+// add records an allowed decision that asked for asked tokens and got n
+// extra ones, valid for d. Tokens of an expired lease are dropped.
+func (l *lease) add(asked, n int, now time.Time, d time.Duration) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if !now.Before(l.until) {
+		if l.n > 0 {
+			l.shrink() // more than this process used in time
+		}
 		l.n = 0
 	}
-	l.n += n
-	l.until = now.Add(d)
+	if n == 0 && asked > 1 {
+		l.size = max(min(l.size, asked/2), 2) // the bucket held too few for asked
+	}
+	if n > 0 {
+		l.n += n
+		l.until = now.Add(d)
+	}
 }
 
-// take hands out one leased token, if any is left and still valid.
-func (l *lease) take(now time.Time) bool {
+func (l *lease) shrink() { l.size = max(l.size/2, 2) }
+
+// take hands out one leased token, if any is left and still valid. The last
+// one makes the next lease of the key twice as large, up to max.
+func (l *lease) take(now time.Time, max int) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.n <= 0 || !now.Before(l.until) {
 		return false
 	}
 	l.n--
+	if l.n == 0 {
+		l.size = min(2*l.size, max)
+	}
 	return true
 }
 
@@ -200,14 +232,25 @@ func (m *middleware) process(ctx context.Context, t *asynq.Task, next asynq.Hand
 		m.suspended.Delete(key)
 	}
 
-	if v, ok := m.leases.Load(key); ok && v.(*lease).take(m.now()) {
-		return m.run(ctx, t, next, key, id, ev, true)
+	var ls *lease
+	if o.lease > 1 && o.leaseFor > 0 {
+		v, ok := m.leases.Load(key)
+		if !ok {
+			v, _ = m.leases.LoadOrStore(key, &lease{})
+		}
+		ls = v.(*lease)
+		if ls.take(m.now(), o.lease) {
+			return m.run(ctx, t, next, key, id, ev, true)
+		}
 	}
 
-	d, err := m.decide(ctx, key, t, id)
-	if err == nil && d.Allowed && d.Lease > 0 {
-		v, _ := m.leases.LoadOrStore(key, &lease{})
-		v.(*lease).add(d.Lease, m.now(), o.leaseFor)
+	asked := 0
+	if ls != nil {
+		asked = ls.request(o.lease)
+	}
+	d, err := m.decide(ctx, key, t, id, asked)
+	if err == nil && d.Allowed && ls != nil {
+		ls.add(asked, d.Lease, m.now(), o.leaseFor)
 	}
 	if err == nil && !d.Allowed && !d.Reserved && d.Reason == RefusedBySuspension {
 		now := m.now()
@@ -272,7 +315,7 @@ func (m *middleware) run(ctx context.Context, t *asynq.Task, next asynq.Handler,
 	} else {
 		o.logger.Warn("throttle: provider rate limited a task, key suspended fleet-wide", "key", key, "task_id", id, "suspended_for", left)
 	}
-	d, err := m.decide(ctx, key, t, id)
+	d, err := m.decide(ctx, key, t, id, 0)
 	if err != nil || d.Allowed {
 		// Without a decision (or with a token that appeared), wait out the
 		// suspension spread by jitter.
@@ -281,11 +324,10 @@ func (m *middleware) run(ctx context.Context, t *asynq.Task, next asynq.Handler,
 	return m.deferDecision(ctx, t, key, d, ev, Suspended)
 }
 
-func (m *middleware) decide(ctx context.Context, key string, t *asynq.Task, id string) (Decision, error) {
-	a := lua.DecideArgs{Granule: Granule}
-	if m.l.o.lease > 1 && m.l.o.leaseFor > 0 {
-		a.Lease = m.l.o.lease
-	}
+// decide asks Redis for a decision on t; lease is how many tokens it may
+// take for this process (0: one).
+func (m *middleware) decide(ctx context.Context, key string, t *asynq.Task, id string, lease int) (Decision, error) {
+	a := lua.DecideArgs{Granule: Granule, Lease: lease}
 	if origin := t.Headers()[HeaderOrigin]; origin != "" {
 		id = origin
 	}

@@ -29,9 +29,9 @@ const (
 	// DefaultLapse is how long a reservation is kept after its slot for a task
 	// that has not come back (deleted, or its worker down).
 	DefaultLapse = 5 * time.Minute
-	// DefaultLease is how many tokens one middleware decision may take for
+	// DefaultLease is the most tokens one middleware decision may take for
 	// its process while the bucket is far from empty (see WithLease).
-	DefaultLease = 8
+	DefaultLease = 64
 	// DefaultLeaseFor is how long leased tokens stay usable.
 	DefaultLeaseFor = 50 * time.Millisecond
 	// DefaultFailureDelay is how long a task is deferred when Redis cannot
@@ -223,10 +223,13 @@ func WithJitterSource(src rand.Source) Option { return func(o *options) { o.jitt
 const MaxLease = 1000
 
 // WithLease lets one middleware decision take up to n tokens when every tier
-// of the key still holds at least n more: the process hands the extra ones
-// to its next tasks of that key within d, without asking Redis, and drops
-// what it has not used by then (defaults DefaultLease, 8, and
-// DefaultLeaseFor, 50 ms). The tokens are taken in Redis, so the
+// of the key still holds at least as many more: the process hands the extra
+// ones to its next tasks of that key within d, without asking Redis, and
+// drops what it has not used by then (defaults DefaultLease, 64, and
+// DefaultLeaseFor, 50 ms). The size a process asks for adapts per key: it
+// starts at 8 (or n, if smaller), doubles up to n each time a lease is used
+// up before it expires, and halves when leased tokens expire unused or the
+// bucket was too low to grant one. The tokens are taken in Redis, so the
 // fleet-wide bound holds; near the limit no lease is granted and every task
 // asks. A lease trades a little precision (unused leased tokens are lost)
 // for far fewer Redis calls on a busy key. n of 0 or 1 turns it off.
