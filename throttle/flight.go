@@ -133,8 +133,7 @@ func (f *flight) processAlone(ctx context.Context, args []any) *redis.StringCmd 
 		f.own = f.owner.Conn()
 	}
 	err := f.own.Process(ctx, cmd)
-	var re redis.Error
-	if err == nil || errors.As(err, &re) {
+	if err == nil || isRedisError(err) {
 		return cmd
 	}
 	_ = f.own.Close()
@@ -145,6 +144,14 @@ func (f *flight) processAlone(ctx context.Context, args []any) *redis.StringCmd 
 	cmd = redis.NewStringCmd(ctx, args...)
 	_ = f.rdb.Process(ctx, cmd)
 	return cmd
+}
+
+// isRedisError reports whether err is an error reply from Redis (the
+// connection is fine). Its own function, so that a call without an error
+// does not allocate the target errors.As needs.
+func isRedisError(err error) bool {
+	var re redis.Error
+	return errors.As(err, &re)
 }
 
 // deadConn reports whether err says a connection was already dead when it
