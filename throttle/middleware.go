@@ -160,7 +160,7 @@ func (l *lease) add(asked, n int, now time.Time, d time.Duration) {
 	defer l.mu.Unlock()
 	if !now.Before(l.until) {
 		if l.n > 0 {
-			l.shrink() // more than this process used in time
+			l.size = max(l.size/2, 2) // more than this process used in time
 		}
 		l.n = 0
 	}
@@ -172,8 +172,6 @@ func (l *lease) add(asked, n int, now time.Time, d time.Duration) {
 		l.until = now.Add(d)
 	}
 }
-
-func (l *lease) shrink() { l.size = max(l.size/2, 2) }
 
 // take hands out one leased token, if any is left and still valid. The last
 // one makes the next lease of the key twice as large, up to max.
