@@ -36,8 +36,10 @@ type flight struct {
 	inline bool
 	// own is a connection kept for lone decisions (see ownConn); it is only
 	// touched by the one lone decision in the air (flying guards it).
-	owner *redis.Client // non-nil: lone decisions may keep a connection
-	own   *redis.Conn
+	owner    *redis.Client // non-nil: lone decisions may keep a connection
+	own      *redis.Conn
+	ownSince time.Time     // when own was taken from the pool
+	renew    time.Duration // own goes back to the pool once this old
 
 	mu     sync.Mutex
 	flying bool    // the flying goroutine is running
@@ -113,6 +115,14 @@ func (f *flight) sendAlone(ctx context.Context, c *call) {
 // a smaller pool is left entirely to the application.
 const minPoolForOwn = 8
 
+// ownRenew is how long a kept connection serves lone decisions before it
+// goes back to the pool and the next one is taken. go-redis (v9.23) skips
+// its RESP3 push-notification peek, a syscall and six allocations per
+// command, only on a connection put back into the pool within the last 5 s;
+// a connection kept for longer pays it on every command, which is more than
+// the pool's own health check the kept connection is there to save.
+const ownRenew = 4 * time.Second
+
 // processAlone runs one command for a lone decision. On a plain client with
 // a pool of at least minPoolForOwn connections it runs on a connection the
 // flight keeps for lone decisions: a pool hands out a connection only after
@@ -121,16 +131,20 @@ const minPoolForOwn = 8
 // a Redis error reply is dropped; when it was found dead (closed by Redis, a
 // restart, a proxy), which the pool's health check would have caught, the
 // command runs once more on the pool, as go-redis itself retries it. The kept
-// connection counts against the pool's size and carries the client's hooks
-// as they were when it was taken.
+// connection counts against the pool's size, carries the client's hooks as
+// they were when it was taken, and is given back every ownRenew.
 func (f *flight) processAlone(ctx context.Context, args []any) *redis.StringCmd {
 	cmd := redis.NewStringCmd(ctx, args...)
 	if f.owner == nil {
 		_ = f.rdb.Process(ctx, cmd)
 		return cmd
 	}
+	if f.own != nil && time.Since(f.ownSince) >= f.renew {
+		_ = f.own.Close() // back to the pool, marked fresh
+		f.own = nil
+	}
 	if f.own == nil {
-		f.own = f.owner.Conn()
+		f.own, f.ownSince = f.owner.Conn(), time.Now()
 	}
 	err := f.own.Process(ctx, cmd)
 	if err == nil || isRedisError(err) {

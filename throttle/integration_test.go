@@ -263,3 +263,39 @@ func TestIntegrationCluster(t *testing.T) {
 	assert.LessOrEqual(t, float64(admitted), bound+1)
 	assert.GreaterOrEqual(t, float64(admitted), 0.9*bound)
 }
+
+// The kept connection goes back to the pool every renewal period and the
+// next lone decision takes one again: go-redis trusts a connection's health
+// only for a few seconds after it was last put back, and peeks the socket
+// before every command after that. Between renewals, lone decisions take
+// nothing from the pool; no connection leaks across renewals.
+func TestIntegrationKeptConnectionRenewed(t *testing.T) {
+	s := redistest.Start(t)
+	rdb := redis.NewClient(&redis.Options{Addr: s.Addr, PoolSize: 8, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = rdb.Close() })
+	ctx := context.Background()
+	l := throttle.NewLimiter(rdb, throttle.WithDefaultLimits(throttle.PerSecond(100_000)))
+	const renew = 200 * time.Millisecond
+	throttle.SetKeptConnRenewal(l, renew)
+	gets := func() uint32 { st := rdb.PoolStats(); return st.Hits + st.Misses }
+	take := func() {
+		t.Helper()
+		d, err := l.Take(ctx, "api")
+		require.NoError(t, err)
+		require.True(t, d.Allowed)
+	}
+
+	take()
+	g0, conns := gets(), rdb.PoolStats().TotalConns
+	for range 20 {
+		take()
+	}
+	assert.Equal(t, g0, gets(), "lone decisions within the renewal period took connections from the pool")
+
+	time.Sleep(renew + 50*time.Millisecond)
+	take()
+	assert.Equal(t, g0+1, gets(), "after the renewal period the next decision takes a fresh connection, once")
+	assert.Equal(t, conns, rdb.PoolStats().TotalConns, "the renewed connection went back to the pool, not lost")
+	take()
+	assert.Equal(t, g0+1, gets())
+}

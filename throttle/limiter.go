@@ -48,7 +48,7 @@ func NewLimiter(rdb redis.UniversalClient, opts ...Option) *Limiter {
 	l := &Limiter{rdb: rdb, o: newOptions(opts)}
 	l.flight = flight{rdb: rdb, timeout: l.o.timeout, inline: boundsIO(rdb, l.o.timeout)}
 	if c, ok := rdb.(*redis.Client); ok && c.Options().PoolSize >= minPoolForOwn {
-		l.flight.owner = c
+		l.flight.owner, l.flight.renew = c, ownRenew
 	}
 	return l
 }
