@@ -2,8 +2,9 @@
 // processes (standalone or a small Redis Cluster) for integration tests.
 //
 // Every server runs on its own free 127.0.0.1 port in a t.TempDir(), without
-// persistence, and is killed on t.Cleanup. The shared Redis on 6379 is never
-// used.
+// persistence, and is killed on t.Cleanup (and, on Linux, by the kernel when
+// the process that started it dies). The shared Redis on 6379 is never used.
+// Launch starts one for programs that are not tests.
 package redistest
 
 import (
@@ -105,32 +106,52 @@ func Start(t testing.TB, extraArgs ...string) *Server {
 // from pickPort, retrying with a new port when the bind fails.
 func startServer(t testing.TB, cluster bool, pickPort func() (int, error), extraArgs []string) *Server {
 	t.Helper()
-	s := &Server{
-		dir:       t.TempDir(),
-		cluster:   cluster,
-		extraArgs: append([]string(nil), extraArgs...),
+	dir := t.TempDir()
+	s, err := launchIn(dir, cluster, pickPort, extraArgs)
+	if err != nil {
+		t.Fatalf("redistest: %v", err)
 	}
 	// Registered after t.TempDir, so it runs before the directory is removed.
 	t.Cleanup(s.Stop)
+	return s
+}
 
+// Launch starts a standalone redis-server as Start does, for programs that
+// are not tests (the bench harness): its files go in dir, which the caller
+// removes after Stop. The error names what went wrong and includes the
+// server's log.
+func Launch(dir string, extraArgs ...string) (*Server, error) {
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		return nil, fmt.Errorf("redis-server not on PATH: %w", err)
+	}
+	return launchIn(dir, false, freePort, extraArgs)
+}
+
+// launchIn starts a server with its files in dir on a port from pickPort,
+// retrying with a new port when the bind fails.
+func launchIn(dir string, cluster bool, pickPort func() (int, error), extraArgs []string) (*Server, error) {
+	s := &Server{
+		dir:       dir,
+		cluster:   cluster,
+		extraArgs: append([]string(nil), extraArgs...),
+	}
 	var lastErr error
 	for attempt := 0; attempt < startAttempts; attempt++ {
 		port, err := pickPort()
 		if err != nil {
-			t.Fatalf("redistest: find free port: %v", err)
+			return nil, fmt.Errorf("find free port: %w", err)
 		}
 		s.port = port
 		s.Addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 		lastErr = s.launch()
 		if lastErr == nil {
-			return s
+			return s, nil
 		}
 		if !errors.Is(lastErr, errPortInUse) {
 			break
 		}
 	}
-	t.Fatalf("redistest: start redis-server: %v\n%s", lastErr, s.logTail())
-	return nil
+	return nil, fmt.Errorf("start redis-server: %w\n%s", lastErr, s.logTail())
 }
 
 // Client returns a new client for the server that is closed on t.Cleanup.
@@ -245,6 +266,7 @@ func (s *Server) launch() error {
 	}
 	cmd := exec.Command("redis-server", s.args()...)
 	cmd.Dir = s.dir
+	killWithParent(cmd)
 	cmd.Stdout = out
 	cmd.Stderr = out
 	err = cmd.Start()

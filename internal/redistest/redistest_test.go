@@ -193,3 +193,29 @@ func BenchmarkPing(b *testing.B) {
 		}
 	}
 }
+
+// Launch is Start for programs that are not tests: a server in the caller's
+// dir, gone after Stop.
+func TestLaunch(t *testing.T) {
+	t.Parallel()
+	redistest.Require(t)
+	dir := t.TempDir()
+	s, err := redistest.Launch(dir, "--maxmemory", "64mb")
+	if err != nil {
+		t.Fatalf("Launch: %v", err)
+	}
+	defer s.Stop()
+	ctx := context.Background()
+	c := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1, DialTimeout: 250 * time.Millisecond})
+	defer c.Close()
+	if got, err := c.ConfigGet(ctx, "maxmemory").Result(); err != nil || got["maxmemory"] != "67108864" {
+		t.Fatalf("CONFIG GET maxmemory = %v, %v; want the extra argument applied", got, err)
+	}
+	if got, err := c.ConfigGet(ctx, "dir").Result(); err != nil || got["dir"] != dir {
+		t.Fatalf("CONFIG GET dir = %v, %v; want %s", got, err, dir)
+	}
+	s.Stop()
+	if err := c.Ping(ctx).Err(); err == nil {
+		t.Fatal("server still answers after Stop")
+	}
+}
