@@ -419,6 +419,19 @@ func (s *scenarioC) print(w io.Writer) {
 	if o := find(s.Results, func(r decRun) bool { return r.Impl == vOurs && r.Goroutines == 128 }); o != nil && s.Ceiling > 0 && o.PerSec > s.Ceiling {
 		fmt.Fprintln(w, "  (ours is above it: one script run decides for several callers, so a one-decision EVALSHA is no upper bound)")
 	}
+	o1 := find(s.Results, func(r decRun) bool { return r.Impl == vOurs && r.Goroutines == 1 })
+	rr1 := find(s.Results, func(r decRun) bool { return r.Impl == "redis_rate" && r.Goroutines == 1 })
+	if o1 != nil && rr1 != nil && o1.PerSec > 0 && rr1.PerSec > 0 && s.ScriptUsec > 0 {
+		// At one goroutine a decision is a round trip plus the script's run
+		// in Redis: the gap between the two latencies against the gap
+		// between the two scripts' Redis time shows where the time goes.
+		lo, lr := 1e6/o1.PerSec, 1e6/rr1.PerSec
+		fmt.Fprintf(w, "1 goroutine: %.1f us per decision, redis_rate %.1f us; of the %.1f us between them, %.1f us is the longer script run inside Redis\n",
+			lo, lr, lo-lr, s.ScriptUsec-s.ScriptUsecRedisRate)
+		need := lr / 0.95
+		fmt.Fprintf(w, "  0.95x needs %.1f us per decision: our script would have to run in %.1f us instead of %.1f (redis_rate's: %.1f)\n",
+			need, s.ScriptUsec-(lo-need), s.ScriptUsec, s.ScriptUsecRedisRate)
+	}
 	if s.CeilingNote != "" {
 		fmt.Fprintf(w, "ceiling note: %s\n", s.CeilingNote)
 	}
