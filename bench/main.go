@@ -43,12 +43,17 @@ func run() int {
 	quick := flag.Bool("quick", false, "short smoke run (fewer tasks, shorter measurements)")
 	jsonOut := flag.String("json", "", "also write the results as JSON to this file")
 	verbose := flag.Bool("v", false, "show asynq warnings and errors on stderr")
+	bRounds := flag.Int("b-rounds", defaultBRounds, "scenario B: rounds of one solo and one mixed run per variant (more rounds, less noise)")
 	flag.Parse()
+	if *bRounds < 1 {
+		fmt.Fprintf(os.Stderr, "bench: -b-rounds must be at least 1, got %d\n", *bRounds)
+		return 2
+	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	e := &env{quick: *quick, verbose: *verbose, runID: strconv.FormatInt(time.Now().Unix()%100000, 10)}
+	e := &env{quick: *quick, verbose: *verbose, bRounds: *bRounds, runID: strconv.FormatInt(time.Now().Unix()%100000, 10)}
 	if *redisURL != "" {
 		opts, err := redis.ParseURL(*redisURL)
 		if err != nil {

@@ -24,6 +24,7 @@ type env struct {
 	prov    *provider
 	quick   bool
 	verbose bool
+	bRounds int // scenario B's rounds (-b-rounds)
 	runID   string
 	seq     int
 }

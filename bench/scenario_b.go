@@ -11,9 +11,10 @@ import (
 	"github.com/asynq-throttle/asynq-throttle/throttle"
 )
 
-// bRounds is how many rounds of one solo and one mixed run each variant
-// makes. Runs last about a second, so fewer rounds leave the ratio to noise.
-const bRounds = 4
+// defaultBRounds is how many rounds of one solo and one mixed run each
+// variant makes unless -b-rounds says otherwise. Runs last about a second,
+// so fewer rounds leave the ratio to noise.
+const defaultBRounds = 4
 
 // holRun is one fleet run of scenario B, or the sum of several.
 type holRun struct {
@@ -57,12 +58,13 @@ type scenarioB struct {
 	FastTasks, SlowTasks int
 	SlowRate             float64
 	Servers, Concurrency int
+	Rounds               int
 	Cap                  time.Duration
 	Results              []holResult
 }
 
 func runB(ctx context.Context, e *env, w io.Writer) (*scenarioB, error) {
-	s := &scenarioB{FastTasks: 5000, SlowTasks: 300, SlowRate: 2, Servers: 4, Concurrency: 10, Cap: 15 * time.Second}
+	s := &scenarioB{FastTasks: 5000, SlowTasks: 300, SlowRate: 2, Servers: 4, Concurrency: 10, Cap: 15 * time.Second, Rounds: e.bRounds}
 	if e.quick {
 		s.FastTasks, s.SlowTasks, s.Cap = 1000, 60, 10*time.Second
 	}
@@ -72,7 +74,7 @@ func runB(ctx context.Context, e *env, w io.Writer) (*scenarioB, error) {
 		r := holResult{Variant: v}
 		// Rounds of solo and mixed in alternating order, against drift in outside load;
 		// a mixed run that hit the cap is not repeated.
-		for round := range bRounds {
+		for round := range s.Rounds {
 			for _, withSlow := range []bool{round%2 == 1, round%2 == 0} {
 				if withSlow && r.Mixed.Runs > 0 && !r.Mixed.Finished {
 					continue
@@ -221,6 +223,6 @@ func (s *scenarioB) print(w io.Writer) {
 				ratio(ours.Mixed.Throughput, r.Mixed.Throughput), ratio(ours.Solo.Throughput, r.Solo.Throughput))
 		}
 	}
-	fmt.Fprintf(w, "notes: tasks/s = fast tasks done / (fleet start to the last fast task), summed over %d rounds of one solo and one mixed run, alternating which runs first;\n", bRounds)
+	fmt.Fprintf(w, "notes: tasks/s = fast tasks done / (fleet start to the last fast task), summed over %d rounds of one solo and one mixed run, alternating which runs first;\n", s.Rounds)
 	fmt.Fprintln(w, "       each variant's own solo runs are its reference; a mixed run that hit the cap is not repeated.")
 }
