@@ -34,7 +34,7 @@ type flight struct {
 	// inline: the client itself bounds I/O by timeout, so a lone decision
 	// can fly on its caller's goroutine without a handoff.
 	inline bool
-	// own is a connection kept for lone decisions (see ownConn); it is only
+	// own is a connection kept for lone decisions (see processAlone); it is only
 	// touched by the one lone decision in the air (flying guards it).
 	owner    *redis.Client // non-nil: lone decisions may keep a connection
 	own      *redis.Conn
