@@ -275,7 +275,7 @@ func TestIntegrationKeptConnectionRenewed(t *testing.T) {
 	t.Cleanup(func() { _ = rdb.Close() })
 	ctx := context.Background()
 	l := throttle.NewLimiter(rdb, throttle.WithDefaultLimits(throttle.PerSecond(100_000)))
-	const renew = 200 * time.Millisecond
+	const renew = 500 * time.Millisecond
 	throttle.SetKeptConnRenewal(l, renew)
 	gets := func() uint32 { st := rdb.PoolStats(); return st.Hits + st.Misses }
 	take := func() {
@@ -292,7 +292,7 @@ func TestIntegrationKeptConnectionRenewed(t *testing.T) {
 	}
 	assert.Equal(t, g0, gets(), "lone decisions within the renewal period took connections from the pool")
 
-	time.Sleep(renew + 50*time.Millisecond)
+	time.Sleep(renew + 100*time.Millisecond)
 	take()
 	assert.Equal(t, g0+1, gets(), "after the renewal period the next decision takes a fresh connection, once")
 	assert.Equal(t, conns, rdb.PoolStats().TotalConns, "the renewed connection went back to the pool, not lost")
