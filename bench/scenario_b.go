@@ -210,6 +210,13 @@ func (s *scenarioB) print(w io.Writer) {
 	t.row("throttled tasks run meanwhile, all runs (dup)", each(s.Results, func(r holResult) string {
 		return fmt.Sprintf("%d (%d)", r.Mixed.SlowDone, r.Mixed.SlowDup)
 	}))
+	t.row("  Redis commands per throttled task (mixed - solo)", each(s.Results, func(r holResult) string {
+		if !r.Mixed.Finished || r.Mixed.Runs == 0 || r.Solo.Runs == 0 {
+			return "-"
+		}
+		extra := float64(r.Mixed.Cmds)/float64(r.Mixed.Runs) - float64(r.Solo.Cmds)/float64(r.Solo.Runs)
+		return fmt.Sprintf("%.1f", extra/float64(s.SlowTasks))
+	}))
 	t.row("  throttled provider 429s", each(s.Results, func(r holResult) string { return fmt.Sprint(r.Mixed.Slow429) }))
 	t.row("  denials", each(s.Results, func(r holResult) string { return fmt.Sprint(r.Mixed.Denials) }))
 	t.print(w)
