@@ -377,12 +377,7 @@ func luaDir() (string, error) {
 }
 
 func (s *scenarioC) print(w io.Writer) {
-	t := newTable("goroutines")
-	t.col("ours/s")
-	t.col("redis_rate/s")
-	t.col("ours/redis_rate")
-	t.col("target")
-	t.col("ours/ceiling")
+	t := newTable("goroutines", "ours/s", "redis_rate/s", "ours/redis_rate", "target", "ours/ceiling")
 	targets := map[int]string{1: ">= 0.95x", 32: ">= 2x", 128: ""}
 	for _, g := range []int{1, 32, 128} {
 		o := find(s.Results, func(r decRun) bool { return r.Impl == vOurs && r.Goroutines == g })

@@ -15,7 +15,11 @@ type table struct {
 	rows [][]string
 }
 
-func newTable(first string) *table { return &table{head: []string{first}} }
+// newTable starts a table whose first column is named first and whose
+// other columns are cols (more can be added with col).
+func newTable(first string, cols ...string) *table {
+	return &table{head: append([]string{first}, cols...)}
+}
 
 func (t *table) col(name string) { t.head = append(t.head, name) }
 
