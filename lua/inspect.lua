@@ -1,25 +1,30 @@
--- inspect.lua: read a key's state without changing it (see lua.go).
-local cfg_key, state_key, suspend_key, resv_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+-- inspect.lua: read a key's state without changing it (see admin.go).
+local key, resv_key = KEYS[1], KEYS[2]
+local defaults = ARGV[1]
 local now = now_us()
-local until_ = finite(redis.call('GET', suspend_key)) or 0
+local h = redis.call('HMGET', key, 'L', 's', 'T', 'q', 'g')
+local until_ = finite(h[2]) or 0
 local suspended = 0
 if until_ > now then suspended = math.min(until_ - now, MAX_WAIT) end
 local reservations = redis.call('ZCARD', resv_key)
-local tiers, field, why = load_tiers(cfg_key, ARGV, 1)
+local src = h[1]
+if not src and defaults ~= '' then src = defaults end
+if not src then return {-2, fmt(suspended), reservations} end
+local tiers, field, why = parse_limits(src)
 if not tiers then
-  if field then return {-1, field, why} end
-  return {-2, fmt(suspended), reservations}
+  if not h[1] then field = 'default ' .. field end
+  return {-1, field, why}
 end
-local from_redis = redis.call('EXISTS', cfg_key)
-local state = read_state(state_key)
-local tokens = refill(state, tiers, now)
-local queued = (stored_time(state.vnext, now + 1e12) or 0) - now
-if queued < 0 then queued = 0 end
+local from_redis = 0
+if h[1] then from_redis = 1 end
+local owed = bucket_owed(h[3], tiers, now)
+local queued = (finite(h[4]) or 0) - now
+if queued < 0 or queued > MAX_WAIT then queued = 0 end
 local out = {1, fmt(suspended), reservations, fmt(queued), from_redis, #tiers}
 for i, t in ipairs(tiers) do
   out[#out + 1] = fmt(t.rate)
-  out[#out + 1] = fmt(t.per / 1000)
+  out[#out + 1] = fmt(t.per)
   out[#out + 1] = fmt(t.burst)
-  out[#out + 1] = fmt(tokens[i])
+  out[#out + 1] = fmt(tokens_at(t, owed[i]))
 end
 return out

@@ -1,12 +1,16 @@
 -- suspend.lua: suspend a key fleet-wide, extending and never shortening an
--- existing suspension (see lua.go for the contract).
-local suspend_key = KEYS[1]
+-- existing suspension (see admin.go for the contract).
+local key = KEYS[1]
 local d, max = tonumber(ARGV[1]), tonumber(ARGV[2])
 if d > max then d = max end
 local now = now_us()
+local h = redis.call('HMGET', key, 's', 'x')
 local until_ = now + d
-local cur = finite(redis.call('GET', suspend_key))
-if cur and cur > until_ then until_ = cur end
-redis.call('SET', suspend_key, fmt(until_))
-expire_in(suspend_key, until_ - now)
-return fmt(until_ - now)
+local cur = finite(h[1])
+-- A stored end beyond any honest wait is garbage, not a suspension to keep.
+if cur and cur > until_ and cur - now <= MAX_WAIT then until_ = cur end
+local fields = {'s', string.format('%d', until_)}
+local ttl = keep_alive(until_ - now, false, 0, h[2], now, fields)
+redis.call('HSET', key, unpack(fields))
+if ttl then expire_in(key, ttl) end
+return string.format('%d', until_ - now)

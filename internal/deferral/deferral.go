@@ -8,6 +8,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
 )
 
@@ -19,9 +21,36 @@ type Error struct {
 	Delay  time.Duration
 }
 
+// prefix starts every deferral's message; asynq keeps the message as the
+// task's last error, where Parse finds it again.
+const prefix = "throttle: task deferred "
+
 // Error says how long the task is deferred and why.
 func (e *Error) Error() string {
-	return fmt.Sprintf("throttle: task deferred %v: key %q %s", e.Delay.Round(time.Millisecond), e.Key, e.Reason)
+	return fmt.Sprintf("%s%v: key %q %s", prefix, e.Delay.Round(time.Millisecond), e.Key, e.Reason)
+}
+
+// Parse reads the key and reason back from a deferral's message (a task's
+// last error in asynq).
+func Parse(msg string) (key, reason string, ok bool) {
+	rest, found := strings.CutPrefix(msg, prefix)
+	if !found {
+		return "", "", false
+	}
+	i := strings.Index(rest, `: key "`)
+	if i < 0 {
+		return "", "", false
+	}
+	rest = rest[i+len(": key "):]
+	q, err := strconv.QuotedPrefix(rest)
+	if err != nil {
+		return "", "", false
+	}
+	key, err = strconv.Unquote(q)
+	if err != nil {
+		return "", "", false
+	}
+	return key, strings.TrimPrefix(rest[len(q):], " "), true
 }
 
 // As returns the deferral in err's chain.

@@ -1,0 +1,146 @@
+package lua
+
+import (
+	"context"
+	"strings"
+	"time"
+)
+
+// DecideArgs are the inputs of one decision.
+type DecideArgs struct {
+	// TaskID names the caller for a reservation; "" never reserves.
+	TaskID string
+	// Granule is how precisely a denied caller can come back (asynq: 1 s).
+	// Reservation slots are spaced so that one granule of returning callers
+	// fits in every tier's burst. Zero means callers return on time.
+	Granule time.Duration
+	// Horizon is how far ahead a slot may be reserved; zero never reserves.
+	Horizon time.Duration
+	// Lapse is how long a reservation is kept after its slot.
+	Lapse time.Duration
+	// IdleExpiry is how long limits in Redis outlive the last decision.
+	IdleExpiry time.Duration
+	// Defaults apply when the key has no limits in Redis.
+	Defaults []Tier
+	// Lease is how many tokens an admitted caller without a reservation may
+	// take at once for its process (the extra ones come back as
+	// DecideReply.Lease), granted only while every tier keeps at least
+	// Lease tokens; 0 or 1 means one token per decision.
+	Lease int
+}
+
+// DecideReply is the outcome of one decision.
+type DecideReply struct {
+	Status     int           // StatusAllowed, StatusDenied, StatusBadConfig or StatusNoLimits
+	RetryAfter time.Duration // when denied: wait at least this long
+	Remaining  int64         // when allowed: tokens left in the tightest tier
+	RefusedBy  string        // "tier:N", "suspended", "queue" or "reserved"
+	Slot       time.Time     // when denied with a reservation: the reserved slot (Redis clock)
+	Lease      int64         // when allowed: extra tokens taken for the caller's process
+	Generation int64         // the limits' generation (bumped by every SetLimits)
+	Field      string        // when StatusBadConfig: the offending config field
+	Reason     string        // when StatusBadConfig: what is wrong with it
+}
+
+// Decide runs decide.lua for one caller.
+//
+//	KEYS[1] bucket hash  KEYS[2] reservations
+//	ARGV[1] number of decisions n (callers decided in this run, in order)
+//	ARGV[2] granule, microseconds
+//	ARGV[3] reservation horizon, microseconds (0 = never reserve)
+//	ARGV[4] lapse, microseconds
+//	ARGV[5] limits' inactivity expiry, milliseconds
+//	ARGV[6] lease: tokens an admitted caller may take for its process (0 = 1)
+//	ARGV[7] default limits, "rate/per_ms/burst ..." ("" = none)
+//	then n task IDs ("" = no reservation), one per decision
+//
+// Reply: the n decisions joined by ';', each one string (reading it costs no
+// allocation): "status|retry_after_us|remaining|refused_by|slot_us|extra|gen"
+// (status 1 allowed, 0 denied; extra: tokens leased to the caller's
+// process), "-1|field|reason" for bad limits, "-2" without limits.
+func Decide(ctx context.Context, r *Runner, k Keys, a DecideArgs) (DecideReply, error) {
+	args := AppendDecideArgs(nil, r.Mode(), k, a)
+	args[NArg] = 1
+	args = append(args, a.TaskID)
+	s, err := r.Do(ctx, decideScript, args)
+	if err != nil {
+		return DecideReply{}, err
+	}
+	return ParseDecide(s)
+}
+
+// DecideScript is the decide script, for callers that send its commands
+// themselves (pipelines) and recover with Runner.Recover.
+var DecideScript = decideScript
+
+// Positions in the command AppendDecideArgs builds.
+const (
+	firstARGV = 5 // verb, function or sha, 2, two keys
+	// NArg is where the number of decisions goes (ARGV[1]); the caller sets it.
+	NArg = firstARGV
+)
+
+// AppendDecideArgs appends a call of decide.lua in mode m to dst without its
+// task IDs: the verb and function (or sha), 2, the keys, then ARGV up to the
+// defaults. The caller sets dst[NArg] to the number of decisions and appends
+// one task ID per decision. a.TaskID is ignored.
+func AppendDecideArgs(dst []any, m Mode, k Keys, a DecideArgs) []any {
+	verb, id := decideScript.Head(m)
+	return append(dst, verb, id, 2, k.Bucket, k.Reservations,
+		1, a.Granule.Microseconds(), a.Horizon.Microseconds(),
+		a.Lapse.Microseconds(), a.IdleExpiry.Milliseconds(), a.Lease, FormatTiers(a.Defaults))
+}
+
+// NextReply splits the first decision off a reply of several: it returns
+// that decision's reply and the rest ("" after the last).
+func NextReply(s string) (first, rest string) {
+	if i := strings.IndexByte(s, ';'); i >= 0 {
+		return s[:i], s[i+1:]
+	}
+	return s, ""
+}
+
+// ParseDecide reads a decide reply without allocating.
+func ParseDecide(s string) (DecideReply, error) {
+	reply := s
+	var f [7]string
+	n := 0
+	for n < 6 {
+		i := strings.IndexByte(s, '|')
+		if i < 0 {
+			break
+		}
+		f[n], s = s[:i], s[i+1:]
+		n++
+	}
+	f[n] = s
+	n++
+	switch {
+	case n == 1 && f[0] == "-2":
+		return DecideReply{Status: StatusNoLimits}, nil
+	case n == 3 && f[0] == "-1":
+		return DecideReply{Status: StatusBadConfig, Field: f[1], Reason: f[2]}, nil
+	case n != 7 || (f[0] != "0" && f[0] != "1"):
+		return DecideReply{}, errBadReply("decide", reply)
+	}
+	retry, ok1 := parseNum(f[1])
+	remaining, ok2 := parseNum(f[2])
+	slot, ok3 := parseNum(f[4])
+	extra, ok4 := parseNum(f[5])
+	gen, ok5 := parseNum(f[6])
+	if !ok1 || !ok2 || !ok3 || !ok4 || !ok5 || retry < 0 || remaining < 0 || extra < 0 {
+		return DecideReply{}, errBadReply("decide", reply)
+	}
+	r := DecideReply{
+		Status:     int(f[0][0] - '0'),
+		RetryAfter: time.Duration(retry) * time.Microsecond,
+		Remaining:  remaining,
+		RefusedBy:  f[3],
+		Lease:      extra,
+		Generation: gen,
+	}
+	if slot > 0 {
+		r.Slot = time.UnixMicro(slot)
+	}
+	return r, nil
+}
