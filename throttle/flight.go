@@ -30,19 +30,25 @@ import (
 // never longer, whatever the client's read timeout.
 type flight struct {
 	rdb     redis.UniversalClient
+	runner  *lua.Runner
 	timeout time.Duration
 	// inline: the client itself bounds I/O by timeout, so a lone decision
 	// can fly on its caller's goroutine without a handoff.
 	inline bool
-	// own is a connection kept for lone decisions (see processAlone); it is only
-	// touched by the one lone decision in the air (flying guards it).
+
+	// A connection kept for lone decisions (see processAlone). It is only
+	// touched by the one lone decision in the air (flying guards it), and
+	// by the idle timer and close under mu.
 	owner    *redis.Client // non-nil: lone decisions may keep a connection
 	own      *redis.Conn
 	ownSince time.Time     // when own was taken from the pool
+	ownUsed  atomic.Int64  // when own was last used (UnixNano)
 	renew    time.Duration // own goes back to the pool once this old
+	idle     *time.Timer   // gives own back after ownIdle unused
+	closed   atomic.Bool   // close was called: keep no connection
 
 	mu     sync.Mutex
-	flying bool    // the flying goroutine is running
+	flying bool    // a flight (or a lone decision) is in the air
 	queue  []*call // waiting for the next flight
 	spare  []*call // the other buffer, reused
 }
@@ -55,7 +61,7 @@ const maxQueued = 100_000
 var errQueueFull = errors.New("throttle: too many decisions waiting for Redis")
 
 // call is one decision travelling in a flight. Calls are pooled, each with
-// its own reusable timer.
+// its own reusable timer and deadline context.
 type call struct {
 	alone     run           // its own run, when it flies alone
 	one       [1]*call      // the calls of that run: itself
@@ -84,31 +90,42 @@ func putCall(c *call) {
 }
 
 // sendAlone flies c alone on its caller's goroutine, reusing the buffers c
-// carries, so that a lone decision allocates only what go-redis does.
+// carries, so that a lone decision allocates only what go-redis does. Its
+// deadline covers everything the client may wait on: a pool connection, a
+// dial and its retries, the reply.
 func (f *flight) sendAlone(ctx context.Context, c *call) {
+	var deadline time.Time
 	if f.timeout > 0 {
-		if d, ok := ctx.Deadline(); !ok || time.Until(d) > f.timeout {
-			c.dctx = deadlineCtx{Context: ctx, deadline: time.Now().Add(f.timeout)}
-			ctx = &c.dctx
+		deadline = time.Now().Add(f.timeout)
+		if d, ok := ctx.Deadline(); !ok || d.After(deadline) {
+			if ctx.Done() == nil {
+				c.dctx.start(ctx, deadline)
+				ctx = &c.dctx
+				defer c.dctx.stop()
+			} else {
+				var cancel context.CancelFunc
+				ctx, cancel = context.WithDeadline(ctx, deadline)
+				defer cancel()
+			}
+		} else {
+			deadline = time.Time{}
 		}
 	}
 	c.one[0] = c
 	c.alone = run{calls: c.one[:]}
 	c.args = c.alone.appendArgs(c.args[:0])
-	c.alone.finish(f.processAlone(ctx, c.args))
-	if c.err != nil && isNoScript(c.err) {
-		if err := lua.LoadDecide(ctx, f.rdb); err != nil {
-			c.err = err
-		} else {
-			c.alone.finish(f.processAlone(ctx, c.args))
+	for attempt := 0; ; attempt++ {
+		c.alone.finish(f.processAlone(ctx, c.args))
+		if c.err == nil || attempt == 2 || !f.runner.Recover(ctx, lua.DecideScript, c.args, c.err) {
+			break
 		}
 	}
-	if c.err != nil && !c.dctx.deadline.IsZero() && !time.Now().Before(c.dctx.deadline) {
+	if c.err != nil && !deadline.IsZero() && !time.Now().Before(deadline) && !errors.Is(c.err, context.DeadlineExceeded) {
 		// The socket deadline fired: say so as the waiting path does.
 		c.err = fmt.Errorf("%w: no answer within %v (WithTimeout): %v", context.DeadlineExceeded, f.timeout, c.err)
 	}
 	clear(c.args)
-	c.one[0], c.alone, c.dctx = nil, run{}, deadlineCtx{}
+	c.one[0], c.alone = nil, run{}
 }
 
 // minPoolForOwn is the smallest pool a lone decision keeps a connection of:
@@ -123,19 +140,23 @@ const minPoolForOwn = 8
 // the pool's own health check the kept connection is there to save.
 const ownRenew = 4 * time.Second
 
+// ownIdle is how long a kept connection may go unused before it goes back
+// to the pool: a Limiter that stops deciding (or is dropped without Close)
+// holds no connection that the application could use.
+const ownIdle = 250 * time.Millisecond
+
 // processAlone runs one command for a lone decision. On a plain client with
 // a pool of at least minPoolForOwn connections it runs on a connection the
 // flight keeps for lone decisions: a pool hands out a connection only after
 // a health-check syscall (and three allocations), which costs a lone
-// decision more than it saves. A kept connection that fails other than with
-// a Redis error reply is dropped; when it was found dead (closed by Redis, a
-// restart, a proxy), which the pool's health check would have caught, the
-// command runs once more on the pool, as go-redis itself retries it. The kept
-// connection counts against the pool's size, carries the client's hooks as
-// they were when it was taken, and is given back every ownRenew.
+// decision more than it saves. The kept connection goes back to the pool
+// every ownRenew, after ownIdle unused, and on close. A kept connection
+// that fails other than with a Redis error reply, or answers READONLY (a
+// failover), is dropped at once; when it was found dead or read-only the
+// command runs once more on the pool, as go-redis itself retries it.
 func (f *flight) processAlone(ctx context.Context, args []any) *redis.StringCmd {
 	cmd := redis.NewStringCmd(ctx, args...)
-	if f.owner == nil {
+	if f.owner == nil || f.closed.Load() {
 		_ = f.rdb.Process(ctx, cmd)
 		return cmd
 	}
@@ -145,19 +166,64 @@ func (f *flight) processAlone(ctx context.Context, args []any) *redis.StringCmd 
 	}
 	if f.own == nil {
 		f.own, f.ownSince = f.owner.Conn(), time.Now()
+		f.armIdle()
 	}
 	err := f.own.Process(ctx, cmd)
-	if err == nil || isRedisError(err) {
+	f.ownUsed.Store(time.Now().UnixNano())
+	if err == nil || (isRedisError(err) && !isReadOnly(err)) {
 		return cmd
 	}
 	_ = f.own.Close()
 	f.own = nil
-	if !deadConn(err) {
+	if !deadConn(err) && !isReadOnly(err) {
 		return cmd
 	}
 	cmd = redis.NewStringCmd(ctx, args...)
 	_ = f.rdb.Process(ctx, cmd)
 	return cmd
+}
+
+// armIdle starts (or restarts) the timer that gives the kept connection
+// back when it goes unused. Called with the connection held by a lone
+// decision in the air.
+func (f *flight) armIdle() {
+	if f.idle == nil {
+		f.idle = time.AfterFunc(ownIdle, f.idleCheck)
+	} else {
+		f.idle.Reset(ownIdle)
+	}
+}
+
+// idleCheck gives the kept connection back when no decision is in the air
+// and it was not used for ownIdle; otherwise it looks again later.
+func (f *flight) idleCheck() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.own == nil {
+		return
+	}
+	unused := time.Since(time.Unix(0, f.ownUsed.Load()))
+	if f.flying || unused < ownIdle {
+		f.idle.Reset(ownIdle - unused + time.Millisecond)
+		return
+	}
+	_ = f.own.Close()
+	f.own = nil
+}
+
+// close gives the kept connection back and keeps none from now on. A lone
+// decision in the air gives it back when it lands.
+func (f *flight) close() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.closed.Store(true)
+	if f.idle != nil {
+		f.idle.Stop()
+	}
+	if f.own != nil && !f.flying {
+		_ = f.own.Close()
+		f.own = nil
+	}
 }
 
 // isRedisError reports whether err is an error reply from Redis (the
@@ -168,23 +234,20 @@ func isRedisError(err error) bool {
 	return errors.As(err, &re)
 }
 
+// isReadOnly reports a READONLY reply: the connection talks to a replica
+// (after a failover, through a name that now points elsewhere) and must not
+// be used again, as go-redis drops such connections from its pool.
+func isReadOnly(err error) bool {
+	var re redis.Error
+	return errors.As(err, &re) && strings.HasPrefix(re.Error(), "READONLY")
+}
+
 // deadConn reports whether err says a connection was already dead when it
 // was used: closed by the other side or reset.
 func deadConn(err error) bool {
 	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
 		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) || errors.Is(err, net.ErrClosed)
 }
-
-// deadlineCtx is ctx with an earlier deadline, without the timer and
-// channel of context.WithTimeout: the client only reads the deadline to bound
-// its socket I/O (ContextTimeoutEnabled), which is all a lone decision needs.
-type deadlineCtx struct {
-	context.Context
-	deadline time.Time
-}
-
-// Deadline returns the earlier deadline.
-func (d *deadlineCtx) Deadline() (time.Time, bool) { return d.deadline, true }
 
 // maxPerRun bounds the decisions one script run makes, so that one run
 // never holds Redis for long.
@@ -193,6 +256,7 @@ const maxPerRun = 256
 // run is one script run in a flight: decisions on one key, in order.
 type run struct {
 	calls []*call
+	args  []any
 	cmd   *redis.StringCmd
 }
 
@@ -212,6 +276,10 @@ func (f *flight) do(ctx context.Context, c *call) (string, error) {
 		f.mu.Unlock()
 		f.sendAlone(ctx, c)
 		f.mu.Lock()
+		if f.closed.Load() && f.own != nil {
+			_ = f.own.Close()
+			f.own = nil
+		}
 		if len(f.queue) > 0 {
 			go f.fly()
 		} else {
@@ -273,9 +341,10 @@ func (f *flight) fly() {
 }
 
 // send runs a batch. Decisions on the same key (and mode) share one script
-// run; runs on different keys share one pipeline. A NOSCRIPT reply (Redis
-// restarted, failed over, or SCRIPT FLUSH) loads the script and sends those
-// runs once more. Every call is signalled at the end.
+// run; runs on different keys share one pipeline. A missing function
+// library or script (Redis restarted, failed over, FUNCTION or SCRIPT FLUSH)
+// is recovered from (see lua.Runner.Recover) and those runs sent once more.
+// Every call is signalled at the end.
 func (f *flight) send(ctx context.Context, batch []*call) {
 	var runs []*run
 	for _, c := range batch {
@@ -301,21 +370,21 @@ func (f *flight) send(ctx context.Context, batch []*call) {
 			ctx, cancel = context.WithTimeout(ctx, f.timeout)
 			defer cancel()
 		}
-		f.exec(ctx, runs)
-		var again []*run
 		for _, r := range runs {
-			if r.calls[0].err != nil && isNoScript(r.calls[0].err) {
-				again = append(again, r)
-			}
+			r.args = r.appendArgs(make([]any, 0, len(r.calls[0].tmpl)+len(r.calls)))
 		}
-		if len(again) > 0 {
-			if err := lua.LoadDecide(ctx, f.rdb); err != nil {
-				for _, r := range again {
-					r.fail(err)
+		f.exec(ctx, runs)
+		for attempt := 0; attempt < 2; attempt++ {
+			var again []*run
+			for _, r := range runs {
+				if err := r.calls[0].err; err != nil && f.runner.Recover(ctx, lua.DecideScript, r.args, err) {
+					again = append(again, r)
 				}
-			} else {
-				f.exec(ctx, again)
 			}
+			if len(again) == 0 {
+				break
+			}
+			f.exec(ctx, again)
 		}
 	}
 	for _, r := range runs {
@@ -329,14 +398,14 @@ func (f *flight) send(ctx context.Context, batch []*call) {
 func (f *flight) exec(ctx context.Context, runs []*run) {
 	if len(runs) == 1 {
 		r := runs[0]
-		cmd := redis.NewStringCmd(ctx, r.args()...)
+		cmd := redis.NewStringCmd(ctx, r.args...)
 		_ = f.rdb.Process(ctx, cmd)
 		r.finish(cmd)
 		return
 	}
 	pipe := f.rdb.Pipeline()
 	for _, r := range runs {
-		r.cmd = redis.NewStringCmd(ctx, r.args()...)
+		r.cmd = redis.NewStringCmd(ctx, r.args...)
 		_ = pipe.Process(ctx, r.cmd)
 	}
 	_, _ = pipe.Exec(ctx) // each command carries its own error
@@ -346,12 +415,8 @@ func (f *flight) exec(ctx context.Context, runs []*run) {
 	}
 }
 
-// args builds the command of a run: its key's template, the number of
+// appendArgs builds the command of a run: its key's template, the number of
 // decisions, and one task ID each.
-func (r *run) args() []any {
-	return r.appendArgs(make([]any, 0, len(r.calls[0].tmpl)+len(r.calls)))
-}
-
 func (r *run) appendArgs(args []any) []any {
 	args = append(args, r.calls[0].tmpl...)
 	args[lua.NArg] = len(r.calls)
@@ -402,9 +467,4 @@ func boundsIO(rdb redis.UniversalClient, timeout time.Duration) bool {
 		return ok(o.ContextTimeoutEnabled, o.ReadTimeout, o.WriteTimeout)
 	}
 	return false
-}
-
-func isNoScript(err error) bool {
-	var re redis.Error
-	return errors.As(err, &re) && strings.HasPrefix(re.Error(), "NOSCRIPT")
 }

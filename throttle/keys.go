@@ -39,16 +39,19 @@ func ValidateKey(name string) error {
 }
 
 // redisKeys derives every Redis key of one limiter key. It is the only place
-// key names are built; all share the hash tag {name}.
+// key names are built; all share the hash tag {name}. The keys of the
+// previous storage layout are derived here too, for Migrate and Delete.
 func redisKeys(prefix, name string) (lua.Keys, error) {
 	if err := ValidateKey(name); err != nil {
 		return lua.Keys{}, err
 	}
 	base := prefix + ":{" + name + "}:"
 	return lua.Keys{
-		Config:       base + "cfg",
-		State:        base + "state",
-		Suspend:      base + "suspend",
-		Reservations: base + "resv",
+		Bucket:          base + "b",
+		Reservations:    base + "r",
+		OldConfig:       base + "cfg",
+		OldState:        base + "state",
+		OldSuspend:      base + "suspend",
+		OldReservations: base + "resv",
 	}, nil
 }

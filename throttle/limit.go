@@ -100,6 +100,11 @@ func validateLimits(limits []Limit) ([]lua.Tier, error) {
 		if err := l.validate(i); err != nil {
 			return nil, err
 		}
+		for j := range i {
+			if limits[j].Per == l.Per {
+				return nil, fmt.Errorf("%w: limits[%d].Per = %v: same period as limits[%d] (a tier is identified by its period)", ErrInvalidLimit, i, l.Per, j)
+			}
+		}
 		tiers[i] = lua.Tier{Rate: int64(l.Rate), PerMS: l.Per.Milliseconds(), Burst: int64(l.burst())}
 	}
 	return tiers, nil

@@ -119,6 +119,6 @@ func TestValidKeysWork(t *testing.T) {
 	for _, k := range []string{"slack", "github:org-1", "ünïcode", strings.Repeat("k", throttle.MaxKeyLen)} {
 		r.setLimits(k, throttle.PerSecond(1))
 		assertAllowed(t, r.take(k), fmt.Sprintf("Take(%q)", k))
-		assert.True(t, r.mr.Exists(redisKey(k, "state")), "bucket of %q at %s", k, redisKey(k, "state"))
+		assert.NotEmpty(t, r.tierState(k), "bucket of %q at %s", k, bucket(k))
 	}
 }

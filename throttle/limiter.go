@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -19,38 +17,62 @@ import (
 // one Lua script run inside Redis, so any number of processes sharing one Redis
 // (or Redis Cluster) share each key's limits without a lock or a coordinator.
 //
-// A Limiter is safe for concurrent use. It keeps no state of its own besides
-// its options: limits, buckets and suspensions all live in Redis.
+// A Limiter is safe for concurrent use. Limits, buckets and suspensions all
+// live in Redis; in the process it keeps only what saves Redis calls (the
+// commands it built per key, leases and short-lived caches of the
+// middleware), and forgets keys it has not used for a minute.
+//
+// One Limiter per process (per Redis) is the intended use: it batches the
+// decisions of all its goroutines into shared round trips, and keeps one
+// connection of the client's pool for lone decisions (given back whenever it
+// goes unused for a moment; see Close).
 type Limiter struct {
 	rdb    redis.UniversalClient
+	runner *lua.Runner
 	o      options
 	flight flight
-
-	// templates caches the EVALSHA command of each key (and reservation
-	// mode), built once: a decision then only copies it and sets the task ID.
-	templates  sync.Map // templateKey -> []any
-	nTemplates atomic.Int64
+	keys   keyStates
+	tasks  taskStore // the asynq side: copies, and tasks to bring back
 }
-
-type templateKey struct {
-	key              string
-	horizon, granule time.Duration
-	lease            int
-}
-
-// maxTemplates bounds the template cache; past it the cache starts over.
-const maxTemplates = 4096
 
 // NewLimiter returns a Limiter on rdb (a *redis.Client, *redis.ClusterClient
-// or failover client). An invalid option does not panic: every method of the
-// Limiter (and every task through its middleware) returns an error naming it.
+// or failover client).
+//
+// NewLimiter panics if an option is invalid (a negative timeout, limits out
+// of range, ...), naming the option: that is a programming error, caught at
+// start, never a task stalled at run time. Check options that come from
+// configuration with CheckOptions first.
 func NewLimiter(rdb redis.UniversalClient, opts ...Option) *Limiter {
-	l := &Limiter{rdb: rdb, o: newOptions(opts)}
-	l.flight = flight{rdb: rdb, timeout: l.o.timeout, inline: boundsIO(rdb, l.o.timeout)}
+	o := newOptions(opts)
+	if o.err != nil {
+		panic(o.err)
+	}
+	l := &Limiter{rdb: rdb, runner: lua.NewRunner(rdb), o: o}
+	l.keys = keyStates{idle: stateIdle, now: time.Now}
+	l.flight = flight{rdb: rdb, runner: l.runner, timeout: o.timeout, inline: boundsIO(rdb, o.timeout)}
 	if c, ok := rdb.(*redis.Client); ok && c.Options().PoolSize >= minPoolForOwn {
 		l.flight.owner, l.flight.renew = c, ownRenew
 	}
+	l.tasks.setup(rdb, o)
 	return l
+}
+
+// CheckOptions reports the first invalid option among opts, naming it, as
+// NewLimiter and ByProvider would panic with it.
+func CheckOptions(opts ...Option) error {
+	return newOptions(opts).err
+}
+
+// Close gives back to the client's pool the connection the Limiter keeps for
+// lone decisions, and keeps none from then on. It does not close rdb, and
+// the Limiter still works after Close (every call then goes through the
+// pool). A Limiter that is dropped without Close gives the connection back
+// once it goes unused for a moment; Close is for callers that want it back
+// now, such as a short-lived Limiter next to an application that sizes its
+// pool tightly.
+func (l *Limiter) Close() error {
+	l.flight.close()
+	return nil
 }
 
 // Reason says why a Decision refused.
@@ -108,6 +130,8 @@ type Decision struct {
 	// caller's process to hand out itself (see WithLease). Take and Reserve
 	// never ask for any.
 	Lease int
+
+	gen int64 // limits generation, for leases
 }
 
 // Take takes one token from every tier of key's limits, or none. When refused,
@@ -117,7 +141,7 @@ type Decision struct {
 // *ConfigError when the limits in Redis are invalid, ErrInvalidKey for a bad
 // key name, and Redis errors as they are.
 func (l *Limiter) Take(ctx context.Context, key string) (Decision, error) {
-	return l.decide(ctx, key, lua.DecideArgs{})
+	return l.decide(ctx, key, variant{}, "")
 }
 
 // Reserve is Take for a caller with a stable identity (a task ID). When it is
@@ -130,27 +154,31 @@ func (l *Limiter) Take(ctx context.Context, key string) (Decision, error) {
 // each granule gets what every bucket holds at that instant; zero means
 // callers return exactly on time. A caller back within one granule of its
 // slot is decided by the buckets. A reservation not used within DefaultLapse
-// of its slot lapses; SetLimits drops all reservations of the key.
+// of its slot lapses; SetLimits and Resume drop all reservations of the key.
 func (l *Limiter) Reserve(ctx context.Context, key, id string, horizon, granule time.Duration) (Decision, error) {
 	if id == "" {
 		return Decision{}, errors.New("throttle: Reserve needs a non-empty id")
 	}
-	return l.decide(ctx, key, lua.DecideArgs{TaskID: id, Horizon: horizon, Granule: granule})
+	if horizon < 0 || granule < 0 {
+		return Decision{}, fmt.Errorf("throttle: Reserve(horizon %v, granule %v): both must be >= 0", horizon, granule)
+	}
+	return l.decide(ctx, key, variant{horizon: horizon, granule: granule}, id)
 }
 
-func (l *Limiter) decide(ctx context.Context, key string, a lua.DecideArgs) (Decision, error) {
-	if l.o.err != nil {
-		return Decision{}, l.o.err
-	}
+func (l *Limiter) decide(ctx context.Context, key string, v variant, id string) (Decision, error) {
 	if err := ctx.Err(); err != nil {
 		return Decision{}, fmt.Errorf("throttle: key %q: decide: %w", key, err)
 	}
-	tmpl, err := l.template(key, a.Horizon, a.Granule, a.Lease)
+	ks, err := l.state(ctx, key)
+	if err != nil {
+		return Decision{}, err
+	}
+	tmpl, err := l.template(ks, key, v)
 	if err != nil {
 		return Decision{}, err
 	}
 	c := getCall()
-	c.tmpl, c.id = tmpl, a.TaskID
+	c.tmpl, c.id = tmpl, id
 	reply, err := l.flight.do(ctx, c)
 	if err != nil {
 		return Decision{}, fmt.Errorf("throttle: key %q: decide: %w", key, err)
@@ -172,6 +200,7 @@ func (l *Limiter) decide(ctx context.Context, key string, a lua.DecideArgs) (Dec
 		Reserved:   !r.Slot.IsZero(),
 		Slot:       r.Slot,
 		Lease:      int(r.Lease),
+		gen:        r.Generation,
 	}
 	switch {
 	case d.Allowed:
@@ -188,48 +217,96 @@ func (l *Limiter) decide(ctx context.Context, key string, a lua.DecideArgs) (Dec
 	return d, nil
 }
 
-// template returns the EVALSHA command of decisions on key without their
-// task IDs, from the cache or built and cached. Decisions sharing a template
-// share script runs.
-func (l *Limiter) template(key string, horizon, granule time.Duration, lease int) ([]any, error) {
-	tk := templateKey{key: key, horizon: horizon, granule: granule, lease: lease}
-	if v, ok := l.templates.Load(tk); ok {
-		return v.([]any), nil
+// state returns the process state of key, migrating the key from the
+// previous storage layout the first time this process uses it.
+func (l *Limiter) state(ctx context.Context, key string) (*keyState, error) {
+	if err := ValidateKey(key); err != nil {
+		return nil, err
+	}
+	ks := l.keys.get(key)
+	if !ks.migrated.Load() {
+		if err := l.migrate(ctx, key); err != nil {
+			return nil, err
+		}
+		ks.migrated.Store(true)
+	}
+	return ks, nil
+}
+
+// migrate carries what key holds in the previous storage layout into the
+// current one (see lua.Migrate).
+func (l *Limiter) migrate(ctx context.Context, key string) error {
+	keys, err := redisKeys(l.o.prefix, key)
+	if err != nil {
+		return err
+	}
+	defaults := l.defaults(key)
+	ctx, cancel := l.withTimeout(ctx)
+	defer cancel()
+	if _, err := lua.Migrate(ctx, l.runner, keys, l.o.idleExpiry, defaults); err != nil {
+		return fmt.Errorf("throttle: key %q: migrate from the previous storage layout: %w", key, err)
+	}
+	return nil
+}
+
+// template returns the decide command of key in variant v (horizon,
+// granule, lease) without its task IDs, from the key's state or built and
+// kept there. Decisions sharing a template share script runs.
+func (l *Limiter) template(ks *keyState, key string, v variant) ([]any, error) {
+	v.mode = l.runner.Mode()
+	if v == (variant{mode: v.mode}) {
+		if t := ks.take.Load(); t != nil && t.v == v {
+			return t.args, nil
+		}
+	} else {
+		ks.mu.Lock()
+		for _, t := range ks.tmpls {
+			if t.v == v {
+				ks.mu.Unlock()
+				return t.args, nil
+			}
+		}
+		ks.mu.Unlock()
 	}
 	keys, err := redisKeys(l.o.prefix, key)
 	if err != nil {
 		return nil, err
 	}
-	defaults, err := l.defaults(key)
-	if err != nil {
-		return nil, err
+	t := &template{v: v, args: lua.AppendDecideArgs(nil, v.mode, keys, lua.DecideArgs{
+		Granule: v.granule, Horizon: v.horizon, Lapse: l.o.lapse,
+		IdleExpiry: l.o.idleExpiry, Defaults: l.defaults(key), Lease: v.lease,
+	})}
+	if v == (variant{mode: v.mode}) {
+		ks.take.Store(t)
+		return t.args, nil
 	}
-	tmpl := lua.AppendDecideArgs(nil, keys, lua.DecideArgs{
-		Granule: granule, Horizon: horizon, Lapse: l.o.lapse,
-		IdleExpiry: l.o.idleExpiry, Defaults: defaults, Lease: lease,
-	})
-	if l.nTemplates.Add(1) > maxTemplates {
-		l.templates.Clear()
-		l.nTemplates.Store(1)
+	ks.mu.Lock()
+	defer ks.mu.Unlock()
+	for i, old := range ks.tmpls {
+		if old.v.mode != v.mode { // built before a switch to EVALSHA
+			ks.tmpls[i] = ks.tmpls[len(ks.tmpls)-1]
+			ks.tmpls = ks.tmpls[:len(ks.tmpls)-1]
+			break
+		}
 	}
-	l.templates.Store(tk, tmpl)
-	return tmpl, nil
+	if len(ks.tmpls) >= maxVariants {
+		ks.tmpls = ks.tmpls[1:]
+	}
+	ks.tmpls = append(ks.tmpls, t)
+	return t.args, nil
 }
 
-// defaults returns the limits a key falls back to when Redis has none.
-func (l *Limiter) defaults(key string) ([]lua.Tier, error) {
-	limits, ok := l.o.keyDefaults[key]
-	if !ok {
-		limits = l.o.defaults
+// maxVariants bounds the decide commands kept per key (lease sizes, Reserve
+// horizons).
+const maxVariants = 16
+
+// defaults returns the limits a key falls back to when Redis has none
+// (validated when the options were).
+func (l *Limiter) defaults(key string) []lua.Tier {
+	if t, ok := l.o.keyTiers[key]; ok {
+		return t
 	}
-	if len(limits) == 0 {
-		return nil, nil
-	}
-	tiers, err := validateLimits(limits)
-	if err != nil {
-		return nil, fmt.Errorf("throttle: default limits of key %q: %w", key, err)
-	}
-	return tiers, nil
+	return l.o.defaultTiers
 }
 
 func (l *Limiter) withTimeout(ctx context.Context) (context.Context, context.CancelFunc) {
@@ -240,17 +317,25 @@ func (l *Limiter) withTimeout(ctx context.Context) (context.Context, context.Can
 }
 
 // SetLimits stores key's limits in Redis, replacing any before them. Every
-// process obeys them from its next decision: no restart, no deploy. Tokens
-// already in the bucket are kept, clamped to the new bursts, so lowering a
-// limit takes effect at once and raising one grants no sudden burst.
+// process obeys them from its next decision: no restart, no deploy.
+//
+// A tier is identified by its period (Limit.Per): each new tier takes over
+// the tokens of the old tier with the same period, wherever either sits in
+// the list, brought up to date under the old limits and clamped to the new
+// burst. So lowering a limit bites at once, raising one grants no sudden
+// burst, and reordering, adding or dropping tiers hands no tier another's
+// tokens. A tier with a period the key did not have starts full. The old
+// limits are read from Redis, or else the defaults the other processes'
+// decisions last used (recorded in Redis with the bucket), so a Limiter
+// without the workers' defaults changes them just as well. Two tiers with
+// the same period are refused.
 //
 // Limits are tiers taken all or nothing: SetLimits(ctx, "slack",
 // PerSecond(1).WithBurst(3), PerMinute(50)) admits a call only when both have
-// a token. The limits expire after WithIdleExpiry without any call.
+// a token. The limits expire after WithIdleExpiry without any call. The
+// reservation queue is dropped; this process drops its leased tokens of
+// the key.
 func (l *Limiter) SetLimits(ctx context.Context, key string, limits ...Limit) error {
-	if l.o.err != nil {
-		return l.o.err
-	}
 	keys, err := redisKeys(l.o.prefix, key)
 	if err != nil {
 		return err
@@ -259,13 +344,15 @@ func (l *Limiter) SetLimits(ctx context.Context, key string, limits ...Limit) er
 	if err != nil {
 		return err
 	}
-	defaults, err := l.defaults(key)
+	ks, err := l.state(ctx, key)
 	if err != nil {
 		return err
 	}
 	ctx, cancel := l.withTimeout(ctx)
 	defer cancel()
-	field, reason, err := lua.SetLimits(ctx, l.rdb, keys, l.o.idleExpiry, tiers, defaults)
+	field, reason, err := lua.SetLimits(ctx, l.runner, keys, l.o.idleExpiry, tiers, l.defaults(key))
+	ks.lease.drop()
+	ks.forgetNoLimits()
 	if err != nil {
 		return fmt.Errorf("throttle: key %q: set limits: %w", key, err)
 	}
@@ -276,8 +363,8 @@ func (l *Limiter) SetLimits(ctx context.Context, key string, limits ...Limit) er
 }
 
 // Limits returns the limits key has in Redis. Without any there, it returns
-// the limiter's defaults for key, or ErrNoLimits. A config in Redis that is
-// invalid gives a *ConfigError, exactly as Take would.
+// the limiter's defaults for key, or ErrNoLimits. Limits in Redis that are
+// invalid give a *ConfigError, exactly as Take would.
 func (l *Limiter) Limits(ctx context.Context, key string) ([]Limit, error) {
 	st, err := l.Inspect(ctx, key)
 	if err != nil {
@@ -292,16 +379,14 @@ func (l *Limiter) Limits(ctx context.Context, key string) ([]Limit, error) {
 // Suspend stops every process from taking tokens of key for d: each of them
 // is refused with the remaining suspension as RetryAfter on its next decision.
 // A suspension is only ever extended, never shortened, and d is capped by
-// WithMaxSuspension. Inspect tells how long a key is suspended for.
+// WithMaxSuspension. Inspect tells how long a key is suspended for. This
+// process drops its leased tokens of the key at once.
 func (l *Limiter) Suspend(ctx context.Context, key string, d time.Duration) error {
 	_, err := l.suspend(ctx, key, d)
 	return err
 }
 
 func (l *Limiter) suspend(ctx context.Context, key string, d time.Duration) (time.Duration, error) {
-	if l.o.err != nil {
-		return 0, l.o.err
-	}
 	keys, err := redisKeys(l.o.prefix, key)
 	if err != nil {
 		return 0, err
@@ -309,27 +394,59 @@ func (l *Limiter) suspend(ctx context.Context, key string, d time.Duration) (tim
 	if d <= 0 {
 		return 0, fmt.Errorf("throttle: key %q: suspend for %v: duration must be > 0", key, d)
 	}
+	ks, err := l.state(ctx, key)
+	if err != nil {
+		return 0, err
+	}
+	ks.lease.drop()
 	ctx, cancel := l.withTimeout(ctx)
 	defer cancel()
-	left, err := lua.Suspend(ctx, l.rdb, keys, d, l.o.maxSuspension)
+	left, err := lua.Suspend(ctx, l.runner, keys, d, l.o.maxSuspension)
 	if err != nil {
 		return 0, fmt.Errorf("throttle: key %q: suspend: %w", key, err)
 	}
 	return left, nil
 }
 
-// Resume ends key's suspension at once.
+// Resume ends key's suspension at once, and with it the reservation queue
+// built while it lasted (its slots all lie after the old end): the key runs
+// at its limits from the next decision of every process (processes that
+// cached the suspension ask Redis again within 5 s). Tasks that the
+// middleware deferred because of the suspension, waiting in asynq's retry
+// or scheduled sets for its old end, are brought back to run now (found
+// through asynq's Inspector on the tasks' Redis: WithTaskRedis, else the
+// limiter's); each is then decided anew. Resume reports an error when
+// Redis cannot end the suspension, or when it ended it but could not look
+// the deferred tasks up (they then run at their old time).
 func (l *Limiter) Resume(ctx context.Context, key string) error {
+	_, err := l.ResumeTasks(ctx, key)
+	return err
+}
+
+// ResumeTasks is Resume, and also reports how many deferred tasks it
+// brought back.
+func (l *Limiter) ResumeTasks(ctx context.Context, key string) (int, error) {
 	keys, err := redisKeys(l.o.prefix, key)
 	if err != nil {
-		return err
+		return 0, err
 	}
-	ctx, cancel := l.withTimeout(ctx)
-	defer cancel()
-	if err := l.rdb.Del(ctx, keys.Suspend).Err(); err != nil {
-		return fmt.Errorf("throttle: key %q: resume: %w", key, err)
+	ks, err := l.state(ctx, key)
+	if err != nil {
+		return 0, err
 	}
-	return nil
+	ks.lease.drop()
+	tctx, cancel := l.withTimeout(ctx)
+	_, err = lua.Resume(tctx, l.runner, keys)
+	cancel()
+	if err != nil {
+		return 0, fmt.Errorf("throttle: key %q: resume: %w", key, err)
+	}
+	ks.forgetSuspension()
+	n, err := l.tasks.bringBack(ctx, key)
+	if err != nil {
+		return n, fmt.Errorf("throttle: key %q: resumed, but deferred tasks wait for their old time: %w", key, err)
+	}
+	return n, nil
 }
 
 // Status is a read-only view of one key, from Inspect.
@@ -350,20 +467,16 @@ type Status struct {
 // changing anything. The limits are validated by the same script code as a
 // decision, so Inspect fails exactly when Take would.
 func (l *Limiter) Inspect(ctx context.Context, key string) (Status, error) {
-	if l.o.err != nil {
-		return Status{}, l.o.err
-	}
 	keys, err := redisKeys(l.o.prefix, key)
 	if err != nil {
 		return Status{}, err
 	}
-	defaults, err := l.defaults(key)
-	if err != nil {
+	if _, err := l.state(ctx, key); err != nil {
 		return Status{}, err
 	}
 	ctx, cancel := l.withTimeout(ctx)
 	defer cancel()
-	r, err := lua.Inspect(ctx, l.rdb, keys, defaults)
+	r, err := lua.Inspect(ctx, l.runner, keys, l.defaults(key))
 	if err != nil {
 		return Status{}, fmt.Errorf("throttle: key %q: inspect: %w", key, err)
 	}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math/big"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -108,11 +107,14 @@ func (r *rig) takeAll(key string, limit int) (int, throttle.Decision) {
 	return 0, throttle.Decision{}
 }
 
-// redisKey is the Redis key of part ("cfg", "state", "suspend", "resv") of a
-// limiter key under the default prefix.
+// redisKey is the Redis key of part ("b" the bucket hash, "r" the
+// reservations) of a limiter key under the default prefix.
 func redisKey(name, part string) string { return "throttle:{" + name + "}:" + part }
 
-// hset writes config fields by hand, as an operator would with redis-cli.
+// bucket is the Redis key of a limiter key's hash (limits, state, suspension).
+func bucket(name string) string { return redisKey(name, "b") }
+
+// hset writes hash fields by hand, as an operator would with redis-cli.
 func (r *rig) hset(key string, kv ...string) {
 	r.t.Helper()
 	require.Zero(r.t, len(kv)%2, "hset(%q, %q): odd field/value list", key, kv)
@@ -121,14 +123,10 @@ func (r *rig) hset(key string, kv ...string) {
 	}
 }
 
-// stateTS is the timestamp (us) stored in a key's bucket state.
-func (r *rig) stateTS(name string) int64 {
-	r.t.Helper()
-	raw := r.mr.HGet(redisKey(name, "state"), "ts")
-	require.NotEmpty(r.t, raw, "HGET %s ts", redisKey(name, "state"))
-	f, err := strconv.ParseFloat(raw, 64)
-	require.NoError(r.t, err, "HGET %s ts = %q", redisKey(name, "state"), raw)
-	return int64(f)
+// tierState is the bucket state stored for a key (the T field: per_ms:tat
+// pairs of the tiers that are not full).
+func (r *rig) tierState(name string) string {
+	return r.mr.HGet(bucket(name), "T")
 }
 
 func assertAllowed(t testing.TB, d throttle.Decision, call string) {
@@ -427,31 +425,73 @@ func TestSetLimits_KeyOnDefaultLimits(t *testing.T) {
 	assertAllowed(t, r.take("k"), "Take on the default 1/min")
 	r.advance(30 * time.Second) // half a token under the old limit
 
-	r.setLimits("k", throttle.PerSecond(100))
+	r.setLimits("k", throttle.PerMinute(120))
 	// Under the old limit the bucket holds 0.5 token: the first token under
-	// the new rate is 5 ms away.
+	// the new rate is 250 ms away.
 	n, d := r.takeAll("k", 1000)
-	assert.Equal(t, 0, n, "takes allowed right after SetLimits(PerSecond(100)) on a key that had 0.5 token")
-	assertRefused(t, d, throttle.RefusedByTier, 5*time.Millisecond, "first Take after SetLimits")
+	assert.Equal(t, 0, n, "takes allowed right after SetLimits(PerMinute(120)) on a key that had 0.5 token")
+	assertRefused(t, d, throttle.RefusedByTier, 250*time.Millisecond, "first Take after SetLimits")
 }
 
-// TestSetLimits_DefaultsKeyStateOutlivesNewRefill: the bucket's expiry must
-// follow the new (slower) limits too, or the bucket resets to full.
-func TestSetLimits_DefaultsKeyStateOutlivesNewRefill(t *testing.T) {
-	r := newRig(t, throttle.WithDefaultLimits(throttle.PerSecond(10)))
+// A SetLimits from a Limiter that does not know the defaults the workers'
+// decisions used still carries their tokens over: the buckets record the
+// defaults they were computed under. The expiry follows the new limits.
+func TestSetLimits_FromALimiterWithoutTheDefaults(t *testing.T) {
+	r := newRig(t, throttle.WithDefaultLimits(throttle.PerMinute(600).WithBurst(10)))
 	n, _ := r.takeAll("k", 100)
 	require.Equal(t, 10, n, "burst of the default limit")
-	r.setLimits("k", throttle.PerMinute(10))
+	operator := throttle.NewLimiter(r.rdb) // no defaults
+	require.NoError(t, operator.SetLimits(r.ctx, "k", throttle.PerMinute(10)), "SetLimits from the operator's Limiter")
+	assert.Equal(t, throttle.DefaultIdleExpiry, r.mr.TTL(bucket("k")), "key TTL after SetLimits: the idle expiry")
 
-	r.advance(6 * time.Second) // one token under 10/min
+	r.advance(2 * time.Second)
 	n, d := r.takeAll("k", 100)
-	assert.Equal(t, 1, n, "takes allowed 6 s after SetLimits(PerMinute(10)) on an empty bucket")
-	assertRefused(t, d, throttle.RefusedByTier, 6*time.Second, "refusal after that")
+	assert.Equal(t, 0, n, "takes allowed 2 s after lowering an exhausted bucket to 10/min")
+	assertRefused(t, d, throttle.RefusedByTier, 4*time.Second, "refusal 2 s after lowering")
+	r.advance(4 * time.Second)
+	n, _ = r.takeAll("k", 100)
+	assert.Equal(t, 1, n, "takes allowed 6 s after lowering: one token of 10/min")
+}
+
+// A tier is identified by its period: whatever SetLimits does with the list,
+// a tier keeps its tokens. On a used-up 1000/s + 10/h key, reordering the
+// tiers, adding one in front or dropping the first admits nothing more.
+func TestSetLimits_TierDebtSurvivesEveryChange(t *testing.T) {
+	sec, hour := throttle.PerSecond(1000), throttle.PerHour(10)
+	tests := []struct {
+		name  string
+		after []throttle.Limit
+		want  int // admitted within 0.2 s after the change
+	}{
+		{"reordered", []throttle.Limit{hour, sec}, 0},
+		{"tier added in front", []throttle.Limit{throttle.PerMinute(100), sec, hour}, 0},
+		{"first tier dropped", []throttle.Limit{hour}, 0},
+		{"hourly burst lowered", []throttle.Limit{sec, hour.WithBurst(5)}, 0},
+		{"hourly rate raised: no sudden burst", []throttle.Limit{sec, throttle.PerHour(20)}, 0},
+		{"a new period starts full", []throttle.Limit{throttle.PerMinute(3)}, 3},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := newRig(t)
+			r.setLimits("k", sec, hour)
+			n, _ := r.takeAll("k", 100)
+			require.Equal(t, 10, n, "the hourly tier's burst")
+			r.setLimits("k", tt.after...)
+			got := 0
+			for range 10 {
+				r.advance(20 * time.Millisecond)
+				for r.take("k").Allowed {
+					got++
+				}
+			}
+			assert.Equal(t, tt.want, got, "admitted within 0.2 s after SetLimits(%v)", tt.after)
+		})
+	}
 }
 
 func TestSetLimits_FixesGarbageConfig(t *testing.T) {
 	r := newRig(t)
-	r.hset(redisKey("k", "cfg"), "tiers", "1", "rate:1", "abc", "per_ms:1", "1000", "burst:1", "1")
+	r.hset(bucket("k"), "L", "abc/1000/1")
 	_, err := r.lim.Take(r.ctx, "k")
 	require.ErrorIs(t, err, throttle.ErrInvalidLimit, "Take on a garbage config")
 
@@ -462,20 +502,21 @@ func TestSetLimits_FixesGarbageConfig(t *testing.T) {
 }
 
 func TestHandWrittenConfig(t *testing.T) {
-	t.Run("used on the next call and clamps tokens", func(t *testing.T) {
+	t.Run("used on the next call", func(t *testing.T) {
 		r := newRig(t)
 		r.setLimits("k", throttle.PerSecond(10))
 		assertAllowed(t, r.take("k"), "Take under 10/s")
-		r.hset(redisKey("k", "cfg"), "tiers", "1", "rate:1", "2", "per_ms:1", "1000", "burst:1", "2")
+		r.hset(bucket("k"), "L", "2/1000/2")
+		// The state is what each tier owes of its burst: one token, which
+		// under the hand-written 2/s leaves one (SetLimits would have kept
+		// 9 tokens, clamped to 2).
 		n, d := r.takeAll("k", 100)
-		assert.Equal(t, 2, n, "takes after HSET burst:1 2 (9 tokens stored)")
+		assert.Equal(t, 1, n, "takes after HSET L 2/1000/2")
 		assertRefused(t, d, throttle.RefusedByTier, 500*time.Millisecond, "refusal under the hand-written 2/s")
 	})
 	t.Run("on a fresh key", func(t *testing.T) {
 		r := newRig(t)
-		r.hset(redisKey("k", "cfg"), "tiers", "2",
-			"rate:1", "5", "per_ms:1", "1000", "burst:1", "5",
-			"rate:2", "3", "per_ms:2", "60000", "burst:2", "3")
+		r.hset(bucket("k"), "L", "5/1000/5 3/60000/3")
 		n, d := r.takeAll("k", 100)
 		assert.Equal(t, 3, n, "takes under the hand-written 5/s + 3/min")
 		assertRefused(t, d, throttle.RefusedByTier, 20*time.Second, "refusal")
@@ -488,6 +529,10 @@ func TestHandWrittenConfig(t *testing.T) {
 	})
 }
 
+// A clock that steps back never refills: the bucket's state is the time it
+// will be full again (on the Redis clock), so a step back makes it look
+// emptier, never fuller, and when the clock is back the bucket is exactly
+// where it was. The retry-after says when the bucket really has a token.
 func TestClockStepsBack(t *testing.T) {
 	t.Run("no refill, no error, no extra tokens when it returns", func(t *testing.T) {
 		r := newRig(t)
@@ -495,59 +540,58 @@ func TestClockStepsBack(t *testing.T) {
 		r.advance(10 * time.Second)
 		n, _ := r.takeAll("k", 10)
 		require.Equal(t, 5, n, "burst")
-		stored := r.stateTS("k")
+		stored := r.tierState("k")
 
 		r.setClock(epoch()) // 10 s back
 		d := r.take("k")
-		assertRefused(t, d, throttle.RefusedByTier, time.Second, "Take 10 s in the past")
-		assert.Equal(t, stored, r.stateTS("k"), "stored ts after a call in the past")
+		assertRefused(t, d, throttle.RefusedByTier, 11*time.Second, "Take 10 s in the past")
+		assert.Equal(t, stored, r.tierState("k"), "stored state after a refusal in the past")
 
 		r.setClock(epoch().Add(10 * time.Second)) // back where it was
 		assertRefused(t, r.take("k"), throttle.RefusedByTier, time.Second, "Take when the clock is back")
 		r.setClock(epoch().Add(11 * time.Second))
 		assertAllowed(t, r.take("k"), "Take 1 s after the last real take")
 	})
-	t.Run("allowed take in the past keeps the stored time", func(t *testing.T) {
+	t.Run("tokens taken in the past stay taken", func(t *testing.T) {
 		r := newRig(t)
 		r.setLimits("k", throttle.PerSecond(1).WithBurst(5))
 		r.advance(10 * time.Second)
-		for i := 0; i < 2; i++ {
+		for i := range 2 {
 			require.True(t, r.take("k").Allowed, "Take #%d", i+1)
 		}
-		stored := r.stateTS("k")
-
-		r.setClock(epoch().Add(5 * time.Second))
-		assertAllowed(t, r.take("k"), "Take 5 s in the past (3 tokens left)")
-		assert.Equal(t, stored, r.stateTS("k"), "stored ts after an allowed take in the past")
+		r.setClock(epoch().Add(9 * time.Second)) // 1 s back: 2 of the 3 tokens left show
+		n, _ := r.takeAll("k", 10)
+		assert.Equal(t, 2, n, "takes allowed 1 s in the past")
 
 		r.setClock(epoch().Add(10 * time.Second))
-		n, _ := r.takeAll("k", 10)
-		assert.Equal(t, 2, n, "takes allowed when the clock is back")
+		n, _ = r.takeAll("k", 10)
+		assert.Equal(t, 1, n, "takes allowed when the clock is back: the burst's last token")
+	})
+	t.Run("a step back beyond an hour empties the bucket, without a freeze", func(t *testing.T) {
+		r := newRig(t)
+		r.setLimits("k", throttle.PerHour(10))
+		r.advance(2 * time.Hour)
+		n, _ := r.takeAll("k", 100)
+		require.Equal(t, 10, n, "burst")
+		r.setClock(epoch().Add(time.Hour - time.Minute)) // 1 h 1 min back
+		n, d := r.takeAll("k", 100)
+		assert.Equal(t, 0, n, "takes allowed right after the clock stepped back 1 h 1 min")
+		assert.Equal(t, 6*time.Minute, d.RetryAfter, "one token of 10/h from the step on")
 	})
 }
 
-// TestClockStepsBack_StateOutlivesRefill: after the clock stepped back, the
-// bucket's expiry must still cover the time it needs to refill counted from
-// its stored (later) timestamp. Real Redis runs expiry on the same wall clock
-// as TIME, so we move both together: back 60 s, then forward 60 s.
+// After the clock stepped back, a write covers the whole time until the
+// bucket is full again, measured from the (earlier) clock: the expiry of a
+// bucket on default limits never cuts its debt short.
 func TestClockStepsBack_StateOutlivesRefill(t *testing.T) {
-	r := newRig(t)
-	r.setLimits("k", throttle.PerSecond(1).WithBurst(10))
+	r := newRig(t, throttle.WithDefaultLimits(throttle.PerSecond(1).WithBurst(10)))
 	r.advance(100 * time.Second)
-	for i := 0; i < 5; i++ {
+	for i := range 5 {
 		require.True(t, r.take("k").Allowed, "Take #%d", i+1)
 	}
-	// The clock steps back 60 s; one more take leaves 4 tokens stamped at +100 s.
-	r.setClock(epoch().Add(40 * time.Second))
-	assertAllowed(t, r.take("k"), "Take 60 s in the past")
-	// Full again at +106 s on the script's clock, i.e. 66 s from now.
-	ttl := r.mr.TTL(redisKey("k", "state"))
-	assert.GreaterOrEqual(t, ttl, 66*time.Second, "state TTL after a take 60 s in the past (bucket full at +106 s, now +40 s)")
-
-	// The wall clock runs to +100 s again: the bucket still holds 4 tokens.
-	r.advance(60 * time.Second)
-	n, _ := r.takeAll("k", 20)
-	assert.Equal(t, 4, n, "takes allowed when the clock is back at the stored time")
+	r.setClock(epoch().Add(97 * time.Second)) // 3 s back: full at +105, 8 s away
+	assertAllowed(t, r.take("k"), "Take 3 s in the past")
+	assert.GreaterOrEqual(t, r.mr.TTL(bucket("k")), 9*time.Second, "key TTL after a take 3 s in the past (full at +106 s, now +97 s)")
 }
 
 func TestLongIdleGivesOneBurst(t *testing.T) {
@@ -694,59 +738,59 @@ func TestRates_NoPrecisionDrift(t *testing.T) {
 	}
 }
 
-// garbageCases are config hashes an operator could leave in Redis. Each is a
-// valid two-tier base with one change; field is the field Take must name.
+// garbageCases are limits an operator could leave in Redis (the L field).
+// Each is a valid two-tier base with one change; field is the field Take
+// must name.
 type garbageCase struct {
 	name  string
-	set   map[string]string
-	del   []string
+	L     string
 	field string
 }
 
 func garbageCases() []garbageCase {
-	var cases []garbageCase
+	base := [][3]string{{"10", "1000", "10"}, {"100", "60000", "100"}}
+	names := [3]string{"Rate", "Per", "Burst"}
 	values := []struct{ name, v string }{
 		{"NaN", "NaN"}, {"nan", "nan"}, {"inf", "inf"}, {"-inf", "-inf"}, {"-1", "-1"}, {"0", "0"},
 		{"abc", "abc"}, {"empty", ""}, {"1e300", "1e300"}, {"1.5", "1.5"}, {"5abc", "5abc"}, {"1e400", "1e400"},
+		{"0x10", "0x10"},
 	}
-	for _, f := range []string{"rate:1", "per_ms:1", "burst:1", "rate:2", "per_ms:2", "burst:2"} {
-		for _, v := range values {
-			cases = append(cases, garbageCase{name: f + "=" + v.name, set: map[string]string{f: v.v}, field: f})
+	format := func(tiers [][3]string) string {
+		var parts []string
+		for _, t := range tiers {
+			parts = append(parts, strings.Join(t[:], "/"))
 		}
-		cases = append(cases, garbageCase{name: f + " missing", del: []string{f}, field: f})
+		return strings.Join(parts, " ")
 	}
-	for _, v := range []string{"5", "0", "-1", "1.5", "abc", "", "NaN", "inf"} {
-		cases = append(cases, garbageCase{name: "tiers=" + v, set: map[string]string{"tiers": v}, field: "tiers"})
+	var cases []garbageCase
+	for i := range base {
+		for j := range 3 {
+			for _, v := range values {
+				tiers := [][3]string{base[0], base[1]}
+				tiers[i][j] = v.v
+				field := fmt.Sprintf("limits[%d]", i)
+				if v.v == "0" {
+					field += "." + names[j]
+				}
+				cases = append(cases, garbageCase{name: fmt.Sprintf("limits[%d].%s=%s", i, names[j], v.name), L: format(tiers), field: field})
+			}
+		}
 	}
 	cases = append(cases,
-		garbageCase{name: "tiers missing", del: []string{"tiers"}, field: "tiers"},
-		garbageCase{name: "tiers=3 with two tiers", set: map[string]string{"tiers": "3"}, field: "rate:3"},
-		garbageCase{name: "per_ms:1 above 30 days", set: map[string]string{"per_ms:1": "2592000001"}, field: "per_ms:1"},
-		garbageCase{name: "rate:1 above 1e6/s", set: map[string]string{"rate:1": "1000001"}, field: "rate:1"},
-		garbageCase{name: "rate:1 2e6 per 1000ms", set: map[string]string{"rate:1": "2000000"}, field: "rate:1"},
-		garbageCase{name: "rate:2 above 1e6/s", set: map[string]string{"rate:2": "60000001"}, field: "rate:2"},
-		garbageCase{name: "burst:1 above 1e9", set: map[string]string{"burst:1": "1000000001"}, field: "burst:1"},
+		garbageCase{name: "empty", L: "", field: "limits"},
+		garbageCase{name: "spaces", L: "   ", field: "limits"},
+		garbageCase{name: "five tiers", L: "1/1/1 1/2/1 1/3/1 1/4/1 1/5/1", field: "limits"},
+		garbageCase{name: "a tier cut short", L: "10/1000", field: "limits[0]"},
+		garbageCase{name: "a tier too long", L: "10/1000/10/5", field: "limits[0]"},
+		garbageCase{name: "per above 30 days", L: "1/2592000001/1", field: "limits[0].Per"},
+		garbageCase{name: "rate above 1e6/s", L: "1000001/1000/1", field: "limits[0].Rate"},
+		garbageCase{name: "rate 2e6 per 1000ms", L: "2000000/1000/1", field: "limits[0].Rate"},
+		garbageCase{name: "second rate above 1e6/s", L: "10/1000/10 60000001/60000/1", field: "limits[1].Rate"},
+		garbageCase{name: "burst above 1e9", L: "1/1000/1000000001", field: "limits[0].Burst"},
+		garbageCase{name: "same period twice", L: "10/1000/10 20/1000/20", field: "limits[1].Per"},
+		garbageCase{name: "a megabyte", L: strings.Repeat("9", 1<<20), field: "limits"},
 	)
 	return cases
-}
-
-// writeGarbage writes the valid base config (10/s, 100/min) with tc applied.
-func (r *rig) writeGarbage(name string, tc garbageCase) {
-	r.t.Helper()
-	h := map[string]string{
-		"tiers":  "2",
-		"rate:1": "10", "per_ms:1": "1000", "burst:1": "10",
-		"rate:2": "100", "per_ms:2": "60000", "burst:2": "100",
-	}
-	for k, v := range tc.set {
-		h[k] = v
-	}
-	for _, k := range tc.del {
-		delete(h, k)
-	}
-	for k, v := range h {
-		r.mr.HSet(redisKey(name, "cfg"), k, v)
-	}
 }
 
 func TestGarbageConfig_TakeNamesTheField(t *testing.T) {
@@ -755,7 +799,7 @@ func TestGarbageConfig_TakeNamesTheField(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			r.t = t
 			r.mr.FlushAll()
-			r.writeGarbage("k", tc)
+			r.hset(bucket("k"), "L", tc.L)
 			d, err := r.lim.Take(r.ctx, "k")
 			require.Error(t, err, "Take with %s: want an error, got %+v", tc.name, d)
 			assert.ErrorIs(t, err, throttle.ErrInvalidLimit, "Take with %s", tc.name)
@@ -764,8 +808,9 @@ func TestGarbageConfig_TakeNamesTheField(t *testing.T) {
 				assert.Equal(t, tc.field, ce.Field, "Take with %s: ConfigError.Field (reason %q)", tc.name, ce.Reason)
 				assert.Equal(t, "k", ce.Key, "Take with %s: ConfigError.Key", tc.name)
 				assert.NotEmpty(t, ce.Reason, "Take with %s: ConfigError.Reason", tc.name)
+				assert.Less(t, len(ce.Error()), 400, "Take with %s: the error quotes a bounded part of the value", tc.name)
 			}
-			assert.False(t, r.mr.Exists(redisKey("k", "state")), "Take with %s wrote a bucket", tc.name)
+			assert.Empty(t, r.tierState("k"), "Take with %s wrote a bucket", tc.name)
 
 			_, err = r.lim.Inspect(r.ctx, "k")
 			assert.ErrorAs(t, err, &ce, "Inspect with %s", tc.name)
@@ -774,15 +819,15 @@ func TestGarbageConfig_TakeNamesTheField(t *testing.T) {
 }
 
 // TestGarbageConfig_LimitsFailsLikeTake: Limits (and so Inspect) read the
-// config through the script's own validation, so a config Take refuses is
-// never reported as valid limits, and the error names the same hash field.
+// limits through the script's own validation, so limits Take refuses are
+// never reported as valid, and the error names the same field.
 func TestGarbageConfig_LimitsFailsLikeTake(t *testing.T) {
 	r := newRig(t)
 	for _, tc := range garbageCases() {
 		t.Run(tc.name, func(t *testing.T) {
 			r.t = t
 			r.mr.FlushAll()
-			r.writeGarbage("k", tc)
+			r.hset(bucket("k"), "L", tc.L)
 			got, err := r.lim.Limits(r.ctx, "k")
 			var ce *throttle.ConfigError
 			assert.ErrorAs(t, err, &ce, "Limits with %s: want a *ConfigError, got %v, %v", tc.name, got, err)
@@ -838,10 +883,41 @@ func TestNoLimitsAndDefaults(t *testing.T) {
 	}
 }
 
-func TestInvalidDefaultLimits(t *testing.T) {
-	r := newRig(t, throttle.WithDefaultLimits(throttle.Limit{Rate: 0, Per: time.Second}))
-	_, err := r.lim.Take(r.ctx, "k")
-	assert.ErrorIs(t, err, throttle.ErrInvalidLimit, "Take with invalid default limits")
+// Invalid options are refused at construction, naming the option: a panic
+// from NewLimiter and ByProvider (a programming error), an error from
+// CheckOptions; never a task stalled at run time.
+func TestInvalidOptions(t *testing.T) {
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
+	defer rdb.Close()
+	tests := []struct {
+		opt  throttle.Option
+		name string
+	}{
+		{throttle.WithDefaultLimits(throttle.Limit{Rate: 0, Per: time.Second}), "WithDefaultLimits"},
+		{throttle.WithKeyLimits("slack", throttle.PerSecond(1), throttle.PerSecond(2)), "WithKeyLimits"},
+		{throttle.WithKeyLimits("a{b}", throttle.PerSecond(1)), "WithKeyLimits"},
+		{throttle.WithTimeout(-time.Second), "WithTimeout"},
+		{throttle.WithPrefix(""), "WithPrefix"},
+		{throttle.WithIdleExpiry(0), "WithIdleExpiry"},
+		{throttle.WithMaxSuspension(0), "WithMaxSuspension"},
+		{throttle.WithReservations(-time.Second), "WithReservations"},
+		{throttle.WithJitter(time.Second, 0, 0.1), "WithJitter"},
+		{throttle.WithFailurePolicy(throttle.FailurePolicy(7)), "WithFailurePolicy"},
+		{throttle.WithFailureDelay(0), "WithFailureDelay"},
+		{throttle.WithDefaultSuspension(-1), "WithDefaultSuspension"},
+		{throttle.WithLease(-1, time.Second), "WithLease"},
+		{throttle.WithLogger(nil), "WithLogger"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := throttle.CheckOptions(tt.opt)
+			require.Error(t, err, "CheckOptions(%s)", tt.name)
+			assert.Contains(t, err.Error(), tt.name, "the error names the option")
+			assert.PanicsWithError(t, err.Error(), func() { throttle.NewLimiter(rdb, tt.opt) }, "NewLimiter(%s)", tt.name)
+			assert.PanicsWithError(t, err.Error(), func() { throttle.ByProvider(rdb, tt.opt) }, "ByProvider(%s)", tt.name)
+		})
+	}
+	assert.NoError(t, throttle.CheckOptions(throttle.WithTimeout(0), throttle.WithLease(0, 0), throttle.WithDefaultLimits(throttle.PerSecond(1))))
 }
 
 func TestLimits_RoundTrip(t *testing.T) {
@@ -913,7 +989,7 @@ func TestRedisKeyNames(t *testing.T) {
 			r.reserve("slack", "task-1", time.Minute, time.Second)
 			r.suspend("slack", time.Second)
 			want := []string{}
-			for _, p := range []string{"cfg", "resv", "state", "suspend"} {
+			for _, p := range []string{"b", "r"} {
 				want = append(want, tt.prefix+":{slack}:"+p)
 			}
 			assert.Equal(t, want, r.mr.Keys(), "Redis keys of limiter key slack")
@@ -1124,7 +1200,7 @@ func TestReserve_Horizon(t *testing.T) {
 func TestReserve_Lapse(t *testing.T) {
 	r := newRig(t)
 	r.setLimits("k", throttle.PerSecond(1))
-	resv := redisKey("k", "resv")
+	resv := redisKey("k", "r")
 	assertAllowed(t, r.take("k"), "Take")
 	for _, id := range []string{"a", "b"} { // slots at +1 s and +2 s
 		d := r.reserve("k", id, time.Minute, 0)
@@ -1181,24 +1257,23 @@ func TestTTLs(t *testing.T) {
 	t.Run("every key written has a TTL", func(t *testing.T) {
 		r := newRig(t)
 		r.setLimits("k", throttle.PerSecond(1))
-		assert.Equal(t, throttle.DefaultIdleExpiry, r.mr.TTL(redisKey("k", "cfg")), "cfg TTL after SetLimits")
+		assert.Equal(t, throttle.DefaultIdleExpiry, r.mr.TTL(bucket("k")), "key TTL after SetLimits")
 		r.take("k")
 		d := r.reserve("k", "a", time.Minute, 0)
 		require.True(t, d.Reserved, "Reserve: %+v", d)
 		r.suspend("k", 3*time.Second)
-		for _, p := range []string{"cfg", "state", "suspend", "resv"} {
+		for _, p := range []string{"b", "r"} {
 			assert.Positive(t, r.mr.TTL(redisKey("k", p)), "TTL of %s", redisKey("k", p))
 		}
-		assert.Equal(t, 3*time.Second, r.mr.TTL(redisKey("k", "suspend")), "suspend TTL")
-		assert.GreaterOrEqual(t, r.mr.TTL(redisKey("k", "resv")), time.Second+throttle.DefaultLapse, "resv TTL covers slot + lapse")
-		assert.Equal(t, []string{redisKey("k", "cfg"), redisKey("k", "resv"), redisKey("k", "state"), redisKey("k", "suspend")}, r.mr.Keys(), "keys")
+		assert.GreaterOrEqual(t, r.mr.TTL(redisKey("k", "r")), time.Second+throttle.DefaultLapse, "reservations TTL covers slot + lapse")
+		assert.Equal(t, []string{bucket("k"), redisKey("k", "r")}, r.mr.Keys(), "keys")
 	})
 	t.Run("idle expiry refreshed by Take", func(t *testing.T) {
 		r := newRig(t, throttle.WithIdleExpiry(time.Hour))
 		r.setLimits("k", throttle.PerSecond(1))
 		r.advance(30 * time.Minute)
 		r.take("k")
-		assert.Equal(t, time.Hour, r.mr.TTL(redisKey("k", "cfg")), "cfg TTL after a Take 30 min later")
+		assert.Equal(t, time.Hour, r.mr.TTL(bucket("k")), "key TTL after a Take 30 min later")
 		r.advance(59 * time.Minute)
 		_, err := r.lim.Limits(r.ctx, "k")
 		assert.NoError(t, err, "Limits 59 min after the last Take")
@@ -1206,12 +1281,17 @@ func TestTTLs(t *testing.T) {
 		_, err = r.lim.Limits(r.ctx, "k")
 		assert.ErrorIs(t, err, throttle.ErrNoLimits, "Limits an hour after the last Take")
 	})
-	t.Run("hand-written config gets a TTL", func(t *testing.T) {
+	t.Run("hand-written limits get a TTL", func(t *testing.T) {
 		r := newRig(t)
-		r.hset(redisKey("k", "cfg"), "tiers", "1", "rate:1", "1", "per_ms:1", "1000", "burst:1", "1")
-		require.Zero(t, r.mr.TTL(redisKey("k", "cfg")), "TTL of the hand-written config")
+		r.hset(bucket("k"), "L", "1/1000/1")
+		require.Zero(t, r.mr.TTL(bucket("k")), "TTL of the hand-written limits")
 		r.take("k")
-		assert.Equal(t, throttle.DefaultIdleExpiry, r.mr.TTL(redisKey("k", "cfg")), "cfg TTL after Take")
+		assert.Equal(t, throttle.DefaultIdleExpiry, r.mr.TTL(bucket("k")), "key TTL after Take")
+	})
+	t.Run("a suspension keeps the key alive", func(t *testing.T) {
+		r := newRig(t)
+		r.suspend("k", 3*time.Second)
+		assert.GreaterOrEqual(t, r.mr.TTL(bucket("k")), 3*time.Second, "TTL of a suspended key without limits")
 	})
 	t.Run("state outlives its refill", func(t *testing.T) {
 		tests := []struct {
@@ -1224,17 +1304,17 @@ func TestTTLs(t *testing.T) {
 			{throttle.Limit{Rate: 1, Per: throttle.MaxPer, Burst: 3}, 2, 2 * throttle.MaxPer},
 		}
 		for _, tt := range tests {
-			r := newRig(t)
-			r.setLimits("k", tt.limit)
+			// On default limits: no idle expiry of limits in Redis keeps the
+			// key, only what the bucket needs.
+			r := newRig(t, throttle.WithDefaultLimits(tt.limit))
 			for i := 0; i < tt.takes; i++ {
 				require.True(t, r.take("k").Allowed, "%v: Take #%d", tt.limit, i+1)
 			}
-			assert.GreaterOrEqual(t, r.mr.TTL(redisKey("k", "state")), tt.full, "%v: state TTL after %d takes", tt.limit, tt.takes)
+			assert.GreaterOrEqual(t, r.mr.TTL(bucket("k")), tt.full, "%v: key TTL after %d takes", tt.limit, tt.takes)
 		}
 	})
 	t.Run("state outlives the reservation queue", func(t *testing.T) {
-		r := newRig(t)
-		r.setLimits("k", throttle.PerSecond(1))
+		r := newRig(t, throttle.WithDefaultLimits(throttle.PerSecond(1)))
 		r.take("k")
 		var last throttle.Decision
 		for i := 0; i < 30; i++ {
@@ -1242,27 +1322,15 @@ func TestTTLs(t *testing.T) {
 			require.True(t, last.Reserved, "Reserve(%d): %+v", i, last)
 		}
 		queue := last.Slot.Sub(r.now)
-		assert.GreaterOrEqual(t, r.mr.TTL(redisKey("k", "state")), queue, "state TTL with a queue of %v", queue)
+		assert.GreaterOrEqual(t, r.mr.TTL(bucket("k")), queue, "key TTL with a queue of %v", queue)
 		// SetLimits drops the queue (its slots were spaced for the old
 		// limits): 3 s later a fresh Take is decided by the buckets alone.
 		r.setLimits("k", throttle.PerSecond(1))
-		assert.Zero(t, r.mr.Exists(redisKey("k", "resv")), "reservations kept after SetLimits")
+		assert.Zero(t, r.mr.Exists(redisKey("k", "r")), "reservations kept after SetLimits")
 		r.advance(3 * time.Second)
 		d := r.take("k")
 		assert.True(t, d.Allowed, "Take 3 s after SetLimits dropped the queue: %+v", d)
 	})
-}
-
-// TestIdleExpiryZero: WithIdleExpiry(0) must not make SetLimits a silent
-// no-op (PEXPIRE 0 deletes the key it was meant to keep).
-func TestIdleExpiryZero(t *testing.T) {
-	r := newRig(t, throttle.WithIdleExpiry(0))
-	err := r.lim.SetLimits(r.ctx, "k", throttle.PerSecond(1))
-	if err != nil {
-		return // refusing the option is fine too
-	}
-	got, err := r.lim.Limits(r.ctx, "k")
-	assert.NoError(t, err, "Limits(k) after SetLimits succeeded with WithIdleExpiry(0): got %v", got)
 }
 
 func TestInspect(t *testing.T) {

@@ -3,9 +3,7 @@ package throttle
 import (
 	"context"
 	"errors"
-	"fmt"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -13,7 +11,6 @@ import (
 
 	"github.com/asynq-throttle/asynq-throttle/internal/deferral"
 	"github.com/asynq-throttle/asynq-throttle/internal/jitter"
-	"github.com/asynq-throttle/asynq-throttle/lua"
 )
 
 // Outcome is what the middleware did with one task.
@@ -52,7 +49,8 @@ func (o Outcome) String() string {
 	return "Outcome(" + strconv.Itoa(int(o)) + ")"
 }
 
-// Event describes one middleware decision, for WithObserver.
+// Event describes one middleware decision, for WithObserver. A handler that
+// reports a rate limit gives a second event for the same task: Suspended.
 type Event struct {
 	Key      string
 	TaskID   string
@@ -67,12 +65,20 @@ type Event struct {
 	// Leased reports that the task ran on a token its process had leased,
 	// without a decision in Redis.
 	Leased bool
+	// Cached reports a decision the process made from what Redis told it
+	// a moment before (a suspension, or a key without limits), without a
+	// call to Redis.
+	Cached bool
 	// Copied reports that the deferral re-enqueued a copy of the task (the
 	// path used outside worker.NewServer and on a task's last attempt).
 	Copied bool
 	// Ran reports whether the handler ran.
 	Ran bool
-	// Err is the Redis error of a Failed decision.
+	// Latency is how long the decision took in Redis, round trip included
+	// (0 when it took none: leased, cached, unthrottled).
+	Latency time.Duration
+	// Err is the Redis error of a Failed decision, or the error that kept a
+	// deferred task from being re-enqueued.
 	Err error
 }
 
@@ -84,13 +90,20 @@ type Event struct {
 // Before the handler runs it makes one decision in Redis. When allowed, the
 // handler runs. When refused, the handler does not run: the task is deferred
 // to run after the retry-after, and the worker goroutine is free at once. A
-// handler error wrapping RateLimited suspends the key fleet-wide.
+// handler error wrapping RateLimited suspends the key fleet-wide, whatever
+// path ran the handler (a key without limits, a Redis that could not
+// decide under FailOpen).
 //
 // Use it in a server built by worker.NewServer: deferrals then keep the task's
 // ID and retry count and count as neither processed nor failed. In a plain
 // asynq.Server (and on a task's last allowed attempt, which asynq would
 // archive) the task is deferred by enqueueing a copy with a new ID and
 // finishing the original, which asynq counts as processed.
+//
+// ByProvider makes a Limiter for the middleware, which lives as long as the
+// process (it holds no connection while idle). To share one Limiter with
+// other code, or to Close it, use NewLimiter and Limiter.Middleware. It
+// panics on an invalid option, as NewLimiter does.
 func ByProvider(rdb redis.UniversalClient, opts ...Option) asynq.MiddlewareFunc {
 	return NewLimiter(rdb, opts...).Middleware()
 }
@@ -100,7 +113,6 @@ func (l *Limiter) Middleware() asynq.MiddlewareFunc {
 	m := &middleware{
 		l:      l,
 		jitter: jitter.New(l.o.jitterSource, l.o.jitterMin, l.o.jitterMax, l.o.jitterFraction),
-		client: l.o.deferralClient,
 		now:    time.Now,
 	}
 	return func(next asynq.Handler) asynq.Handler {
@@ -111,94 +123,21 @@ func (l *Limiter) Middleware() asynq.MiddlewareFunc {
 }
 
 type middleware struct {
-	l          *Limiter
-	jitter     *jitter.Jitter
-	now        func() time.Time
-	clientOnce sync.Once
-	client     *asynq.Client
-	warned     sync.Map // key -> struct{}: "no limits" logged once per key
-	// suspended remembers, per key, a suspension that Redis answered without
-	// a reserved slot: until then every task of the key gets the same answer,
-	// so it is deferred without asking again (see suspensionCacheMax).
-	suspended sync.Map // key -> suspendedUntil
-	// unlimited remembers, per key, that Redis had no limits for it: its
-	// tasks run without asking again until then (see noLimitsCacheFor).
-	unlimited sync.Map // key -> time.Time
-	// leases holds, per key, tokens a decision took for this process.
-	leases sync.Map // key -> *lease
-}
-
-// lease is tokens taken in Redis for this process, handed out to its next
-// tasks of one key until they run out or expire. size is how many the next
-// decision of the key asks for: it doubles (up to the WithLease maximum)
-// when a lease is used up before it expires, and halves when leased tokens
-// expire unused or a decision far enough from the limit to ask got none.
-type lease struct {
-	mu    sync.Mutex
-	n     int
-	until time.Time
-	size  int
-}
-
-// leaseStart is the size a key's first lease asks for.
-const leaseStart = 8
-
-// request returns how many tokens the next decision of the key asks for.
-func (l *lease) request(max int) int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.size == 0 {
-		l.size = min(leaseStart, max)
-	}
-	return l.size
-}
-
-// add records an allowed decision that asked for asked tokens and got n
-// extra ones, valid for d. Tokens of an expired lease are dropped.
-func (l *lease) add(asked, n int, now time.Time, d time.Duration) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if !now.Before(l.until) {
-		if l.n > 0 {
-			l.size = max(l.size/2, 2) // more than this process used in time
-		}
-		l.n = 0
-	}
-	if n == 0 && asked > 1 {
-		l.size = max(min(l.size, asked/2), 2) // the bucket held too few for asked
-	}
-	if n > 0 {
-		l.n += n
-		l.until = now.Add(d)
-	}
-}
-
-// take hands out one leased token, if any is left and still valid. The last
-// one makes the next lease of the key twice as large, up to max.
-func (l *lease) take(now time.Time, max int) bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.n <= 0 || !now.Before(l.until) {
-		return false
-	}
-	l.n--
-	if l.n == 0 {
-		l.size = min(2*l.size, max)
-	}
-	return true
+	l      *Limiter
+	jitter *jitter.Jitter
+	now    func() time.Time
 }
 
 // noLimitsCacheFor is how long a process trusts "this key has no limits":
 // limits set later with SetLimits reach it within this time.
 const noLimitsCacheFor = 5 * time.Second
 
-// suspendedUntil is a cached suspension: ask Redis again at until (local
-// clock); tasks before it are deferred to retryAt.
-type suspendedUntil struct{ until, retryAt time.Time }
-
 // suspensionCacheMax bounds how long a process trusts a cached suspension,
 // so that an operator's Resume reaches every process within it.
 const suspensionCacheMax = 5 * time.Second
+
+// maxParked bounds the tasks one cached suspension remembers.
+const maxParked = 10_000
 
 func (m *middleware) process(ctx context.Context, t *asynq.Task, next asynq.Handler) error {
 	o := &m.l.o
@@ -209,135 +148,147 @@ func (m *middleware) process(ctx context.Context, t *asynq.Task, next asynq.Hand
 	id, _ := asynq.GetTaskID(ctx)
 	ev := Event{Key: key, TaskID: id, TaskType: t.Type()}
 	if key == "" {
-		ev.Outcome, ev.Ran = Unthrottled, true
-		m.observe(ev)
-		return next.ProcessTask(ctx, t)
+		ev.Outcome = Unthrottled
+		return m.run(ctx, t, next, nil, ev)
 	}
-
-	if v, ok := m.unlimited.Load(key); ok {
-		if m.now().Before(v.(time.Time)) {
-			ev.Outcome, ev.Ran = Unthrottled, true
-			m.observe(ev)
-			return next.ProcessTask(ctx, t)
-		}
-		m.unlimited.Delete(key)
+	ks := m.l.keys.get(key)
+	now := m.now()
+	if ks.noLimits(now) {
+		ev.Outcome, ev.Cached = Unthrottled, true
+		return m.run(ctx, t, next, ks, ev)
 	}
-	if v, ok := m.suspended.Load(key); ok {
-		now := m.now()
-		if su := v.(suspendedUntil); now.Before(su.until) {
-			return m.deferDecision(ctx, t, key, Decision{RetryAfter: su.retryAt.Sub(now), Reason: RefusedBySuspension}, ev, Deferred)
-		}
-		m.suspended.Delete(key)
+	if retryAt, ok := ks.suspendedUntil(now); ok {
+		ev.Cached = true
+		return m.deferDecision(ctx, t, ks, Decision{RetryAfter: retryAt.Sub(now), Reason: RefusedBySuspension}, ev, Deferred)
 	}
-
-	var ls *lease
-	if o.lease > 1 && o.leaseFor > 0 {
-		v, ok := m.leases.Load(key)
-		if !ok {
-			v, _ = m.leases.LoadOrStore(key, &lease{})
-		}
-		ls = v.(*lease)
-		if ls.take(m.now(), o.lease) {
-			return m.run(ctx, t, next, key, id, ev, true)
-		}
+	leasing := o.lease > 1 && o.leaseFor > 0
+	if leasing && ks.lease.take(now, o.lease) {
+		ev.Outcome, ev.Leased = Ran, true
+		return m.run(ctx, t, next, ks, ev)
 	}
 
 	asked := 0
-	if ls != nil {
-		asked = ls.request(o.lease)
+	if leasing {
+		asked = ks.lease.request(o.lease)
 	}
 	d, err := m.decide(ctx, key, t, id, asked)
-	if err == nil && d.Allowed && ls != nil {
-		ls.add(asked, d.Lease, m.now(), o.leaseFor)
-	}
-	if err == nil && !d.Allowed && !d.Reserved && d.Reason == RefusedBySuspension {
-		now := m.now()
-		m.suspended.Store(key, suspendedUntil{
-			until:   now.Add(min(d.RetryAfter, suspensionCacheMax)),
-			retryAt: now.Add(d.RetryAfter),
-		})
+	ev.Latency = m.now().Sub(now)
+	if err == nil {
+		m.saw(ks, d, now, asked)
 	}
 	switch {
 	case errors.Is(err, ErrNoLimits):
-		m.unlimited.Store(key, m.now().Add(noLimitsCacheFor))
-		if _, seen := m.warned.LoadOrStore(key, struct{}{}); !seen {
+		ks.setNoLimits(m.now().Add(noLimitsCacheFor))
+		if ks.warnOnce() {
 			o.logger.Warn("throttle: key has no limits, running its tasks unthrottled; call SetLimits or use WithDefaultLimits",
 				"key", key, "task_type", t.Type())
 		}
-		ev.Outcome, ev.Ran = Unthrottled, true
-		m.observe(ev)
-		return next.ProcessTask(ctx, t)
+		ev.Outcome = Unthrottled
+		return m.run(ctx, t, next, ks, ev)
 	case err != nil:
 		ev.Outcome, ev.Err = Failed, err
 		if o.failure == FailOpen {
 			o.logger.Error("throttle: cannot decide, running task unthrottled (fail open)", "key", key, "task_id", id, "err", err)
-			ev.Ran = true
-			m.observe(ev)
-			return next.ProcessTask(ctx, t)
+			return m.run(ctx, t, next, ks, ev)
 		}
 		delay := m.roundUp(m.jitter.Add(o.failureDelay))
 		o.logger.Error("throttle: cannot decide, deferring task (fail closed)", "key", key, "task_id", id, "retry_in", delay, "err", err)
 		ev.Delay = delay
 		var derr error
-		ev.Copied, derr = m.deferTask(ctx, t, key, delay, "redis unavailable")
+		ev.Copied, _, derr = m.deferTask(ctx, t, key, delay, "redis unavailable")
+		if derr != nil && !isDeferral(derr) {
+			ev.Err = derr
+		}
 		m.observe(ev)
 		return derr
 	case !d.Allowed:
-		return m.deferDecision(ctx, t, key, d, ev, Deferred)
+		return m.deferDecision(ctx, t, ks, d, ev, Deferred)
 	}
+	ev.Outcome = Ran
+	return m.run(ctx, t, next, ks, ev)
+}
 
-	return m.run(ctx, t, next, key, id, ev, false)
+// saw updates the process's view of a key from a decision sent at sent:
+// leased tokens, and a suspension without a slot to offer, which every
+// task of the key would be told until it ends. Any refusal (the bucket at
+// its limit, a suspension) drops the key's leased tokens, as does a change
+// of limits (a new generation).
+func (m *middleware) saw(ks *keyState, d Decision, sent time.Time, asked int) {
+	now := m.now()
+	if !d.Allowed {
+		ks.lease.drop()
+	} else if asked > 0 {
+		ks.lease.add(asked, d.Lease, sent, m.l.o.leaseFor, d.gen, now)
+	}
+	if !d.Allowed && !d.Reserved && d.Reason == RefusedBySuspension {
+		ks.cacheSuspension(now, d.RetryAfter, false)
+	}
 }
 
 // run runs the handler of an admitted task, and turns a RateLimited error
-// into a fleet-wide suspension of its key.
-func (m *middleware) run(ctx context.Context, t *asynq.Task, next asynq.Handler, key, id string, ev Event, leased bool) error {
+// into a fleet-wide suspension of its key and a deferral of the task. ks is
+// nil for a task without a key.
+func (m *middleware) run(ctx context.Context, t *asynq.Task, next asynq.Handler, ks *keyState, ev Event) error {
 	o := &m.l.o
-	ev.Outcome, ev.Ran, ev.Leased = Ran, true, leased
+	ev.Ran = true
 	m.observe(ev)
 	herr := next.ProcessTask(ctx, t)
 	var rl *RateLimitedError
-	if !errors.As(herr, &rl) {
+	if ks == nil || !errors.As(herr, &rl) {
 		return herr
 	}
-	m.leases.Delete(key) // the provider disagrees: lease no more tokens
+	key := ev.Key
+	ks.lease.drop() // the provider disagrees: lease no more tokens
+	ks.forgetNoLimits()
 	// The provider said "too many requests": stop the whole fleet.
 	wait := rl.RetryAfter
 	if wait <= 0 {
 		wait = o.defaultSuspend
 	}
+	wait = min(wait, o.maxSuspension)
 	left, err := m.l.suspend(ctx, key, wait)
 	if err != nil {
-		o.logger.Error("throttle: cannot suspend key after a rate limit, deferring the task", "key", key, "err", err)
+		o.logger.Error("throttle: provider rate limited a task but the key could not be suspended in Redis; this process pauses it, the task is deferred",
+			"key", key, "task_id", ev.TaskID, "suspended_for", wait, "err", err)
 		left = wait
 	} else {
-		o.logger.Warn("throttle: provider rate limited a task, key suspended fleet-wide", "key", key, "task_id", id, "suspended_for", left)
+		o.logger.Warn("throttle: provider rate limited a task, key suspended fleet-wide", "key", key, "task_id", ev.TaskID, "suspended_for", left)
 	}
-	d, err := m.decide(ctx, key, t, id, 0)
-	if err != nil || d.Allowed {
-		// Without a decision (or with a token that appeared), wait out the
-		// suspension spread by jitter.
-		d = Decision{RetryAfter: left, Reason: RefusedBySuspension}
+	// This process stops at once, even when Redis could not be told.
+	ks.cacheSuspension(m.now(), left, err != nil)
+	ev = Event{Key: key, TaskID: ev.TaskID, TaskType: ev.TaskType}
+	d := Decision{RetryAfter: left, Reason: RefusedBySuspension}
+	if err == nil {
+		// A slot after the suspension, so the deferred crowd comes back
+		// spread out.
+		id, _ := asynq.GetTaskID(ctx)
+		if rd, derr := m.decide(ctx, key, t, id, 0); derr == nil && !rd.Allowed && rd.Reason == RefusedBySuspension {
+			d = rd
+		}
 	}
-	return m.deferDecision(ctx, t, key, d, ev, Suspended)
+	return m.deferDecision(ctx, t, ks, d, ev, Suspended)
 }
 
 // decide asks Redis for a decision on t; lease is how many tokens it may
 // take for this process (0: one).
 func (m *middleware) decide(ctx context.Context, key string, t *asynq.Task, id string, lease int) (Decision, error) {
-	a := lua.DecideArgs{Granule: Granule, Lease: lease}
+	v := variant{granule: Granule, lease: lease}
 	if origin := t.Headers()[HeaderOrigin]; origin != "" {
 		id = origin
 	}
 	if m.l.o.horizon > 0 && id != "" {
-		a.TaskID, a.Horizon = id, m.l.o.horizon
+		v.horizon = m.l.o.horizon
+	} else {
+		id = ""
 	}
-	return m.l.decide(ctx, key, a)
+	return m.l.decide(ctx, key, v, id)
 }
 
 // deferDecision defers a refused task: a task with a reserved slot comes back
 // right after it; others get jitter so a crowd does not come back at once.
-func (m *middleware) deferDecision(ctx context.Context, t *asynq.Task, key string, d Decision, ev Event, out Outcome) error {
+// A task deferred on a cached suspension is remembered with it, to be
+// brought back if the suspension turns out to have ended early (Resume).
+func (m *middleware) deferDecision(ctx context.Context, t *asynq.Task, ks *keyState, d Decision, ev Event, out Outcome) error {
 	var delay time.Duration
 	if d.Reserved {
 		// Aim at the slot itself (a whole second of the Redis clock), not at
@@ -348,11 +299,45 @@ func (m *middleware) deferDecision(ctx context.Context, t *asynq.Task, key strin
 		delay = m.roundUp(m.jitter.Add(d.RetryAfter))
 	}
 	ev.Outcome, ev.Reason, ev.Delay, ev.Reserved = out, d.Reason, delay, d.Reserved
-	m.l.o.logger.Debug("throttle: task deferred", "key", key, "task_id", ev.TaskID, "reason", d.Reason, "retry_in", delay, "reserved", d.Reserved)
-	var err error
-	ev.Copied, err = m.deferTask(ctx, t, key, delay, d.Reason.String())
+	m.l.o.logger.Debug("throttle: task deferred", "key", ev.Key, "task_id", ev.TaskID, "reason", d.Reason, "retry_in", delay, "reserved", d.Reserved)
+	copied, waitingAs, err := m.deferTask(ctx, t, ev.Key, delay, d.Reason.String())
+	ev.Copied = copied
+	if err != nil && !isDeferral(err) {
+		ev.Err = err
+	} else if ev.Cached {
+		queue, _ := asynq.GetQueueName(ctx)
+		if s := ks.park(parkedTask{queue: queue, id: waitingAs}); s != nil {
+			time.AfterFunc(time.Until(s.until), func() { m.checkParked(ev.Key, ks, s) })
+		}
+	}
 	m.observe(ev)
 	return err
+}
+
+// checkParked runs when a cached suspension that deferred tasks expires: if
+// Redis says the key is no longer suspended, or until earlier than the
+// tasks were told, they are brought back now rather than at the old end.
+func (m *middleware) checkParked(key string, ks *keyState, s *suspension) {
+	parked := ks.unpark(s)
+	if len(parked) == 0 {
+		return
+	}
+	timeout := m.l.o.timeout
+	if timeout <= 0 {
+		timeout = DefaultTimeout
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	st, err := m.l.Inspect(ctx, key)
+	if err != nil {
+		m.l.o.logger.Warn("throttle: cannot check a cached suspension; tasks it deferred wait for their time", "key", key, "tasks", len(parked), "err", err)
+		return
+	}
+	if st.Suspended > 0 && time.Now().Add(st.Suspended).After(s.retryAt.Add(-Granule)) {
+		return // still suspended as long as the tasks were told
+	}
+	n := m.l.tasks.run(parked)
+	m.l.o.logger.Info("throttle: suspension ended early (Resume); tasks deferred from this process's cache run now", "key", key, "tasks", n)
 }
 
 // roundUp stretches d so that now+d falls on a whole second: asynq scores
@@ -376,56 +361,121 @@ func (m *middleware) until(at time.Time) time.Duration {
 }
 
 // deferTask makes t run again after delay without spending its retry budget.
-// It reports whether it re-enqueued a copy.
-func (m *middleware) deferTask(ctx context.Context, t *asynq.Task, key string, delay time.Duration, why string) (bool, error) {
+// It reports whether it re-enqueued a copy, and the ID the task waits under
+// in asynq.
+func (m *middleware) deferTask(ctx context.Context, t *asynq.Task, key string, delay time.Duration, why string) (copied bool, waitingAs string, err error) {
+	id, _ := asynq.GetTaskID(ctx)
 	retried, _ := asynq.GetRetryCount(ctx)
 	maxRetry, hasMax := asynq.GetMaxRetry(ctx)
 	if deferral.Marked(ctx) && hasMax && retried < maxRetry {
 		// asynq's retry path: atomic, same task ID, retry count untouched.
-		return false, &deferral.Error{Key: key, Reason: why, Delay: delay}
+		return false, id, &deferral.Error{Key: key, Reason: why, Delay: delay}
 	}
-	return true, m.enqueueCopy(ctx, t, delay, maxRetry, hasMax)
+	copyID, err := m.l.tasks.enqueueCopy(ctx, t, key, why, delay)
+	if err != nil {
+		m.l.o.logger.Error("throttle: cannot re-enqueue a deferred task", "key", key, "task_id", id, "err", err)
+		return false, id, err
+	}
+	return true, copyID, nil
 }
 
-// enqueueCopy re-enqueues t to run after delay and lets the original finish.
-// The copy's ID is derived from the original's, so doing it twice (a crash
-// between enqueue and finish) finds the first copy instead of making another.
-func (m *middleware) enqueueCopy(ctx context.Context, t *asynq.Task, delay time.Duration, maxRetry int, hasMax bool) error {
-	id, _ := asynq.GetTaskID(ctx)
-	queue, _ := asynq.GetQueueName(ctx)
-	headers := make(map[string]string, len(t.Headers())+2)
-	for k, v := range t.Headers() {
-		headers[k] = v
-	}
-	origin := headers[HeaderOrigin]
-	if origin == "" {
-		origin = id
-		headers[HeaderOrigin] = id
-	}
-	n, _ := strconv.Atoi(headers[HeaderDeferrals])
-	n++
-	headers[HeaderDeferrals] = strconv.Itoa(n)
-	opts := []asynq.Option{asynq.ProcessIn(delay), asynq.TaskID(origin + "~throttle-" + strconv.Itoa(n))}
-	if queue != "" {
-		opts = append(opts, asynq.Queue(queue))
-	}
-	if hasMax {
-		opts = append(opts, asynq.MaxRetry(maxRetry))
-	}
-	m.clientOnce.Do(func() {
-		if m.client == nil {
-			m.client = asynq.NewClientFromRedisClient(m.l.rdb)
-		}
-	})
-	_, err := m.client.EnqueueContext(ctx, asynq.NewTaskWithHeaders(t.Type(), t.Payload(), headers), opts...)
-	if err != nil && !errors.Is(err, asynq.ErrTaskIDConflict) {
-		return fmt.Errorf("throttle: cannot re-enqueue deferred task %s: %w", id, err)
-	}
-	return nil
+func isDeferral(err error) bool {
+	_, ok := deferral.As(err)
+	return ok
 }
 
 func (m *middleware) observe(ev Event) {
 	if f := m.l.o.observer; f != nil {
 		f(ev)
 	}
+}
+
+// suspension is a suspension Redis told this process without a slot to
+// offer: until then every task of the key gets the same answer, so it is
+// deferred to retryAt without asking again (see suspensionCacheMax). Tasks
+// it deferred are parked with it.
+type suspension struct {
+	until, retryAt time.Time
+	local          bool // Redis could not be told: nothing to check there
+	parked         []parkedTask
+}
+
+func (ks *keyState) noLimits(now time.Time) bool {
+	ks.mu.Lock()
+	defer ks.mu.Unlock()
+	return now.Before(ks.noLimitsUntil)
+}
+
+func (ks *keyState) setNoLimits(until time.Time) {
+	ks.mu.Lock()
+	defer ks.mu.Unlock()
+	ks.noLimitsUntil = until
+}
+
+func (ks *keyState) forgetNoLimits() {
+	ks.mu.Lock()
+	defer ks.mu.Unlock()
+	ks.noLimitsUntil = time.Time{}
+}
+
+// warnOnce reports true the first time it is called for the key's state.
+func (ks *keyState) warnOnce() bool {
+	ks.mu.Lock()
+	defer ks.mu.Unlock()
+	first := !ks.warned
+	ks.warned = true
+	return first
+}
+
+// suspendedUntil returns the time a cached suspension defers tasks to, while
+// the cache holds.
+func (ks *keyState) suspendedUntil(now time.Time) (time.Time, bool) {
+	ks.mu.Lock()
+	defer ks.mu.Unlock()
+	if s := ks.susp; s != nil && now.Before(s.until) {
+		return s.retryAt, true
+	}
+	return time.Time{}, false
+}
+
+// cacheSuspension remembers that the key is suspended for d from now
+// (local: known to this process only, Redis could not be told).
+func (ks *keyState) cacheSuspension(now time.Time, d time.Duration, local bool) {
+	ks.mu.Lock()
+	defer ks.mu.Unlock()
+	ks.susp = &suspension{until: now.Add(min(d, suspensionCacheMax)), retryAt: now.Add(d), local: local}
+}
+
+func (ks *keyState) forgetSuspension() {
+	ks.mu.Lock()
+	defer ks.mu.Unlock()
+	if ks.susp != nil {
+		ks.susp.until = time.Time{}
+	}
+}
+
+// park remembers a task deferred on the current cached suspension. It
+// returns the suspension when the task is its first (the caller schedules
+// the check), else nil.
+func (ks *keyState) park(p parkedTask) *suspension {
+	ks.mu.Lock()
+	defer ks.mu.Unlock()
+	s := ks.susp
+	if s == nil || s.local || len(s.parked) >= maxParked {
+		return nil
+	}
+	s.parked = append(s.parked, p)
+	if len(s.parked) == 1 {
+		return s
+	}
+	return nil
+}
+
+// unpark takes the tasks parked on s.
+func (ks *keyState) unpark(s *suspension) []parkedTask {
+	ks.mu.Lock()
+	defer ks.mu.Unlock()
+	p := s.parked
+	s.parked = nil
+	return p
 }

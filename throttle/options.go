@@ -8,6 +8,9 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/asynq-throttle/asynq-throttle/lua"
 )
 
 // Defaults of the options; each With* doc names the one it changes.
@@ -63,7 +66,8 @@ func (p FailurePolicy) String() string {
 }
 
 // Option configures a Limiter or the ByProvider middleware. Options that only
-// concern the middleware are ignored by NewLimiter.
+// concern the middleware are ignored by NewLimiter. An invalid option makes
+// NewLimiter and ByProvider panic, naming it (see CheckOptions).
 type Option func(*options)
 
 type options struct {
@@ -73,6 +77,9 @@ type options struct {
 	maxSuspension time.Duration
 	defaults      []Limit
 	keyDefaults   map[string][]Limit
+	defaultTiers  []lua.Tier            // defaults, validated
+	keyTiers      map[string][]lua.Tier // keyDefaults, validated
+	taskRedis     redis.UniversalClient // where the tasks live, when not rdb
 
 	// middleware only
 	keyFunc        func(*asynq.Task) string
@@ -91,7 +98,7 @@ type options struct {
 	observer       func(Event)
 	deferralClient *asynq.Client
 
-	err error // the first invalid option, returned by every call
+	err error // the first invalid option
 }
 
 func newOptions(opts []Option) options {
@@ -119,7 +126,8 @@ func newOptions(opts []Option) options {
 	return o
 }
 
-// validate names the first option whose value cannot work.
+// validate names the first option whose value cannot work, and converts
+// the default limits for the scripts.
 func (o *options) validate() error {
 	bad := func(opt string, v any, why string) error {
 		return fmt.Errorf("throttle: option %s(%v): %s", opt, v, why)
@@ -135,8 +143,10 @@ func (o *options) validate() error {
 		return bad("WithTimeout", o.timeout, "must be >= 0 (0: no deadline of its own)")
 	case o.horizon < 0:
 		return bad("WithReservations", o.horizon, "must be >= 0 (0: off)")
-	case o.jitterMin < 0 || o.jitterMax < o.jitterMin || o.jitterFraction < 0:
+	case o.jitterMin < 0 || o.jitterMax < o.jitterMin || o.jitterFraction < 0 || o.jitterFraction != o.jitterFraction:
 		return bad("WithJitter", fmt.Sprintf("%v, %v, %v", o.jitterMin, o.jitterMax, o.jitterFraction), "want 0 <= min <= max and fraction >= 0")
+	case o.failure != FailClosed && o.failure != FailOpen:
+		return bad("WithFailurePolicy", int(o.failure), "must be FailClosed or FailOpen")
 	case o.failureDelay <= 0:
 		return bad("WithFailureDelay", o.failureDelay, "must be > 0")
 	case o.defaultSuspend <= 0:
@@ -147,6 +157,26 @@ func (o *options) validate() error {
 		return bad("WithLease", o.leaseFor, "the lease time must be >= 0")
 	case o.logger == nil:
 		return bad("WithLogger", nil, "must not be nil")
+	}
+	if len(o.defaults) > 0 {
+		tiers, err := validateLimits(o.defaults)
+		if err != nil {
+			return fmt.Errorf("throttle: option WithDefaultLimits: %w", err)
+		}
+		o.defaultTiers = tiers
+	}
+	for key, limits := range o.keyDefaults {
+		if err := ValidateKey(key); err != nil {
+			return fmt.Errorf("throttle: option WithKeyLimits(%q): %w", key, err)
+		}
+		tiers, err := validateLimits(limits)
+		if err != nil {
+			return fmt.Errorf("throttle: option WithKeyLimits(%q): %w", key, err)
+		}
+		if o.keyTiers == nil {
+			o.keyTiers = make(map[string][]lua.Tier)
+		}
+		o.keyTiers[key] = tiers
 	}
 	return nil
 }
@@ -259,8 +289,17 @@ func WithLogger(l *slog.Logger) Option { return func(o *options) { o.logger = l 
 // metrics and progress displays. It runs on the worker goroutine: keep it fast.
 func WithObserver(f func(Event)) Option { return func(o *options) { o.observer = f } }
 
+// WithTaskRedis names the Redis where the asynq tasks live, when it is not
+// the one that holds the limits (default: the limiter's). The middleware
+// re-enqueues copies of deferred tasks there when the retry path cannot be
+// used, and looks tasks up there (a copy that already exists, tasks to bring
+// back after Resume).
+func WithTaskRedis(rdb redis.UniversalClient) Option { return func(o *options) { o.taskRedis = rdb } }
+
 // WithClient sets the asynq client the middleware uses to re-enqueue a copy of
-// a deferred task when the retry path cannot be used (default: a client on the
-// limiter's Redis). Give it when your tasks live in another Redis than the
-// limits.
+// a deferred task when the retry path cannot be used (default: a client on
+// the tasks' Redis, see WithTaskRedis).
+//
+// Deprecated: use WithTaskRedis, which also lets the middleware look tasks
+// up. With WithClient alone, tasks are looked up in the limiter's Redis.
 func WithClient(c *asynq.Client) Option { return func(o *options) { o.deferralClient = c } }

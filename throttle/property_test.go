@@ -33,32 +33,32 @@ func refTiers(limits []throttle.Limit) []refTier {
 
 // refModel is a pure-Go reference of the limiter without reservations: token
 // buckets in exact rational arithmetic, all-or-nothing takes, suspension, and
-// SetLimits bringing tokens up to date under the old limits then clamping.
-// Time is integer microseconds of the Redis clock.
+// SetLimits carrying each tier's tokens to the new tier with the same period,
+// clamped to its burst. Time is integer microseconds of the Redis clock; a
+// clock that steps back takes tokens away (what a tier owes is counted from
+// the time it will be full again), never adds any; a tier that was full
+// stays full.
 type refModel struct {
 	tiers    []refTier
-	hasState bool // a bucket was written (first allowed take)
+	hasState bool // a bucket was written (an allowed take left a tier short)
 	ts       int64
 	tokens   []*big.Rat
 	until    int64 // suspended until; 0 = never suspended
 	maxSusp  int64
 }
 
-// refSlack mirrors the script's SLACK: a tier is short of a token when the
-// token is more than 0.001 us of refill away.
-func refSlack() *big.Rat { return big.NewRat(1, 1000) }
-
+// refill returns the tokens of each tier at now: the stored tokens plus what
+// the time since (negative when the clock stepped back) refilled, at most
+// the burst.
 func (m *refModel) refill(tiers []refTier, now int64) []*big.Rat {
-	var elapsed int64
-	if m.hasState && now > m.ts {
-		elapsed = now - m.ts
-	}
 	out := make([]*big.Rat, len(tiers))
 	for i, t := range tiers {
 		burst := new(big.Rat).SetInt64(t.burst)
 		v := burst
-		if m.hasState && i < len(m.tokens) {
-			v = new(big.Rat).Add(m.tokens[i], big.NewRat(elapsed*t.rate, t.perUS))
+		// A tier full when the state was written stays full: it is not
+		// stored, and a step back of the clock finds nothing to take away.
+		if m.hasState && i < len(m.tokens) && m.tokens[i].Cmp(burst) < 0 {
+			v = new(big.Rat).Add(m.tokens[i], big.NewRat((now-m.ts)*t.rate, t.perUS))
 			if v.Cmp(burst) > 0 {
 				v = burst
 			}
@@ -93,10 +93,9 @@ func (m *refModel) take(now int64) refDecision {
 	for i, t := range m.tiers {
 		w := new(big.Rat).Sub(one, tokens[i])
 		w.Mul(w, big.NewRat(t.perUS, t.rate))
-		if w.Cmp(refSlack()) <= 0 {
+		if w.Sign() <= 0 {
 			continue
 		}
-		w.Sub(w, refSlack()) // the script waits ceil(need - SLACK)
 		waits[i] = w
 		if w.Cmp(wait) > 0 {
 			short, wait = i+1, w
@@ -111,11 +110,7 @@ func (m *refModel) take(now int64) refDecision {
 				remaining = tokens[i]
 			}
 		}
-		m.tokens = tokens
-		if !m.hasState || now > m.ts {
-			m.ts = now
-		}
-		m.hasState = true
+		m.tokens, m.ts, m.hasState = tokens, now, true
 		q := new(big.Int).Div(remaining.Num(), remaining.Denom()) // floor for remaining >= 0
 		return refDecision{allowed: true, remaining: q.Int64()}
 	}
@@ -136,23 +131,23 @@ func (m *refModel) take(now int64) refDecision {
 	return d
 }
 
+// setLimits gives each new tier the tokens of the old tier with the same
+// period (clamped to the new burst); a tier with a new period starts full.
+// A full bucket holds the old burst: raising the burst grants no more.
 func (m *refModel) setLimits(tiers []refTier, now int64) {
-	if m.hasState {
-		tokens := m.refill(m.tiers, now)
-		kept := make([]*big.Rat, len(tiers))
-		for i, t := range tiers {
-			burst := new(big.Rat).SetInt64(t.burst)
-			v := burst
-			if i < len(tokens) && tokens[i].Cmp(burst) < 0 {
-				v = tokens[i]
+	tokens := m.refill(m.tiers, now)
+	kept := make([]*big.Rat, len(tiers))
+	for i, t := range tiers {
+		burst := new(big.Rat).SetInt64(t.burst)
+		v := burst
+		for j, old := range m.tiers {
+			if old.perUS == t.perUS && tokens[j].Cmp(burst) < 0 {
+				v = tokens[j]
 			}
-			kept[i] = v
 		}
-		m.tokens = kept
-		if now > m.ts {
-			m.ts = now
-		}
+		kept[i] = v
 	}
+	m.tokens, m.ts, m.hasState = kept, now, true
 	m.tiers = tiers
 }
 
@@ -181,13 +176,16 @@ var (
 	propSteps = []int64{1_000, 1_000_000, 10_000_000} // upper bounds of a clock step, us
 )
 
+// drawLimits draws one or two tiers with distinct periods (a tier is
+// identified by its period).
 func drawLimits(t *rapid.T, label string) []throttle.Limit {
 	n := rapid.IntRange(1, 2).Draw(t, label+"Tiers")
+	pers := rapid.SliceOfNDistinct(rapid.SampledFrom(propPers), n, n, rapid.ID[time.Duration]).Draw(t, label+"Pers")
 	limits := make([]throttle.Limit, n)
 	for i := range limits {
 		limits[i] = throttle.Limit{
 			Rate:  rapid.IntRange(1, 20).Draw(t, fmt.Sprintf("%sRate%d", label, i+1)),
-			Per:   rapid.SampledFrom(propPers).Draw(t, fmt.Sprintf("%sPer%d", label, i+1)),
+			Per:   pers[i],
 			Burst: rapid.IntRange(0, 10).Draw(t, fmt.Sprintf("%sBurst%d", label, i+1)),
 		}
 	}
@@ -232,7 +230,7 @@ func TestProperty_MatchesReferenceModel(t *testing.T) {
 			}
 			lastRetry = got.RetryAfter
 			require.Equal(t, want.reason, got.Reason, "%s: Reason (model %+v, script %+v)", call, want, got)
-			require.InDelta(t, want.retryUS, got.RetryAfter.Microseconds(), 1, "%s: RetryAfter us (model %+v, script %+v)", call, want, got)
+			require.Equal(t, want.retryUS, got.RetryAfter.Microseconds(), "%s: RetryAfter us (model %+v, script %+v)", call, want, got)
 			if want.reason == throttle.RefusedByTier && want.tierClear {
 				require.Equal(t, want.tier, got.Tier, "%s: Tier (model %+v, script %+v)", call, want, got)
 			}
@@ -306,11 +304,12 @@ func TestProperty_Reservations(t *testing.T) {
 		env.mr.SetTime(now)
 
 		n := rapid.IntRange(1, 2).Draw(t, "tiers")
+		pers := rapid.SliceOfNDistinct(rapid.SampledFrom(resvPers), n, n, rapid.ID[time.Duration]).Draw(t, "pers")
 		limits := make([]throttle.Limit, n)
 		for i := range limits {
 			limits[i] = throttle.Limit{
 				Rate:  rapid.SampledFrom(resvRates).Draw(t, fmt.Sprintf("rate%d", i+1)),
-				Per:   rapid.SampledFrom(resvPers).Draw(t, fmt.Sprintf("per%d", i+1)),
+				Per:   pers[i],
 				Burst: rapid.SampledFrom(resvBursts).Draw(t, fmt.Sprintf("burst%d", i+1)),
 			}
 		}

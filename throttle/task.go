@@ -16,6 +16,16 @@ const (
 	HeaderOrigin = "throttle-origin"
 	// HeaderDeferrals counts how many times a task was deferred by copy.
 	HeaderDeferrals = "throttle-deferrals"
+	// HeaderCopyOf carries the ID of the task a deferred copy was made from
+	// (the task it replaces, where HeaderOrigin names the first of a chain).
+	HeaderCopyOf = "throttle-copy-of"
+	// HeaderDeferredKey and HeaderDeferredReason say which key deferred a
+	// copy, and why ("suspended", "tier", ...).
+	HeaderDeferredKey    = "throttle-deferred-key"
+	HeaderDeferredReason = "throttle-deferred-reason"
+	// HeaderRetried counts the retries the tasks before a copy spent: a
+	// copy's MaxRetry is what is left of the original's.
+	HeaderRetried = "throttle-retried"
 )
 
 // keyOption is the asynq.Option returned by Key.

@@ -1,0 +1,117 @@
+package throttle
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/asynq-throttle/asynq-throttle/lua"
+)
+
+// keyState is what one Limiter remembers about one key in this process:
+// the decide commands it built, whether the key was migrated, its lease,
+// and the middleware's caches (no limits, suspension). Keys not used for
+// stateIdle are forgotten, so a process that sees many keys (one per
+// tenant, say) holds memory only for the keys it uses.
+type keyState struct {
+	used     atomic.Int64 // last use, UnixNano
+	migrated atomic.Bool  // Migrate ran for the key in this process
+	take     atomic.Pointer[template]
+
+	lease lease
+
+	mu            sync.Mutex
+	tmpls         []*template // the other decide commands, by variant
+	noLimitsUntil time.Time   // "no limits" answered by Redis, trusted until then
+	warned        bool        // "no limits" was logged
+	susp          *suspension // a suspension answered by Redis, trusted for a while
+}
+
+// variant is what tells decide commands of one key apart.
+type variant struct {
+	horizon, granule time.Duration
+	lease            int
+	mode             lua.Mode
+}
+
+// template is a decide command without its task IDs.
+type template struct {
+	v    variant
+	args []any
+}
+
+// stateIdle is how long a key's state is kept without use.
+const stateIdle = time.Minute
+
+// keyStates holds the keyState of every key a Limiter used lately.
+type keyStates struct {
+	m     sync.Map // key -> *keyState
+	n     atomic.Int64
+	idle  time.Duration // stateIdle; shorter in tests
+	now   func() time.Time
+	sweep atomic.Bool // a sweep is scheduled
+}
+
+// get returns the state of key, created when missing, and marks it used.
+func (s *keyStates) get(key string) *keyState {
+	now := s.now().UnixNano()
+	if v, ok := s.m.Load(key); ok {
+		ks := v.(*keyState)
+		if ks.used.Load() < now-int64(time.Second) {
+			ks.used.Store(now)
+		}
+		return ks
+	}
+	ks := &keyState{}
+	ks.used.Store(now)
+	v, loaded := s.m.LoadOrStore(key, ks)
+	if !loaded {
+		s.n.Add(1)
+		s.schedule()
+	}
+	return v.(*keyState)
+}
+
+// peek returns the state of key if there is one, without marking it used.
+func (s *keyStates) peek(key string) *keyState {
+	if v, ok := s.m.Load(key); ok {
+		return v.(*keyState)
+	}
+	return nil
+}
+
+// schedule makes sure a sweep will run.
+func (s *keyStates) schedule() {
+	if s.sweep.CompareAndSwap(false, true) {
+		time.AfterFunc(s.idle, s.run)
+	}
+}
+
+// run forgets keys not used for idle, and schedules the next sweep while
+// any are left (none: nothing keeps the Limiter alive).
+func (s *keyStates) run() {
+	cutoff := s.now().Add(-s.idle).UnixNano()
+	s.m.Range(func(k, v any) bool {
+		ks := v.(*keyState)
+		if ks.used.Load() < cutoff && !ks.busy() {
+			s.m.Delete(k)
+			s.n.Add(-1)
+		}
+		return true
+	})
+	s.sweep.Store(false)
+	if s.n.Load() > 0 {
+		s.schedule()
+	}
+}
+
+// busy reports state that must outlive idleness: tasks deferred from a
+// cached suspension that may have to be brought back.
+func (ks *keyState) busy() bool {
+	ks.mu.Lock()
+	defer ks.mu.Unlock()
+	return ks.susp != nil && len(ks.susp.parked) > 0
+}
+
+// size returns how many keys have state (for tests and benchmarks).
+func (s *keyStates) size() int { return int(s.n.Load()) }

@@ -1,0 +1,245 @@
+package throttle
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/asynq-throttle/asynq-throttle/internal/deferral"
+)
+
+// taskStore is the limiter's way to the asynq tasks: it re-enqueues a copy
+// of a deferred task when asynq's retry path cannot be used, and looks
+// tasks up (a copy that exists already, tasks to bring back after Resume).
+// Its asynq client and inspector are made on first use.
+type taskStore struct {
+	rdb   redis.UniversalClient // the tasks' Redis
+	given *asynq.Client         // WithClient
+
+	once   sync.Once
+	client *asynq.Client
+	insp   *asynq.Inspector
+}
+
+func (s *taskStore) setup(rdb redis.UniversalClient, o options) {
+	s.rdb, s.given = rdb, o.deferralClient
+	if o.taskRedis != nil {
+		s.rdb = o.taskRedis
+	}
+}
+
+func (s *taskStore) init() {
+	s.once.Do(func() {
+		s.client = s.given
+		if s.client == nil {
+			s.client = asynq.NewClientFromRedisClient(s.rdb)
+		}
+		s.insp = asynq.NewInspectorFromRedisClient(s.rdb)
+	})
+}
+
+// copyRetryFor bounds how long a failed copy enqueue is retried (and never
+// past the task's own deadline).
+const copyRetryFor = 30 * time.Second
+
+// errCopy wraps a copy that could not be enqueued, saying what happens to the
+// original.
+type errCopy struct {
+	id, kept string
+	err      error
+}
+
+func (e *errCopy) Error() string {
+	return fmt.Sprintf("throttle: could not re-enqueue deferred task %s: %v; the task is %s", e.id, e.err, e.kept)
+}
+
+func (e *errCopy) Unwrap() error { return e.err }
+
+// enqueueCopy re-enqueues the task of ctx to run after delay, as a copy with
+// a new ID, and returns that ID; the caller lets the original finish. The
+// copy keeps type, payload, headers, queue, and the retries left (MaxRetry
+// minus the retries already spent, which its header HeaderRetried counts).
+// Its ID is derived from the original's, so that doing it again (the
+// original delivered twice after a crash) finds the same copy instead of
+// making another. An existing task with that ID counts as the copy only
+// when it is live and a copy of this very task (same type and payload,
+// HeaderCopyOf naming it); anything else (a copy left from an earlier run
+// of a task ID used again, a task whose handler copied the headers) gets a
+// fresh copy under a new ID. A failed enqueue is retried until the task's
+// deadline, at most copyRetryFor.
+func (s *taskStore) enqueueCopy(ctx context.Context, t *asynq.Task, key, reason string, delay time.Duration) (string, error) {
+	s.init()
+	id, _ := asynq.GetTaskID(ctx)
+	queue, _ := asynq.GetQueueName(ctx)
+	retried, _ := asynq.GetRetryCount(ctx)
+	maxRetry, hasMax := asynq.GetMaxRetry(ctx)
+
+	headers := make(map[string]string, len(t.Headers())+6)
+	for k, v := range t.Headers() {
+		headers[k] = v
+	}
+	origin := headers[HeaderOrigin]
+	if origin == "" {
+		origin = id
+	}
+	n, _ := strconv.Atoi(headers[HeaderDeferrals])
+	n++
+	spent, _ := strconv.Atoi(headers[HeaderRetried])
+	spent += retried
+	headers[HeaderOrigin] = origin
+	headers[HeaderDeferrals] = strconv.Itoa(n)
+	headers[HeaderCopyOf] = id
+	headers[HeaderDeferredKey] = key
+	headers[HeaderDeferredReason] = reason
+	if spent > 0 {
+		headers[HeaderRetried] = strconv.Itoa(spent)
+	}
+	copyTask := asynq.NewTaskWithHeaders(t.Type(), t.Payload(), headers)
+	opts := []asynq.Option{asynq.ProcessIn(delay)}
+	if queue != "" {
+		opts = append(opts, asynq.Queue(queue))
+	}
+	if hasMax {
+		opts = append(opts, asynq.MaxRetry(max(maxRetry-retried, 0)))
+	}
+	copyID := origin + "~throttle-" + strconv.Itoa(n)
+
+	until := time.Now().Add(copyRetryFor)
+	if d, ok := ctx.Deadline(); ok && d.Before(until) {
+		until = d
+	}
+	backoff := 50 * time.Millisecond
+	for conflicts := 0; ; {
+		_, err := s.client.EnqueueContext(ctx, copyTask, append(opts, asynq.TaskID(copyID))...)
+		switch {
+		case err == nil:
+			return copyID, nil
+		case errors.Is(err, asynq.ErrTaskIDConflict):
+			if s.isCopyOf(queue, copyID, id, t) {
+				return copyID, nil
+			}
+			conflicts++
+			if conflicts > 3 {
+				return "", s.copyFailed(ctx, id, err)
+			}
+			copyID = origin + "~throttle-" + strconv.Itoa(n) + "-" + randomSuffix()
+			continue
+		}
+		if time.Now().Add(backoff).After(until) {
+			return "", s.copyFailed(ctx, id, err)
+		}
+		select {
+		case <-time.After(backoff):
+		case <-ctx.Done():
+			return "", s.copyFailed(ctx, id, err)
+		}
+		backoff = min(2*backoff, 2*time.Second)
+	}
+}
+
+// copyFailed says what becomes of a task whose copy could not be enqueued:
+// asynq archives it on its last attempt, and retries it otherwise.
+func (s *taskStore) copyFailed(ctx context.Context, id string, err error) error {
+	retried, _ := asynq.GetRetryCount(ctx)
+	maxRetry, hasMax := asynq.GetMaxRetry(ctx)
+	kept := "kept for a retry (one retry spent)"
+	if !hasMax || retried >= maxRetry {
+		kept = "kept in the archive (asynq archives a task on its last attempt): run it again with the asynq CLI or Inspector.RunTask"
+	}
+	return &errCopy{id: id, kept: kept, err: err}
+}
+
+// isCopyOf reports whether the task copyID in queue is a live copy of the
+// task id (of t's type and payload).
+func (s *taskStore) isCopyOf(queue, copyID, id string, t *asynq.Task) bool {
+	info, err := s.insp.GetTaskInfo(queue, copyID)
+	if err != nil {
+		return false
+	}
+	switch info.State {
+	case asynq.TaskStatePending, asynq.TaskStateScheduled, asynq.TaskStateRetry, asynq.TaskStateActive, asynq.TaskStateAggregating:
+	default:
+		return false
+	}
+	return info.Headers[HeaderCopyOf] == id && info.Type == t.Type() && bytes.Equal(info.Payload, t.Payload())
+}
+
+func randomSuffix() string {
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// parkedTask is a task deferred from a process's cached suspension: where it
+// waits in asynq.
+type parkedTask struct{ queue, id string }
+
+// run brings tasks waiting in asynq's retry or scheduled sets back to
+// pending now. Tasks that are no longer waiting are skipped.
+func (s *taskStore) run(tasks []parkedTask) int {
+	s.init()
+	n := 0
+	for _, p := range tasks {
+		if err := s.insp.RunTask(p.queue, p.id); err == nil {
+			n++
+		}
+	}
+	return n
+}
+
+// listPage is how many tasks bringBack reads at once.
+const listPage = 500
+
+// bringBack finds the tasks deferred because key was suspended (waiting in
+// asynq's retry set with a deferral as their last error, or in its
+// scheduled set as copies) in every queue, and runs them now. It returns
+// how many it brought back.
+func (s *taskStore) bringBack(ctx context.Context, key string) (int, error) {
+	s.init()
+	queues, err := s.insp.Queues()
+	if err != nil {
+		return 0, err
+	}
+	var found []parkedTask
+	for _, q := range queues {
+		for _, list := range []func(string, ...asynq.ListOption) ([]*asynq.TaskInfo, error){s.insp.ListRetryTasks, s.insp.ListScheduledTasks} {
+			for page := 1; ; page++ {
+				if err := ctx.Err(); err != nil {
+					return s.run(found), err
+				}
+				infos, err := list(q, asynq.PageSize(listPage), asynq.Page(page))
+				if err != nil {
+					return s.run(found), err
+				}
+				for _, info := range infos {
+					if deferredBySuspension(info, key) {
+						found = append(found, parkedTask{queue: q, id: info.ID})
+					}
+				}
+				if len(infos) < listPage {
+					break
+				}
+			}
+		}
+	}
+	return s.run(found), nil
+}
+
+// deferredBySuspension reports whether a waiting task was deferred because
+// key was suspended.
+func deferredBySuspension(info *asynq.TaskInfo, key string) bool {
+	if info.State == asynq.TaskStateScheduled {
+		return info.Headers[HeaderDeferredKey] == key && info.Headers[HeaderDeferredReason] == RefusedBySuspension.String()
+	}
+	k, reason, ok := deferral.Parse(info.LastErr)
+	return ok && k == key && reason == RefusedBySuspension.String()
+}
