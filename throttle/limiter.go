@@ -50,6 +50,7 @@ func NewLimiter(rdb redis.UniversalClient, opts ...Option) *Limiter {
 	if c, ok := rdb.(*redis.Client); ok && c.Options().PoolSize >= minPoolForOwn {
 		l.flight.owner, l.flight.renew = c, ownRenew
 	}
+	l.checkEviction()
 	return l
 }
 
