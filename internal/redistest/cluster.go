@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -161,45 +162,66 @@ func (c *Cluster) logTails() string {
 	return sb.String()
 }
 
+// SlotNodes returns the addresses of the master that serves key's slot and
+// of its replica ("" without replicas): the nodes Failover(t, key) swaps.
+func (c *Cluster) SlotNodes(t testing.TB, key string) (master, replica string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), clusterReadyTimeout)
+	defer cancel()
+	m, r, _ := c.slotNodes(ctx, t, key)
+	if r == nil {
+		return m.addr, ""
+	}
+	return m.addr, r.addr
+}
+
+// slotNodes finds the master of key's slot and its replica (nil if none).
+func (c *Cluster) slotNodes(ctx context.Context, t testing.TB, key string) (master, replica *clusterNodeInfo, slot int) {
+	t.Helper()
+	cl := redis.NewClient(&redis.Options{Addr: c.nodes[0].Addr, MaxRetries: -1, PoolSize: 1})
+	defer cl.Close()
+	s, err := cl.ClusterKeySlot(ctx, key).Result()
+	if err != nil {
+		t.Fatalf("redistest: CLUSTER KEYSLOT %s: %v", key, err)
+	}
+	table, err := cl.ClusterNodes(ctx).Result()
+	if err != nil {
+		t.Fatalf("redistest: CLUSTER NODES: %v", err)
+	}
+	nodes := parseClusterNodes(table)
+	master = ownerOf(nodes, int(s))
+	if master == nil {
+		t.Fatalf("redistest: no master serves slot %d of %q:\n%s", s, key, table)
+	}
+	for i := range nodes {
+		if nodes[i].masterID == master.id {
+			replica = &nodes[i]
+		}
+	}
+	return master, replica, int(s)
+}
+
 // Failover makes the replica of the master that serves key's slot take the
 // master's place with CLUSTER FAILOVER, sent to the replica: a manual
 // failover, in which the master holds its clients' writes until the replica
 // has caught up, so no acknowledged write is lost. It waits until every node
-// names the replica as the slot's master and reports cluster_state:ok, and
+// names the replica as the slot's master and the old master as its replica,
+// and reports cluster_state:ok, and
 // returns the addresses of the old and the new master. The cluster must have
 // replicas (StartClusterWithReplicas).
 func (c *Cluster) Failover(t testing.TB, key string) (from, to string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), clusterReadyTimeout)
 	defer cancel()
+	master, replica, slot := c.slotNodes(ctx, t, key)
+	if replica == nil {
+		t.Fatalf("redistest: master %s of slot %d has no replica (use StartClusterWithReplicas)", master.addr, slot)
+	}
 	clients := map[string]*redis.Client{}
 	for _, n := range c.nodes {
 		cl := redis.NewClient(&redis.Options{Addr: n.Addr, MaxRetries: -1, PoolSize: 1})
 		defer cl.Close()
 		clients[n.Addr] = cl
-	}
-	first := clients[c.nodes[0].Addr]
-	slot, err := first.ClusterKeySlot(ctx, key).Result()
-	if err != nil {
-		t.Fatalf("redistest: CLUSTER KEYSLOT %s: %v", key, err)
-	}
-	table, err := first.ClusterNodes(ctx).Result()
-	if err != nil {
-		t.Fatalf("redistest: CLUSTER NODES: %v", err)
-	}
-	nodes := parseClusterNodes(table)
-	master := ownerOf(nodes, int(slot))
-	if master == nil {
-		t.Fatalf("redistest: no master serves slot %d of %q:\n%s", slot, key, table)
-	}
-	var replica *clusterNodeInfo
-	for i := range nodes {
-		if nodes[i].masterID == master.id {
-			replica = &nodes[i]
-		}
-	}
-	if replica == nil {
-		t.Fatalf("redistest: master %s of slot %d has no replica (use StartClusterWithReplicas):\n%s", master.addr, slot, table)
 	}
 	if err := clients[replica.addr].Do(ctx, "CLUSTER", "FAILOVER").Err(); err != nil {
 		t.Fatalf("redistest: CLUSTER FAILOVER on %s: %v", replica.addr, err)
@@ -215,8 +237,13 @@ func (c *Cluster) Failover(t testing.TB, key string) (from, to string) {
 				lastErr = fmt.Errorf("node %s: %w", addr, err)
 				break
 			}
-			if o := ownerOf(parseClusterNodes(table), int(slot)); o == nil || o.addr != replica.addr {
+			nodes := parseClusterNodes(table)
+			if o := ownerOf(nodes, slot); o == nil || o.addr != replica.addr {
 				lastErr = fmt.Errorf("node %s does not name %s master of slot %d yet", addr, replica.addr, slot)
+				break
+			}
+			if !slices.ContainsFunc(nodes, func(n clusterNodeInfo) bool { return n.addr == master.addr && n.masterID == replica.id }) {
+				lastErr = fmt.Errorf("node %s does not name %s a replica of %s yet", addr, master.addr, replica.addr)
 				break
 			}
 			info, err := cl.ClusterInfo(ctx).Result()

@@ -266,12 +266,12 @@ func TestStartSentinel(t *testing.T) {
 	if err := c.Set(ctx, "k", "v", 0).Err(); err != nil {
 		t.Fatalf("SET through the failover client: %v", err)
 	}
-	before := s.Master(t)
+	before, replica := s.Master(t), s.Replica(t)
 
 	start = time.Now()
 	from, to := s.Failover(t)
 	t.Logf("failover %s -> %s in %v", from, to, time.Since(start).Round(time.Millisecond))
-	if from != before || to == from || s.Master(t) != to {
+	if from != before || to != replica || to == from || s.Master(t) != to {
 		t.Fatalf("failover from %s to %s; master before %s, now %s", from, to, before, s.Master(t))
 	}
 	// The client writes to the new master once it has heard of the switch.
@@ -314,11 +314,15 @@ func TestStartClusterWithReplicas(t *testing.T) {
 			t.Fatalf("INCR %d: %v", i, err)
 		}
 	}
+	master, replica := cl.SlotNodes(t, "{k}n")
 	start = time.Now()
 	from, to := cl.Failover(t, "{k}n")
 	t.Logf("failover %s -> %s in %v", from, to, time.Since(start).Round(time.Millisecond))
-	if from == to {
-		t.Fatalf("failover from %s to itself", from)
+	if from == to || from != master || to != replica {
+		t.Fatalf("failover from %s to %s; SlotNodes said %s and its replica %s", from, to, master, replica)
+	}
+	if m, r := cl.SlotNodes(t, "{k}n"); m != to || r != from {
+		t.Fatalf("after the failover SlotNodes = %s, %s; want %s and its replica %s", m, r, to, from)
 	}
 	if got, err := cc.Incr(ctx, "{k}n").Result(); err != nil || got != 101 {
 		t.Fatalf("INCR after failover = %d, %v; want 101 (no write lost)", got, err)

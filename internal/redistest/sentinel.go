@@ -110,6 +110,16 @@ func (s *Sentinel) Master(t testing.TB) string {
 	return addr
 }
 
+// Replica returns the address of the data node that is not the master the
+// first Sentinel names: the one Failover will promote.
+func (s *Sentinel) Replica(t testing.TB) string {
+	t.Helper()
+	if m := s.Master(t); m != s.data[0].Addr {
+		return s.data[0].Addr
+	}
+	return s.data[1].Addr
+}
+
 // Failover makes the Sentinels promote the replica with SENTINEL FAILOVER
 // (sent to the first Sentinel) and waits until the promoted replica reports
 // role:master and every Sentinel names it. It returns the addresses of the
@@ -120,11 +130,7 @@ func (s *Sentinel) Master(t testing.TB) string {
 // meanwhile is lost.
 func (s *Sentinel) Failover(t testing.TB) (from, to string) {
 	t.Helper()
-	from = s.Master(t)
-	to = s.data[0].Addr
-	if to == from {
-		to = s.data[1].Addr
-	}
+	from, to = s.Master(t), s.Replica(t)
 	ctx, cancel := context.WithTimeout(context.Background(), clusterReadyTimeout)
 	defer cancel()
 	if err := withClient(s.Addrs[0], func(c *redis.Client) error {
