@@ -289,8 +289,9 @@ func TestFaultRedisKilledMidDrain(t *testing.T) {
 	assert.Zero(t, excess, "runs in a 1 s window, whole run")
 }
 
-// scriptRuns returns how many script calls (EVALSHA and EVAL) the server at
-// addr ran without error, from INFO commandstats.
+// scriptRuns returns how many script calls (EVALSHA and EVAL) the server of
+// c ran without error, from INFO commandstats.
+
 func scriptRuns(ctx context.Context, c *redis.Client) (int, error) {
 	info, err := c.Info(ctx, "commandstats").Result()
 	if err != nil {
