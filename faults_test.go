@@ -291,7 +291,6 @@ func TestFaultRedisKilledMidDrain(t *testing.T) {
 
 // scriptRuns returns how many script calls (EVALSHA and EVAL) the server of
 // c ran without error, from INFO commandstats.
-
 func scriptRuns(ctx context.Context, c *redis.Client) (int, error) {
 	info, err := c.Info(ctx, "commandstats").Result()
 	if err != nil {
