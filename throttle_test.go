@@ -116,8 +116,8 @@ func (e *events) observe(job func(id string) string) func(throttle.Event) {
 
 type fleet struct {
 	t       *testing.T
-	redis   *redistest.Server
-	rdb     *redis.Client
+	redis   *redistest.Server // the tasks' Redis; nil when fleetConfig.tasks gave the clients
+	rdb     redis.UniversalClient
 	client  *asynq.Client
 	insp    *asynq.Inspector
 	rec     *recorder
@@ -133,14 +133,30 @@ type fleetConfig struct {
 	opts        []throttle.Option
 	handler     func(ctx context.Context, t *asynq.Task) error // nil: succeed
 	limits      *redistest.Server                              // limiter's Redis, when not the tasks' one
+
+	// tasks, when set, makes the clients of the tasks' Redis (one per
+	// server, one for the test's asynq client and inspector) instead of a
+	// fresh redistest.Start: a persistent server, a Cluster.
+	tasks func(t *testing.T) redis.UniversalClient
+	// limitsClient, when set, makes each server's limiter client (wins
+	// over limits): a Sentinel failover client, say.
+	limitsClient func(t *testing.T) redis.UniversalClient
+	// observer, when set, sees every middleware event after the fleet's own.
+	observer func(throttle.Event)
+	// wrap, when set, is installed before (outside) the throttle middleware.
+	wrap asynq.MiddlewareFunc
 }
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 
 func startFleet(t *testing.T, fc fleetConfig) *fleet {
 	t.Helper()
-	s := redistest.Start(t)
-	f := &fleet{t: t, redis: s, rdb: s.Client(t), rec: newRecorder(), ev: newEvents()}
+	f := &fleet{t: t, rec: newRecorder(), ev: newEvents()}
+	if fc.tasks == nil {
+		f.redis = redistest.Start(t)
+		fc.tasks = func(t *testing.T) redis.UniversalClient { return f.redis.Client(t) }
+	}
+	f.rdb = fc.tasks(t)
 	f.client = asynq.NewClientFromRedisClient(f.rdb)
 	f.insp = asynq.NewInspectorFromRedisClient(f.rdb)
 	if fc.servers == 0 {
@@ -150,7 +166,7 @@ func startFleet(t *testing.T, fc fleetConfig) *fleet {
 		fc.concurrency = 10
 	}
 	for range fc.servers {
-		rdb := s.Client(t) // one connection pool per server, as separate processes
+		rdb := fc.tasks(t) // one connection pool per server, as separate processes
 		cfg := fc.cfg
 		cfg.Concurrency = fc.concurrency
 		cfg.LogLevel = asynq.FatalLevel
@@ -164,16 +180,27 @@ func startFleet(t *testing.T, fc fleetConfig) *fleet {
 		} else {
 			srv = worker.NewServer(rdb, cfg)
 		}
+		observe := f.ev.observe(f.job)
+		if fc.observer != nil {
+			own := observe
+			observe = func(ev throttle.Event) { own(ev); fc.observer(ev) }
+		}
 		opts := append([]throttle.Option{
 			throttle.WithLogger(quiet),
-			throttle.WithObserver(f.ev.observe(f.job)),
+			throttle.WithObserver(observe),
 		}, fc.opts...)
 		limits := redis.UniversalClient(rdb)
-		if fc.limits != nil {
+		switch {
+		case fc.limitsClient != nil:
+			limits = fc.limitsClient(t)
+		case fc.limits != nil:
 			limits = redis.NewClient(&redis.Options{Addr: fc.limits.Addr, MaxRetries: -1})
 			t.Cleanup(func() { limits.Close() })
 		}
 		mux := asynq.NewServeMux()
+		if fc.wrap != nil {
+			mux.Use(fc.wrap)
+		}
 		mux.Use(throttle.ByProvider(limits, opts...))
 		mux.HandleFunc("sync:", func(ctx context.Context, task *asynq.Task) error {
 			start := time.Now()

@@ -54,6 +54,7 @@ func NewLimiter(rdb redis.UniversalClient, opts ...Option) *Limiter {
 		l.flight.owner, l.flight.renew = c, ownRenew
 	}
 	l.tasks.setup(rdb, o)
+	l.checkEviction()
 	return l
 }
 

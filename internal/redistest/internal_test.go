@@ -21,7 +21,7 @@ func TestStartRetriesWhenPortTaken(t *testing.T) {
 		}
 		return freePort()
 	}
-	s := startServer(t, false, pick, nil)
+	s := startServer(t, standalone, pick, nil)
 	if calls < 2 {
 		t.Fatalf("pickPort called %d times, want a retry", calls)
 	}

@@ -2,9 +2,11 @@
 // processes (standalone or a small Redis Cluster) for integration tests.
 //
 // Every server runs on its own free 127.0.0.1 port in a t.TempDir(), without
-// persistence, and is killed on t.Cleanup (and, on Linux, by the kernel when
-// the process that started it dies). The shared Redis on 6379 is never used.
-// Launch starts one for programs that are not tests.
+// persistence (StartPersistent: with), and is killed on t.Cleanup (and, on
+// Linux, by the kernel when the process that started it dies). The shared
+// Redis on 6379 is never used. StartCluster and StartClusterWithReplicas
+// start a Redis Cluster, StartSentinel a master and a replica watched by
+// three Sentinels. Launch starts one server for programs that are not tests.
 package redistest
 
 import (
@@ -76,7 +78,7 @@ type Server struct {
 
 	port      int
 	dir       string
-	cluster   bool
+	kind      kind
 	extraArgs []string
 
 	mu   sync.Mutex
@@ -85,6 +87,15 @@ type Server struct {
 	// began, so that errors are looked up only in the output of that launch.
 	logStart map[string]int64
 }
+
+// kind is what a Server runs as.
+type kind int
+
+const (
+	standalone   kind = iota // a plain Redis
+	clusterNode              // a node of a Redis Cluster (--cluster-enabled yes)
+	sentinelNode             // a Sentinel (redis-server <conf> --sentinel)
+)
 
 // process is one running redis-server.
 type process struct {
@@ -99,15 +110,27 @@ type process struct {
 func Start(t testing.TB, extraArgs ...string) *Server {
 	t.Helper()
 	Require(t)
-	return startServer(t, false, freePort, extraArgs)
+	return startServer(t, standalone, freePort, extraArgs)
+}
+
+// StartPersistent is Start with persistence: every write is appended and
+// fsynced before it is acknowledged (--appendonly yes --appendfsync always),
+// so a server killed with Stop and started again with Restart comes back
+// with every acknowledged write. Its port lies below the kernel's ephemeral
+// range, so that no outgoing connection takes it while the server is down.
+func StartPersistent(t testing.TB, extraArgs ...string) *Server {
+	t.Helper()
+	Require(t)
+	args := append([]string{"--appendonly", "yes", "--appendfsync", "always"}, extraArgs...)
+	return startServer(t, standalone, freeStablePort, args)
 }
 
 // startServer creates a Server in a fresh temp dir and starts it on a port
 // from pickPort, retrying with a new port when the bind fails.
-func startServer(t testing.TB, cluster bool, pickPort func() (int, error), extraArgs []string) *Server {
+func startServer(t testing.TB, k kind, pickPort func() (int, error), extraArgs []string) *Server {
 	t.Helper()
 	dir := t.TempDir()
-	s, err := launchIn(dir, cluster, pickPort, extraArgs)
+	s, err := launchIn(dir, k, pickPort, extraArgs)
 	if err != nil {
 		t.Fatalf("redistest: %v", err)
 	}
@@ -124,15 +147,15 @@ func Launch(dir string, extraArgs ...string) (*Server, error) {
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		return nil, fmt.Errorf("redis-server not on PATH: %w", err)
 	}
-	return launchIn(dir, false, freePort, extraArgs)
+	return launchIn(dir, standalone, freePort, extraArgs)
 }
 
 // launchIn starts a server with its files in dir on a port from pickPort,
 // retrying with a new port when the bind fails.
-func launchIn(dir string, cluster bool, pickPort func() (int, error), extraArgs []string) (*Server, error) {
+func launchIn(dir string, k kind, pickPort func() (int, error), extraArgs []string) (*Server, error) {
 	s := &Server{
 		dir:       dir,
-		cluster:   cluster,
+		kind:      k,
 		extraArgs: append([]string(nil), extraArgs...),
 	}
 	var lastErr error
@@ -162,9 +185,11 @@ func (s *Server) Client(t testing.TB) *redis.Client {
 	return c
 }
 
-// Restart kills the server with SIGKILL and starts it again on the same port
-// and directory, waiting until it answers PING. Without persistence all data
-// is lost, and loaded scripts are gone (NOSCRIPT).
+// Restart kills the server with SIGKILL (if it still runs) and starts it
+// again on the same port and directory, waiting until it answers PING. Call
+// Stop first to keep it down for a while. Without persistence all data is
+// lost; with it (StartPersistent) every acknowledged write is back. Loaded
+// scripts are gone either way (NOSCRIPT).
 func (s *Server) Restart(t testing.TB) {
 	t.Helper()
 	s.Stop()
@@ -228,12 +253,16 @@ func (s *Server) args() []string {
 		"--appendonly", "no",
 		"--maxmemory-policy", "noeviction",
 	}
-	if s.cluster {
+	switch s.kind {
+	case clusterNode:
 		args = append(args,
 			"--cluster-enabled", "yes",
 			"--cluster-config-file", filepath.Join(s.dir, "nodes.conf"),
 			"--cluster-node-timeout", "2000",
 		)
+	case sentinelNode:
+		// A Sentinel needs a config file of its own, which it rewrites.
+		args = append([]string{s.sentinelConf(), "--sentinel"}, args...)
 	}
 	return append(args, s.extraArgs...)
 }
@@ -247,10 +276,16 @@ func (s *Server) launch() error {
 	if s.proc != nil {
 		return errors.New("server already running")
 	}
-	if s.cluster {
+	switch s.kind {
+	case clusterNode:
 		// A stale nodes.conf from a previous start would make the node
 		// refuse to start or keep an old identity.
 		_ = os.Remove(filepath.Join(s.dir, "nodes.conf"))
+	case sentinelNode:
+		// Fresh on every launch: what a Sentinel monitors is set by commands.
+		if err := os.WriteFile(s.sentinelConf(), nil, 0o644); err != nil {
+			return err
+		}
 	}
 
 	s.logStart = map[string]int64{}
@@ -431,6 +466,18 @@ func freePort() (int, error) {
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// freeStablePort returns a random free port in [clusterPortMin,
+// clusterPortMax), below the ephemeral range: a server restarted after a
+// while finds its port still free.
+func freeStablePort() (int, error) {
+	for i := 0; i < 200; i++ {
+		if port := clusterPortMin + rand.IntN(clusterPortMax-clusterPortMin); portFree(port) {
+			return port, nil
+		}
+	}
+	return 0, errors.New("no free port found below the ephemeral range")
 }
 
 // freeClusterPort returns a random port in [clusterPortMin, clusterPortMax)

@@ -219,3 +219,117 @@ func TestLaunch(t *testing.T) {
 		t.Fatal("server still answers after Stop")
 	}
 }
+
+// A persistent server killed with SIGKILL comes back on the same address
+// with every acknowledged write.
+func TestStartPersistent(t *testing.T) {
+	t.Parallel()
+	s := redistest.StartPersistent(t)
+	ctx := context.Background()
+	c := s.Client(t)
+	for name, w := range map[string]string{"appendonly": "yes", "appendfsync": "always", "maxmemory-policy": "noeviction"} {
+		got, err := c.ConfigGet(ctx, name).Result()
+		if err != nil || got[name] != w {
+			t.Errorf("CONFIG GET %s = %v, %v; want %q", name, got, err, w)
+		}
+	}
+	for i := range 100 {
+		if err := c.Incr(ctx, "n").Err(); err != nil {
+			t.Fatalf("INCR %d: %v", i, err)
+		}
+	}
+	addr := s.Addr
+	s.Stop()
+	if err := c.Ping(ctx).Err(); err == nil {
+		t.Fatal("PING succeeded after Stop")
+	}
+	s.Restart(t)
+	if s.Addr != addr {
+		t.Fatalf("Addr after restart = %s, want %s", s.Addr, addr)
+	}
+	if got, err := c.Get(ctx, "n").Int(); err != nil || got != 100 {
+		t.Fatalf("GET n after SIGKILL and restart = %d, %v; want 100", got, err)
+	}
+}
+
+// The Sentinels promote the replica, and a failover client follows them.
+func TestStartSentinel(t *testing.T) {
+	t.Parallel()
+	start := time.Now()
+	s := redistest.StartSentinel(t)
+	t.Logf("master, replica and 3 Sentinels ready in %v", time.Since(start).Round(time.Millisecond))
+	if len(s.Addrs) != 3 {
+		t.Fatalf("Addrs = %v, want 3 Sentinels", s.Addrs)
+	}
+	ctx := context.Background()
+	c := s.Client(t)
+	if err := c.Set(ctx, "k", "v", 0).Err(); err != nil {
+		t.Fatalf("SET through the failover client: %v", err)
+	}
+	before, replica := s.Master(t), s.Replica(t)
+
+	start = time.Now()
+	from, to := s.Failover(t)
+	t.Logf("failover %s -> %s in %v", from, to, time.Since(start).Round(time.Millisecond))
+	if from != before || to != replica || to == from || s.Master(t) != to {
+		t.Fatalf("failover from %s to %s; master before %s, now %s", from, to, before, s.Master(t))
+	}
+	// The client writes to the new master once it has heard of the switch.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		err := c.Set(ctx, "k2", "v2", 0).Err()
+		addr := ""
+		if err == nil {
+			node := redis.NewClient(&redis.Options{Addr: to})
+			addr = to
+			got, gerr := node.Get(ctx, "k2").Result()
+			node.Close()
+			if gerr == nil && got == "v2" {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("writes through the failover client do not reach the new master %s: %v %s", to, err, addr)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if got, err := c.Get(ctx, "k").Result(); err != nil || got != "v" {
+		t.Fatalf("GET k after failover = %q, %v; want the replicated v", got, err)
+	}
+}
+
+// CLUSTER FAILOVER moves a slot to the replica without losing a write.
+func TestStartClusterWithReplicas(t *testing.T) {
+	t.Parallel()
+	start := time.Now()
+	cl := redistest.StartClusterWithReplicas(t)
+	t.Logf("6-node cluster ready in %v", time.Since(start).Round(time.Millisecond))
+	if len(cl.Addrs) != 6 {
+		t.Fatalf("Addrs = %v, want 6 nodes", cl.Addrs)
+	}
+	ctx := context.Background()
+	cc := cl.Client(t)
+	for i := range 100 {
+		if err := cc.Incr(ctx, "{k}n").Err(); err != nil {
+			t.Fatalf("INCR %d: %v", i, err)
+		}
+	}
+	master, replica := cl.SlotNodes(t, "{k}n")
+	start = time.Now()
+	from, to := cl.Failover(t, "{k}n")
+	t.Logf("failover %s -> %s in %v", from, to, time.Since(start).Round(time.Millisecond))
+	if from == to || from != master || to != replica {
+		t.Fatalf("failover from %s to %s; SlotNodes said %s and its replica %s", from, to, master, replica)
+	}
+	if m, r := cl.SlotNodes(t, "{k}n"); m != to || r != from {
+		t.Fatalf("after the failover SlotNodes = %s, %s; want %s and its replica %s", m, r, to, from)
+	}
+	if got, err := cc.Incr(ctx, "{k}n").Result(); err != nil || got != 101 {
+		t.Fatalf("INCR after failover = %d, %v; want 101 (no write lost)", got, err)
+	}
+	node := redis.NewClient(&redis.Options{Addr: to})
+	defer node.Close()
+	if got, err := node.Get(ctx, "{k}n").Int(); err != nil || got != 101 {
+		t.Fatalf("GET on the new master %s = %d, %v; want 101", to, got, err)
+	}
+}
