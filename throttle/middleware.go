@@ -74,6 +74,10 @@ type Event struct {
 	Ran bool
 	// Err is the Redis error of a Failed decision.
 	Err error
+	// Latency is how long the decision in Redis took; 0 when none was
+	// asked (a leased token, a cached suspension or "no limits", no key).
+	// A Suspended event repeats the Latency of its task's Ran event.
+	Latency time.Duration
 }
 
 // ByProvider returns an asynq middleware that throttles every task by its key
@@ -246,7 +250,9 @@ func (m *middleware) process(ctx context.Context, t *asynq.Task, next asynq.Hand
 	if ls != nil {
 		asked = ls.request(o.lease)
 	}
+	start := time.Now()
 	d, err := m.decide(ctx, key, t, id, asked)
+	ev.Latency = time.Since(start)
 	if err == nil && d.Allowed && ls != nil {
 		ls.add(asked, d.Lease, m.now(), o.leaseFor)
 	}
