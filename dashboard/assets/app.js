@@ -73,9 +73,10 @@
       c.rates = row('decisions/s');
       c.rates.classList.add('rates');
       c.r429 = row('429s seen');
+      c.r429.classList.add('r429');
       c.spark = document.createElementNS(svgNS, 'svg');
       c.spark.setAttribute('class', 'spark');
-      c.spark.setAttribute('viewBox', '0 0 ' + (historyLen - 1) + ' 30');
+      c.spark.setAttribute('viewBox', '0 0 100 30');
       c.spark.setAttribute('preserveAspectRatio', 'none');
       c.lines = {};
       for (const [o, color] of [['deferred', '#d99a1e'], ['ran', '#2f9e62']]) {
@@ -84,7 +85,8 @@
         c.spark.append(p);
         c.lines[o] = p;
       }
-      c.el.append(c.spark);
+      c.sparkNote = el('div', 'spark-note');
+      c.el.append(c.spark, c.sparkNote);
     }
 
     const a = el('div', 'actions');
@@ -195,17 +197,21 @@
     c.prev = { at, counts: cur };
     c.rates.textContent = '';
     for (const o of outcomes) {
-      if (o === 'unthrottled' && !cur[o]) continue;
+      // ran and deferred always; the others once they happened.
+      if (o !== 'ran' && o !== 'deferred' && !cur[o]) continue;
       const s = el('span', 'o-' + o);
       s.append(o + ' ', el('b', '', r[o] === undefined ? '–' : fmtRate(r[o])));
       c.rates.append(s);
     }
     c.r429.textContent = String(k.rate_limited || 0);
+    // The history fills the width; one point per poll, newest on the right.
     const peak = Math.max(1, ...c.hist.map((h) => Math.max(h.ran, h.deferred)));
-    const off = historyLen - c.hist.length;
+    const step = 100 / Math.max(1, c.hist.length - 1);
     for (const o of ['ran', 'deferred']) {
-      c.lines[o].setAttribute('points', c.hist.map((h, i) => (off + i) + ',' + (29 - 28 * h[o] / peak).toFixed(1)).join(' '));
+      c.lines[o].setAttribute('points', c.hist.map((h, i) => (i * step).toFixed(1) + ',' + (29 - 28 * h[o] / peak).toFixed(1)).join(' '));
     }
+    const span = Math.round(c.hist.length * pollMS / 1000);
+    c.sparkNote.textContent = c.hist.length > 1 ? 'last ' + span + ' s · peak ' + fmtRate(peak) + '/s · green ran, amber deferred' : '';
   }
 
   function render(s, at) {
