@@ -110,7 +110,7 @@ func (a *app) findTask(id, queue string) (*asynq.TaskInfo, error) {
 	if queue != "" {
 		return nil, fmt.Errorf("task %s not found in queue %q (omit --queue to search every queue)", id, queue)
 	}
-	return nil, fmt.Errorf("task %s not found in any asynq queue (%s)", id, strings.Join(queues, ", "))
+	return nil, fmt.Errorf("task %s not found in any asynq queue (%s); asynq keeps completed tasks only with asynq.Retention", id, strings.Join(queues, ", "))
 }
 
 // explain finds why info waits.
@@ -201,8 +201,13 @@ func (a *app) explain(ctx context.Context, lim *throttle.Limiter, info *asynq.Ta
 		if st.Suspended > 0 {
 			after = fmt.Sprintf(", after the key's suspension (%s left),", formatDur(st.Suspended))
 		}
-		return done(reasonReserved, "%s is waiting for its reserved run slot at %s%s and runs then without contending again; %s.",
-			task, when(slot, redisNow), after, runs)
+		if v.RunsAt != nil && v.RunsAt.Sub(slot).Abs() < 1500*time.Millisecond {
+			// asynq's time and the slot agree (one clock is the enqueuer's,
+			// the other Redis'): say it once.
+			return done(reasonReserved, "%s is waiting for its reserved run slot at %s%s; asynq brings it back then and it runs without contending again.",
+				task, when(slot, redisNow), after)
+		}
+		return done(reasonReserved, "%s holds a reserved run slot at %s%s; %s.", task, when(slot, redisNow), after, runs)
 	}
 	tier, _ := emptyTier(st)
 	switch {

@@ -36,7 +36,7 @@ func TestWhy(t *testing.T) {
 	require.NoError(t, lim.SetLimits(ctx, "slack", throttle.PerHour(1)))
 	_, err := lim.Take(ctx, "slack")
 	require.NoError(t, err)
-	enqueue(throttle.NewTask("slack:sync", nil, throttle.Key("slack")), asynq.TaskID("t-reserved"), asynq.ProcessIn(time.Hour))
+	enqueue(throttle.NewTask("slack:sync", nil, throttle.Key("slack")), asynq.TaskID("t-reserved"), asynq.ProcessIn(90*time.Minute))
 	d, err := lim.Reserve(ctx, "slack", "t-reserved", 3*time.Hour, time.Second)
 	require.NoError(t, err)
 	require.True(t, d.Reserved)
@@ -154,7 +154,7 @@ func TestWhyDeferredByWorkers(t *testing.T) {
 		assert.Equal(t, "hub", v.Key)
 		require.NotNil(t, v.Slot, v.Sentence)
 		slots = append(slots, *v.Slot)
-		assert.Contains(t, v.Sentence, "reserved run slot")
+		assert.Contains(t, v.Sentence, "waiting for its reserved run slot")
 	}
 	assert.Equal(t, 20*time.Second, slots[1].Sub(slots[0]), "one slot per 20 s")
 	r := cli(t, url, "why", "h1")
