@@ -197,9 +197,13 @@ func (a *app) explain(ctx context.Context, lim *throttle.Limiter, info *asynq.Ta
 		if err != nil {
 			return v, fmt.Errorf("read the Redis clock: %w", err)
 		}
+		if st.Suspended > 0 && slot.Before(redisNow.Add(st.Suspended)) {
+			return done(reasonSuspended, "%s is waiting because key %q is suspended for another %s (a 429 from the provider, or an operator); its reserved slot at %s falls inside the suspension, so it will be deferred again then, to run after it.",
+				task, key, formatDur(st.Suspended), when(slot, redisNow))
+		}
 		after := ""
 		if st.Suspended > 0 {
-			after = fmt.Sprintf(", after the key's suspension (%s left),", formatDur(st.Suspended))
+			after = fmt.Sprintf(", after the key's suspension (%s left)", formatDur(st.Suspended))
 		}
 		if v.RunsAt != nil && v.RunsAt.Sub(slot).Abs() < 1500*time.Millisecond {
 			// asynq's time and the slot agree (one clock is the enqueuer's,

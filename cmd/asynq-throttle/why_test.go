@@ -46,6 +46,16 @@ func TestWhy(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, d.Reserved)
 
+	// A slot inside a suspension does not hold: the task is deferred again.
+	require.NoError(t, lim.SetLimits(ctx, "hubspot", throttle.PerMinute(1)))
+	_, err = lim.Take(ctx, "hubspot")
+	require.NoError(t, err)
+	enqueue(throttle.NewTask("hubspot:sync", nil, throttle.Key("hubspot")), asynq.TaskID("t-slot-in-suspension"), asynq.ProcessIn(time.Minute))
+	d, err = lim.Reserve(ctx, "hubspot", "t-slot-in-suspension", 3*time.Hour, time.Second)
+	require.NoError(t, err)
+	require.True(t, d.Reserved)
+	require.NoError(t, lim.Suspend(ctx, "hubspot", 10*time.Minute))
+
 	// github: suspended (a 429, or an operator).
 	require.NoError(t, lim.SetLimits(ctx, "github", throttle.PerSecond(10)))
 	require.NoError(t, lim.Suspend(ctx, "github", 10*time.Minute))
@@ -75,6 +85,7 @@ func TestWhy(t *testing.T) {
 	for _, args := range [][]string{
 		{"why", "t-reserved"},
 		{"why", "t-orig~throttle-1"},
+		{"why", "t-slot-in-suspension"},
 		{"why", "t-suspended"},
 		{"why", "t-pending-suspended"},
 		{"why", "t-tier"},
