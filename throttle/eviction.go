@@ -30,9 +30,6 @@ const safePolicy = "noeviction"
 // cannot read (a fake Redis, INFO renamed, Redis down) costs one Debug line
 // and nothing else.
 func (l *Limiter) checkEviction() {
-	if l.o.err != nil || l.o.logger == nil {
-		return
-	}
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), evictionCheckTimeout)
 		defer cancel()

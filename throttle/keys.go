@@ -2,6 +2,7 @@ package throttle
 
 import (
 	"fmt"
+	"strings"
 	"unicode"
 	"unicode/utf8"
 
@@ -54,4 +55,40 @@ func redisKeys(prefix, name string) (lua.Keys, error) {
 		OldSuspend:      base + "suspend",
 		OldReservations: base + "resv",
 	}, nil
+}
+
+// allRedisKeys lists every Redis key of one limiter key, for Delete. It must
+// name every field of lua.Keys (TestAllRedisKeysCoversLayout checks).
+func allRedisKeys(k lua.Keys) []string {
+	return []string{k.Bucket, k.Reservations, k.OldConfig, k.OldState, k.OldSuspend, k.OldReservations}
+}
+
+// scanPattern is the SCAN MATCH pattern of every Redis key redisKeys can
+// derive under prefix: "prefix:{*}:*", with glob characters of the prefix
+// escaped.
+func scanPattern(prefix string) string {
+	var b strings.Builder
+	for _, r := range prefix {
+		switch r {
+		case '*', '?', '[', ']', '\\', '^':
+			b.WriteByte('\\')
+		}
+		b.WriteRune(r)
+	}
+	b.WriteString(":{*}:*")
+	return b.String()
+}
+
+// nameOfRedisKey returns the limiter key a Redis key belongs to under
+// prefix (the inverse of redisKeys), or false when it is none of them.
+func nameOfRedisKey(prefix, redisKey string) (string, bool) {
+	rest, ok := strings.CutPrefix(redisKey, prefix+":{")
+	if !ok {
+		return "", false
+	}
+	name, suffix, ok := strings.Cut(rest, "}")
+	if !ok || !strings.HasPrefix(suffix, ":") || ValidateKey(name) != nil {
+		return "", false
+	}
+	return name, true
 }

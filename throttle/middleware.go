@@ -75,7 +75,8 @@ type Event struct {
 	// Ran reports whether the handler ran.
 	Ran bool
 	// Latency is how long the decision took in Redis, round trip included
-	// (0 when it took none: leased, cached, unthrottled).
+	// (0 when it took none: leased, cached, no key; and on a Suspended
+	// event, which follows its task's Ran event).
 	Latency time.Duration
 	// Err is the Redis error of a Failed decision, or the error that kept a
 	// deferred task from being re-enqueued.

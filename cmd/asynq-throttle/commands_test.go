@@ -1,0 +1,144 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/asynq-throttle/asynq-throttle/internal/redistest"
+	"github.com/asynq-throttle/asynq-throttle/throttle"
+)
+
+// The operator's day: set limits, suspend, look, resume, delete, against a
+// real redis-server.
+func TestSession(t *testing.T) {
+	srv := redistest.Start(t)
+	tr := &transcript{t: t, redisURL: "redis://" + srv.Addr + "/0"}
+	tr.run("list")
+	tr.run("set", "slack", "5/s:burst=8", "100/m")
+	tr.run("set", "github", "5000/h")
+	tr.run("set", "crm", "100/1500ms")
+	tr.run("suspend", "slack", "30s")
+	tr.run("list")
+	tr.run("get", "github", "-o", "json")
+	tr.run("list", "-o", "json")
+	tr.run("resume", "slack")
+	tr.run("delete", "crm")
+	tr.run("list")
+	tr.run("set", "slack", "1/s", "1/m", "1/h", "1/d", "1/s")
+	golden(t, "session", normalise(tr.b.String()))
+
+	// What the goldens hide: the suspension really is about 30 s.
+	tr.run("suspend", "slack", "30s")
+	r := tr.run("get", "slack", "-o", "json")
+	require.Equal(t, 0, r.code, r.stderr)
+	var v keyView
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &v))
+	assert.InDelta(t, 30, v.SuspendedSeconds, 5)
+	// And every command changed Redis as it said.
+	lim := throttle.NewLimiter(srv.Client(t))
+	ls, err := lim.Limits(context.Background(), "slack")
+	require.NoError(t, err)
+	assert.Equal(t, []throttle.Limit{{Rate: 5, Per: time.Second, Burst: 8}, {Rate: 100, Per: time.Minute, Burst: 100}}, ls)
+	keys, err := lim.Keys(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, []string{"github", "slack"}, keys)
+}
+
+// --prefix selects another limiter's keys.
+func TestPrefix(t *testing.T) {
+	srv := redistest.Start(t)
+	url := "redis://" + srv.Addr
+	require.Equal(t, 0, cli(t, url, "--prefix", "billing", "set", "stripe", "100/s").code)
+	require.Equal(t, 0, cli(t, url, "set", "slack", "1/s").code)
+	r := cli(t, url, "--prefix", "billing", "list", "-o", "json")
+	require.Equal(t, 0, r.code, r.stderr)
+	var views []keyView
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &views))
+	require.Len(t, views, 1)
+	assert.Equal(t, "stripe", views[0].Key)
+}
+
+// On a Cluster (redis+cluster:// URL), list finds the keys of every master.
+func TestCluster(t *testing.T) {
+	c := redistest.StartCluster(t)
+	url := "redis+cluster://" + c.Addrs[0] + "?addr=" + c.Addrs[1]
+	tr := &transcript{t: t, redisURL: url}
+	for i := range 12 {
+		r := cli(t, url, "set", fmt.Sprintf("provider-%02d", i), fmt.Sprintf("%d/s", i+1))
+		require.Equal(t, 0, r.code, r.stderr)
+	}
+	tr.run("suspend", "provider-03", "1m")
+	tr.run("delete", "provider-07")
+	tr.run("list")
+	golden(t, "cluster", normalise(tr.b.String()))
+}
+
+// watch without a terminal prints logfmt lines per refresh; -o json one
+// object per refresh.
+func TestWatchPlain(t *testing.T) {
+	srv := redistest.Start(t)
+	url := "redis://" + srv.Addr
+	require.Equal(t, 0, cli(t, url, "set", "slack", "5/s:burst=8", "100/m").code)
+	require.Equal(t, 0, cli(t, url, "set", "github", "5000/h").code)
+	tr := &transcript{t: t, redisURL: url}
+	tr.run("watch", "--count", "2", "--interval", "20ms")
+	tr.run("watch", "slack", "nothing-here", "--count", "1")
+	golden(t, "watch", normalise(tr.b.String()))
+
+	r := cli(t, url, "watch", "--count", "3", "--interval", "20ms", "-o", "json")
+	require.Equal(t, 0, r.code, r.stderr)
+	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+	require.Len(t, lines, 3)
+	for _, l := range lines {
+		var v struct {
+			Time string    `json:"time"`
+			Keys []keyView `json:"keys"`
+		}
+		require.NoError(t, json.Unmarshal([]byte(l), &v))
+		assert.Len(t, v.Keys, 2)
+	}
+}
+
+// watch stops cleanly when interrupted.
+func TestWatchStopsOnCancel(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	out := &firstWrite{seen: make(chan struct{})}
+	done := make(chan int, 1)
+	go func() {
+		done <- run(ctx, []string{"watch", "--interval", "10ms"}, func(string) string { return "redis://" + srv.Addr }, out, io.Discard)
+	}()
+	select {
+	case <-out.seen:
+	case code := <-done:
+		t.Fatalf("watch ended with exit code %d before drawing", code)
+	}
+	cancel()
+	select {
+	case code := <-done:
+		assert.Equal(t, exitOK, code)
+	case <-time.After(10 * time.Second):
+		t.Fatal("watch did not stop after its context was cancelled")
+	}
+}
+
+// firstWrite closes seen on its first write and discards everything.
+type firstWrite struct {
+	once sync.Once
+	seen chan struct{}
+}
+
+func (w *firstWrite) Write(p []byte) (int, error) {
+	w.once.Do(func() { close(w.seen) })
+	return len(p), nil
+}

@@ -1,0 +1,191 @@
+package main
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/asynq-throttle/asynq-throttle/internal/limitspec"
+	"github.com/asynq-throttle/asynq-throttle/throttle"
+)
+
+func (a *app) listCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "list",
+		Short: "List every key in Redis with its limits, tokens, suspension and reservations",
+		Long: `List every limiter key that has anything in Redis (limits, bucket state, a
+suspension or reservations), found with SCAN on every master, never KEYS.
+TOKENS shows tokens now/burst per tier; DRAINS IN is the time until the last
+reserved slot.`,
+		Args: args(0, 0),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			lim, err := a.limiter(cmd.Context())
+			if err != nil {
+				return err
+			}
+			keys, err := lim.Keys(cmd.Context())
+			if err != nil {
+				return err
+			}
+			views, err := readKeys(cmd.Context(), lim, keys)
+			if err != nil {
+				return err
+			}
+			if a.json() {
+				return writeJSON(a.stdout, views)
+			}
+			if len(views) == 0 {
+				_, err := fmt.Fprintf(a.stdout, "no keys under prefix %q\n", a.prefix)
+				return err
+			}
+			return writeTable(a.stdout, views)
+		},
+	}
+}
+
+func (a *app) getCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "get KEY",
+		Short: "Show one key: limits, tokens per tier, suspension, reservations",
+		Args:  args(1, 1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := throttle.ValidateKey(args[0]); err != nil {
+				return usageError{err}
+			}
+			return a.show(cmd, args[0])
+		},
+	}
+}
+
+// show prints one key as get does (the write commands show the result).
+func (a *app) show(cmd *cobra.Command, key string) error {
+	lim, err := a.limiter(cmd.Context())
+	if err != nil {
+		return err
+	}
+	views, err := readKeys(cmd.Context(), lim, []string{key})
+	if err != nil {
+		return err
+	}
+	if a.json() {
+		return writeJSON(a.stdout, views[0])
+	}
+	return writeBlock(a.stdout, views[0])
+}
+
+func (a *app) setCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "set KEY LIMIT...",
+		Short: "Set a key's limits (every worker obeys them from its next decision)",
+		Long: `Set a key's limits, replacing any before them. Each LIMIT is one tier; a task
+runs only when every tier has a token. Forms: ` + limitspec.Forms + `.
+Without :burst=N a tier's burst equals its rate. Up to 4 tiers.`,
+		Example: `  asynq-throttle set slack 10/s 50/m
+  asynq-throttle set github 5000/h:burst=100
+  asynq-throttle set crm 100/1500ms`,
+		Args: args(2, -1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			key := args[0]
+			if err := throttle.ValidateKey(key); err != nil {
+				return usageError{err}
+			}
+			limits, err := parseLimits(args[1:])
+			if err != nil {
+				return err
+			}
+			lim, err := a.limiter(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if err := lim.SetLimits(cmd.Context(), key, limits...); err != nil {
+				if isInvalidLimit(err) {
+					return usageError{err}
+				}
+				return err
+			}
+			return a.show(cmd, key)
+		},
+	}
+}
+
+func (a *app) suspendCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "suspend KEY DURATION",
+		Short: "Stop every worker from running a key's tasks for DURATION (e.g. 30s, 5m)",
+		Long: fmt.Sprintf(`Suspend a key fleet-wide: every worker defers its tasks until the suspension
+ends. A suspension only ever grows: suspending for less than what is left
+changes nothing (resume first to shorten). At most %v.`, 24*time.Hour),
+		Example: "  asynq-throttle suspend slack 30s",
+		Args:    args(2, 2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			key := args[0]
+			if err := throttle.ValidateKey(key); err != nil {
+				return usageError{err}
+			}
+			d, err := time.ParseDuration(args[1])
+			if err != nil || d <= 0 {
+				return usagef("duration %q: want a positive Go duration such as 30s, 5m, 1h30m", args[1])
+			}
+			if d > a.maxSuspension {
+				return usagef("duration %v: at most %v", d, a.maxSuspension)
+			}
+			lim, err := a.limiter(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if err := lim.Suspend(cmd.Context(), key, d); err != nil {
+				return err
+			}
+			return a.show(cmd, key)
+		},
+	}
+}
+
+func (a *app) resumeCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "resume KEY",
+		Short: "End a key's suspension now",
+		Args:  args(1, 1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := throttle.ValidateKey(args[0]); err != nil {
+				return usageError{err}
+			}
+			lim, err := a.limiter(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if err := lim.Resume(cmd.Context(), args[0]); err != nil {
+				return err
+			}
+			return a.show(cmd, args[0])
+		},
+	}
+}
+
+func (a *app) deleteCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "delete KEY",
+		Short: "Remove everything of a key from Redis: limits, bucket, suspension, reservations",
+		Long: `Remove everything of a key from Redis. Its tasks then run under the workers'
+default limits for it, or unthrottled without any.`,
+		Args: args(1, 1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := throttle.ValidateKey(args[0]); err != nil {
+				return usageError{err}
+			}
+			lim, err := a.limiter(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if err := lim.Delete(cmd.Context(), args[0]); err != nil {
+				return err
+			}
+			if a.json() {
+				return writeJSON(a.stdout, map[string]any{"key": args[0], "deleted": true})
+			}
+			_, err = fmt.Fprintf(a.stdout, "deleted %s\n", args[0])
+			return err
+		},
+	}
+}

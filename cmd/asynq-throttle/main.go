@@ -1,0 +1,32 @@
+// Command asynq-throttle operates asynq-throttle's limits in Redis: list the
+// keys, read and change their limits, suspend and resume them, watch them
+// live, explain why a task waits, and serve the web view with /metrics.
+//
+//	asynq-throttle --redis redis://localhost:6379/0 list
+//	asynq-throttle set slack 10/s:burst=20 50/m
+//	asynq-throttle suspend slack 30s
+//	asynq-throttle why 5f1c0e6a-... --queue default
+//	asynq-throttle serve --addr :8080
+//
+// Exit codes: 0 success, 1 the command failed (Redis unreachable, task not
+// found, ...), 2 bad usage (unknown command or flag, bad argument).
+package main
+
+import (
+	"context"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/logging"
+)
+
+func main() {
+	// go-redis logs every failed dial on its own; the CLI reports one line.
+	redis.SetLogger(&logging.VoidLogger{})
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}

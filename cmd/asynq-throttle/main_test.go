@@ -1,0 +1,187 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/logging"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+var update = flag.Bool("update", false, "rewrite the testdata/*.golden files from this run")
+
+// envRunMain makes the test binary act as the command (for exit codes and
+// stderr as a separate process sees them).
+const envRunMain = "ASYNQ_THROTTLE_TEST_RUN_MAIN"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(envRunMain) == "1" {
+		main()
+		return
+	}
+	redis.SetLogger(&logging.VoidLogger{})
+	os.Exit(m.Run())
+}
+
+// result is one run of the command.
+type result struct {
+	stdout, stderr string
+	code           int
+}
+
+// cli runs the command in-process against redisURL.
+func cli(t *testing.T, redisURL string, args ...string) result {
+	t.Helper()
+	var out, errb bytes.Buffer
+	getenv := func(k string) string {
+		if k == "REDIS_URL" {
+			return redisURL
+		}
+		return ""
+	}
+	code := run(context.Background(), args, getenv, &out, &errb)
+	return result{out.String(), errb.String(), code}
+}
+
+// transcript records commands and their output like a terminal session.
+type transcript struct {
+	t        *testing.T
+	redisURL string
+	b        strings.Builder
+}
+
+func (tr *transcript) run(args ...string) result {
+	tr.t.Helper()
+	r := cli(tr.t, tr.redisURL, args...)
+	fmt.Fprintf(&tr.b, "$ asynq-throttle %s\n%s%s", strings.Join(args, " "), r.stdout, r.stderr)
+	if r.code != 0 {
+		fmt.Fprintf(&tr.b, "(exit %d)\n", r.code)
+	}
+	tr.b.WriteString("\n")
+	return r
+}
+
+var (
+	reRFC3339 = regexp.MustCompile(`\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)`)
+	reClock   = regexp.MustCompile(`\b\d\d:\d\d:\d\d\b`)
+	reDur     = regexp.MustCompile(`(^|[^/\d.])(\d+(\.\d+)?(ns|µs|us|ms|s|m|h))+\b`)
+	reSeconds = regexp.MustCompile(`"(suspended_seconds|queued_seconds)": [0-9.e+-]+`)
+	rePort    = regexp.MustCompile(`127\.0\.0\.1:\d+`)
+	reColumns = regexp.MustCompile(`(\S)  +`)
+)
+
+// normalise hides what changes from run to run: clock times, durations
+// measured from now, ports, and so the width of table columns (runs of
+// spaces become two). Command lines ("$ ...") are kept as typed.
+func normalise(s string) string {
+	lines := strings.Split(s, "\n")
+	for i, l := range lines {
+		if strings.HasPrefix(l, "$ ") {
+			lines[i] = rePort.ReplaceAllString(l, "127.0.0.1:PORT")
+			continue
+		}
+		l = reRFC3339.ReplaceAllString(l, "<time>")
+		l = reClock.ReplaceAllString(l, "HH:MM:SS")
+		l = reSeconds.ReplaceAllString(l, `"$1": <n>`)
+		l = reDur.ReplaceAllString(l, "$1<dur>")
+		l = reColumns.ReplaceAllString(l, "$1  ")
+		lines[i] = rePort.ReplaceAllString(l, "127.0.0.1:PORT")
+	}
+	return strings.Join(lines, "\n")
+}
+
+// golden compares got with testdata/name.golden, or writes it with
+// -update. Ports are normalised; pass output with times through normalise.
+func golden(t *testing.T, name, got string) {
+	t.Helper()
+	path := filepath.Join("testdata", name+".golden")
+	got = rePort.ReplaceAllString(got, "127.0.0.1:PORT")
+	if *update {
+		require.NoError(t, os.MkdirAll("testdata", 0o755))
+		require.NoError(t, os.WriteFile(path, []byte(got), 0o644))
+		return
+	}
+	want, err := os.ReadFile(path)
+	require.NoError(t, err, "run go test ./cmd/asynq-throttle -update to create it")
+	assert.Equal(t, string(want), got, "output differs from %s (go test ./cmd/asynq-throttle -run %s -update rewrites it)", path, t.Name())
+}
+
+// closedAddr is a loopback address nothing listens on.
+func closedAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := l.Addr().String()
+	require.NoError(t, l.Close())
+	return addr
+}
+
+func TestNormalise(t *testing.T) {
+	in := "$ asynq-throttle suspend slack 30s --redis redis://127.0.0.1:4242\n" +
+		"slack    100/1.5s 5/s:burst=8  8.0/8  29.9s  1m30s  at 15:04:05 (in 250ms) 2026-11-30T15:04:05.123Z \"queued_seconds\": 12.5 127.0.0.1:4242\n"
+	want := "$ asynq-throttle suspend slack 30s --redis redis://127.0.0.1:PORT\n" +
+		"slack  100/1.5s 5/s:burst=8  8.0/8  <dur>  <dur>  at HH:MM:SS (in <dur>) <time> \"queued_seconds\": <n> 127.0.0.1:PORT\n"
+	assert.Equal(t, want, normalise(in))
+}
+
+// A Redis the command cannot reach is one line on stderr and exit code 1,
+// as a separate process prints it (go-redis logs nothing).
+func TestUnreachableRedisIsOneLine(t *testing.T) {
+	for _, args := range [][]string{
+		{"list"},
+		{"--redis", "redis+cluster://" + closedAddr(t), "list"},
+	} {
+		t.Run(strings.Join(args, " "), func(t *testing.T) {
+			cmd := exec.Command(os.Args[0], args...)
+			cmd.Env = append(os.Environ(), envRunMain+"=1", "REDIS_URL=redis://"+closedAddr(t)+"/0")
+			var out, errb bytes.Buffer
+			cmd.Stdout, cmd.Stderr = &out, &errb
+			err := cmd.Run()
+			var exit *exec.ExitError
+			require.ErrorAs(t, err, &exit)
+			assert.Equal(t, exitFailed, exit.ExitCode())
+			assert.Empty(t, out.String())
+			lines := strings.Split(strings.TrimSuffix(errb.String(), "\n"), "\n")
+			require.Len(t, lines, 1, "stderr: %q", errb.String())
+			assert.Regexp(t, `^asynq-throttle: cannot reach Redis at redis(\+cluster)?://127\.0\.0\.1:\d+(/0)? \(from (REDIS_URL|--redis)\): .*connection refused`, lines[0])
+		})
+	}
+}
+
+// Bad input: a message naming the accepted forms, exit code 2, before
+// Redis is even asked.
+func TestUsageErrors(t *testing.T) {
+	tr := &transcript{t: t, redisURL: "redis://" + closedAddr(t)}
+	for _, args := range [][]string{
+		{"set", "slack", "10/fortnight"},
+		{"set", "slack", "10/s:b=20"},
+		{"set", "slack"},
+		{"get"},
+		{"get", "a{b}"},
+		{"suspend", "slack", "forever"},
+		{"suspend", "slack", "48h"},
+		{"watch", "--interval", "0s"},
+		{"list", "-o", "yaml"},
+		{"list", "--nope"},
+		{"frobnicate"},
+		{"--redis", "http://localhost:6379", "list"},
+		{"--redis", "redis+sentinel://127.0.0.1:26379", "list"},
+		{"--prefix", "a{b", "list"},
+	} {
+		r := tr.run(args...)
+		assert.Equal(t, exitUsage, r.code, "%v: %s", args, r.stderr)
+		assert.Empty(t, r.stdout, "%v", args)
+	}
+	golden(t, "usage", tr.b.String())
+}

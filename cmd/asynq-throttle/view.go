@@ -1,0 +1,138 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/asynq-throttle/asynq-throttle/throttle"
+)
+
+// keyView is what the CLI shows of one key, as a table row, a `get` block
+// or JSON. A field added to throttle.Status goes here, in newKeyView and in
+// keyColumns.
+type keyView struct {
+	Key              string     `json:"key"`
+	Limits           []tierView `json:"limits"`
+	SuspendedSeconds float64    `json:"suspended_seconds"`
+	Reservations     int        `json:"reservations"`
+	QueuedSeconds    float64    `json:"queued_seconds"`
+	Error            string     `json:"error,omitempty"`
+
+	st throttle.Status
+}
+
+// tierView is one tier of a key's limits with its bucket now.
+type tierView struct {
+	Limit         string  `json:"limit"` // as `set` takes it: 10/s:burst=20
+	Rate          int     `json:"rate"`
+	PeriodSeconds float64 `json:"period_seconds"`
+	Burst         int     `json:"burst"`
+	Tokens        float64 `json:"tokens"`
+}
+
+func newKeyView(key string, st throttle.Status, err error) keyView {
+	v := keyView{
+		Key:              key,
+		Limits:           []tierView{},
+		SuspendedSeconds: st.Suspended.Seconds(),
+		Reservations:     st.Reservations,
+		QueuedSeconds:    st.QueuedFor.Seconds(),
+		st:               st,
+	}
+	if err != nil {
+		v.Error = err.Error()
+	}
+	for i, l := range st.Limits {
+		t := tierView{Limit: formatLimit(l), Rate: l.Rate, PeriodSeconds: l.Per.Seconds(), Burst: burstOf(l)}
+		if i < len(st.Tokens) {
+			t.Tokens = st.Tokens[i]
+		}
+		v.Limits = append(v.Limits, t)
+	}
+	return v
+}
+
+// column is one field of a keyView in the table and in `get`.
+type column struct {
+	name  string
+	value func(keyView) string
+}
+
+var keyColumns = []column{
+	{"KEY", func(v keyView) string { return v.Key }},
+	{"LIMITS", func(v keyView) string {
+		if v.Error != "" {
+			return "invalid (" + v.Error + ")"
+		}
+		if len(v.Limits) == 0 {
+			return "none (unthrottled)"
+		}
+		return formatLimits(v.st.Limits)
+	}},
+	{"TOKENS", func(v keyView) string {
+		if len(v.Limits) == 0 {
+			return "-"
+		}
+		parts := make([]string, len(v.Limits))
+		for i, t := range v.Limits {
+			parts[i] = fmt.Sprintf("%.1f/%d", t.Tokens, t.Burst)
+		}
+		return strings.Join(parts, " ")
+	}},
+	{"SUSPENDED", func(v keyView) string { return formatDur(v.st.Suspended) }},
+	{"RESERVED", func(v keyView) string { return fmt.Sprint(v.Reservations) }},
+	{"DRAINS IN", func(v keyView) string { return formatDur(v.st.QueuedFor) }},
+}
+
+// readKeys inspects keys; a key whose state cannot be read (invalid limits)
+// is shown with its error, a Redis failure ends the read.
+func readKeys(ctx context.Context, lim *throttle.Limiter, keys []string) ([]keyView, error) {
+	views := make([]keyView, 0, len(keys))
+	for _, k := range keys {
+		st, err := lim.Inspect(ctx, k)
+		var cfg *throttle.ConfigError
+		if err != nil && !errors.As(err, &cfg) {
+			return nil, err
+		}
+		views = append(views, newKeyView(k, st, err))
+	}
+	return views, nil
+}
+
+// writeTable writes views as an aligned table.
+func writeTable(w io.Writer, views []keyView) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	names := make([]string, len(keyColumns))
+	for i, c := range keyColumns {
+		names[i] = c.name
+	}
+	fmt.Fprintln(tw, strings.Join(names, "\t"))
+	for _, v := range views {
+		cells := make([]string, len(keyColumns))
+		for i, c := range keyColumns {
+			cells[i] = c.value(v)
+		}
+		fmt.Fprintln(tw, strings.Join(cells, "\t"))
+	}
+	return tw.Flush()
+}
+
+// writeBlock writes one key as "field: value" lines (for get).
+func writeBlock(w io.Writer, v keyView) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	for _, c := range keyColumns {
+		fmt.Fprintf(tw, "%s:\t%s\n", strings.ToLower(c.name), c.value(v))
+	}
+	return tw.Flush()
+}
+
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}

@@ -1,0 +1,225 @@
+package dashboard
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"html/template"
+	"net/http"
+	"net/url"
+	"time"
+
+	"github.com/asynq-throttle/asynq-throttle/internal/limitspec"
+	"github.com/asynq-throttle/asynq-throttle/throttle"
+)
+
+// stateView is the answer of GET api/keys.
+type stateView struct {
+	Time               time.Time `json:"time"`
+	ReadOnly           bool      `json:"read_only"`
+	DecisionsAvailable bool      `json:"decisions_available"`
+	PollSeconds        float64   `json:"poll_seconds"`
+	Keys               []keyView `json:"keys"`
+	Omitted            int       `json:"omitted"` // keys past WithMaxKeys
+}
+
+// keyView is one key on the page. A field added to throttle.Status goes
+// here and in newKeyView (and in app.js to show it).
+type keyView struct {
+	Key              string            `json:"key"`
+	Limits           []tierView        `json:"limits"`
+	LimitSpec        string            `json:"limit_spec"` // as the limits form takes it
+	SuspendedSeconds float64           `json:"suspended_seconds"`
+	Reservations     int               `json:"reservations"`
+	QueuedSeconds    float64           `json:"queued_seconds"`
+	Error            string            `json:"error,omitempty"`
+	Decisions        map[string]uint64 `json:"decisions,omitempty"` // cumulative, by outcome
+	RateLimited      uint64            `json:"rate_limited"`
+}
+
+type tierView struct {
+	Limit         string  `json:"limit"`
+	Rate          int     `json:"rate"`
+	PeriodSeconds float64 `json:"period_seconds"`
+	Burst         int     `json:"burst"`
+	Tokens        float64 `json:"tokens"`
+}
+
+func newKeyView(key string, st throttle.Status, err error) keyView {
+	v := keyView{
+		Key:              key,
+		Limits:           []tierView{},
+		LimitSpec:        limitspec.FormatAll(st.Limits),
+		SuspendedSeconds: st.Suspended.Seconds(),
+		Reservations:     st.Reservations,
+		QueuedSeconds:    st.QueuedFor.Seconds(),
+	}
+	if err != nil {
+		v.Error = err.Error()
+	}
+	for i, l := range st.Limits {
+		t := tierView{Limit: limitspec.Format(l), Rate: l.Rate, PeriodSeconds: l.Per.Seconds(), Burst: limitspec.Burst(l)}
+		if i < len(st.Tokens) {
+			t.Tokens = st.Tokens[i]
+		}
+		v.Limits = append(v.Limits, t)
+	}
+	return v
+}
+
+func (d *dashboard) index(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	if err := indexTmpl.Execute(w, d.o); err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+	}
+}
+
+var indexTmpl = template.Must(template.ParseFS(assets, "assets/index.html"))
+
+// Title and ReadOnly are read by the page template.
+func (o options) Title() string   { return o.title }
+func (o options) ReadOnly() bool  { return o.readOnly }
+func (o options) PollMS() int64   { return o.poll.Milliseconds() }
+func (o options) HasCounts() bool { return o.counts != nil }
+
+func (d *dashboard) keys(w http.ResponseWriter, r *http.Request) {
+	ctx := r.Context()
+	keys, err := d.lim.Keys(ctx)
+	if err != nil {
+		writeError(w, http.StatusBadGateway, err)
+		return
+	}
+	v := stateView{Time: time.Now(), ReadOnly: d.o.readOnly, DecisionsAvailable: d.o.counts != nil, PollSeconds: d.o.poll.Seconds(), Keys: []keyView{}}
+	if len(keys) > d.o.maxKeys {
+		v.Omitted = len(keys) - d.o.maxKeys
+		keys = keys[:d.o.maxKeys]
+	}
+	var counts map[string]metricsCounts
+	if d.o.counts != nil {
+		counts = map[string]metricsCounts{}
+		for k, c := range d.o.counts.Counts() {
+			counts[k] = metricsCounts{c.Decisions, c.RateLimited}
+		}
+	}
+	for _, k := range keys {
+		kv, err := d.read(ctx, k)
+		if err != nil {
+			writeError(w, http.StatusBadGateway, err)
+			return
+		}
+		if c, ok := counts[k]; ok {
+			kv.Decisions, kv.RateLimited = c.decisions, c.rateLimited
+		}
+		v.Keys = append(v.Keys, kv)
+	}
+	writeJSON(w, http.StatusOK, v)
+}
+
+type metricsCounts struct {
+	decisions   map[string]uint64
+	rateLimited uint64
+}
+
+// read inspects one key; invalid limits in Redis are shown, not fatal.
+func (d *dashboard) read(ctx context.Context, key string) (keyView, error) {
+	st, err := d.lim.Inspect(ctx, key)
+	var cfg *throttle.ConfigError
+	if err != nil && !errors.As(err, &cfg) {
+		return keyView{}, err
+	}
+	return newKeyView(key, st, err), nil
+}
+
+// actionHeader must be on every action request. A cross-site form cannot
+// set it, and a cross-site fetch that sets it needs a CORS preflight this
+// handler never grants: no CSRF.
+const actionHeader = "X-Asynq-Throttle"
+
+// action wraps an action handler: read-only refusal, CSRF checks, JSON
+// body, the key's fresh state as the answer.
+func (d *dashboard) action(do func(ctx context.Context, req actionRequest) error) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if d.o.readOnly {
+			writeError(w, http.StatusForbidden, errors.New("the dashboard is read-only: actions are off (dashboard.WithReadOnly(false), or asynq-throttle serve --read-only=false)"))
+			return
+		}
+		if r.Header.Get(actionHeader) == "" {
+			writeError(w, http.StatusForbidden, fmt.Errorf("missing header %s: actions are taken from the dashboard page only", actionHeader))
+			return
+		}
+		if o := r.Header.Get("Origin"); o != "" {
+			if u, err := url.Parse(o); err != nil || u.Host != r.Host {
+				writeError(w, http.StatusForbidden, fmt.Errorf("cross-origin request from %q refused", o))
+				return
+			}
+		}
+		var req actionRequest
+		dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 4096))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&req); err != nil {
+			writeError(w, http.StatusBadRequest, fmt.Errorf("body: want JSON {\"key\": ..., \"duration\" or \"limits\": ...}: %v", err))
+			return
+		}
+		if err := throttle.ValidateKey(req.Key); err != nil {
+			writeError(w, http.StatusBadRequest, err)
+			return
+		}
+		if err := do(r.Context(), req); err != nil {
+			status := http.StatusBadGateway
+			var bad badRequest
+			if errors.As(err, &bad) || errors.Is(err, throttle.ErrInvalidLimit) {
+				status = http.StatusBadRequest
+			}
+			writeError(w, status, err)
+			return
+		}
+		kv, err := d.read(r.Context(), req.Key)
+		if err != nil {
+			writeError(w, http.StatusBadGateway, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, kv)
+	}
+}
+
+// actionRequest is the body of an action.
+type actionRequest struct {
+	Key      string `json:"key"`
+	Duration string `json:"duration,omitempty"` // suspend: a Go duration, e.g. "30s"
+	Limits   string `json:"limits,omitempty"`   // limits: tiers as limitspec.ParseAll reads them
+}
+
+type badRequest struct{ error }
+
+func (d *dashboard) suspend(ctx context.Context, req actionRequest) error {
+	dur, err := time.ParseDuration(req.Duration)
+	if err != nil || dur <= 0 {
+		return badRequest{fmt.Errorf("duration %q: want a positive duration such as 30s, 5m, 1h", req.Duration)}
+	}
+	return d.lim.Suspend(ctx, req.Key, dur)
+}
+
+func (d *dashboard) resume(ctx context.Context, req actionRequest) error {
+	return d.lim.Resume(ctx, req.Key)
+}
+
+func (d *dashboard) setLimits(ctx context.Context, req actionRequest) error {
+	ls, err := limitspec.ParseAll(req.Limits)
+	if err != nil {
+		return badRequest{err}
+	}
+	return d.lim.SetLimits(ctx, req.Key, ls...)
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func writeError(w http.ResponseWriter, status int, err error) {
+	writeJSON(w, status, map[string]string{"error": err.Error()})
+}

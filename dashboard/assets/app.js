@@ -1,0 +1,260 @@
+// asynq-throttle dashboard: polls api/keys and draws one card per key.
+// Everything is built with DOM calls and textContent (key names are data).
+(() => {
+  'use strict';
+  const body = document.body;
+  const readOnly = body.dataset.readOnly === 'true';
+  const pollMS = Number(body.dataset.pollMs) || 1000;
+  const hasCounts = body.dataset.hasCounts === 'true';
+  const outcomes = ['ran', 'deferred', 'suspended', 'failed', 'unthrottled'];
+  const historyLen = 60;
+  const main = document.getElementById('keys');
+  const cards = new Map(); // key -> card state
+
+  function el(tag, cls, text) {
+    const e = document.createElement(tag);
+    if (cls) e.className = cls;
+    if (text !== undefined) e.textContent = text;
+    return e;
+  }
+  const svgNS = 'http://www.w3.org/2000/svg';
+
+  // fmtSeconds: "37 s", "4 min 05 s", "2 h 10 min".
+  function fmtSeconds(s) {
+    s = Math.max(0, Math.ceil(s));
+    if (s < 60) return s + ' s';
+    if (s < 3600) return Math.floor(s / 60) + ' min ' + String(s % 60).padStart(2, '0') + ' s';
+    return Math.floor(s / 3600) + ' h ' + String(Math.floor(s % 3600 / 60)).padStart(2, '0') + ' min';
+  }
+  function fmtRate(r) { return r >= 10 ? r.toFixed(0) : r.toFixed(1); }
+
+  function status(text, isError) {
+    const s = document.getElementById('status');
+    s.textContent = text;
+    s.classList.toggle('error', !!isError);
+  }
+  let toastTimer;
+  function toast(text, isError) {
+    const t = document.getElementById('toast');
+    t.textContent = text;
+    t.classList.toggle('error', !!isError);
+    t.hidden = false;
+    clearTimeout(toastTimer);
+    toastTimer = setTimeout(() => { t.hidden = true; }, 4000);
+  }
+
+  function makeCard(key) {
+    const c = { key, hist: [], prev: null, data: null, at: 0 };
+    c.el = el('section', 'card');
+    c.el.dataset.key = key;
+    const h = el('h2');
+    h.append(el('span', 'name', key));
+    c.badge = el('span', 'badge');
+    h.append(c.badge);
+    c.el.append(h);
+    c.limits = el('div', 'limits');
+    c.tiers = el('div', 'tiers');
+    c.error = el('div', 'error');
+    c.el.append(c.limits, c.tiers, c.error);
+
+    const row = (label) => {
+      const r = el('div', 'row');
+      r.append(el('span', 'label', label));
+      const v = el('span', 'value');
+      r.append(v);
+      c.el.append(r);
+      return v;
+    };
+    c.suspension = row('suspension');
+    c.suspension.classList.add('suspension-value');
+    c.forecast = row('backlog');
+    c.forecast.classList.add('forecast');
+    if (hasCounts) {
+      c.rates = row('decisions/s');
+      c.rates.classList.add('rates');
+      c.r429 = row('429s seen');
+      c.r429.classList.add('r429');
+      c.spark = document.createElementNS(svgNS, 'svg');
+      c.spark.setAttribute('class', 'spark');
+      c.spark.setAttribute('viewBox', '0 0 100 30');
+      c.spark.setAttribute('preserveAspectRatio', 'none');
+      c.lines = {};
+      for (const [o, color] of [['deferred', '#d99a1e'], ['ran', '#2f9e62']]) {
+        const p = document.createElementNS(svgNS, 'polyline');
+        p.setAttribute('stroke', color);
+        c.spark.append(p);
+        c.lines[o] = p;
+      }
+      c.sparkNote = el('div', 'spark-note');
+      c.el.append(c.spark, c.sparkNote);
+    }
+
+    const a = el('div', 'actions');
+    c.duration = el('input', 'duration');
+    c.duration.value = '30s';
+    c.duration.setAttribute('aria-label', 'suspend for');
+    c.suspendBtn = el('button', 'suspend', 'Suspend');
+    c.resumeBtn = el('button', 'resume', 'Resume');
+    c.limitsIn = el('input', 'limits-input');
+    c.limitsIn.setAttribute('aria-label', 'limits');
+    c.limitsIn.placeholder = '10/s:burst=20 50/m';
+    c.setBtn = el('button', 'set-limits', 'Set limits');
+    a.append(c.duration, c.suspendBtn, c.resumeBtn, c.limitsIn, c.setBtn, el('span'));
+    for (const x of [c.duration, c.suspendBtn, c.resumeBtn, c.limitsIn, c.setBtn]) {
+      x.disabled = readOnly;
+      if (readOnly) x.title = 'read-only: start the dashboard with actions on';
+    }
+    c.suspendBtn.addEventListener('click', () => act(c, 'suspend', { duration: c.duration.value.trim() }, 'suspended for ' + c.duration.value.trim()));
+    c.resumeBtn.addEventListener('click', () => act(c, 'resume', {}, 'resumed'));
+    c.setBtn.addEventListener('click', () => act(c, 'limits', { limits: c.limitsIn.value.trim() }, 'limits set to ' + c.limitsIn.value.trim()));
+    c.el.append(a);
+    return c;
+  }
+
+  async function act(c, what, extra, done) {
+    try {
+      const r = await fetch('api/' + what, {
+        method: 'POST',
+        headers: { 'Content-Type': 'application/json', 'X-Asynq-Throttle': '1' },
+        body: JSON.stringify(Object.assign({ key: c.key }, extra)),
+      });
+      const v = await r.json();
+      if (!r.ok) throw new Error(v.error || r.statusText);
+      c.limitsIn.dataset.edited = '';
+      update(c, v, performance.now());
+      toast(c.key + ': ' + done);
+    } catch (e) {
+      toast(c.key + ': ' + e.message, true);
+    }
+  }
+
+  function update(c, k, at) {
+    c.data = k;
+    c.at = at;
+    c.limits.textContent = k.limits.length ? k.limits.map((t) => t.limit).join('  ·  ') : 'no limits: unthrottled';
+    c.error.textContent = k.error || '';
+    // One row per tier: name, gauge, tokens.
+    while (c.tiers.children.length > k.limits.length) c.tiers.lastChild.remove();
+    k.limits.forEach((t, i) => {
+      let row = c.tiers.children[i];
+      if (!row) {
+        row = el('div', 'tier');
+        row.append(el('span', 'name'), el('div', 'gauge'), el('span', 'count'));
+        row.children[1].append(el('div'));
+        c.tiers.append(row);
+      }
+      const frac = t.burst > 0 ? Math.max(0, Math.min(1, t.tokens / t.burst)) : 0;
+      row.children[0].textContent = 'tier ' + (i + 1);
+      const bar = row.children[1].firstChild;
+      bar.style.width = (frac * 100).toFixed(1) + '%';
+      bar.className = t.tokens < 1 ? 'empty' : frac < 0.25 ? 'low' : '';
+      row.children[2].textContent = t.tokens.toFixed(1) + ' / ' + t.burst;
+      row.title = t.limit + ': ' + t.tokens.toFixed(2) + ' tokens of ' + t.burst;
+    });
+    if (document.activeElement !== c.limitsIn && !c.limitsIn.dataset.edited) c.limitsIn.value = k.limit_spec;
+    tick(c, at);
+  }
+
+  // tick redraws what moves between polls: the countdowns.
+  function tick(c, now) {
+    const k = c.data;
+    if (!k) return;
+    const gone = (now - c.at) / 1000;
+    const susp = k.suspended_seconds - gone;
+    const queued = k.queued_seconds - gone;
+    c.el.classList.toggle('suspended', susp > 0);
+    if (susp > 0) {
+      c.suspension.textContent = 'suspended · ' + fmtSeconds(susp) + ' left';
+      c.suspension.className = 'value suspension';
+    } else {
+      c.suspension.textContent = 'not suspended';
+      c.suspension.className = 'value';
+    }
+    if (k.reservations > 0) {
+      c.forecast.textContent = k.reservations + ' reserved · backlog drains in ~' + fmtSeconds(Math.max(queued, 0));
+    } else {
+      c.forecast.textContent = 'no reservations';
+    }
+    let badge = ['ok', ''];
+    if (!k.limits.length) badge = ['unthrottled', 'none'];
+    if (k.reservations > 0) badge = ['backlog', 'backlog'];
+    if (susp > 0) badge = ['suspended', 'suspended'];
+    c.badge.textContent = badge[0];
+    c.badge.className = 'badge ' + badge[1];
+  }
+
+  // rates turns cumulative counts into per-second rates between polls.
+  function rates(c, k, at) {
+    if (!hasCounts) return;
+    const cur = k.decisions || {};
+    const r = {};
+    if (c.prev) {
+      const dt = (at - c.prev.at) / 1000;
+      for (const o of outcomes) r[o] = dt > 0 ? Math.max(0, ((cur[o] || 0) - (c.prev.counts[o] || 0)) / dt) : 0;
+      c.hist.push(r);
+      if (c.hist.length > historyLen) c.hist.shift();
+    }
+    c.prev = { at, counts: cur };
+    c.rates.textContent = '';
+    for (const o of outcomes) {
+      // ran and deferred always; the others once they happened.
+      if (o !== 'ran' && o !== 'deferred' && !cur[o]) continue;
+      const s = el('span', 'o-' + o);
+      s.append(o + ' ', el('b', '', r[o] === undefined ? '–' : fmtRate(r[o])));
+      c.rates.append(s);
+    }
+    c.r429.textContent = String(k.rate_limited || 0);
+    // The history fills the width; one point per poll, newest on the right.
+    const peak = Math.max(1, ...c.hist.map((h) => Math.max(h.ran, h.deferred)));
+    const step = 100 / Math.max(1, c.hist.length - 1);
+    for (const o of ['ran', 'deferred']) {
+      c.lines[o].setAttribute('points', c.hist.map((h, i) => (i * step).toFixed(1) + ',' + (29 - 28 * h[o] / peak).toFixed(1)).join(' '));
+    }
+    const span = Math.round(c.hist.length * pollMS / 1000);
+    c.sparkNote.textContent = c.hist.length > 1 ? 'last ' + span + ' s · peak ' + fmtRate(peak) + '/s · green ran, amber deferred' : '';
+  }
+
+  function render(s, at) {
+    const seen = new Set();
+    s.keys.forEach((k, i) => {
+      seen.add(k.key);
+      let c = cards.get(k.key);
+      if (!c) {
+        c = makeCard(k.key);
+        cards.set(k.key, c);
+      }
+      if (main.children[i] !== c.el) main.insertBefore(c.el, main.children[i] || null);
+      update(c, k, at);
+      rates(c, k, at);
+    });
+    for (const [key, c] of cards) {
+      if (!seen.has(key)) {
+        c.el.remove();
+        cards.delete(key);
+      }
+    }
+    document.getElementById('empty').hidden = s.keys.length > 0;
+    const om = document.getElementById('omitted');
+    om.hidden = !s.omitted;
+    om.textContent = s.omitted ? s.omitted + ' more keys not shown (dashboard.WithMaxKeys)' : '';
+  }
+
+  async function poll() {
+    try {
+      const r = await fetch('api/keys', { cache: 'no-store' });
+      const s = await r.json();
+      if (!r.ok) throw new Error(s.error || r.statusText);
+      render(s, performance.now());
+      status('live · ' + new Date().toLocaleTimeString(), false);
+    } catch (e) {
+      status('cannot refresh: ' + e.message, true);
+    } finally {
+      setTimeout(poll, pollMS);
+    }
+  }
+  document.addEventListener('input', (e) => {
+    if (e.target.classList && e.target.classList.contains('limits-input')) e.target.dataset.edited = '1';
+  });
+  setInterval(() => { const now = performance.now(); for (const c of cards.values()) tick(c, now); }, 250);
+  poll();
+})();

@@ -1,0 +1,209 @@
+package dashboard_test
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/asynq-throttle/asynq-throttle/dashboard"
+	"github.com/asynq-throttle/asynq-throttle/internal/redistest"
+	"github.com/asynq-throttle/asynq-throttle/metrics"
+	"github.com/asynq-throttle/asynq-throttle/throttle"
+)
+
+// mount serves the dashboard under /throttle/ beside another handler, as
+// beside asynqmon.
+func mount(t *testing.T, h http.Handler) *httptest.Server {
+	t.Helper()
+	mux := http.NewServeMux()
+	mux.Handle("/throttle/", http.StripPrefix("/throttle", h))
+	mux.HandleFunc("/monitoring/", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "asynqmon") })
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+func get(t *testing.T, url string) (int, http.Header, string) {
+	t.Helper()
+	c := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	resp, err := c.Get(url)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return resp.StatusCode, resp.Header, string(b)
+}
+
+// post sends an action as the page does (pageHeader) or not.
+func post(t *testing.T, url, body string, pageHeader bool, extra ...string) (int, map[string]any) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+	require.NoError(t, err)
+	req.Header.Set("Content-Type", "application/json")
+	if pageHeader {
+		req.Header.Set("X-Asynq-Throttle", "1")
+	}
+	for i := 0; i+1 < len(extra); i += 2 {
+		req.Header.Set(extra[i], extra[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	var v map[string]any
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&v))
+	return resp.StatusCode, v
+}
+
+// The page and its assets are served under the prefix, with nothing
+// fetched from elsewhere.
+func TestServesEmbeddedPage(t *testing.T) {
+	rdb := redistest.Start(t).Client(t)
+	srv := mount(t, dashboard.New(throttle.NewLimiter(rdb), dashboard.WithTitle("fleet limits")))
+
+	// Asked for without its trailing slash, it redirects relatively, so
+	// that any outer prefix works (http.ServeMux redirects first when the
+	// pattern ends in '/'; other routers hand the request over).
+	rec := httptest.NewRecorder()
+	http.StripPrefix("/admin/throttle", dashboard.New(throttle.NewLimiter(rdb))).
+		ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/admin/throttle?x=1", nil))
+	assert.Equal(t, http.StatusMovedPermanently, rec.Code)
+	assert.Equal(t, "throttle/", rec.Header().Get("Location"))
+
+	code, h, body := get(t, srv.URL+"/throttle/")
+	require.Equal(t, http.StatusOK, code)
+	assert.Contains(t, h.Get("Content-Type"), "text/html")
+	assert.Contains(t, body, "<title>fleet limits</title>")
+	assert.Contains(t, body, `data-read-only="true"`, "read-only by default")
+	assert.Contains(t, h.Get("Content-Security-Policy"), "default-src 'self'")
+
+	for _, asset := range []string{"static/app.js", "static/style.css"} {
+		code, _, _ := get(t, srv.URL+"/throttle/"+asset)
+		assert.Equal(t, http.StatusOK, code, asset)
+	}
+	code, _, _ = get(t, srv.URL+"/monitoring/")
+	assert.Equal(t, http.StatusOK, code, "the neighbour still answers")
+
+	// No URL outside the dashboard in anything it serves (the SVG namespace
+	// is a name, not a fetch).
+	external := regexp.MustCompile(`(?i)(https?:)?//[a-z0-9.-]+\.[a-z]{2,}`)
+	for _, asset := range []string{"", "static/app.js", "static/style.css"} {
+		_, _, body := get(t, srv.URL+"/throttle/"+asset)
+		for _, m := range external.FindAllString(body, -1) {
+			assert.Equal(t, "http://www.w3.org", m, "external reference in %q", asset)
+		}
+	}
+}
+
+// api/keys shows every key's state and, with a collector, its counts.
+func TestAPIKeys(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Start(t).Client(t)
+	lim := throttle.NewLimiter(rdb)
+	require.NoError(t, lim.SetLimits(ctx, "slack", throttle.PerSecond(5).WithBurst(8), throttle.PerMinute(100)))
+	require.NoError(t, lim.Suspend(ctx, "zendesk", time.Minute))
+	c := metrics.New(nil)
+	c.Observe(throttle.Event{Key: "slack", Outcome: throttle.Ran, Ran: true})
+	c.Observe(throttle.Event{Key: "slack", Outcome: throttle.Suspended})
+	srv := mount(t, dashboard.New(lim, dashboard.WithMetrics(c), dashboard.WithMaxKeys(1)))
+
+	code, _, body := get(t, srv.URL+"/throttle/api/keys")
+	require.Equal(t, http.StatusOK, code, body)
+	var v struct {
+		ReadOnly           bool `json:"read_only"`
+		DecisionsAvailable bool `json:"decisions_available"`
+		Omitted            int  `json:"omitted"`
+		Keys               []struct {
+			Key              string            `json:"key"`
+			LimitSpec        string            `json:"limit_spec"`
+			SuspendedSeconds float64           `json:"suspended_seconds"`
+			Decisions        map[string]uint64 `json:"decisions"`
+			RateLimited      uint64            `json:"rate_limited"`
+			Limits           []struct {
+				Burst  int     `json:"burst"`
+				Tokens float64 `json:"tokens"`
+			} `json:"limits"`
+		} `json:"keys"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(body), &v))
+	assert.True(t, v.ReadOnly)
+	assert.True(t, v.DecisionsAvailable)
+	assert.Equal(t, 1, v.Omitted, "zendesk is past WithMaxKeys(1)")
+	require.Len(t, v.Keys, 1)
+	k := v.Keys[0]
+	assert.Equal(t, "slack", k.Key)
+	assert.Equal(t, "5/s:burst=8 100/m", k.LimitSpec)
+	assert.Equal(t, map[string]uint64{"ran": 1, "suspended": 1}, k.Decisions)
+	assert.Equal(t, uint64(1), k.RateLimited)
+	require.Len(t, k.Limits, 2)
+	assert.Equal(t, 8.0, k.Limits[0].Tokens)
+	assert.Equal(t, 100, k.Limits[1].Burst)
+}
+
+// Actions are refused in read-only mode (the default) and without the
+// page's header or from another origin; allowed, they change Redis.
+func TestActions(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Start(t).Client(t)
+	lim := throttle.NewLimiter(rdb)
+	require.NoError(t, lim.SetLimits(ctx, "slack", throttle.PerSecond(5)))
+	suspended := func() time.Duration {
+		st, err := lim.Inspect(ctx, "slack")
+		require.NoError(t, err)
+		return st.Suspended
+	}
+
+	ro := mount(t, dashboard.New(lim))
+	code, v := post(t, ro.URL+"/throttle/api/suspend", `{"key":"slack","duration":"30s"}`, true)
+	assert.Equal(t, http.StatusForbidden, code)
+	assert.Contains(t, v["error"], "read-only")
+	assert.Zero(t, suspended())
+
+	rw := mount(t, dashboard.New(lim, dashboard.WithReadOnly(false)))
+	base := rw.URL + "/throttle/api/"
+	for _, tc := range []struct {
+		name, path, body string
+		header           bool
+		extra            []string
+		code             int
+		errPart          string
+	}{
+		{"no page header", "suspend", `{"key":"slack","duration":"30s"}`, false, nil, http.StatusForbidden, "X-Asynq-Throttle"},
+		{"other origin", "suspend", `{"key":"slack","duration":"30s"}`, true, []string{"Origin", "https://evil.example"}, http.StatusForbidden, "cross-origin"},
+		{"bad duration", "suspend", `{"key":"slack","duration":"soon"}`, true, nil, http.StatusBadRequest, "30s"},
+		{"bad key", "suspend", `{"key":"a{b}","duration":"30s"}`, true, nil, http.StatusBadRequest, "invalid key"},
+		{"unknown field", "suspend", `{"key":"slack","for":"30s"}`, true, nil, http.StatusBadRequest, "body"},
+		{"bad limits", "limits", `{"key":"slack","limits":"10/fortnight"}`, true, nil, http.StatusBadRequest, "10/s:burst=20"},
+		{"limits out of range", "limits", `{"key":"slack","limits":"1/s 1/s 1/s 1/s 1/s"}`, true, nil, http.StatusBadRequest, "at most 4"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			code, v := post(t, base+tc.path, tc.body, tc.header, tc.extra...)
+			assert.Equal(t, tc.code, code)
+			assert.Contains(t, v["error"], tc.errPart)
+			assert.Zero(t, suspended())
+		})
+	}
+
+	code, v = post(t, base+"suspend", `{"key":"slack","duration":"30s"}`, true, "Origin", rw.URL)
+	require.Equal(t, http.StatusOK, code, v)
+	assert.InDelta(t, 30, v["suspended_seconds"], 2)
+	assert.InDelta(t, 30, suspended().Seconds(), 2)
+
+	code, v = post(t, base+"resume", `{"key":"slack"}`, true)
+	require.Equal(t, http.StatusOK, code, v)
+	assert.Zero(t, suspended())
+
+	code, v = post(t, base+"limits", `{"key":"slack","limits":"10/s:burst=20 50/m"}`, true)
+	require.Equal(t, http.StatusOK, code, v)
+	ls, err := lim.Limits(ctx, "slack")
+	require.NoError(t, err)
+	assert.Equal(t, []throttle.Limit{throttle.PerSecond(10).WithBurst(20), throttle.PerMinute(50).WithBurst(50)}, ls)
+}

@@ -1,0 +1,186 @@
+// Package metrics exports asynq-throttle as Prometheus metrics: the
+// middleware's decisions as they happen in this process, and, on every
+// scrape, the state of the keys in Redis (tokens, limits, suspensions,
+// reservations) as the whole fleet shares it.
+//
+// The Collector is registered by the caller on a registry of its choice and
+// fed by the middleware through throttle.WithObserver:
+//
+//	c := metrics.New(throttle.NewLimiter(rdb))
+//	reg.MustRegister(c)
+//	mux.Use(throttle.ByProvider(rdb, throttle.WithObserver(c.Observe)))
+//
+// Every metric is named asynq_throttle_*. Label cardinality is bounded: the
+// key label takes at most WithMaxKeys distinct values (default 100); events
+// of further keys are counted under key="_other", and
+// asynq_throttle_keys_folded_total counts them.
+package metrics
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/asynq-throttle/asynq-throttle/throttle"
+)
+
+// Special values of the key label.
+const (
+	// OtherKey is the key label of events past the WithMaxKeys cap.
+	OtherKey = "_other"
+	// NoKey is the key label of tasks that have no key (run unthrottled).
+	NoKey = "_none"
+)
+
+const namespace = "asynq_throttle"
+
+// Collector is a prometheus.Collector of the middleware's decisions (fed by
+// Observe) and of the state of the limiter's keys in Redis (read on every
+// Collect). Its zero value is not usable; build it with New. It is safe for
+// concurrent use.
+type Collector struct {
+	lim *throttle.Limiter
+	o   options
+
+	mu     sync.RWMutex
+	keys   map[string]*keyStats // by key label, at most o.maxKeys (plus OtherKey, NoKey)
+	folded uint64               // events counted under OtherKey; guarded by mu
+
+	latency prometheus.Histogram
+	descs   descs
+}
+
+// New returns a Collector. lim is read on every scrape for the state of its
+// keys (Limiter.Keys, then Limiter.Inspect per key); with a nil lim, only
+// the events passed to Observe are exported.
+func New(lim *throttle.Limiter, opts ...Option) *Collector {
+	o := options{maxKeys: DefaultMaxKeys, scrapeTimeout: DefaultScrapeTimeout, buckets: DefaultLatencyBuckets}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if o.maxKeys < 1 {
+		o.maxKeys = 1
+	}
+	return &Collector{
+		lim:  lim,
+		o:    o,
+		keys: map[string]*keyStats{},
+		latency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: namespace,
+			Name:      "decision_duration_seconds",
+			Help:      "Time a middleware decision spent in Redis (decisions without a Redis call are not observed).",
+			Buckets:   o.buckets,
+		}),
+		descs: newDescs(),
+	}
+}
+
+// Defaults of the options.
+const (
+	// DefaultMaxKeys is how many distinct key label values the Collector
+	// exports before folding further keys into OtherKey.
+	DefaultMaxKeys = 100
+	// DefaultScrapeTimeout bounds the reading of the keys' state in Redis
+	// on one scrape.
+	DefaultScrapeTimeout = 3 * time.Second
+)
+
+// DefaultLatencyBuckets are the buckets of
+// asynq_throttle_decision_duration_seconds: 100 µs to 1 s, the default
+// decision timeout.
+var DefaultLatencyBuckets = []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1}
+
+// Option configures a Collector.
+type Option func(*options)
+
+type options struct {
+	maxKeys       int
+	scrapeTimeout time.Duration
+	buckets       []float64
+}
+
+// WithMaxKeys caps the distinct values of the key label (default
+// DefaultMaxKeys, 100; at least 1). Events of keys past the cap are counted
+// under key="_other" and in asynq_throttle_keys_folded_total, and the state
+// of only the first n keys (in name order) is read on a scrape.
+func WithMaxKeys(n int) Option { return func(o *options) { o.maxKeys = n } }
+
+// WithScrapeTimeout bounds how long one scrape reads the keys' state from
+// Redis (default DefaultScrapeTimeout, 3 s). Past it the scrape reports
+// asynq_throttle_state_up 0 and no state, instead of hanging the scrape.
+func WithScrapeTimeout(d time.Duration) Option { return func(o *options) { o.scrapeTimeout = d } }
+
+// WithLatencyBuckets sets the buckets of the decision latency histogram
+// (default DefaultLatencyBuckets).
+func WithLatencyBuckets(b []float64) Option { return func(o *options) { o.buckets = b } }
+
+// Describe sends the descriptors of every metric the Collector exports.
+func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range c.descs.all() {
+		ch <- d
+	}
+	c.latency.Describe(ch)
+}
+
+// Collect sends the counters of the observed events and the state of the
+// keys in Redis, read with a deadline of WithScrapeTimeout.
+func (c *Collector) Collect(ch chan<- prometheus.Metric) {
+	c.collectEvents(ch)
+	c.latency.Collect(ch)
+	if c.lim != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), c.o.scrapeTimeout)
+		defer cancel()
+		c.collectState(ctx, ch)
+	}
+}
+
+var _ prometheus.Collector = (*Collector)(nil)
+
+// descs are the descriptors of the metrics built at Collect time.
+type descs struct {
+	decisions, deferrals, copies, rateLimited, leased, failurePolicy, redisErrors, folded *prometheus.Desc
+	limitRate, limitPeriod, limitBurst, tokens, suspended, reservations, queued           *prometheus.Desc
+	stateUp, stateKeys, stateErrors, stateDuration                                        *prometheus.Desc
+}
+
+func newDescs() descs {
+	d := func(name, help string, labels ...string) *prometheus.Desc {
+		return prometheus.NewDesc(namespace+"_"+name, help, labels, nil)
+	}
+	return descs{
+		decisions:     d("decisions_total", "Middleware decisions by key and outcome (ran, deferred, suspended, unthrottled, failed).", "key", "outcome"),
+		deferrals:     d("deferrals_total", "Tasks deferred by key, reason (tier, suspended, queued, before_slot, failure_policy) and whether they hold a reserved slot.", "key", "reason", "reserved"),
+		copies:        d("deferral_copies_total", "Deferrals that re-enqueued a copy of the task (plain asynq.Server, or a task's last attempt).", "key"),
+		rateLimited:   d("rate_limited_total", "Handlers that reported a rate limit (429 or RateLimited); each suspends the key fleet-wide.", "key"),
+		leased:        d("leased_total", "Tasks that ran on a token leased by their process, without a Redis call.", "key"),
+		failurePolicy: d("failure_policy_total", "Decisions Redis could not make, by the failure policy that decided instead (fail_open ran the task, fail_closed deferred it).", "key", "policy"),
+		redisErrors:   d("redis_errors_total", "Failed decisions by error class (timeout, connection, reply, bad_config, other).", "key", "class"),
+		folded:        d("keys_folded_total", "Events counted under key=\"_other\" because WithMaxKeys distinct keys were already exported."),
+
+		limitRate:    d("limit_rate", "Tokens a tier of the key's limits allows per period (from Redis, on scrape).", "key", "tier"),
+		limitPeriod:  d("limit_period_seconds", "The period of a tier of the key's limits.", "key", "tier"),
+		limitBurst:   d("limit_burst", "The burst (bucket size) of a tier of the key's limits.", "key", "tier"),
+		tokens:       d("tokens", "Tokens in a tier's bucket now.", "key", "tier"),
+		suspended:    d("suspended_seconds", "Seconds left of the key's fleet-wide suspension (0 when not suspended).", "key"),
+		reservations: d("reservations", "Run slots reserved by deferred tasks of the key.", "key"),
+		queued:       d("queued_seconds", "Seconds until the key's last reserved slot: how long its backlog takes to drain.", "key"),
+
+		stateUp:       d("state_up", "1 when the last scrape read the keys' state from Redis, 0 when it failed."),
+		stateKeys:     d("state_keys", "Keys found in Redis on this scrape (the state of at most WithMaxKeys of them is exported)."),
+		stateErrors:   d("state_key_errors", "Keys found in Redis whose state could not be read on this scrape (e.g. invalid limits)."),
+		stateDuration: d("state_scrape_duration_seconds", "Time this scrape spent reading the keys' state from Redis."),
+	}
+}
+
+func (d descs) all() []*prometheus.Desc {
+	return []*prometheus.Desc{
+		d.decisions, d.deferrals, d.copies, d.rateLimited, d.leased, d.failurePolicy, d.redisErrors, d.folded,
+		d.limitRate, d.limitPeriod, d.limitBurst, d.tokens, d.suspended, d.reservations, d.queued,
+		d.stateUp, d.stateKeys, d.stateErrors, d.stateDuration,
+	}
+}
+
+func tierLabel(i int) string { return fmt.Sprint(i + 1) }

@@ -1,0 +1,329 @@
+package metrics_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/asynq-throttle/asynq-throttle/internal/redistest"
+	"github.com/asynq-throttle/asynq-throttle/metrics"
+	"github.com/asynq-throttle/asynq-throttle/throttle"
+)
+
+var eventMetrics = []string{
+	"asynq_throttle_decisions_total", "asynq_throttle_deferrals_total", "asynq_throttle_deferral_copies_total",
+	"asynq_throttle_rate_limited_total", "asynq_throttle_leased_total", "asynq_throttle_failure_policy_total",
+	"asynq_throttle_redis_errors_total", "asynq_throttle_keys_folded_total",
+}
+
+// A scripted sequence of events gives exact counters; keys past the cap are
+// folded into "_other" and counted.
+func TestObserveScripted(t *testing.T) {
+	c := metrics.New(nil, metrics.WithMaxKeys(2))
+	refused := errors.New("dial tcp 127.0.0.1:1: connect: connection refused")
+	for _, ev := range []throttle.Event{
+		{Key: "slack", Outcome: throttle.Ran, Ran: true, Latency: time.Millisecond},
+		{Key: "slack", Outcome: throttle.Ran, Ran: true, Leased: true},
+		{Key: "slack", Outcome: throttle.Deferred, Reason: throttle.RefusedByTier, Reserved: true, Latency: time.Millisecond},
+		{Key: "slack", Outcome: throttle.Deferred, Reason: throttle.RefusedBeforeSlot, Reserved: true, Copied: true, Latency: time.Millisecond},
+		{Key: "github", Outcome: throttle.Suspended, Reason: throttle.RefusedBySuspension, Latency: time.Millisecond},
+		{Key: "github", Outcome: throttle.Deferred, Reason: throttle.RefusedBySuspension},
+		{Key: "github", Outcome: throttle.Failed, Err: fmt.Errorf("decide: %w", context.DeadlineExceeded), Latency: time.Second},
+		{Key: "github", Outcome: throttle.Failed, Ran: true, Err: refused, Latency: time.Millisecond},
+		{Key: "", Outcome: throttle.Unthrottled, Ran: true},
+		{Key: "crm", Outcome: throttle.Ran, Ran: true, Latency: time.Millisecond},
+		{Key: "zendesk", Outcome: throttle.Deferred, Reason: throttle.RefusedByQueue, Latency: time.Millisecond},
+	} {
+		c.Observe(ev)
+	}
+	want := `
+# HELP asynq_throttle_decisions_total Middleware decisions by key and outcome (ran, deferred, suspended, unthrottled, failed).
+# TYPE asynq_throttle_decisions_total counter
+asynq_throttle_decisions_total{key="_none",outcome="unthrottled"} 1
+asynq_throttle_decisions_total{key="_other",outcome="deferred"} 1
+asynq_throttle_decisions_total{key="_other",outcome="ran"} 1
+asynq_throttle_decisions_total{key="github",outcome="deferred"} 1
+asynq_throttle_decisions_total{key="github",outcome="failed"} 2
+asynq_throttle_decisions_total{key="github",outcome="suspended"} 1
+asynq_throttle_decisions_total{key="slack",outcome="deferred"} 2
+asynq_throttle_decisions_total{key="slack",outcome="ran"} 2
+# HELP asynq_throttle_deferrals_total Tasks deferred by key, reason (tier, suspended, queued, before_slot, failure_policy) and whether they hold a reserved slot.
+# TYPE asynq_throttle_deferrals_total counter
+asynq_throttle_deferrals_total{key="_other",reason="queued",reserved="false"} 1
+asynq_throttle_deferrals_total{key="github",reason="failure_policy",reserved="false"} 1
+asynq_throttle_deferrals_total{key="github",reason="suspended",reserved="false"} 2
+asynq_throttle_deferrals_total{key="slack",reason="before_slot",reserved="true"} 1
+asynq_throttle_deferrals_total{key="slack",reason="tier",reserved="true"} 1
+# HELP asynq_throttle_deferral_copies_total Deferrals that re-enqueued a copy of the task (plain asynq.Server, or a task's last attempt).
+# TYPE asynq_throttle_deferral_copies_total counter
+asynq_throttle_deferral_copies_total{key="slack"} 1
+# HELP asynq_throttle_rate_limited_total Handlers that reported a rate limit (429 or RateLimited); each suspends the key fleet-wide.
+# TYPE asynq_throttle_rate_limited_total counter
+asynq_throttle_rate_limited_total{key="github"} 1
+# HELP asynq_throttle_leased_total Tasks that ran on a token leased by their process, without a Redis call.
+# TYPE asynq_throttle_leased_total counter
+asynq_throttle_leased_total{key="slack"} 1
+# HELP asynq_throttle_failure_policy_total Decisions Redis could not make, by the failure policy that decided instead (fail_open ran the task, fail_closed deferred it).
+# TYPE asynq_throttle_failure_policy_total counter
+asynq_throttle_failure_policy_total{key="github",policy="fail_closed"} 1
+asynq_throttle_failure_policy_total{key="github",policy="fail_open"} 1
+# HELP asynq_throttle_redis_errors_total Failed decisions by error class (timeout, connection, reply, bad_config, other).
+# TYPE asynq_throttle_redis_errors_total counter
+asynq_throttle_redis_errors_total{class="other",key="github"} 1
+asynq_throttle_redis_errors_total{class="timeout",key="github"} 1
+# HELP asynq_throttle_keys_folded_total Events counted under key="_other" because WithMaxKeys distinct keys were already exported.
+# TYPE asynq_throttle_keys_folded_total counter
+asynq_throttle_keys_folded_total 2
+`
+	require.NoError(t, testutil.CollectAndCompare(c, strings.NewReader(want), eventMetrics...))
+
+	h := histogram(t, c)
+	assert.Equal(t, uint64(7), h.GetSampleCount(), "decisions with a Redis call, the Suspended event not again")
+	assert.InDelta(t, 1.006, h.GetSampleSum(), 1e-9)
+
+	counts := c.Counts()
+	assert.Equal(t, metrics.KeyCounts{Decisions: map[string]uint64{"ran": 2, "deferred": 2}}, counts["slack"])
+	assert.Equal(t, uint64(1), counts["github"].RateLimited)
+	assert.Equal(t, uint64(1), counts[metrics.OtherKey].Decisions["ran"])
+}
+
+func histogram(t *testing.T, c prometheus.Collector) *dto.Histogram {
+	t.Helper()
+	reg := prometheus.NewPedanticRegistry()
+	require.NoError(t, reg.Register(c))
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	for _, mf := range mfs {
+		if mf.GetName() == "asynq_throttle_decision_duration_seconds" {
+			return mf.GetMetric()[0].GetHistogram()
+		}
+	}
+	t.Fatal("no asynq_throttle_decision_duration_seconds")
+	return nil
+}
+
+// runTask runs one task through mw the way an asynq server would (without
+// a task ID, so no reservation) and returns the handler's error.
+func runTask(mw asynq.MiddlewareFunc, task *asynq.Task, h func() error) error {
+	return mw(asynq.HandlerFunc(func(context.Context, *asynq.Task) error { return h() })).ProcessTask(context.Background(), task)
+}
+
+// The real middleware feeds the collector: a scripted sequence of tasks
+// against a real Redis gives exact counters.
+func TestMiddlewareFeedsCollector(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	c := metrics.New(nil)
+	lim := throttle.NewLimiter(rdb)
+	require.NoError(t, lim.SetLimits(ctx, "slack", throttle.Limit{Rate: 2, Per: time.Hour}))
+	require.NoError(t, lim.SetLimits(ctx, "github", throttle.PerSecond(1000)))
+	client := asynq.NewClientFromRedisClient(rdb)
+	t.Cleanup(func() { client.Close() })
+	quiet := throttle.WithLogger(slog.New(slog.DiscardHandler))
+	mw := throttle.ByProvider(rdb, throttle.WithObserver(c.Observe), throttle.WithClient(client), quiet)
+	ok := func() error { return nil }
+
+	// slack: two tokens, then a refusal by its tier (no task ID: no slot; a
+	// plain call: deferred by copy).
+	for range 3 {
+		require.NoError(t, runTask(mw, asynq.NewTask("slack:sync", nil), ok))
+	}
+	// github: a decision that leases, a task on the lease, a 429 (on a leased
+	// token), then a refusal by suspension, then the cached suspension.
+	require.NoError(t, runTask(mw, asynq.NewTask("github:sync", nil), ok))
+	require.NoError(t, runTask(mw, asynq.NewTask("github:sync", nil), ok))
+	require.NoError(t, runTask(mw, asynq.NewTask("github:sync", nil), func() error { return throttle.RateLimited(time.Minute) }))
+	require.NoError(t, runTask(mw, asynq.NewTask("github:sync", nil), ok))
+	require.NoError(t, runTask(mw, asynq.NewTask("github:sync", nil), ok))
+	// No key, and a key without limits.
+	require.NoError(t, runTask(mw, asynq.NewTask("cleanup", nil), ok))
+	require.NoError(t, runTask(mw, asynq.NewTask("crm:sync", nil), ok))
+	// A Redis that refuses connections: fail closed, deferred by copy.
+	dead := redis.NewClient(&redis.Options{Addr: closedAddr(t), MaxRetries: -1, DialerRetries: 1})
+	t.Cleanup(func() { dead.Close() })
+	deadMW := throttle.ByProvider(dead, throttle.WithObserver(c.Observe), throttle.WithClient(client), quiet)
+	require.NoError(t, runTask(deadMW, asynq.NewTask("slack:sync", nil), ok))
+
+	want := `
+# HELP asynq_throttle_decisions_total Middleware decisions by key and outcome (ran, deferred, suspended, unthrottled, failed).
+# TYPE asynq_throttle_decisions_total counter
+asynq_throttle_decisions_total{key="_none",outcome="unthrottled"} 1
+asynq_throttle_decisions_total{key="crm",outcome="unthrottled"} 1
+asynq_throttle_decisions_total{key="github",outcome="deferred"} 2
+asynq_throttle_decisions_total{key="github",outcome="ran"} 3
+asynq_throttle_decisions_total{key="github",outcome="suspended"} 1
+asynq_throttle_decisions_total{key="slack",outcome="deferred"} 1
+asynq_throttle_decisions_total{key="slack",outcome="failed"} 1
+asynq_throttle_decisions_total{key="slack",outcome="ran"} 2
+# HELP asynq_throttle_deferrals_total Tasks deferred by key, reason (tier, suspended, queued, before_slot, failure_policy) and whether they hold a reserved slot.
+# TYPE asynq_throttle_deferrals_total counter
+asynq_throttle_deferrals_total{key="github",reason="suspended",reserved="false"} 3
+asynq_throttle_deferrals_total{key="slack",reason="failure_policy",reserved="false"} 1
+asynq_throttle_deferrals_total{key="slack",reason="tier",reserved="false"} 1
+# HELP asynq_throttle_deferral_copies_total Deferrals that re-enqueued a copy of the task (plain asynq.Server, or a task's last attempt).
+# TYPE asynq_throttle_deferral_copies_total counter
+asynq_throttle_deferral_copies_total{key="github"} 3
+asynq_throttle_deferral_copies_total{key="slack"} 2
+# HELP asynq_throttle_rate_limited_total Handlers that reported a rate limit (429 or RateLimited); each suspends the key fleet-wide.
+# TYPE asynq_throttle_rate_limited_total counter
+asynq_throttle_rate_limited_total{key="github"} 1
+# HELP asynq_throttle_leased_total Tasks that ran on a token leased by their process, without a Redis call.
+# TYPE asynq_throttle_leased_total counter
+asynq_throttle_leased_total{key="github"} 2
+# HELP asynq_throttle_failure_policy_total Decisions Redis could not make, by the failure policy that decided instead (fail_open ran the task, fail_closed deferred it).
+# TYPE asynq_throttle_failure_policy_total counter
+asynq_throttle_failure_policy_total{key="slack",policy="fail_closed"} 1
+# HELP asynq_throttle_redis_errors_total Failed decisions by error class (timeout, connection, reply, bad_config, other).
+# TYPE asynq_throttle_redis_errors_total counter
+asynq_throttle_redis_errors_total{class="connection",key="slack"} 1
+# HELP asynq_throttle_keys_folded_total Events counted under key="_other" because WithMaxKeys distinct keys were already exported.
+# TYPE asynq_throttle_keys_folded_total counter
+asynq_throttle_keys_folded_total 0
+`
+	require.NoError(t, testutil.CollectAndCompare(c, strings.NewReader(want), eventMetrics...))
+	// Decisions in Redis: slack 3, github 2 (the first and the one after
+	// the 429's task), crm 1, the failed one 1.
+	assert.Equal(t, uint64(7), histogram(t, c).GetSampleCount())
+}
+
+// closedAddr is a loopback address nothing listens on.
+func closedAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := l.Addr().String()
+	require.NoError(t, l.Close())
+	return addr
+}
+
+func TestErrorClass(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Start(t).Client(t)
+	replyErr := rdb.Do(ctx, "NOSUCHCOMMAND").Err()
+	require.Error(t, replyErr)
+	dead := redis.NewClient(&redis.Options{Addr: closedAddr(t), MaxRetries: -1, DialerRetries: 1})
+	defer dead.Close()
+	refused := dead.Ping(ctx).Err()
+	require.Error(t, refused)
+	closed := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
+	closed.Close()
+	short, cancel := context.WithTimeout(ctx, time.Nanosecond)
+	defer cancel()
+	<-short.Done()
+
+	for _, tc := range []struct {
+		name string
+		err  error
+		want string
+	}{
+		{"reply", fmt.Errorf("throttle: key %q: decide: %w", "k", replyErr), metrics.ClassReply},
+		{"refused", fmt.Errorf("decide: %w", refused), metrics.ClassConnection},
+		{"client closed", closed.Ping(ctx).Err(), metrics.ClassConnection},
+		{"deadline", fmt.Errorf("decide: %w", rdb.Ping(short).Err()), metrics.ClassTimeout},
+		{"bad config", &throttle.ConfigError{Key: "k", Field: "rate:1", Reason: "NaN"}, metrics.ClassBadConfig},
+		{"other", errors.New("something else"), metrics.ClassOther},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			assert.Equal(t, tc.want, metrics.ErrorClass(tc.err), "ErrorClass(%v)", tc.err)
+		})
+	}
+}
+
+// gauges scrapes c and returns every gauge as "name{l=v,...}" -> value.
+func gauges(t *testing.T, c prometheus.Collector) map[string]float64 {
+	t.Helper()
+	reg := prometheus.NewPedanticRegistry()
+	require.NoError(t, reg.Register(c))
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	out := map[string]float64{}
+	for _, mf := range mfs {
+		if mf.GetType() != dto.MetricType_GAUGE {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			var ls []string
+			for _, l := range m.GetLabel() {
+				ls = append(ls, l.GetName()+"="+l.GetValue())
+			}
+			sort.Strings(ls)
+			out[mf.GetName()+"{"+strings.Join(ls, ",")+"}"] = m.GetGauge().GetValue()
+		}
+	}
+	return out
+}
+
+// On scrape, the state of every key comes from a real Redis.
+func TestScrapeState(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Start(t).Client(t)
+	lim := throttle.NewLimiter(rdb)
+	require.NoError(t, lim.SetLimits(ctx, "slack", throttle.PerSecond(5).WithBurst(8), throttle.PerMinute(100)))
+	require.NoError(t, lim.SetLimits(ctx, "github", throttle.Limit{Rate: 1, Per: time.Hour}))
+	_, err := lim.Take(ctx, "github")
+	require.NoError(t, err)
+	for i := range 3 {
+		d, err := lim.Reserve(ctx, "github", fmt.Sprint("task-", i), 24*time.Hour, time.Second)
+		require.NoError(t, err)
+		require.True(t, d.Reserved)
+	}
+	require.NoError(t, lim.Suspend(ctx, "slack", time.Minute))
+
+	g := gauges(t, metrics.New(lim))
+	assert.Equal(t, 1.0, g["asynq_throttle_state_up{}"])
+	assert.Equal(t, 2.0, g["asynq_throttle_state_keys{}"])
+	assert.Equal(t, 0.0, g["asynq_throttle_state_key_errors{}"])
+	for name, want := range map[string]float64{
+		"limit_rate{key=slack,tier=1}":            5,
+		"limit_burst{key=slack,tier=1}":           8,
+		"limit_period_seconds{key=slack,tier=1}":  1,
+		"limit_rate{key=slack,tier=2}":            100,
+		"limit_burst{key=slack,tier=2}":           100,
+		"limit_period_seconds{key=slack,tier=2}":  60,
+		"tokens{key=slack,tier=1}":                8,
+		"tokens{key=slack,tier=2}":                100,
+		"reservations{key=slack}":                 0,
+		"queued_seconds{key=slack}":               0,
+		"limit_rate{key=github,tier=1}":           1,
+		"limit_period_seconds{key=github,tier=1}": 3600,
+		"reservations{key=github}":                3,
+		"suspended_seconds{key=github}":           0,
+	} {
+		assert.Equal(t, want, g["asynq_throttle_"+name], name)
+	}
+	assert.InDelta(t, 60, g["asynq_throttle_suspended_seconds{key=slack}"], 2)
+	// Three slots an hour apart: the last is about 3 h away.
+	assert.InDelta(t, 3*3600, g["asynq_throttle_queued_seconds{key=github}"], 10)
+	assert.Less(t, g["asynq_throttle_tokens{key=github,tier=1}"], 0.01)
+
+	// WithMaxKeys bounds the keys whose state is read.
+	g = gauges(t, metrics.New(lim, metrics.WithMaxKeys(1)))
+	assert.Equal(t, 2.0, g["asynq_throttle_state_keys{}"])
+	assert.Contains(t, g, "asynq_throttle_reservations{key=github}")
+	assert.NotContains(t, g, "asynq_throttle_reservations{key=slack}")
+
+}
+
+// A Redis that is down makes the scrape report state_up 0 and no state.
+func TestScrapeRedisDown(t *testing.T) {
+	dead := redis.NewClient(&redis.Options{Addr: closedAddr(t), MaxRetries: -1, DialerRetries: 1})
+	defer dead.Close()
+	g := gauges(t, metrics.New(throttle.NewLimiter(dead), metrics.WithScrapeTimeout(time.Second)))
+	assert.Equal(t, 0.0, g["asynq_throttle_state_up{}"])
+	assert.NotContains(t, g, "asynq_throttle_state_keys{}")
+}

@@ -1,0 +1,188 @@
+package metrics
+
+import (
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/asynq-throttle/asynq-throttle/throttle"
+)
+
+// metric names one counter family kept per key.
+type metric uint8
+
+const (
+	mDecisions metric = iota
+	mDeferrals
+	mCopies
+	mRateLimited
+	mLeased
+	mFailurePolicy
+	mRedisErrors
+)
+
+// series is one counter of a key: its family and its other labels.
+type series struct {
+	m    metric
+	a, b string
+}
+
+// keyStats are the counters of one key label.
+type keyStats struct {
+	mu sync.Mutex
+	n  map[series]uint64
+}
+
+// Observe counts one middleware event. Pass it to the middleware:
+// throttle.WithObserver(c.Observe). It runs on the worker goroutine and
+// takes a short lock per key.
+func (c *Collector) Observe(ev throttle.Event) {
+	ks := c.stats(ev.Key)
+	ks.mu.Lock()
+	ks.n[series{m: mDecisions, a: ev.Outcome.String()}]++
+	deferred := false
+	switch ev.Outcome {
+	case throttle.Deferred, throttle.Suspended:
+		deferred = true
+		ks.n[series{m: mDeferrals, a: reasonLabel(ev.Reason), b: strconv.FormatBool(ev.Reserved)}]++
+	case throttle.Failed:
+		policy := "fail_closed"
+		if ev.Ran {
+			policy = "fail_open"
+		} else {
+			deferred = true
+			ks.n[series{m: mDeferrals, a: "failure_policy", b: "false"}]++
+		}
+		ks.n[series{m: mFailurePolicy, a: policy}]++
+		ks.n[series{m: mRedisErrors, a: ErrorClass(ev.Err)}]++
+	}
+	if deferred && ev.Copied {
+		ks.n[series{m: mCopies}]++
+	}
+	if ev.Outcome == throttle.Suspended {
+		ks.n[series{m: mRateLimited}]++
+	}
+	if ev.Leased && ev.Outcome == throttle.Ran { // a Suspended event repeats it
+		ks.n[series{m: mLeased}]++
+	}
+	ks.mu.Unlock()
+	// A Suspended event repeats the latency of its task's Ran event.
+	if ev.Latency > 0 && ev.Outcome != throttle.Suspended {
+		c.latency.Observe(ev.Latency.Seconds())
+	}
+}
+
+// reasonLabel is a Reason as a label value ("before slot" -> "before_slot").
+func reasonLabel(r throttle.Reason) string {
+	return strings.ReplaceAll(r.String(), " ", "_")
+}
+
+// stats returns the counters of key's label, creating them while fewer than
+// maxKeys keys have some; past that, OtherKey's.
+func (c *Collector) stats(key string) *keyStats {
+	if key == "" {
+		key = NoKey
+	}
+	c.mu.RLock()
+	ks, ok := c.keys[key]
+	c.mu.RUnlock()
+	if ok {
+		return ks
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if ks, ok := c.keys[key]; ok {
+		return ks
+	}
+	if key != NoKey && c.distinct() >= c.o.maxKeys {
+		c.folded++
+		key = OtherKey
+	}
+	if ks, ok := c.keys[key]; ok {
+		return ks
+	}
+	ks = &keyStats{n: map[series]uint64{}}
+	c.keys[key] = ks
+	return ks
+}
+
+// distinct counts the keys that hold a label of their own; c.mu is held.
+func (c *Collector) distinct() int {
+	n := len(c.keys)
+	for _, special := range []string{OtherKey, NoKey} {
+		if _, ok := c.keys[special]; ok {
+			n--
+		}
+	}
+	return n
+}
+
+// collectEvents sends the counters of every key label.
+func (c *Collector) collectEvents(ch chan<- prometheus.Metric) {
+	c.mu.RLock()
+	keys := make(map[string]*keyStats, len(c.keys))
+	for k, ks := range c.keys {
+		keys[k] = ks
+	}
+	folded := c.folded
+	c.mu.RUnlock()
+	ch <- prometheus.MustNewConstMetric(c.descs.folded, prometheus.CounterValue, float64(folded))
+	for key, ks := range keys {
+		ks.mu.Lock()
+		for s, n := range ks.n {
+			v := float64(n)
+			switch s.m {
+			case mDecisions:
+				ch <- prometheus.MustNewConstMetric(c.descs.decisions, prometheus.CounterValue, v, key, s.a)
+			case mDeferrals:
+				ch <- prometheus.MustNewConstMetric(c.descs.deferrals, prometheus.CounterValue, v, key, s.a, s.b)
+			case mCopies:
+				ch <- prometheus.MustNewConstMetric(c.descs.copies, prometheus.CounterValue, v, key)
+			case mRateLimited:
+				ch <- prometheus.MustNewConstMetric(c.descs.rateLimited, prometheus.CounterValue, v, key)
+			case mLeased:
+				ch <- prometheus.MustNewConstMetric(c.descs.leased, prometheus.CounterValue, v, key)
+			case mFailurePolicy:
+				ch <- prometheus.MustNewConstMetric(c.descs.failurePolicy, prometheus.CounterValue, v, key, s.a)
+			case mRedisErrors:
+				ch <- prometheus.MustNewConstMetric(c.descs.redisErrors, prometheus.CounterValue, v, key, s.a)
+			}
+		}
+		ks.mu.Unlock()
+	}
+}
+
+// KeyCounts are the events Observe counted for one key label since the
+// Collector was made, for displays such as the dashboard.
+type KeyCounts struct {
+	// Decisions by outcome ("ran", "deferred", "suspended", "unthrottled",
+	// "failed"); outcomes not seen are absent.
+	Decisions map[string]uint64
+	// RateLimited counts the handlers that reported a rate limit (429s).
+	RateLimited uint64
+}
+
+// Counts returns the counts of every key label seen (including OtherKey and
+// NoKey when they have any).
+func (c *Collector) Counts() map[string]KeyCounts {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	out := make(map[string]KeyCounts, len(c.keys))
+	for key, ks := range c.keys {
+		kc := KeyCounts{Decisions: map[string]uint64{}}
+		ks.mu.Lock()
+		for s, n := range ks.n {
+			switch s.m {
+			case mDecisions:
+				kc.Decisions[s.a] = n
+			case mRateLimited:
+				kc.RateLimited = n
+			}
+		}
+		ks.mu.Unlock()
+		out[key] = kc
+	}
+	return out
+}

@@ -1,0 +1,57 @@
+package metrics
+
+import (
+	"context"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// collectState reads every key's state from Redis (at most maxKeys keys, in
+// name order) and sends it as gauges.
+func (c *Collector) collectState(ctx context.Context, ch chan<- prometheus.Metric) {
+	start := time.Now()
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	defer func() { gauge(c.descs.stateDuration, time.Since(start).Seconds()) }()
+	keys, err := c.lim.Keys(ctx)
+	if err != nil {
+		gauge(c.descs.stateUp, 0)
+		return
+	}
+	gauge(c.descs.stateKeys, float64(len(keys)))
+	if len(keys) > c.o.maxKeys {
+		keys = keys[:c.o.maxKeys]
+	}
+	failed := 0
+	for _, key := range keys {
+		st, err := c.lim.Inspect(ctx, key)
+		if ctx.Err() != nil {
+			gauge(c.descs.stateUp, 0)
+			return
+		}
+		if err != nil {
+			failed++
+			continue
+		}
+		for i, l := range st.Limits {
+			tier := tierLabel(i)
+			gauge(c.descs.limitRate, float64(l.Rate), key, tier)
+			gauge(c.descs.limitPeriod, l.Per.Seconds(), key, tier)
+			burst := l.Burst
+			if burst == 0 {
+				burst = l.Rate
+			}
+			gauge(c.descs.limitBurst, float64(burst), key, tier)
+			if i < len(st.Tokens) {
+				gauge(c.descs.tokens, st.Tokens[i], key, tier)
+			}
+		}
+		gauge(c.descs.suspended, st.Suspended.Seconds(), key)
+		gauge(c.descs.reservations, float64(st.Reservations), key)
+		gauge(c.descs.queued, st.QueuedFor.Seconds(), key)
+	}
+	gauge(c.descs.stateErrors, float64(failed))
+	gauge(c.descs.stateUp, 1)
+}

@@ -1,0 +1,130 @@
+package throttle_test
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/asynq-throttle/asynq-throttle/internal/redistest"
+	"github.com/asynq-throttle/asynq-throttle/throttle"
+)
+
+// Keys finds a key by any of its Redis keys (limits, a suspension alone,
+// reservations alone), sorted, only under its own prefix; Delete removes
+// everything of a key.
+func TestKeysAndDelete(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Start(t).Client(t)
+	lim := throttle.NewLimiter(rdb)
+
+	require.NoError(t, lim.SetLimits(ctx, "slack", throttle.PerSecond(1)))
+	require.NoError(t, lim.Suspend(ctx, "github", time.Minute))
+	// "crm" gets a reservation (and state), then loses its limits.
+	require.NoError(t, lim.SetLimits(ctx, "crm", throttle.PerSecond(1)))
+	_, err := lim.Take(ctx, "crm")
+	require.NoError(t, err)
+	d, err := lim.Reserve(ctx, "crm", "task-1", time.Minute, time.Second)
+	require.NoError(t, err)
+	require.True(t, d.Reserved)
+	other := throttle.NewLimiter(rdb, throttle.WithPrefix("other"))
+	require.NoError(t, other.SetLimits(ctx, "zendesk", throttle.PerSecond(1)))
+	require.NoError(t, rdb.Set(ctx, "throttle:not-a-key", "x", 0).Err())
+
+	keys, err := lim.Keys(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"crm", "github", "slack"}, keys)
+	keys, err = other.Keys(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"zendesk"}, keys)
+
+	slot, ok, err := lim.Reservation(ctx, "crm", "task-1")
+	require.NoError(t, err)
+	require.True(t, ok)
+	assert.Equal(t, d.Slot, slot)
+	_, ok, err = lim.Reservation(ctx, "crm", "task-2")
+	require.NoError(t, err)
+	assert.False(t, ok)
+
+	for _, k := range []string{"crm", "github"} {
+		require.NoError(t, lim.Delete(ctx, k))
+	}
+	require.NoError(t, lim.Delete(ctx, "never-was"))
+	keys, err = lim.Keys(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"slack"}, keys)
+	st, err := lim.Inspect(ctx, "crm")
+	require.NoError(t, err)
+	assert.Equal(t, throttle.Status{}, st)
+	st, err = lim.Inspect(ctx, "github")
+	require.NoError(t, err)
+	assert.Zero(t, st.Suspended)
+
+	assert.ErrorIs(t, lim.Delete(ctx, "bad{key}"), throttle.ErrInvalidKey)
+	_, _, err = lim.Reservation(ctx, "", "t")
+	assert.ErrorIs(t, err, throttle.ErrInvalidKey)
+}
+
+// On a Cluster, Keys walks every master: 40 keys spread over three.
+func TestKeysCluster(t *testing.T) {
+	ctx := context.Background()
+	c := redistest.StartCluster(t)
+	rdb := c.Client(t)
+	lim := throttle.NewLimiter(rdb)
+	var want []string
+	for i := range 40 {
+		k := fmt.Sprintf("k%02d", i)
+		want = append(want, k)
+		require.NoError(t, lim.SetLimits(ctx, k, throttle.PerSecond(5)))
+	}
+	// The keys really are on more than one master.
+	var masters atomic.Int32
+	require.NoError(t, rdb.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
+		n, err := m.DBSize(ctx).Result()
+		if n > 0 {
+			masters.Add(1)
+		}
+		return err
+	}))
+	require.Greater(t, masters.Load(), int32(1))
+
+	keys, err := lim.Keys(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, want, keys)
+
+	require.NoError(t, lim.Delete(ctx, "k07"))
+	keys, err = lim.Keys(ctx)
+	require.NoError(t, err)
+	assert.NotContains(t, keys, "k07")
+	assert.Len(t, keys, 39)
+}
+
+func TestKeyOfTask(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		task *asynq.Task
+		want string
+		err  bool
+	}{
+		{"header", throttle.NewTask("slack:sync", nil, throttle.Key("crm")), "crm", false},
+		{"type prefix", asynq.NewTask("slack:sync", nil), "slack", false},
+		{"no prefix", asynq.NewTask("cleanup", nil), "", false},
+		{"bad header", throttle.NewTask("slack:sync", nil, throttle.Key("a{b}")), "", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := throttle.KeyOfTask(tc.task)
+			if tc.err {
+				assert.ErrorIs(t, err, throttle.ErrInvalidKey)
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, tc.want, got)
+		})
+	}
+}
