@@ -34,6 +34,8 @@ type monitor struct {
 	start     time.Time
 
 	susp map[string]*suspension // provider -> its current suspension
+	// ended is, per provider, when its last suspension was seen to end.
+	ended map[string]time.Time
 	// waiting is, per provider, row.Waiting of the last read: the counts
 	// before a suspension seen in this read began.
 	waiting map[string]map[string]int64
@@ -49,7 +51,7 @@ type suspension struct {
 
 func newMonitor(l ledger, lim *throttle.Limiter, providers []*Provider, jobs, fleet int, start time.Time) *monitor {
 	return &monitor{ledger: l, limiter: lim, providers: providers, jobs: jobs, fleet: fleet, start: start,
-		susp: map[string]*suspension{}, waiting: map[string]map[string]int64{}}
+		susp: map[string]*suspension{}, ended: map[string]time.Time{}, waiting: map[string]map[string]int64{}}
 }
 
 // ending is why watch returned.
@@ -113,6 +115,7 @@ func (m *monitor) tellSuspensions(disp *display, rows []row) {
 		if r.SuspendedFor <= 0 {
 			if s != nil {
 				delete(m.susp, r.Name)
+				m.ended[r.Name] = now
 				if !s.told {
 					disp.event(fmt.Sprintf("%s: suspension over; %d/%d servers deferred its tasks",
 						r.Name, s.waiting, m.fleet))
@@ -136,8 +139,8 @@ func (m *monitor) tellSuspensions(disp *display, rows []row) {
 		if !s.told && s.waiting >= m.fleet {
 			s.told = true
 			within := ""
-			if at := m.providers[i].Stats().Last429; !at.IsZero() {
-				within = fmt.Sprintf(" (within %.1fs of the 429)", now.Sub(at).Seconds())
+			if at := m.providers[i].First429After(m.ended[r.Name]); !at.IsZero() {
+				within = fmt.Sprintf(" (within %.1fs of the first 429)", now.Sub(at).Seconds())
 			}
 			disp.event(fmt.Sprintf("%s: %d/%d servers deferring its tasks%s", r.Name, s.waiting, m.fleet, within))
 		}

@@ -172,7 +172,7 @@ type Provider struct {
 	late      int       // of shed, those after shedGrace
 	started   time.Time // the run's start (zero: not yet)
 	shedFirst time.Time // the first load-shedding 429 (zero: none yet)
-	last429   time.Time
+	tooManyAt []time.Time // when each 429 was sent
 	rng       *rand.Rand
 }
 
@@ -193,7 +193,6 @@ type ProviderStats struct {
 	LateShed   int // of Shed, calls that came over shedGrace after the first
 	First      time.Time
 	Last       time.Time
-	Last429    time.Time
 }
 
 // StartProvider serves spec on a free port of 127.0.0.1 until Close.
@@ -235,7 +234,7 @@ func (p *Provider) Close() error {
 func (p *Provider) Stats() ProviderStats {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	s := ProviderStats{TooMany: p.overQuota + p.shed, OverQuota: p.overQuota, Shed: p.shed, LateShed: p.late, Last429: p.last429}
+	s := ProviderStats{TooMany: p.overQuota + p.shed, OverQuota: p.overQuota, Shed: p.shed, LateShed: p.late}
 	for _, n := range p.served {
 		s.Served += n
 		if n > 1 {
@@ -246,6 +245,19 @@ func (p *Provider) Stats() ProviderStats {
 		s.First, s.Last = p.servedAt[0], p.servedAt[len(p.servedAt)-1]
 	}
 	return s
+}
+
+// First429After returns when the provider sent its first 429 after t (zero:
+// none).
+func (p *Provider) First429After(t time.Time) time.Time {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, at := range p.tooManyAt {
+		if at.After(t) {
+			return at
+		}
+	}
+	return time.Time{}
 }
 
 // ServedSince counts the 200s sent after t.
@@ -325,11 +337,11 @@ func (p *Provider) serveSync(w http.ResponseWriter, r *http.Request) {
 			p.late++
 		}
 		p.shed++
-		p.last429 = now
+		p.tooManyAt = append(p.tooManyAt, now)
 	default:
 		if ok, wait, remaining = p.take(now); !ok {
 			p.overQuota++
-			p.last429 = now
+			p.tooManyAt = append(p.tooManyAt, now)
 		}
 	}
 	latency := p.Spec.Latency[0]

@@ -35,8 +35,9 @@ type Summary struct {
 	// while shedding load, and 429s for calls above a quota.
 	Shed      int `json:"429s_shed"`
 	OverQuota int `json:"429s_over_quota"`
-	// LateShed counts the shed 429s for calls that came after the fleet-wide
-	// suspension should have stopped them (see shedGrace).
+	// LateShed counts the shed 429s for calls that came more than shedGrace
+	// after a provider's first one: after the fleet-wide suspension should
+	// have stopped them.
 	LateShed int `json:"429s_late"`
 	// ByWorker counts the jobs each asynq server (or worker process) did.
 	ByWorker map[string]int `json:"by_worker"`
@@ -160,12 +161,13 @@ func verdict(s Summary) string {
 	switch {
 	case s.TooMany == 0:
 		b.WriteString("Providers answered 0 × 429.")
-	case s.OverQuota == 0 && s.LateShed == 0:
-		fmt.Fprintf(&b, "Providers answered %d × 429, all while shedding load, to calls already made; "+
-			"none over quota, none after the suspension.", s.TooMany)
 	default:
-		fmt.Fprintf(&b, "Providers answered %d × 429: %d over quota, %d shedding load "+
-			"(%d after the suspension should have held them).", s.TooMany, s.OverQuota, s.Shed, s.LateShed)
+		fmt.Fprintf(&b, "Providers answered %d × 429: %d in the first %s of a load-shedding spell",
+			s.TooMany, s.Shed-s.LateShed, shedGrace)
+		if s.LateShed > 0 {
+			fmt.Fprintf(&b, ", %d later in it", s.LateShed)
+		}
+		fmt.Fprintf(&b, ", %d over quota.", s.OverQuota)
 	}
 	return b.String()
 }
