@@ -167,11 +167,11 @@ type Provider struct {
 	last      time.Time
 	served    map[string]int // job ID -> 200s sent
 	servedAt  []time.Time
-	overQuota int       // 429s for calls above the quota
-	shed      int       // 429s sent while shedding load
-	late      int       // of shed, those after shedGrace
-	started   time.Time // the run's start (zero: not yet)
-	shedFirst time.Time // the first load-shedding 429 (zero: none yet)
+	overQuota int         // 429s for calls above the quota
+	shed      int         // 429s sent while shedding load
+	late      int         // of shed, those after shedGrace
+	started   time.Time   // the run's start (zero: not yet)
+	shedFirst time.Time   // the first load-shedding 429 (zero: none yet)
 	tooManyAt []time.Time // when each 429 was sent
 	rng       *rand.Rand
 }
