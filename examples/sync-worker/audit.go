@@ -16,7 +16,7 @@ import (
 // audit checks every job against asynq (through the Inspector), the
 // handlers' ledger and the provider's own count, and fills s. rows are the
 // last progress counts.
-func (m monitor) audit(ctx context.Context, rdb redis.UniversalClient, queue string, ids map[string][]string, rows []row, s *Summary) error {
+func (m *monitor) audit(ctx context.Context, rdb redis.UniversalClient, queue string, prod *producer, rows []row, s *Summary) error {
 	insp := asynq.NewInspectorFromRedisClient(rdb)
 	defer insp.Close()
 
@@ -33,13 +33,16 @@ func (m monitor) audit(ctx context.Context, rdb redis.UniversalClient, queue str
 		}
 		st := p.Stats()
 		ps := ProviderSummary{
-			Name:     name,
-			Quota:    formatLimits(p.Spec.Quota),
-			Limit:    formatLimits(rows[i].Limit),
-			Jobs:     len(ids[name]),
-			Served:   st.Served,
-			TooMany:  st.TooMany,
-			Archived: archivedByType[p.Spec.TaskType],
+			Name:      name,
+			Quota:     formatLimits(p.Spec.Quota),
+			Limit:     formatLimits(rows[i].Limit),
+			Jobs:      len(prod.ids[name]),
+			Served:    st.Served,
+			TooMany:   st.TooMany,
+			Shed:      st.Shed,
+			OverQuota: st.OverQuota,
+			LateShed:  st.LateShed,
+			Archived:  archivedByType[p.Spec.TaskType],
 		}
 		if p.Spec.HeaderLimit {
 			ps.Adopted = formatLimits([]throttle.Limit{headerLimit(p.Spec.Quota[0].Rate)})
@@ -48,7 +51,11 @@ func (m monitor) audit(ctx context.Context, rdb redis.UniversalClient, queue str
 			}
 		}
 		ps.Deferred, ps.Suspended = rows[i].Deferred, rows[i].Suspended
-		for _, id := range ids[name] {
+		for _, id := range prod.ids[name] {
+			if !prod.sent(id) {
+				ps.NotDone++ // the run stopped before it was due to arrive
+				continue
+			}
 			info, err := insp.GetTaskInfo(queue, id)
 			switch {
 			case err == nil:
@@ -64,9 +71,16 @@ func (m monitor) audit(ctx context.Context, rdb redis.UniversalClient, queue str
 			if n > 1 || p.servedCount(id) > 1 {
 				ps.Duplicates++
 			}
-			completed := info != nil && info.State == asynq.TaskStateCompleted
-			archived := info != nil && info.State == asynq.TaskStateArchived
-			if (n == 0 || !completed) && !archived {
+			switch {
+			case n > 0 && info != nil && info.State == asynq.TaskStateCompleted:
+			case info != nil && info.State == asynq.TaskStateArchived:
+				// counted in Archived
+			case n == 0 && info != nil && info.State != asynq.TaskStateCompleted:
+				ps.NotDone++ // still queued: the run stopped first
+			default:
+				// asynq no longer has it, or has it completed though its
+				// handler never succeeded (or succeeded, and asynq lost
+				// the completed task).
 				ps.Lost++
 			}
 		}
@@ -83,7 +97,11 @@ func (m monitor) audit(ctx context.Context, rdb redis.UniversalClient, queue str
 		s.Duplicates += ps.Duplicates
 		s.Archived += ps.Archived
 		s.Lost += ps.Lost
+		s.NotDone += ps.NotDone
 		s.TooMany += ps.TooMany
+		s.Shed += ps.Shed
+		s.OverQuota += ps.OverQuota
+		s.LateShed += ps.LateShed
 	}
 	if !last.IsZero() {
 		s.Seconds = round(last.Sub(m.start).Seconds(), 3)
@@ -131,13 +149,9 @@ func cleanup(ctx context.Context, rdb redis.UniversalClient, run string) {
 	_, _ = insp.DeleteAllCompletedTasks(queueName(run))
 	_ = insp.DeleteQueue(queueName(run), true)
 	var keys []string
-	for _, pattern := range []string{ledgerNS(run) + ":*", "asynq:{" + queueName(run) + "}:*"} {
-		iter := rdb.Scan(ctx, 0, pattern, 100).Iterator()
-		for iter.Next(ctx) {
-			keys = append(keys, iter.Val())
-		}
+	for _, pattern := range []string{ledgerNS(run) + ":*", limiterPrefix(run) + ":*", "asynq:{" + queueName(run) + "}:*"} {
+		k, _ := scanKeys(ctx, rdb, pattern)
+		keys = append(keys, k...)
 	}
-	if len(keys) > 0 {
-		_ = rdb.Del(ctx, keys...).Err()
-	}
+	_ = deleteKeys(ctx, rdb, keys)
 }

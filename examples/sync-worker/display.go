@@ -7,10 +7,12 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/asynq-throttle/asynq-throttle/throttle"
 )
@@ -26,7 +28,16 @@ type row struct {
 	Deferred  int64
 	Suspended int64
 	TooMany   int64
+	// SuspendedFor is what is left of the key's suspension (Inspect).
+	SuspendedFor time.Duration
+	// Waiting counts, per worker, the tasks it deferred because the key
+	// was suspended.
+	Waiting map[string]int64
 }
+
+// maxWidth is the widest line the display prints: it fits an 80-column
+// terminal.
+const maxWidth = 80
 
 // rateWindow is the span the live rate is measured over.
 const rateWindow = 2 * time.Second
@@ -45,6 +56,7 @@ type display struct {
 	interval time.Duration // plain: between progress lines
 
 	mu        sync.Mutex
+	muted     bool     // events are dropped
 	events    []string // live: the last maxEvents
 	drawn     int      // live: lines drawn by the last update
 	lastPrint time.Time
@@ -62,17 +74,58 @@ func (d *display) since() string {
 // event reports something that happened: a limit adopted, a provider's 429,
 // a worker process's log line.
 func (d *display) event(line string) {
-	line = d.since() + "  " + line
+	prefix := d.since() + "  "
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if !d.live {
-		fmt.Fprintln(d.out, line)
+	if d.muted {
 		return
 	}
-	d.events = append(d.events, line)
+	if !d.live {
+		indent := strings.Repeat(" ", len(prefix)+2)
+		for i, l := range wrap(line, maxWidth-len(prefix)) {
+			if i > 0 {
+				prefix = indent
+			}
+			fmt.Fprintln(d.out, prefix+l)
+		}
+		return
+	}
+	// Live, events are drawn indented by two: keep each on one line.
+	if width := maxWidth - 2 - len(prefix); utf8.RuneCountInString(line) > width {
+		line = string([]rune(line)[:width-1]) + "…"
+	}
+	d.events = append(d.events, prefix+line)
 	if len(d.events) > maxEvents {
 		d.events = d.events[len(d.events)-maxEvents:]
 	}
+}
+
+// wrap breaks s at spaces into a line of at most width runes and lines of
+// at most width-2 (they are indented by two more); a word longer than a line
+// is cut.
+func wrap(s string, width int) []string {
+	var lines []string
+	for w := width; utf8.RuneCountInString(s) > w; w = width - 2 {
+		r := []rune(s)
+		cut := strings.LastIndex(string(r[:w+1]), " ")
+		if cut <= 0 {
+			cut = len(string(r[:w]))
+			lines = append(lines, s[:cut])
+			s = s[cut:]
+			continue
+		}
+		lines = append(lines, s[:cut])
+		s = strings.TrimLeft(s[cut:], " ")
+	}
+	return append(lines, s)
+}
+
+// mute drops every later event: the run is over, and what the workers
+// still say as they stop would only bury why.
+func (d *display) mute() {
+	d.mu.Lock()
+	d.muted = true
+	d.mu.Unlock()
 }
 
 // update shows rows: live, at once; plain, one line per provider every
@@ -122,9 +175,9 @@ func (d *display) redraw(rows []row) {
 	for i, r := range rows {
 		rate := fmt.Sprintf("%.1f/s", r.Rate)
 		if r.Done >= r.Total {
-			rate = fmt.Sprintf("done %.1fs", r.Finished.Seconds())
+			rate = "in " + seconds(r.Finished)
 		}
-		cells[i] = []string{r.Name, bar(r.Done, r.Total, 10), fmt.Sprintf("%d/%d", r.Done, r.Total), rate,
+		cells[i] = []string{r.Name, bar(r.Done, r.Total, 5), fmt.Sprintf("%d/%d", r.Done, r.Total), rate,
 			formatLimitsShort(r.Limit), itoa(r.Deferred), itoa(r.Suspended), itoa(r.TooMany)}
 	}
 	writeAligned(&b, liveColumns, cells)
@@ -152,11 +205,19 @@ func (d *display) redraw(rows []row) {
 }
 
 var liveColumns = []column{
-	{title: "provider", left: true}, {title: "progress", left: true}, {title: "done"}, {title: "rate"},
-	{title: "our limit", left: true}, {title: "deferred"}, {title: "susp."}, {title: "429s"},
+	{title: "provider", left: true}, {title: "", left: true}, {title: "done"}, {title: "rate"},
+	{title: "our limit", left: true}, {title: "deferred"}, {title: "susp"}, {title: "429s"},
 }
 
-func itoa(n int64) string { return strconv.FormatInt(n, 10) }
+// seconds formats d as "12.3s", or "1234s" from 100 s on.
+func seconds(d time.Duration) string {
+	if d >= 100*time.Second {
+		return fmt.Sprintf("%.0fs", d.Seconds())
+	}
+	return fmt.Sprintf("%.1fs", d.Seconds())
+}
+
+func itoa[T int | int64](n T) string { return strconv.FormatInt(int64(n), 10) }
 
 func bar(done, total, width int) string {
 	if total <= 0 {
@@ -175,19 +236,61 @@ func isTerminal(f *os.File) bool {
 
 // lineHandler is a slog.Handler that turns each record at Info or above into
 // one short line for sink: the display's event list, or a worker process's
-// stderr, which the parent reads back as events.
+// stderr, which the parent reads back as events. A warning or error is
+// dropped when one like it (the same message but for task IDs) was shown in
+// the last logRepeatAfter: when Redis goes away, every server repeats its
+// errors for every task.
 type lineHandler struct {
 	sink  func(string)
 	attrs []slog.Attr
+	gate  *logGate
 }
 
-func newLineHandler(sink func(string)) *lineHandler { return &lineHandler{sink: sink} }
+func newLineHandler(sink func(string)) *lineHandler {
+	return &lineHandler{sink: sink, gate: newLogGate(logRepeatAfter)}
+}
+
+// logRepeatAfter is how long a warning or error like one already shown is
+// held back.
+const logRepeatAfter = 10 * time.Second
+
+// logGate lets a line through when no line of the same kind was let through
+// in the last window. It is safe for concurrent use.
+type logGate struct {
+	window time.Duration
+	mu     sync.Mutex
+	seen   map[string]time.Time
+}
+
+func newLogGate(window time.Duration) *logGate {
+	return &logGate{window: window, seen: map[string]time.Time{}}
+}
+
+// taskRefs are the parts of a log message that name one task.
+var taskRefs = regexp.MustCompile(`\b(id|type)=("[^"]*"|\S+)`)
+
+func (g *logGate) allow(msg string, now time.Time) bool {
+	kind := taskRefs.ReplaceAllString(msg, "")
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if at, ok := g.seen[kind]; ok && now.Sub(at) < g.window {
+		return false
+	}
+	if len(g.seen) > 1000 { // bounded: kinds are few
+		clear(g.seen)
+	}
+	g.seen[kind] = now
+	return true
+}
 
 var _ slog.Handler = (*lineHandler)(nil)
 
 func (h *lineHandler) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelInfo }
 
 func (h *lineHandler) Handle(_ context.Context, r slog.Record) error {
+	if r.Level >= slog.LevelWarn && !h.gate.allow(r.Message, time.Now()) {
+		return nil
+	}
 	var b strings.Builder
 	if r.Level >= slog.LevelWarn {
 		b.WriteString(r.Level.String())
@@ -207,7 +310,7 @@ func (h *lineHandler) Handle(_ context.Context, r slog.Record) error {
 }
 
 func (h *lineHandler) WithAttrs(attrs []slog.Attr) slog.Handler {
-	return &lineHandler{sink: h.sink, attrs: append(append([]slog.Attr(nil), h.attrs...), attrs...)}
+	return &lineHandler{sink: h.sink, attrs: append(append([]slog.Attr(nil), h.attrs...), attrs...), gate: h.gate}
 }
 
 // WithGroup is not needed by the loggers of this program: groups are dropped.

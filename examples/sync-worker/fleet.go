@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -9,6 +10,7 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -52,7 +54,7 @@ type endpoint struct {
 // Names of a run's things in Redis.
 func queueName(run string) string     { return "sync-" + run }
 func limiterPrefix(run string) string { return "sync-worker:" + run + ":throttle" }
-func ledgerNS(run string) string      { return "sync-worker:" + run }
+func ledgerNS(run string) string      { return "sync-worker:{" + run + "}" }
 
 // limiterOptions are the options every process of a run builds its limiter
 // with: the run's prefix, and the guessed limit of every provider that does
@@ -116,7 +118,9 @@ func startNode(rdb redis.UniversalClient, spec nodeSpec, log *slog.Logger) (*nod
 		n.byType[ep.TaskType] = ep
 		n.adopted[ep.Name] = new(atomic.Int64)
 	}
-	opts = append(opts, throttle.WithObserver(n.counts.observe), throttle.WithLogger(log))
+	// The middleware's suspension warnings would repeat the handlers' own
+	// 429 lines: only its errors are shown.
+	opts = append(opts, throttle.WithLogger(slog.New(levelHandler{log.Handler(), slog.LevelError})))
 	go n.flushLoop()
 	for i := range spec.Servers {
 		srv := worker.NewServer(rdb, asynq.Config{
@@ -127,13 +131,15 @@ func startNode(rdb redis.UniversalClient, spec nodeSpec, log *slog.Logger) (*nod
 			ShutdownTimeout: 5 * time.Second,
 		})
 		mux := asynq.NewServeMux()
-		// One middleware (and limiter) per server, as separate processes
-		// would have: they share nothing but Redis.
-		mux.Use(throttle.ByProvider(rdb, opts...))
 		name := spec.Name
 		if spec.Servers > 1 {
 			name = fmt.Sprintf("%s%d", spec.Name, i+1)
 		}
+		// One middleware (and limiter) per server, as separate processes
+		// would have: they share nothing but Redis. Its observer counts
+		// per server, to show a suspension reach each of them.
+		observe := func(ev throttle.Event) { n.counts.observe(name, ev) }
+		mux.Use(throttle.ByProvider(rdb, append(slices.Clip(opts), throttle.WithObserver(observe))...))
 		handle := func(ctx context.Context, t *asynq.Task) error { return n.handle(ctx, t, name) }
 		for _, ep := range spec.Endpoints {
 			mux.HandleFunc(ep.TaskType, handle)
@@ -208,6 +214,11 @@ func (n *node) handle(ctx context.Context, t *asynq.Task, worker string) error {
 		n.adoptHeaderLimit(ctx, ep, resp.Header)
 	}
 	if err := throttle.FromResponse(resp); err != nil {
+		retry := cmp.Or(resp.Header.Get("Retry-After"), "-")
+		if reset := resp.Header.Get("X-RateLimit-Reset"); reset != "" {
+			retry = "reset " + reset
+		}
+		n.log.Info(fmt.Sprintf("%s: %s answered 429, Retry-After: %s (%s)", worker, ep.Name, retry, j.ID))
 		return err // a *throttle.RateLimitedError: the middleware suspends ep.Name
 	}
 	if resp.StatusCode != http.StatusOK {
@@ -245,9 +256,10 @@ func (n *node) adoptHeaderLimit(ctx context.Context, ep endpoint, h http.Header)
 }
 
 // headerLimit is the limit adopted from "X-RateLimit-Limit: n": n per second
-// (this provider's documented window), burst n, spelled out as Limits reads
-// it back from Redis.
-func headerLimit(n int) throttle.Limit { return throttle.PerSecond(n).WithBurst(n) }
+// (this provider's documented window) with a burst a little under n, the
+// margin every limit of the demo keeps (underQuota), spelled out as Limits
+// reads it back from Redis.
+func headerLimit(n int) throttle.Limit { return throttle.PerSecond(n).WithBurst(underQuota(n)) }
 
 // asynqLogger sends asynq's warnings and errors to the run's event log.
 type asynqLogger struct{ log *slog.Logger }
@@ -263,6 +275,24 @@ func (l asynqLogger) Fatal(args ...any) {
 	os.Exit(1)
 }
 
+// levelHandler passes on the records of h at or above min.
+type levelHandler struct {
+	slog.Handler
+	min slog.Level
+}
+
+func (h levelHandler) Enabled(ctx context.Context, l slog.Level) bool {
+	return l >= h.min && h.Handler.Enabled(ctx, l)
+}
+
+func (h levelHandler) WithAttrs(attrs []slog.Attr) slog.Handler {
+	return levelHandler{h.Handler.WithAttrs(attrs), h.min}
+}
+
+func (h levelHandler) WithGroup(name string) slog.Handler {
+	return levelHandler{h.Handler.WithGroup(name), h.min}
+}
+
 // runWorkerProcess is the hidden -worker mode: one worker process of a
 // -procs run. It serves until its standard input closes (the parent closes
 // it, or died), then shuts down cleanly.
@@ -270,11 +300,10 @@ func runWorkerProcess(ctx context.Context, spec nodeSpec, stdin io.Reader, logw 
 	if spec.RedisURL == "" {
 		return errors.New("-worker: the spec has no Redis URL")
 	}
-	opt, err := redis.ParseURL(spec.RedisURL)
+	rdb, _, err := dialRedis(ctx, spec.RedisURL, "-worker")
 	if err != nil {
-		return fmt.Errorf("-worker: %w", err)
+		return err
 	}
-	rdb := redis.NewClient(opt)
 	defer rdb.Close()
 	log := slog.New(newLineHandler(func(line string) { fmt.Fprintln(logw, line) }))
 	n, err := startNode(rdb, spec, log)

@@ -14,10 +14,11 @@ import (
 // ledger holds what the handlers and the middleware's observer report, in
 // Redis, so that the parent process can watch and audit worker processes it
 // does not share memory with. Every key is under the run's namespace and
-// expires.
+// expires. The namespace is a hash tag, so that on a Redis Cluster every key
+// of the ledger is in one slot and markDone's transaction can span them.
 type ledger struct {
 	rdb redis.UniversalClient
-	ns  string // "sync-worker:<run>"
+	ns  string // "sync-worker:{<run>}"
 }
 
 // ledgerTTL bounds how long a run's bookkeeping outlives it in a shared Redis.
@@ -28,6 +29,10 @@ const (
 	statDeferred  = "deferred"
 	statSuspended = "suspended"
 	statFailed    = "failed" // Redis could not decide
+	// statWaitPrefix + a worker's name counts the tasks that worker
+	// deferred because the provider was suspended fleet-wide (or whose 429
+	// suspended it).
+	statWaitPrefix = "wait:"
 )
 
 func (l ledger) doneKey(provider string) string  { return l.ns + ":done:" + provider }
@@ -120,13 +125,17 @@ func (c *counters) add(provider, field string) {
 	c.mu.Unlock()
 }
 
-// observe is the throttle.WithObserver callback.
-func (c *counters) observe(ev throttle.Event) {
+// observe is the throttle.WithObserver callback of worker's middleware.
+func (c *counters) observe(worker string, ev throttle.Event) {
 	switch ev.Outcome {
 	case throttle.Deferred:
 		c.add(ev.Key, statDeferred)
+		if ev.Reason == throttle.RefusedBySuspension {
+			c.add(ev.Key, statWaitPrefix+worker)
+		}
 	case throttle.Suspended:
 		c.add(ev.Key, statSuspended)
+		c.add(ev.Key, statWaitPrefix+worker)
 	case throttle.Failed:
 		c.add(ev.Key, statFailed)
 	}

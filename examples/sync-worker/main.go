@@ -7,10 +7,13 @@
 // It needs no setup: the providers are simulated over HTTP on 127.0.0.1 by
 // the program itself (each enforces its quota and answers excess with 429),
 // Redis is an embedded miniredis, and the fleet is several asynq servers in
-// one process. With -redis it uses a real Redis, and with -procs it starts
-// worker processes of itself against it, to show the limits holding across
+// one process. Partway through, the Slack-like provider sheds load (429 with
+// Retry-After), and the fleet suspends it, every server at once. With -redis
+// it uses a real Redis or Redis Cluster, and with -procs it starts worker
+// processes of itself against it, to show the limits holding across
 // processes. It audits every task at the end and exits 1 if any job was
-// lost, archived or done twice.
+// lost, archived, done twice or not done in time, and 3 if Redis stops
+// answering mid-run.
 package main
 
 import (
@@ -23,7 +26,6 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -31,8 +33,9 @@ import (
 // Exit statuses.
 const (
 	exitOK    = 0
-	exitAudit = 1 // a job lost, archived or done twice, or the run timed out
+	exitAudit = 1 // a job lost, archived, done twice, or not done in time
 	exitSetup = 2 // bad flags, or the run could not be set up
+	exitRedis = 3 // Redis stopped answering mid-run
 )
 
 func main() {
@@ -60,20 +63,23 @@ func cli(ctx context.Context, args []string, stdin io.Reader, stdout, stderr *os
 		asJSON   bool
 		workerJS string
 	)
-	fs.IntVar(&cfg.Jobs, "jobs", 40, "sync jobs per provider")
-	fs.IntVar(&cfg.Servers, "servers", 3, "asynq servers in this process (without -procs)")
-	fs.IntVar(&cfg.Concurrency, "concurrency", 5, "worker goroutines per asynq server (per process with -procs)")
-	fs.StringVar(&cfg.RedisURL, "redis", os.Getenv("REDIS_URL"), "Redis URL, e.g. redis://localhost:6379/0 (default $REDIS_URL, else an embedded miniredis)")
-	fs.IntVar(&cfg.Procs, "procs", 0, "start this many worker processes of this program instead of in-process servers (needs -redis)")
+	fs.IntVar(&cfg.Jobs, "jobs", defaultJobs, fmt.Sprintf("sync jobs per provider, 1 to %d", maxJobs))
+	fs.IntVar(&cfg.Servers, "servers", defaultServers, fmt.Sprintf("asynq servers in this process (without -procs), 1 to %d", maxServers))
+	fs.IntVar(&cfg.Concurrency, "concurrency", defaultConcurrency, fmt.Sprintf("worker goroutines per asynq server (per process with -procs), 1 to %d", maxConcurrency))
+	fs.StringVar(&cfg.RedisURL, "redis", "", "Redis URL: redis://host:port[/db], rediss://, unix://, or a Redis Cluster\n"+
+		"    \t(redis://host:port?addr=host:port&addr=..., or any node's URL)\n"+
+		"    \t(default $REDIS_URL, else an embedded miniredis)")
+	fs.IntVar(&cfg.Procs, "procs", 0, fmt.Sprintf("start this many worker processes of this program instead of in-process servers (needs -redis), 0 to %d", maxProcs))
 	fs.BoolVar(&asJSON, "json", false, "print the summary as JSON on stdout (progress goes to stderr)")
-	fs.DurationVar(&cfg.Timeout, "timeout", time.Minute, "give up waiting for the jobs after this long")
+	fs.DurationVar(&cfg.Timeout, "timeout", 0, "give up waiting for the jobs after this long (default: twice the expected run time + 30s)")
 	fs.BoolVar(&cfg.Keep, "keep", false, "with -redis: leave the run's queue, limits and ledger in Redis for inspection (they expire in an hour)")
 	fs.StringVar(&workerJS, "worker", "", "run as one worker process of a -procs run (internal)")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "Usage: sync-worker [flags]\n\n"+
 			"Runs a background sync pipeline against simulated rate-limited APIs, throttled\n"+
 			"fleet-wide by asynq-throttle, and audits every task. Exit status 1 if a job was\n"+
-			"lost, archived or done twice.\n\nFlags:\n")
+			"lost, archived, done twice or not done in time; 2 for bad flags or a setup\n"+
+			"error; 3 if Redis stopped answering mid-run.\n\nFlags:\n")
 		fs.VisitAll(func(f *flag.Flag) {
 			if hiddenFlags[f.Name] {
 				return
@@ -83,7 +89,7 @@ func cli(ctx context.Context, args []string, stdin io.Reader, stdout, stderr *os
 				name = " " + name
 			}
 			fmt.Fprintf(stderr, "  -%s%s\n    \t%s", f.Name, name, usage)
-			if f.DefValue != "" && f.DefValue != "0" && f.DefValue != "false" {
+			if f.DefValue != "" && f.DefValue != "0" && f.DefValue != "0s" && f.DefValue != "false" {
 				fmt.Fprintf(stderr, " (default %s)", f.DefValue)
 			}
 			fmt.Fprintln(stderr)
@@ -114,12 +120,35 @@ func cli(ctx context.Context, args []string, stdin io.Reader, stdout, stderr *os
 		return exitOK
 	}
 
+	// Zero and negative values are refused, not replaced by defaults.
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	err := cfg.checkCounts()
+	if err == nil && set["timeout"] {
+		err = checkTimeout(cfg.Timeout)
+	}
+	cfg.RedisFrom = "-redis"
+	if !set["redis"] {
+		cfg.RedisURL, cfg.RedisFrom = os.Getenv("REDIS_URL"), "REDIS_URL"
+	}
+	if err == nil && cfg.RedisURL != "" {
+		err = checkRedisURL(cfg.RedisURL, cfg.RedisFrom)
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "sync-worker: %v\n", err)
+		return exitSetup
+	}
+
 	out := stdout
 	if asJSON {
 		out = stderr
 	}
 	cfg.Live = isTerminal(out)
 	sum, err := run(ctx, cfg, out)
+	if errors.Is(err, errRedisLost) {
+		fmt.Fprintf(stderr, "sync-worker: %v\n", err)
+		return exitRedis
+	}
 	if err != nil {
 		fmt.Fprintf(stderr, "sync-worker: %v\n", err)
 		return exitSetup

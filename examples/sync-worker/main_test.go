@@ -4,12 +4,18 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
 	"os"
 	"os/signal"
 	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
@@ -24,6 +30,7 @@ import (
 // starts worker processes of the running program, which in a test is this
 // binary.
 func TestMain(m *testing.M) {
+	redis.SetLogger(quietRedisLogger{}) // as main does
 	if len(os.Args) > 1 && os.Args[1] == "-worker" {
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 		code := cli(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
@@ -62,12 +69,17 @@ func assertEveryJobDoneOnce(t *testing.T, s Summary, jobs int) {
 	}
 }
 
+// steadyProviders are the default providers without Slack's load shedding.
+func steadyProviders() []ProviderSpec {
+	return []ProviderSpec{slackSpec(), githubSpec(), crmSpec()}
+}
+
 func TestPipelineDoesEveryJobOnceWithoutA429(t *testing.T) {
 	const jobs = 12
-	s := runPipeline(t, Config{Jobs: jobs})
+	s := runPipeline(t, Config{Jobs: jobs, Providers: steadyProviders()})
 
 	assertEveryJobDoneOnce(t, s, jobs)
-	require.Len(t, s.Providers, len(DefaultProviders()))
+	require.Len(t, s.Providers, len(steadyProviders()))
 	for _, p := range s.Providers {
 		// Our limits match each provider's quota: the fleet never trips it.
 		assert.Zero(t, p.TooMany, "%s: 429s sent by the provider (quota %s, our limit %s)", p.Name, p.Quota, p.Limit)
@@ -101,12 +113,31 @@ func TestHeaderOnlyProviderLimitIsAdoptedAtRunTime(t *testing.T) {
 	limiter := throttle.NewLimiter(rdb, throttle.WithPrefix(limiterPrefix(s.Run)))
 	limits, err := limiter.Limits(t.Context(), spec.Name)
 	require.NoError(t, err, "Limits(ctx, %q)", spec.Name)
-	assert.Equal(t, []throttle.Limit{{Rate: published, Per: time.Second, Burst: published}}, limits,
-		"Limits(ctx, %q) after the run: the X-RateLimit-Limit header's limit", spec.Name)
-	assert.Equal(t, "10/s", s.Providers[0].Limit)
+	// The published rate, with a burst a little under it: the margin every
+	// limit of the demo keeps under its provider's quota.
+	assert.Equal(t, []throttle.Limit{{Rate: published, Per: time.Second, Burst: published - 1}}, limits,
+		"Limits(ctx, %q) after the run: the X-RateLimit-Limit header's limit, burst one under", spec.Name)
+	assert.Equal(t, "10/s burst 9", s.Providers[0].Limit)
 	assert.NotEmpty(t, s.Providers[0].Adopted, "summary reports the adopted limit")
-	assert.Contains(t, out.String(), "crm: X-RateLimit-Limit: 10; limit 2/s -> 10/s (SetLimits)",
+	assert.Zero(t, s.Providers[0].TooMany, "429s sent by the provider whose limit was adopted")
+	assert.Contains(t, out.String(), "crm: X-RateLimit-Limit: 10; limit 2/s -> 10/s burst 9 (SetLimits)",
 		"the adoption is shown, from the guess to the published limit")
+}
+
+func TestHeaderLimitKeepsTheMargin(t *testing.T) {
+	for _, tc := range []struct {
+		published, burst int
+	}{
+		{1, 1}, {2, 1}, {5, 4}, {10, 9}, {20, 18}, {100, 90},
+	} {
+		t.Run(strconv.Itoa(tc.published), func(t *testing.T) {
+			assert.Equal(t, throttle.PerSecond(tc.published).WithBurst(tc.burst), headerLimit(tc.published),
+				"headerLimit(%d)", tc.published)
+		})
+	}
+	// The configured providers keep the same margin.
+	assert.Equal(t, underQuota(5), slackSpec().Limits[0].Burst, "slack's per-second burst")
+	assert.Equal(t, underQuota(20), githubSpec().Limits[0].Burst, "github's burst")
 }
 
 func TestA429SuspendsTheProviderAndLosesNothing(t *testing.T) {
@@ -149,19 +180,50 @@ func runCLI(t *testing.T, args ...string) (int, []byte, []byte) {
 	return code, o, e
 }
 
-func TestCLIExitsNonZeroWhenJobsAreLost(t *testing.T) {
+func TestCLIReportsJobsNotDoneAtTimeoutAsNotDone(t *testing.T) {
 	// Slack's quota cannot do 30 jobs in 1 s: the run times out with jobs
-	// still waiting, which the audit must report as lost.
-	code, stdout, stderr := runCLI(t, "-jobs", "30", "-timeout", "1s", "-json")
+	// still queued in asynq, which are "not done", not lost.
+	code, stdout, stderr := runCLI(t, "-redis", "", "-jobs", "30", "-timeout", "1s", "-json")
 	require.Equal(t, exitAudit, code, "exit status of sync-worker -jobs 30 -timeout 1s -json; stderr:\n%s", stderr)
 
 	var s Summary
 	require.NoError(t, json.Unmarshal(stdout, &s), "stdout must be the JSON summary alone:\n%s", stdout)
 	assert.False(t, s.OK)
 	assert.True(t, s.TimedOut)
-	assert.Positive(t, s.Lost, "lost jobs")
-	assert.Equal(t, s.Jobs, s.Done+s.Lost, "every job is done or lost: %+v", s)
-	assert.Contains(t, string(stderr), "FAILED:", "verdict on stderr")
+	assert.Positive(t, s.NotDone, "jobs not done")
+	assert.Zero(t, s.Lost, "jobs lost: asynq still has every job not done")
+	assert.Equal(t, s.Jobs, s.Done+s.NotDone, "every job is done or not done: %+v", s)
+	assert.Contains(t, string(stderr), "NOT DONE:", "verdict on stderr")
+	assert.Contains(t, string(stderr), "timed out after 1s", "verdict on stderr")
+}
+
+func TestCLIRefusesBadFlags(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		env  string // REDIS_URL
+		want []string
+	}{
+		{args: []string{"-jobs", "0"}, want: []string{"-jobs must be between 1 and 10000, got 0"}},
+		{args: []string{"-jobs", "-3"}, want: []string{"-jobs must be between 1 and 10000, got -3"}},
+		{args: []string{"-servers", "0"}, want: []string{"-servers must be between 1 and 64, got 0"}},
+		{args: []string{"-concurrency", "0"}, want: []string{"-concurrency must be between 1 and 1000, got 0"}},
+		{args: []string{"-procs", "-1"}, want: []string{"-procs must be between 0 and 64, got -1"}},
+		{args: []string{"-timeout", "0"}, want: []string{"-timeout must be a positive duration such as 90s or 5m, got 0s"}},
+		{args: []string{"-timeout", "-5s"}, want: []string{"-timeout must be a positive duration", "got -5s"}},
+		{args: []string{"-redis", "notaurl"}, want: []string{`-redis "notaurl" is not a Redis URL`, "accepted forms:", "redis://[user:password@]host:port[/db]", "addr=host:port"}},
+		{env: "notaurl", want: []string{`REDIS_URL "notaurl" is not a Redis URL`, "accepted forms:"}},
+		{args: []string{"-redis", "http://u:secret@localhost:6379"}, want: []string{`-redis "http://u:xxxxx@localhost:6379" is not a Redis URL`}},
+	} {
+		t.Run(strings.Join(append(tc.args, tc.env), " "), func(t *testing.T) {
+			t.Setenv("REDIS_URL", tc.env)
+			code, _, stderr := runCLI(t, tc.args...)
+			assert.Equal(t, exitSetup, code, "exit status of sync-worker %v (REDIS_URL=%q)", tc.args, tc.env)
+			for _, w := range tc.want {
+				assert.Contains(t, string(stderr), w)
+			}
+			assert.NotContains(t, string(stderr), "secret", "the password is not shown")
+		})
+	}
 }
 
 func TestCLIProcsNeedsRedis(t *testing.T) {
@@ -172,6 +234,7 @@ func TestCLIProcsNeedsRedis(t *testing.T) {
 }
 
 func TestProcsShareTheLimitsAcrossProcesses(t *testing.T) {
+	t.Parallel()
 	redistest.Require(t)
 	srv := redistest.Start(t)
 	url := "redis://" + srv.Addr
@@ -182,9 +245,7 @@ func TestProcsShareTheLimitsAcrossProcesses(t *testing.T) {
 	var s Summary
 	require.NoError(t, json.Unmarshal(stdout, &s), "stdout:\n%s", stdout)
 	assertEveryJobDoneOnce(t, s, 12)
-	for _, p := range s.Providers {
-		assert.Zero(t, p.TooMany, "%s: 429s sent by the provider", p.Name)
-	}
+	assertNoStorm(t, s)
 	assert.Positive(t, s.ByWorker["w1"], "jobs done by worker process w1: %v", s.ByWorker)
 	assert.Positive(t, s.ByWorker["w2"], "jobs done by worker process w2: %v", s.ByWorker)
 
@@ -193,4 +254,201 @@ func TestProcsShareTheLimitsAcrossProcesses(t *testing.T) {
 	left, err := rdb.Keys(t.Context(), "*"+s.Run+"*").Result()
 	require.NoError(t, err)
 	assert.Empty(t, left, "keys of run %s left in Redis", s.Run)
+}
+
+// assertNoStorm checks that no provider answered a 429 it did not choose to
+// send: every 429 suspended its key, none came over quota (after a
+// suspension, say), and the load-shedding ones were few: the calls already
+// on their way. Without the fleet-wide suspension the fleet would keep
+// calling a shedding provider at its rate (Slack: 4-5/s for 3 s).
+func assertNoStorm(t *testing.T, s Summary) {
+	t.Helper()
+	for _, p := range s.Providers {
+		assert.Zero(t, p.OverQuota, "%s: 429s for calls over the quota (quota %s, our limit %s)", p.Name, p.Quota, p.Limit)
+		assert.LessOrEqual(t, p.Shed, 8, "%s: load-shedding 429s (%d of them more than %v after the first)", p.Name, p.LateShed, shedGrace)
+		assert.Equal(t, int64(p.TooMany), p.Suspended, "%s: every 429 suspends the key (429s vs suspensions)", p.Name)
+	}
+}
+
+// TestDefaultRun runs the demo as `go run ./examples/sync-worker` does
+// (with -json, which moves the same text to stderr): Slack sheds load
+// partway, the 429 becomes a fleet-wide suspension, and the run still ends
+// with every job done once, no 429 but the ones Slack chose to send, and
+// every line within 80 columns.
+func TestDefaultRun(t *testing.T) {
+	code, stdout, stderr := runCLI(t, "-redis", "", "-json")
+	require.Equal(t, exitOK, code, "exit status of sync-worker -json; stderr:\n%s", stderr)
+	var s Summary
+	require.NoError(t, json.Unmarshal(stdout, &s), "stdout must be the JSON summary alone:\n%s", stdout)
+
+	assertEveryJobDoneOnce(t, s, defaultJobs)
+	assertNoStorm(t, s)
+	require.Equal(t, "slack", s.Providers[0].Name)
+	slack := s.Providers[0]
+	assert.Positive(t, slack.Shed, "slack: load-shedding 429s (it sheds from %v for %v)", shedAt, shedFor)
+	assert.Positive(t, slack.Suspended, "slack: suspensions")
+
+	text := string(stderr)
+	assert.Contains(t, text, "slack answered 429, Retry-After: 3", "the 429 is shown")
+	assert.Contains(t, text, "slack: suspended fleet-wide for", "the suspension is shown")
+	assert.Regexp(t, `slack: (\d/3 servers deferring its tasks|suspension over; \d/3 servers deferred its tasks)`, text,
+		"how far the suspension reached is shown")
+	assert.Contains(t, text, "OK: 120/120 jobs done exactly once")
+	for i, line := range strings.Split(strings.TrimRight(text, "\n"), "\n") {
+		assert.LessOrEqual(t, utf8.RuneCountInString(line), 80, "line %d is wider than 80 columns: %q", i+1, line)
+	}
+}
+
+func TestLiveDisplayFitsIn80Columns(t *testing.T) {
+	var b bytes.Buffer
+	d := newDisplay(&b, true, time.Now(), time.Second)
+	// The widest figures a long run shows.
+	var rows []row
+	for _, p := range DefaultProviders() {
+		limits := p.Limits
+		if len(limits) == 0 {
+			limits = []throttle.Limit{headerLimit(p.Quota[0].Rate)}
+		}
+		// -jobs 10000 takes slack 83 minutes at 2/s.
+		rows = append(rows, row{Name: p.Name, Done: maxJobs, Total: maxJobs, Finished: 9999 * time.Second,
+			Limit: limits, Deferred: 9999999, Suspended: 9999, TooMany: 9999})
+	}
+	d.event("s1: an event line long enough to be cut at the edge of an 80-column terminal, and then some more")
+	d.update(rows)
+
+	ansi := regexp.MustCompile("\x1b\\[[0-9;?]*[A-Za-z]")
+	for _, line := range strings.Split(ansi.ReplaceAllString(b.String(), ""), "\n") {
+		assert.LessOrEqual(t, utf8.RuneCountInString(line), 80, "live line wider than 80 columns: %q", line)
+	}
+}
+
+func TestWrap(t *testing.T) {
+	for _, tc := range []struct {
+		in    string
+		width int
+		want  []string
+	}{
+		{"short", 10, []string{"short"}},
+		{"one two three four", 9, []string{"one two", "three", "four"}},
+		{"abcdefghijkl", 5, []string{"abcde", "fgh", "ijk", "l"}},
+		{"één twee", 4, []string{"één", "tw", "ee"}},
+	} {
+		assert.Equal(t, tc.want, wrap(tc.in, tc.width), "wrap(%q, %d)", tc.in, tc.width)
+	}
+}
+
+func TestDefaultTimeoutFitsTheWork(t *testing.T) {
+	for _, tc := range []struct {
+		jobs     int
+		expected time.Duration
+	}{
+		// Slack: 5/s burst 4 drains at 4/s after its burst; 120/min burst 29
+		// at 2/s after its; plus 3 s of load shedding.
+		{40, 9*time.Second + shedFor},
+		{200, 85500*time.Millisecond + shedFor},
+	} {
+		cfg := Config{Jobs: tc.jobs}.withDefaults()
+		assert.Equal(t, tc.expected, expectedDuration(cfg.Providers, tc.jobs), "expected run time of -jobs %d", tc.jobs)
+		assert.Equal(t, 2*tc.expected+timeoutMargin, cfg.Timeout, "default timeout of -jobs %d", tc.jobs)
+	}
+}
+
+func TestClusterRun(t *testing.T) {
+	t.Parallel()
+	cluster := redistest.StartCluster(t)
+
+	// go-redis's cluster URL form gives a cluster client.
+	clusterURL := "redis://" + cluster.Addrs[0] + "?addr=" + cluster.Addrs[1] + "&addr=" + cluster.Addrs[2]
+	rdb, name, err := dialRedis(t.Context(), clusterURL, "-redis")
+	require.NoError(t, err, "dialRedis(%q)", clusterURL)
+	assert.IsType(t, &redis.ClusterClient{}, rdb, "client for %q", clusterURL)
+	assert.Contains(t, name, "Redis Cluster")
+	require.NoError(t, rdb.Close())
+
+	// The URL of one node: recognised as a cluster, and the whole demo
+	// (asynq, limits, ledger, audit, cleanup) runs on it.
+	url := "redis://" + cluster.Addrs[1]
+	code, stdout, stderr := runCLI(t, "-redis", url, "-jobs", "20", "-json")
+	require.Equal(t, exitOK, code, "exit status of sync-worker -redis %s -jobs 20 -json; stderr:\n%s", url, stderr)
+	var s Summary
+	require.NoError(t, json.Unmarshal(stdout, &s), "stdout:\n%s", stdout)
+	assertEveryJobDoneOnce(t, s, 20)
+	assertNoStorm(t, s)
+	assert.Equal(t, "Redis Cluster of node "+url, s.Redis)
+	assert.Positive(t, s.Providers[0].Suspended, "slack sheds load from %v: suspensions on the cluster", shedAt)
+
+	// The run cleaned up after itself on every node.
+	cc := cluster.Client(t)
+	keys, err := scanKeys(t.Context(), cc, "*"+s.Run+"*")
+	require.NoError(t, err)
+	assert.Empty(t, keys, "keys of run %s left in the cluster", s.Run)
+}
+
+// syncBuffer is a bytes.Buffer safe for one writer and one reader.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
+
+func TestRedisDiesMidRun(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+
+	// The run's output through a pipe, read as it comes.
+	r, w, err := os.Pipe()
+	require.NoError(t, err)
+	var out syncBuffer
+	copied := make(chan struct{})
+	go func() {
+		_, _ = io.Copy(&out, r)
+		close(copied)
+	}()
+	stderr, err := os.Create(filepath.Join(t.TempDir(), "stderr"))
+	require.NoError(t, err)
+
+	code := make(chan int, 1)
+	go func() {
+		code <- cli(t.Context(), []string{"-redis", "redis://" + srv.Addr, "-jobs", "40"}, nil, w, stderr)
+		_ = w.Close()
+	}()
+	// Well under way: every job enqueued, and progress shown.
+	progress := regexp.MustCompile(`slack +\d+/40 `)
+	require.Eventually(t, func() bool { return progress.MatchString(out.String()) },
+		30*time.Second, 20*time.Millisecond, "the run never started; output:\n%s", &out)
+	srv.Stop()
+	killed := time.Now()
+
+	var got int
+	select {
+	case got = <-code:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("sync-worker still running 30s after its Redis died; output:\n%s", out.String())
+	}
+	took := time.Since(killed)
+	<-copied
+	errText, err := os.ReadFile(stderr.Name())
+	require.NoError(t, err)
+
+	assert.Equal(t, exitRedis, got, "exit status after Redis died; stderr:\n%s\noutput:\n%s", errText, out.String())
+	// redisLostAfter to notice, lostStopTimeout at most to stop the fleet,
+	// and room for a busy machine.
+	assert.Less(t, took, redisLostAfter+lostStopTimeout+5*time.Second, "time from Redis's death to the exit")
+	assert.Contains(t, out.String(), "Redis has not answered for", "the display says why the run stops")
+	assert.Contains(t, string(errText), "lost Redis mid-run: Redis redis://"+srv.Addr+" stopped answering")
+	assert.Less(t, strings.Count(out.String(), "asynq:"), 20, "asynq's errors do not scroll")
+	if t.Failed() {
+		t.Logf("output:\n%s", out.String())
+	}
 }

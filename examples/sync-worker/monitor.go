@@ -2,7 +2,9 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/asynq-throttle/asynq-throttle/throttle"
@@ -12,13 +14,44 @@ import (
 // sees the last job done).
 const pollInterval = 200 * time.Millisecond
 
-// monitor reads a run's progress from the ledger and the providers.
+// pollTimeout bounds one progress read: a Redis that hangs must not stall
+// the display.
+const pollTimeout = time.Second
+
+// redisLostAfter is how long progress may fail to be read before the run
+// gives up on its Redis.
+const redisLostAfter = 3 * time.Second
+
+// monitor reads a run's progress from the ledger and the providers, and
+// tells the suspensions it sees: when a provider's key is suspended, and
+// when every server of the fleet has deferred its tasks because of it.
 type monitor struct {
 	ledger    ledger
 	limiter   *throttle.Limiter
 	providers []*Provider
 	jobs      int
+	fleet     int // asynq servers in the fleet
 	start     time.Time
+
+	susp map[string]*suspension // provider -> its current suspension
+	// ended is, per provider, when its last suspension was seen to end.
+	ended map[string]time.Time
+	// waiting is, per provider, row.Waiting of the last read: the counts
+	// before a suspension seen in this read began.
+	waiting map[string]map[string]int64
+}
+
+// suspension is what the monitor knows of one provider's suspension.
+type suspension struct {
+	seen    time.Time        // when the monitor first saw it
+	base    map[string]int64 // per worker, tasks deferred by suspension before it
+	waiting int              // workers that deferred a task because of it
+	told    bool             // the "every server" line is out
+}
+
+func newMonitor(l ledger, lim *throttle.Limiter, providers []*Provider, jobs, fleet int, start time.Time) *monitor {
+	return &monitor{ledger: l, limiter: lim, providers: providers, jobs: jobs, fleet: fleet, start: start,
+		susp: map[string]*suspension{}, ended: map[string]time.Time{}, waiting: map[string]map[string]int64{}}
 }
 
 // ending is why watch returned.
@@ -28,34 +61,88 @@ const (
 	allJobsDone ending = iota
 	timedOut
 	interrupted
+	redisLost // with the last error
 )
 
-// watch updates disp every interval until every job is done, ctx ends or
-// timeout passes, and tells which.
-func (m monitor) watch(ctx context.Context, disp *display, interval, timeout time.Duration) ending {
+// watch updates disp every interval until every job is done, ctx ends,
+// timeout passes, or progress could not be read from Redis for
+// redisLostAfter, and tells which.
+func (m *monitor) watch(ctx context.Context, disp *display, interval, timeout time.Duration) (ending, error) {
 	tick := time.NewTicker(interval)
 	defer tick.Stop()
 	deadline := time.NewTimer(timeout)
 	defer deadline.Stop()
+	lastRead := time.Now()
 	for {
-		rows, err := m.rows(ctx)
+		pctx, cancel := context.WithTimeout(ctx, pollTimeout)
+		rows, err := m.rows(pctx)
+		cancel()
 		switch {
 		case err == nil:
+			lastRead = time.Now()
+			m.tellSuspensions(disp, rows)
 			disp.update(rows)
 			if allDone(rows) {
-				return allJobsDone
+				return allJobsDone, nil
 			}
-		case ctx.Err() == nil:
-			disp.event("cannot read progress: " + err.Error())
+		case ctx.Err() != nil:
+		case time.Since(lastRead) >= redisLostAfter:
+			disp.event(fmt.Sprintf("Redis has not answered for %.0fs: %v; stopping",
+				time.Since(lastRead).Seconds(), err))
+			return redisLost, err
 		}
 		select {
 		case <-ctx.Done():
 			disp.event("interrupted: stopping the workers")
-			return interrupted
+			return interrupted, nil
 		case <-deadline.C:
 			disp.event(fmt.Sprintf("timed out after %v: stopping the workers", timeout))
-			return timedOut
+			return timedOut, nil
 		case <-tick.C:
+		}
+	}
+}
+
+// tellSuspensions reports, as events, each provider suspension as it
+// starts, when every server of the fleet has deferred a task because of it,
+// and when it ends.
+func (m *monitor) tellSuspensions(disp *display, rows []row) {
+	now := time.Now()
+	for i, r := range rows {
+		before := m.waiting[r.Name]
+		m.waiting[r.Name] = r.Waiting
+		s := m.susp[r.Name]
+		if r.SuspendedFor <= 0 {
+			if s != nil {
+				delete(m.susp, r.Name)
+				m.ended[r.Name] = now
+				if !s.told {
+					disp.event(fmt.Sprintf("%s: suspension over; %d/%d servers deferred its tasks",
+						r.Name, s.waiting, m.fleet))
+				} else {
+					disp.event(fmt.Sprintf("%s: suspension over, calls resume on reserved slots", r.Name))
+				}
+			}
+			continue
+		}
+		if s == nil {
+			s = &suspension{seen: now, base: before}
+			m.susp[r.Name] = s
+			disp.event(fmt.Sprintf("%s: suspended fleet-wide for %.1fs", r.Name, r.SuspendedFor.Seconds()))
+		}
+		s.waiting = 0
+		for w, n := range r.Waiting {
+			if n > s.base[w] {
+				s.waiting++
+			}
+		}
+		if !s.told && s.waiting >= m.fleet {
+			s.told = true
+			within := ""
+			if at := m.providers[i].First429After(m.ended[r.Name]); !at.IsZero() {
+				within = fmt.Sprintf(" (within %.1fs of the first 429)", now.Sub(at).Seconds())
+			}
+			disp.event(fmt.Sprintf("%s: %d/%d servers deferring its tasks%s", r.Name, s.waiting, m.fleet, within))
 		}
 	}
 }
@@ -70,7 +157,7 @@ func allDone(rows []row) bool {
 }
 
 // rows reads every provider's progress.
-func (m monitor) rows(ctx context.Context) ([]row, error) {
+func (m *monitor) rows(ctx context.Context) ([]row, error) {
 	names := make([]string, len(m.providers))
 	for i, p := range m.providers {
 		names[i] = p.Spec.Name
@@ -87,21 +174,30 @@ func (m monitor) rows(ctx context.Context) ([]row, error) {
 	for i, p := range m.providers {
 		name := p.Spec.Name
 		st := p.Stats()
+		stats := snap.stats[name]
 		r := row{
 			Name:      name,
 			Done:      int(snap.done[name]),
 			Total:     m.jobs,
-			Deferred:  snap.stats[name][statDeferred],
-			Suspended: snap.stats[name][statSuspended],
+			Deferred:  stats[statDeferred],
+			Suspended: stats[statSuspended],
 			TooMany:   int64(st.TooMany),
+			Waiting:   map[string]int64{},
+		}
+		for f, n := range stats {
+			if w, ok := strings.CutPrefix(f, statWaitPrefix); ok {
+				r.Waiting[w] = n
+			}
 		}
 		r.Rate = float64(p.ServedSince(now.Add(-window))) / window.Seconds()
 		if !st.Last.IsZero() {
 			r.Finished = st.Last.Sub(m.start)
 		}
-		if limits, err := m.limiter.Limits(ctx, name); err == nil {
-			r.Limit = limits
+		status, err := m.limiter.Inspect(ctx, name)
+		if err != nil && !errors.Is(err, throttle.ErrInvalidLimit) && !errors.Is(err, throttle.ErrNoLimits) {
+			return nil, err
 		}
+		r.Limit, r.SuspendedFor = status.Limits, status.Suspended
 		rows[i] = r
 	}
 	return rows, nil

@@ -2,18 +2,15 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"math/rand/v2"
-	"net/url"
 	"strconv"
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
-	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/asynq-throttle/asynq-throttle/throttle"
@@ -36,9 +33,14 @@ type Config struct {
 	// Executable is the program -procs starts with the hidden -worker flag
 	// (default os.Executable()).
 	Executable string
-	// RedisURL is a redis:// URL; "" runs an embedded miniredis.
+	// RedisURL is a Redis URL (see acceptedRedisURLs); "" runs an embedded
+	// miniredis.
 	RedisURL string
-	// Timeout bounds the wait for every job to be done (default 60 s).
+	// RedisFrom names where RedisURL came from in messages (default
+	// "-redis").
+	RedisFrom string
+	// Timeout bounds the wait for every job to be done (default: twice the
+	// expected run time, plus timeoutMargin; see expectedDuration).
 	Timeout time.Duration
 	// Live redraws the progress in place (out is a terminal); otherwise
 	// progress is printed as plain lines.
@@ -53,18 +55,34 @@ type Config struct {
 	Keep bool
 }
 
+// Defaults of the flags.
+const (
+	defaultJobs        = 40
+	defaultServers     = 3
+	defaultConcurrency = 5
+	// timeoutMargin is added to twice the expected run time to make the
+	// default timeout: room for a slow or busy machine.
+	timeoutMargin = 30 * time.Second
+)
+
 func (c Config) withDefaults() Config {
 	if c.Jobs == 0 {
-		c.Jobs = 40
+		c.Jobs = defaultJobs
 	}
 	if c.Servers == 0 {
-		c.Servers = 3
+		c.Servers = defaultServers
 	}
 	if c.Concurrency == 0 {
-		c.Concurrency = 5
+		c.Concurrency = defaultConcurrency
+	}
+	if c.RedisFrom == "" {
+		c.RedisFrom = "-redis"
+	}
+	if c.Providers == nil {
+		c.Providers = DefaultProviders()
 	}
 	if c.Timeout == 0 {
-		c.Timeout = time.Minute
+		c.Timeout = 2*expectedDuration(c.Providers, c.Jobs) + timeoutMargin
 	}
 	if c.Interval == 0 {
 		c.Interval = 2 * time.Second
@@ -72,27 +90,55 @@ func (c Config) withDefaults() Config {
 			c.Interval = 250 * time.Millisecond
 		}
 	}
-	if c.Providers == nil {
-		c.Providers = DefaultProviders()
-	}
 	return c
+}
+
+// Accepted ranges of the flags.
+const (
+	maxJobs        = 10_000
+	maxServers     = 64
+	maxConcurrency = 1_000
+	maxProcs       = 64
+)
+
+// checkCounts reports a count flag out of its range, naming the flag and
+// the range.
+func (c Config) checkCounts() error {
+	for _, f := range []struct {
+		name        string
+		v, min, max int
+	}{
+		{"jobs", c.Jobs, 1, maxJobs},
+		{"servers", c.Servers, 1, maxServers},
+		{"concurrency", c.Concurrency, 1, maxConcurrency},
+		{"procs", c.Procs, 0, maxProcs},
+	} {
+		if f.v < f.min || f.v > f.max {
+			return fmt.Errorf("-%s must be between %d and %d, got %d", f.name, f.min, f.max, f.v)
+		}
+	}
+	return nil
+}
+
+// checkTimeout reports a -timeout that is not positive.
+func checkTimeout(d time.Duration) error {
+	if d <= 0 {
+		return fmt.Errorf("-timeout must be a positive duration such as 90s or 5m, got %v", d)
+	}
+	return nil
 }
 
 // validate reports a configuration the run cannot work with.
 func (c Config) validate() error {
+	if err := c.checkCounts(); err != nil {
+		return err
+	}
+	if err := checkTimeout(c.Timeout); err != nil {
+		return err
+	}
 	switch {
-	case c.Jobs < 1:
-		return fmt.Errorf("-jobs must be at least 1, got %d", c.Jobs)
-	case c.Servers < 1:
-		return fmt.Errorf("-servers must be at least 1, got %d", c.Servers)
-	case c.Concurrency < 1:
-		return fmt.Errorf("-concurrency must be at least 1, got %d", c.Concurrency)
-	case c.Procs < 0:
-		return fmt.Errorf("-procs must be 0 or more, got %d", c.Procs)
 	case c.Procs > 0 && c.RedisURL == "":
 		return errors.New("-procs needs a Redis that other processes can reach: give -redis redis://host:port (or set REDIS_URL)")
-	case c.Timeout < 0:
-		return fmt.Errorf("-timeout must be positive, got %v", c.Timeout)
 	case len(c.Providers) == 0:
 		return errors.New("no providers")
 	}
@@ -115,15 +161,22 @@ func run(ctx context.Context, cfg Config, out io.Writer) (Summary, error) {
 	}
 	runID := strconv.FormatUint(rand.Uint64()&0xffffff, 16)
 
-	rdb, redisName, closeRedis, err := openRedis(ctx, cfg.RedisURL)
+	rdb, redisName, closeRedis, err := openRedis(ctx, cfg.RedisURL, cfg.RedisFrom)
 	if err != nil {
 		return Summary{}, err
 	}
 	defer closeRedis()
+	lostRedis := false
 	if cfg.RedisURL != "" && !cfg.Keep {
 		// Deferred after closeRedis, so it runs before it; the fleet has
 		// stopped by then.
-		defer cleanup(context.WithoutCancel(ctx), rdb, runID)
+		defer func() {
+			if !lostRedis {
+				cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+				defer cancel()
+				cleanup(cctx, rdb, runID)
+			}
+		}()
 	}
 
 	providers, eps, err := startProviders(cfg.Providers)
@@ -146,28 +199,56 @@ func run(ctx context.Context, cfg Config, out io.Writer) (Summary, error) {
 		}
 	}
 
-	sum := Summary{Run: runID, Redis: redisName}
+	sum := Summary{Run: runID, Redis: redisName, Timeout: cfg.Timeout.Seconds()}
 	if cfg.Procs > 0 {
 		sum.Workers = fmt.Sprintf("%d worker processes × %d goroutines", cfg.Procs, cfg.Concurrency)
 	} else {
 		sum.Workers = fmt.Sprintf("%d asynq servers × %d goroutines in this process", cfg.Servers, cfg.Concurrency)
 	}
 	writeHeader(out, cfg, sum)
+	// The backlog is in the queue before the fleet starts: the run's clock,
+	// the providers' shedding and the event streams count from then.
+	prod := newProducer(rdb, runID, cfg.Providers, cfg.Jobs)
+	if err := prod.enqueueBacklog(ctx); err != nil {
+		return Summary{}, err
+	}
 	disp := newDisplay(out, cfg.Live, time.Now(), cfg.Interval)
-
 	stopFleet, err := startFleet(cfg, rdb, nodeSpec{Run: runID, Concurrency: cfg.Concurrency, Endpoints: eps}, disp)
 	if err != nil {
 		return Summary{}, err
 	}
 	start := time.Now()
-	ids, err := enqueue(ctx, rdb, runID, cfg.Providers, cfg.Jobs)
-	if err != nil {
-		_ = stopFleet()
-		return Summary{}, err
+	for _, p := range providers {
+		p.StartClock(start)
 	}
+	pctx, stopProducing := context.WithCancel(ctx)
+	defer stopProducing()
+	produced := make(chan error, 1)
+	go func() { produced <- prod.stream(pctx, start) }()
 
-	m := monitor{ledger: ledger{rdb: rdb, ns: ledgerNS(runID)}, limiter: limiter, providers: providers, jobs: cfg.Jobs, start: start}
-	end := m.watch(ctx, disp, min(cfg.Interval, pollInterval), cfg.Timeout)
+	m := newMonitor(ledger{rdb: rdb, ns: ledgerNS(runID)}, limiter, providers, cfg.Jobs, fleetSize(cfg), start)
+	end, lostErr := m.watch(ctx, disp, min(cfg.Interval, pollInterval), cfg.Timeout)
+	if end == redisLost {
+		disp.mute()
+		stopProducing()
+		// Nothing can be audited, and the workers cannot finish cleanly:
+		// give them a moment, then leave.
+		lostRedis = true
+		stopped := make(chan struct{})
+		go func() {
+			_ = stopFleet()
+			close(stopped)
+		}()
+		select {
+		case <-stopped:
+		case <-time.After(lostStopTimeout):
+		}
+		return Summary{}, fmt.Errorf("%w: %s stopped answering: %v", errRedisLost, redisName, lostErr)
+	}
+	stopProducing()
+	if err := <-produced; err != nil {
+		disp.event("producer: " + err.Error())
+	}
 	if err := stopFleet(); err != nil {
 		disp.event("stopping workers: " + err.Error())
 	}
@@ -180,7 +261,7 @@ func run(ctx context.Context, cfg Config, out io.Writer) (Summary, error) {
 		return Summary{}, fmt.Errorf("audit: %w", err)
 	}
 	disp.finish(rows)
-	if err := m.audit(actx, rdb, queueName(runID), ids, rows, &sum); err != nil {
+	if err := m.audit(actx, rdb, queueName(runID), prod, rows, &sum); err != nil {
 		return Summary{}, err
 	}
 	sum.TimedOut, sum.Interrupted = end == timedOut, end == interrupted
@@ -225,8 +306,21 @@ func startFleet(cfg Config, rdb redis.UniversalClient, spec nodeSpec, disp *disp
 	return func() error { n.stop(); return nil }, nil
 }
 
-// openRedis connects to url, or starts an embedded miniredis when url is "".
-func openRedis(ctx context.Context, rawURL string) (redis.UniversalClient, string, func(), error) {
+// lostStopTimeout bounds how long a run whose Redis went away waits for its
+// workers to stop.
+const lostStopTimeout = 5 * time.Second
+
+// fleetSize is the number of asynq servers in the run.
+func fleetSize(cfg Config) int {
+	if cfg.Procs > 0 {
+		return cfg.Procs
+	}
+	return cfg.Servers
+}
+
+// openRedis connects to rawURL, or starts an embedded miniredis when rawURL
+// is "". from names where rawURL came from, for messages.
+func openRedis(ctx context.Context, rawURL, from string) (redis.UniversalClient, string, func(), error) {
 	if rawURL == "" {
 		mr, err := miniredis.Run()
 		if err != nil {
@@ -235,65 +329,77 @@ func openRedis(ctx context.Context, rawURL string) (redis.UniversalClient, strin
 		rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 		return rdb, "embedded miniredis", func() { _ = rdb.Close(); mr.Close() }, nil
 	}
-	opt, err := redis.ParseURL(rawURL)
+	rdb, name, err := dialRedis(ctx, rawURL, from)
 	if err != nil {
-		return nil, "", nil, fmt.Errorf("-redis: %w", err)
+		return nil, "", nil, err
 	}
-	rdb := redis.NewClient(opt)
-	pctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-	defer cancel()
-	if err := rdb.Ping(pctx).Err(); err != nil {
-		_ = rdb.Close()
-		return nil, "", nil, fmt.Errorf("cannot reach Redis at %s: %w", redactURL(rawURL), err)
-	}
-	return rdb, redactURL(rawURL), func() { _ = rdb.Close() }, nil
+	return rdb, name, func() { _ = rdb.Close() }, nil
 }
 
-func redactURL(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return "redis"
-	}
-	return u.Redacted()
-}
-
+// writeHeader prints what the run does, in at most 80 columns.
 func writeHeader(out io.Writer, cfg Config, s Summary) {
-	fmt.Fprintf(out, "sync-worker: %d jobs for each of %d providers · %s · %s · run %s\n\n",
-		cfg.Jobs, len(cfg.Providers), s.Workers, s.Redis, s.Run)
+	fmt.Fprintf(out, "sync-worker: %d jobs for each of %d providers, run %s\n", cfg.Jobs, len(cfg.Providers), s.Run)
+	fmt.Fprintf(out, "fleet: %s\n", s.Workers)
+	fmt.Fprintf(out, "redis: %s\n", s.Redis)
+	fmt.Fprintf(out, "expected: about %s; gives up after %s (-timeout)\n\n",
+		expectedDuration(cfg.Providers, cfg.Jobs).Round(time.Second), cfg.Timeout.Round(time.Second))
 	cells := make([][]string, len(cfg.Providers))
 	for i, p := range cfg.Providers {
 		quota, ours := formatLimits(p.Quota), formatLimits(p.Limits)
 		if p.HeaderLimit {
-			quota += ", published only in X-RateLimit-Limit"
+			quota += " in X-RateLimit-Limit"
 		}
 		if len(p.Limits) == 0 {
-			ours = formatLimits(p.Guess) + " guessed (WithKeyLimits), then read from the header"
+			ours = formatLimits(p.Guess) + " guessed, then from the header"
 		}
 		cells[i] = []string{p.Name, quota, ours}
 	}
-	writeAligned(out, []column{{"provider", true}, {"quota (enforced by the simulated API)", true}, {"our limit (Limiter.SetLimits)", true}}, cells)
+	writeAligned(out, []column{{"provider", true}, {"quota (enforced by the API)", true}, {"our limit (Limiter.SetLimits)", true}}, cells)
+	for _, p := range cfg.Providers {
+		if st := p.Stream; st.Rate > 0 {
+			fmt.Fprintf(out, "%s: half its jobs arrive as events from %s on, %g/s\n", p.Name, st.From, st.Rate)
+		}
+		if sh := p.Shed; sh.For > 0 {
+			fmt.Fprintf(out, "%s: from %s on, sheds load for %s: 429 with Retry-After\n", p.Name, sh.At, sh.For)
+		}
+	}
 	fmt.Fprintln(out)
 }
 
-// enqueue puts cfg.Jobs sync tasks per provider in the run's queue,
-// interleaved, each with its provider as throttle key. Completed tasks are
-// retained so that the audit can find every one of them.
-func enqueue(ctx context.Context, rdb redis.UniversalClient, run string, specs []ProviderSpec, jobs int) (map[string][]string, error) {
-	client := asynq.NewClientFromRedisClient(rdb)
-	defer client.Close()
-	ids := make(map[string][]string, len(specs))
-	for i := range jobs {
-		for _, spec := range specs {
-			j := job{ID: fmt.Sprintf("%s-%03d", spec.Name, i+1), Account: fmt.Sprintf("acct-%d", i%7+1)}
-			payload, _ := json.Marshal(j)
-			t := throttle.NewTask(spec.TaskType, payload, throttle.Key(spec.Name))
-			_, err := client.EnqueueContext(ctx, t,
-				asynq.Queue(queueName(run)), asynq.TaskID(j.ID), asynq.Retention(ledgerTTL))
-			if err != nil {
-				return nil, fmt.Errorf("enqueue %s: %w", j.ID, err)
-			}
-			ids[spec.Name] = append(ids[spec.Name], j.ID)
+// expectedDuration is how long jobs jobs per provider take at best: the
+// slowest provider's drain time under our limits (or, for a provider that
+// publishes its limit, the limit we will adopt), or the arrival of its last
+// streamed job if later, plus its load shedding.
+func expectedDuration(specs []ProviderSpec, jobs int) time.Duration {
+	var worst time.Duration
+	for _, p := range specs {
+		limits := p.Limits
+		if p.HeaderLimit {
+			limits = []throttle.Limit{headerLimit(p.Quota[0].Rate)}
+		} else if len(limits) == 0 {
+			limits = p.Guess
 		}
+		d := drainTime(limits, jobs)
+		if st := p.Stream; st.Rate > 0 {
+			d = max(d, st.From+time.Duration(float64(streamed(p, jobs)-1)/st.Rate*float64(time.Second)))
+		}
+		worst = max(worst, d+p.Shed.For)
 	}
-	return ids, nil
+	return worst
+}
+
+// drainTime is how long n tasks take under limits, ideally: every tier
+// gives its burst at once, then its rate, but at most its burst per second,
+// since asynq brings deferred tasks back once a second.
+func drainTime(limits []throttle.Limit, n int) time.Duration {
+	var worst float64
+	for _, l := range limits {
+		b := burstOf(l)
+		if n <= b {
+			continue
+		}
+		rate := min(ratePerSecond(l), float64(b))
+		worst = max(worst, float64(n-b)/rate)
+	}
+	return time.Duration(worst * float64(time.Second))
 }

@@ -39,6 +39,27 @@ type ProviderSpec struct {
 	Reject RejectStyle `json:"reject"`
 	// Latency is the range of time a successful call takes.
 	Latency [2]time.Duration `json:"latency"`
+	// Shed makes the provider shed load once, as real APIs do when they are
+	// overloaded (zero: never).
+	Shed Shedding `json:"shed,omitzero"`
+	// Stream makes the second half of the provider's jobs arrive one by one
+	// (zero: every job is enqueued at the start).
+	Stream Stream `json:"stream,omitzero"`
+}
+
+// Shedding is a provider's one spell of load shedding: from At after it
+// started, it answers every call for For with 429 and a Retry-After header
+// (whatever its quota says), then serves its quota again.
+type Shedding struct {
+	At  time.Duration `json:"at"`
+	For time.Duration `json:"for"`
+}
+
+// Stream is how the second half of a provider's jobs arrives: from From
+// after the start, Rate jobs per second, as events (webhooks) would.
+type Stream struct {
+	From time.Duration `json:"from"`
+	Rate float64       `json:"rate"`
 }
 
 // RejectStyle is how a provider's 429 says when to come back: the headers
@@ -58,11 +79,25 @@ func slackSpec() ProviderSpec {
 		Name:     "slack",
 		TaskType: "slack:sync_channel",
 		Quota:    []throttle.Limit{throttle.PerSecond(5).WithBurst(5), throttle.PerMinute(120).WithBurst(30)},
-		Limits:   []throttle.Limit{throttle.PerSecond(5).WithBurst(4), throttle.PerMinute(120).WithBurst(29)},
+		Limits:   []throttle.Limit{throttle.PerSecond(5).WithBurst(underQuota(5)), throttle.PerMinute(120).WithBurst(29)},
 		Reject:   RetryAfterSeconds,
 		Latency:  [2]time.Duration{20 * time.Millisecond, 60 * time.Millisecond},
 	}
 }
+
+// Slack's load shedding and event stream in a default run: from 3 s on,
+// half its jobs arrive at 5/s; at 4 s, it sheds load for 3 s, while events
+// keep coming, so that every server of the fleet meets the suspension.
+const (
+	streamFrom = 3 * time.Second
+	streamRate = 5
+	shedAt     = 4 * time.Second
+	shedFor    = 3 * time.Second
+)
+
+// underQuota is the burst our limits give a provider whose burst is b: a
+// token or a tenth under it, whichever is more (see DefaultProviders).
+func underQuota(b int) int { return max(b-max(1, b/10), 1) }
 
 // githubSpec is a GitHub-like provider: one large quota, X-RateLimit-Reset
 // (a Unix time) on 429.
@@ -71,7 +106,7 @@ func githubSpec() ProviderSpec {
 		Name:     "github",
 		TaskType: "github:sync_repo",
 		Quota:    []throttle.Limit{throttle.PerSecond(20)},
-		Limits:   []throttle.Limit{throttle.PerSecond(20).WithBurst(18)},
+		Limits:   []throttle.Limit{throttle.PerSecond(20).WithBurst(underQuota(20))},
 		Reject:   ResetUnixTime,
 		Latency:  [2]time.Duration{30 * time.Millisecond, 90 * time.Millisecond},
 	}
@@ -91,20 +126,30 @@ func crmSpec() ProviderSpec {
 	}
 }
 
-// DefaultProviders returns the providers of a default run.
+// DefaultProviders returns the providers of a default run of jobs jobs per
+// provider.
 //
 // Their quotas are scaled: real APIs count per minute or per hour; the demo
 // compresses time so that a default run ends in well under 30 seconds.
 //
-// Our limits sit a token or two under each provider's burst. The limiter and
-// the provider run the same token bucket, but a call reaches the provider a
-// few milliseconds after the limiter admitted it, and not always the same
-// few: two calls admitted 200 ms apart can arrive 190 ms apart, and a bucket
-// run exactly empty on both sides then answers the second one with a 429.
-// One token of slack absorbs rate × jitter (5/s × 200 ms). The header-only
-// provider's limit is adopted as published, with no slack.
+// Our limits sit a token or two under each provider's burst (underQuota).
+// The limiter and the provider run the same token bucket, but a call reaches
+// the provider a few milliseconds after the limiter admitted it, and not
+// always the same few: two calls admitted 200 ms apart can arrive 190 ms
+// apart, and a bucket run exactly empty on both sides then answers the
+// second one with a 429. One token of slack absorbs rate × jitter
+// (5/s × 200 ms). The header-only provider's limit is adopted with the same
+// margin (headerLimit).
+//
+// Slack sheds load once, partway through: it answers 429 with Retry-After
+// for shedFor, whatever its quota, and the fleet must stop calling it,
+// every worker at once. Half its jobs arrive as a stream of events around
+// then, so that every server has Slack tasks to hold back.
 func DefaultProviders() []ProviderSpec {
-	return []ProviderSpec{slackSpec(), githubSpec(), crmSpec()}
+	slack := slackSpec()
+	slack.Shed = Shedding{At: shedAt, For: shedFor}
+	slack.Stream = Stream{From: streamFrom, Rate: streamRate}
+	return []ProviderSpec{slack, githubSpec(), crmSpec()}
 }
 
 // Provider is a running simulated API on 127.0.0.1. It enforces its quota with
@@ -117,20 +162,35 @@ type Provider struct {
 
 	srv *http.Server
 
-	mu       sync.Mutex
-	tokens   []float64
-	last     time.Time
-	served   map[string]int // job ID -> 200s sent
-	servedAt []time.Time
-	tooMany  int
-	rng      *rand.Rand
+	mu        sync.Mutex
+	tokens    []float64
+	last      time.Time
+	served    map[string]int // job ID -> 200s sent
+	servedAt  []time.Time
+	overQuota int         // 429s for calls above the quota
+	shed      int         // 429s sent while shedding load
+	late      int         // of shed, those after shedGrace
+	started   time.Time   // the run's start (zero: not yet)
+	shedFirst time.Time   // the first load-shedding 429 (zero: none yet)
+	tooManyAt []time.Time // when each 429 was sent
+	rng       *rand.Rand
 }
+
+// shedGrace is how long after a provider's first load-shedding 429 a call
+// may still reach it without breaking the fleet-wide suspension: calls
+// already on their way, or run on a token leased before it (50 ms). A call
+// later than that was, on a machine that is not overloaded, admitted after
+// the suspension was in Redis.
+const shedGrace = time.Second
 
 // ProviderStats is what a provider has answered so far.
 type ProviderStats struct {
 	Served     int // 200s
 	Duplicates int // jobs served more than once
-	TooMany    int // 429s
+	TooMany    int // 429s: OverQuota + Shed
+	OverQuota  int // 429s for calls above the quota
+	Shed       int // 429s sent while shedding load, whatever the quota
+	LateShed   int // of Shed, calls that came over shedGrace after the first
 	First      time.Time
 	Last       time.Time
 }
@@ -174,7 +234,7 @@ func (p *Provider) Close() error {
 func (p *Provider) Stats() ProviderStats {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	s := ProviderStats{TooMany: p.tooMany}
+	s := ProviderStats{TooMany: p.overQuota + p.shed, OverQuota: p.overQuota, Shed: p.shed, LateShed: p.late}
 	for _, n := range p.served {
 		s.Served += n
 		if n > 1 {
@@ -185,6 +245,19 @@ func (p *Provider) Stats() ProviderStats {
 		s.First, s.Last = p.servedAt[0], p.servedAt[len(p.servedAt)-1]
 	}
 	return s
+}
+
+// First429After returns when the provider sent its first 429 after t (zero:
+// none).
+func (p *Provider) First429After(t time.Time) time.Time {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, at := range p.tooManyAt {
+		if at.After(t) {
+			return at
+		}
+	}
+	return time.Time{}
 }
 
 // ServedSince counts the 200s sent after t.
@@ -225,13 +298,51 @@ func (p *Provider) take(now time.Time) (ok bool, wait time.Duration, remaining i
 	return true, 0, remaining
 }
 
+// StartClock tells the provider when the run started: its load shedding
+// counts from then.
+func (p *Provider) StartClock(t time.Time) {
+	p.mu.Lock()
+	p.started = t
+	p.mu.Unlock()
+}
+
+// shedding reports whether the provider sheds load at now, and until when.
+func (p *Provider) shedding(now time.Time) (bool, time.Time) {
+	sh := p.Spec.Shed
+	if sh.For <= 0 || p.started.IsZero() {
+		return false, time.Time{}
+	}
+	from := p.started.Add(sh.At)
+	until := from.Add(sh.For)
+	return !now.Before(from) && now.Before(until), until
+}
+
 func (p *Provider) serveSync(w http.ResponseWriter, r *http.Request) {
 	job := r.PathValue("job")
 	now := time.Now()
 	p.mu.Lock()
-	ok, wait, remaining := p.take(now)
-	if !ok {
-		p.tooMany++
+	shed, until := p.shedding(now)
+	var (
+		ok        bool
+		wait      time.Duration
+		remaining int
+	)
+	switch {
+	case shed:
+		// Overloaded: no call counts against the quota, all are refused.
+		wait = until.Sub(now)
+		if p.shed == 0 {
+			p.shedFirst = now
+		} else if now.Sub(p.shedFirst) > shedGrace {
+			p.late++
+		}
+		p.shed++
+		p.tooManyAt = append(p.tooManyAt, now)
+	default:
+		if ok, wait, remaining = p.take(now); !ok {
+			p.overQuota++
+			p.tooManyAt = append(p.tooManyAt, now)
+		}
 	}
 	latency := p.Spec.Latency[0]
 	if spread := p.Spec.Latency[1] - p.Spec.Latency[0]; spread > 0 {

@@ -5,7 +5,6 @@ import (
 	"io"
 	"maps"
 	"slices"
-	"strconv"
 	"strings"
 )
 
@@ -22,12 +21,24 @@ type Summary struct {
 	Interrupted bool              `json:"interrupted"`
 	Providers   []ProviderSummary `json:"providers"`
 
+	// Timeout is the -timeout of the run.
+	Timeout float64 `json:"timeout_seconds"`
+
 	Jobs       int `json:"jobs"`
 	Done       int `json:"done"`
+	NotDone    int `json:"not_done"`
 	Duplicates int `json:"duplicates"`
 	Archived   int `json:"archived"`
 	Lost       int `json:"lost"`
 	TooMany    int `json:"429s"`
+	// Shed and OverQuota split TooMany: 429s the providers chose to send
+	// while shedding load, and 429s for calls above a quota.
+	Shed      int `json:"429s_shed"`
+	OverQuota int `json:"429s_over_quota"`
+	// LateShed counts the shed 429s for calls that came more than shedGrace
+	// after a provider's first one: after the fleet-wide suspension should
+	// have stopped them.
+	LateShed int `json:"429s_late"`
 	// ByWorker counts the jobs each asynq server (or worker process) did.
 	ByWorker map[string]int `json:"by_worker"`
 	// OK: every job done exactly once, none archived, none lost.
@@ -50,14 +61,22 @@ type ProviderSummary struct {
 	// Duplicates counts jobs done more than once, by the handlers' ledger
 	// or by the provider's own count of 200s.
 	Duplicates int `json:"duplicates"`
+	// NotDone counts jobs not done yet whose task asynq still has (pending,
+	// scheduled, retry or active): the run stopped before they ran.
+	NotDone int `json:"not_done"`
 	// Archived counts the provider's tasks in asynq's archive.
 	Archived int `json:"archived"`
-	// Lost counts jobs not done, or whose task is not completed in asynq.
+	// Lost counts jobs not done whose task asynq no longer has, or has as
+	// completed though its handler never succeeded.
 	Lost int `json:"lost"`
 
 	// Served and TooMany are the 200s and 429s the provider answered.
 	Served  int `json:"served"`
 	TooMany int `json:"429s"`
+	// Shed, OverQuota and LateShed split TooMany as in Summary.
+	Shed      int `json:"429s_shed"`
+	OverQuota int `json:"429s_over_quota"`
+	LateShed  int `json:"429s_late"`
 	// Deferred and Suspended count middleware decisions (WithObserver).
 	Deferred  int64 `json:"deferred"`
 	Suspended int64 `json:"suspended"`
@@ -68,30 +87,30 @@ type ProviderSummary struct {
 	Rate    float64 `json:"rate_per_second"`
 }
 
-// writeTable prints s as a table and a one-line verdict.
+// writeTable prints s as tables of at most 80 columns and a verdict.
 func writeTable(w io.Writer, s Summary) {
-	cells := make([][]string, 0, len(s.Providers)+1)
-	for _, p := range s.Providers {
-		cells = append(cells, []string{p.Name, strconv.Itoa(p.Jobs), strconv.Itoa(p.Done), strconv.Itoa(p.Duplicates),
-			strconv.Itoa(p.Archived), strconv.Itoa(p.Lost), strconv.Itoa(p.TooMany),
-			strconv.FormatInt(p.Deferred, 10), strconv.FormatInt(p.Suspended, 10),
-			fmt.Sprintf("%.1fs", p.Seconds), fmt.Sprintf("%.1f/s", p.Rate)})
-	}
-	cells = append(cells, []string{"total", strconv.Itoa(s.Jobs), strconv.Itoa(s.Done), strconv.Itoa(s.Duplicates),
-		strconv.Itoa(s.Archived), strconv.Itoa(s.Lost), strconv.Itoa(s.TooMany), "", "",
-		fmt.Sprintf("%.1fs", s.Seconds), ""})
-	writeAligned(w, summaryColumns, cells)
-
-	fmt.Fprintln(w)
+	audit := make([][]string, 0, len(s.Providers)+1)
+	traffic := make([][]string, 0, len(s.Providers))
 	limits := make([][]string, len(s.Providers))
 	for i, p := range s.Providers {
+		audit = append(audit, []string{p.Name, itoa(p.Jobs), itoa(p.Done), itoa(p.NotDone), itoa(p.Duplicates),
+			itoa(p.Archived), itoa(p.Lost)})
+		traffic = append(traffic, []string{p.Name, itoa(p.TooMany), itoa(p.Shed), itoa(p.OverQuota),
+			itoa(p.Suspended), itoa(p.Deferred),
+			fmt.Sprintf("%.1fs", p.Seconds), fmt.Sprintf("%.1f/s", p.Rate)})
 		limit := p.Limit
 		if p.Adopted != "" {
-			limit += " (adopted from X-RateLimit-Limit)"
+			limit += " (from X-RateLimit-Limit)"
 		}
 		limits[i] = []string{p.Name, p.Quota, limit}
 	}
-	writeAligned(w, []column{{"provider", true}, {"quota (provider side)", true}, {"our limit at the end", true}}, limits)
+	audit = append(audit, []string{"total", itoa(s.Jobs), itoa(s.Done), itoa(s.NotDone), itoa(s.Duplicates),
+		itoa(s.Archived), itoa(s.Lost)})
+	writeAligned(w, auditColumns, audit)
+	fmt.Fprintln(w)
+	writeAligned(w, trafficColumns, traffic)
+	fmt.Fprintln(w)
+	writeAligned(w, []column{{"provider", true}, {"quota", true}, {"our limit at the end", true}}, limits)
 	if len(s.ByWorker) > 0 {
 		names := slices.Sorted(maps.Keys(s.ByWorker))
 		parts := make([]string, len(names))
@@ -102,27 +121,53 @@ func writeTable(w io.Writer, s Summary) {
 	}
 
 	fmt.Fprintln(w)
-	fmt.Fprintln(w, verdict(s))
-}
-
-var summaryColumns = []column{
-	{title: "provider", left: true}, {title: "jobs"}, {title: "done"}, {title: "twice"}, {title: "archived"},
-	{title: "lost"}, {title: "429s"}, {title: "deferred"}, {title: "suspended"}, {title: "time"}, {title: "rate"},
-}
-
-func verdict(s Summary) string {
-	var b strings.Builder
-	if s.OK {
-		fmt.Fprintf(&b, "OK: %d/%d jobs done exactly once, 0 archived, 0 lost", s.Done, s.Jobs)
-	} else {
-		fmt.Fprintf(&b, "FAILED: %d/%d jobs done, %d done twice, %d archived, %d lost", s.Done, s.Jobs, s.Duplicates, s.Archived, s.Lost)
-		switch {
-		case s.TimedOut:
-			b.WriteString(" (timed out: jobs not done count as lost)")
-		case s.Interrupted:
-			b.WriteString(" (interrupted: jobs not done count as lost)")
+	for _, sentence := range strings.Split(verdict(s), "\n") {
+		for _, l := range wrap(sentence, maxWidth) {
+			fmt.Fprintln(w, l)
 		}
 	}
-	fmt.Fprintf(&b, "; providers answered %d × 429.", s.TooMany)
+}
+
+var auditColumns = []column{
+	{title: "provider", left: true}, {title: "jobs"}, {title: "done"}, {title: "not done"}, {title: "twice"},
+	{title: "archived"}, {title: "lost"},
+}
+
+var trafficColumns = []column{
+	{title: "provider", left: true}, {title: "429s"}, {title: "shed"}, {title: "over quota"},
+	{title: "suspended"}, {title: "deferred"}, {title: "time"}, {title: "rate"},
+}
+
+// verdict is the run's outcome: the audit, then the providers' 429s.
+func verdict(s Summary) string {
+	var b strings.Builder
+	switch {
+	case s.OK:
+		fmt.Fprintf(&b, "OK: %d/%d jobs done exactly once, 0 archived, 0 lost", s.Done, s.Jobs)
+	case s.Duplicates > 0 || s.Archived > 0 || s.Lost > 0:
+		fmt.Fprintf(&b, "FAILED: %d/%d jobs done, %d done twice, %d archived, %d lost, %d not done",
+			s.Done, s.Jobs, s.Duplicates, s.Archived, s.Lost, s.NotDone)
+	default:
+		fmt.Fprintf(&b, "NOT DONE: %d/%d jobs done, %d not done (asynq still has them), 0 lost",
+			s.Done, s.Jobs, s.NotDone)
+	}
+	switch {
+	case s.TimedOut:
+		fmt.Fprintf(&b, "; timed out after %gs", s.Timeout)
+	case s.Interrupted:
+		b.WriteString("; interrupted")
+	}
+	b.WriteString(".\n")
+	switch {
+	case s.TooMany == 0:
+		b.WriteString("Providers answered 0 × 429.")
+	default:
+		fmt.Fprintf(&b, "Providers answered %d × 429: %d in the first %s of a load-shedding spell",
+			s.TooMany, s.Shed-s.LateShed, shedGrace)
+		if s.LateShed > 0 {
+			fmt.Fprintf(&b, ", %d later in it", s.LateShed)
+		}
+		fmt.Fprintf(&b, ", %d over quota.", s.OverQuota)
+	}
 	return b.String()
 }
