@@ -79,10 +79,11 @@ func (l *Limiter) Delete(ctx context.Context, key string) error {
 	if err != nil {
 		return err
 	}
-	ctx, cancel := l.withTimeout(ctx)
-	defer cancel()
 	// One DEL: all keys share the hash tag, so one slot on a Cluster.
-	if err := l.rdb.Del(ctx, allRedisKeys(keys)...).Err(); err != nil {
+	_, err = bounded(l, ctx, func(ctx context.Context) (int64, error) {
+		return l.rdb.Del(ctx, allRedisKeys(keys)...).Result()
+	})
+	if err != nil {
 		return fmt.Errorf("throttle: key %q: delete: %w", key, err)
 	}
 	return nil
@@ -96,9 +97,9 @@ func (l *Limiter) Reservation(ctx context.Context, key, taskID string) (slot tim
 	if err != nil {
 		return time.Time{}, false, err
 	}
-	ctx, cancel := l.withTimeout(ctx)
-	defer cancel()
-	us, err := l.rdb.ZScore(ctx, keys.Reservations, taskID).Result()
+	us, err := bounded(l, ctx, func(ctx context.Context) (float64, error) {
+		return l.rdb.ZScore(ctx, keys.Reservations, taskID).Result()
+	})
 	switch {
 	case err == redis.Nil:
 		return time.Time{}, false, nil

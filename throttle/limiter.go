@@ -242,9 +242,10 @@ func (l *Limiter) migrate(ctx context.Context, key string) error {
 		return err
 	}
 	defaults := l.defaults(key)
-	ctx, cancel := l.withTimeout(ctx)
-	defer cancel()
-	if _, err := lua.Migrate(ctx, l.runner, keys, l.o.idleExpiry, defaults); err != nil {
+	_, err = bounded(l, ctx, func(ctx context.Context) (bool, error) {
+		return lua.Migrate(ctx, l.runner, keys, l.o.idleExpiry, defaults)
+	})
+	if err != nil {
 		return fmt.Errorf("throttle: key %q: migrate from the previous storage layout: %w", key, err)
 	}
 	return nil
@@ -310,11 +311,41 @@ func (l *Limiter) defaults(key string) []lua.Tier {
 	return l.o.defaultTiers
 }
 
-func (l *Limiter) withTimeout(ctx context.Context) (context.Context, context.CancelFunc) {
+// bounded runs fn with ctx given the WithTimeout deadline, and returns by
+// that deadline whatever fn waits on. A client that bounds socket I/O by
+// context deadlines itself (see boundsIO) runs fn on the caller's goroutine;
+// otherwise (go-redis then waits up to its ReadTimeout) fn runs on a
+// goroutine of its own, which may finish after bounded returned, its result
+// dropped.
+func bounded[T any](l *Limiter, ctx context.Context, fn func(context.Context) (T, error)) (T, error) {
 	if l.o.timeout <= 0 {
-		return ctx, func() {}
+		return fn(ctx)
 	}
-	return context.WithTimeout(ctx, l.o.timeout)
+	ctx, cancel := context.WithTimeout(ctx, l.o.timeout)
+	if l.flight.inline {
+		defer cancel()
+		return fn(ctx)
+	}
+	type result struct {
+		v   T
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		defer cancel()
+		v, err := fn(ctx)
+		done <- result{v, err}
+	}()
+	select {
+	case r := <-done:
+		return r.v, r.err
+	case <-ctx.Done():
+		var zero T
+		if err := ctx.Err(); !errors.Is(err, context.DeadlineExceeded) {
+			return zero, err
+		}
+		return zero, fmt.Errorf("%w: no answer within %v (WithTimeout)", context.DeadlineExceeded, l.o.timeout)
+	}
 }
 
 // SetLimits stores key's limits in Redis, replacing any before them. Every
@@ -349,9 +380,12 @@ func (l *Limiter) SetLimits(ctx context.Context, key string, limits ...Limit) er
 	if err != nil {
 		return err
 	}
-	ctx, cancel := l.withTimeout(ctx)
-	defer cancel()
-	field, reason, err := lua.SetLimits(ctx, l.runner, keys, l.o.idleExpiry, tiers, l.defaults(key))
+	type outcome struct{ field, reason string }
+	out, err := bounded(l, ctx, func(ctx context.Context) (outcome, error) {
+		f, r, err := lua.SetLimits(ctx, l.runner, keys, l.o.idleExpiry, tiers, l.defaults(key))
+		return outcome{f, r}, err
+	})
+	field, reason := out.field, out.reason
 	ks.lease.drop()
 	ks.forgetNoLimits()
 	if err != nil {
@@ -400,9 +434,9 @@ func (l *Limiter) suspend(ctx context.Context, key string, d time.Duration) (tim
 		return 0, err
 	}
 	ks.lease.drop()
-	ctx, cancel := l.withTimeout(ctx)
-	defer cancel()
-	left, err := lua.Suspend(ctx, l.runner, keys, d, l.o.maxSuspension)
+	left, err := bounded(l, ctx, func(ctx context.Context) (time.Duration, error) {
+		return lua.Suspend(ctx, l.runner, keys, d, l.o.maxSuspension)
+	})
 	if err != nil {
 		return 0, fmt.Errorf("throttle: key %q: suspend: %w", key, err)
 	}
@@ -436,9 +470,9 @@ func (l *Limiter) ResumeTasks(ctx context.Context, key string) (int, error) {
 		return 0, err
 	}
 	ks.lease.drop()
-	tctx, cancel := l.withTimeout(ctx)
-	_, err = lua.Resume(tctx, l.runner, keys)
-	cancel()
+	_, err = bounded(l, ctx, func(ctx context.Context) (time.Duration, error) {
+		return lua.Resume(ctx, l.runner, keys)
+	})
 	if err != nil {
 		return 0, fmt.Errorf("throttle: key %q: resume: %w", key, err)
 	}
@@ -475,9 +509,9 @@ func (l *Limiter) Inspect(ctx context.Context, key string) (Status, error) {
 	if _, err := l.state(ctx, key); err != nil {
 		return Status{}, err
 	}
-	ctx, cancel := l.withTimeout(ctx)
-	defer cancel()
-	r, err := lua.Inspect(ctx, l.runner, keys, l.defaults(key))
+	r, err := bounded(l, ctx, func(ctx context.Context) (lua.InspectReply, error) {
+		return lua.Inspect(ctx, l.runner, keys, l.defaults(key))
+	})
 	if err != nil {
 		return Status{}, fmt.Errorf("throttle: key %q: inspect: %w", key, err)
 	}
