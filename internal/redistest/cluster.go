@@ -320,3 +320,15 @@ func ownerOf(nodes []clusterNodeInfo, slot int) *clusterNodeInfo {
 	}
 	return nil
 }
+
+// StopNode kills the node at addr (one of Addrs) with SIGKILL.
+func (c *Cluster) StopNode(t testing.TB, addr string) {
+	t.Helper()
+	for _, n := range c.nodes {
+		if n.Addr == addr {
+			n.Stop()
+			return
+		}
+	}
+	t.Fatalf("redistest: no cluster node at %s", addr)
+}

@@ -1,0 +1,281 @@
+package throttle_test
+
+// Regressions at the Limiter and middleware level, each against a real
+// redis-server: leases, a 429 on every path, and the Limiter's connection.
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/asynq-throttle/asynq-throttle/internal/redistest"
+	"github.com/asynq-throttle/asynq-throttle/throttle"
+)
+
+var quietLog = throttle.WithLogger(slog.New(slog.DiscardHandler))
+
+// runTask runs task through mw outside an asynq server (a plain server's
+// context: deferrals re-enqueue copies), with h as the handler.
+func runTask(mw asynq.MiddlewareFunc, task *asynq.Task, h func() error) error {
+	return mw(asynq.HandlerFunc(func(context.Context, *asynq.Task) error { return h() })).ProcessTask(context.Background(), task)
+}
+
+// scheduled returns the tasks waiting in asynq's scheduled set of the
+// default queue.
+func scheduled(t *testing.T, rdb redis.UniversalClient) []*asynq.TaskInfo {
+	t.Helper()
+	insp := asynq.NewInspectorFromRedisClient(rdb)
+	infos, err := insp.ListScheduledTasks("default")
+	if errors.Is(err, asynq.ErrQueueNotFound) {
+		return nil
+	}
+	require.NoError(t, err)
+	return infos
+}
+
+// A change this process makes to a key (SetLimits, Suspend) drops the
+// tokens it leased: they must not run under limits that no longer allow them.
+func TestLeasedTokensDroppedByAChangeInThisProcess(t *testing.T) {
+	changes := []struct {
+		name   string
+		change func(ctx context.Context, l *throttle.Limiter) error
+		runs   int // tasks of the 5 after the change that may run
+	}{
+		{"SetLimits lowers the limit", func(ctx context.Context, l *throttle.Limiter) error {
+			return l.SetLimits(ctx, "k", throttle.PerHour(1))
+		}, 1},
+		{"Suspend", func(ctx context.Context, l *throttle.Limiter) error {
+			return l.Suspend(ctx, "k", time.Minute)
+		}, 0},
+	}
+	for _, c := range changes {
+		t.Run(c.name, func(t *testing.T) {
+			ctx := context.Background()
+			rdb := redistest.Start(t).Client(t)
+			lim := throttle.NewLimiter(rdb, throttle.WithLease(8, time.Minute), quietLog)
+			require.NoError(t, lim.SetLimits(ctx, "k", throttle.PerHour(1000)))
+			mw := lim.Middleware()
+			var ran atomic.Int64
+			h := func() error { ran.Add(1); return nil }
+			require.NoError(t, runTask(mw, asynq.NewTask("k:sync", nil), h))
+			st, err := lim.Inspect(ctx, "k")
+			require.NoError(t, err)
+			require.InDelta(t, 992.0, st.Tokens[0], 0.5, "the first decision took 1 token and leased 7")
+
+			require.NoError(t, c.change(ctx, lim))
+			for range 5 {
+				require.NoError(t, runTask(mw, asynq.NewTask("k:sync", nil), h))
+			}
+			assert.Equal(t, int64(1+c.runs), ran.Load(), "tasks run: the first, then what the new limits allow")
+		})
+	}
+}
+
+// A handler's 429 suspends its key fleet-wide and defers the task on every
+// path that ran it: a key without limits, and a decision Redis could not
+// make under FailOpen (there the suspension is this process's own, and
+// WithMaxSuspension still caps a provider's absurd Retry-After).
+func TestRateLimitedOnEveryPath(t *testing.T) {
+	ctx := context.Background()
+	t.Run("key without limits", func(t *testing.T) {
+		rdb := redistest.Start(t).Client(t)
+		lim := throttle.NewLimiter(rdb, quietLog)
+		mw := lim.Middleware()
+		var ran atomic.Int64
+		err := runTask(mw, asynq.NewTask("crm:sync", []byte("a")), func() error { ran.Add(1); return throttle.RateLimited(30 * time.Second) })
+		require.NoError(t, err, "the task is deferred (by copy here), not failed")
+		st, err := lim.Inspect(ctx, "crm")
+		require.NoError(t, err)
+		assert.Greater(t, st.Suspended, 25*time.Second, "the key is suspended fleet-wide in Redis")
+		copies := scheduled(t, rdb)
+		require.Len(t, copies, 1, "the task waits as a copy")
+		assert.Greater(t, time.Until(copies[0].NextProcessAt), 25*time.Second, "deferred past the suspension")
+
+		require.NoError(t, runTask(mw, asynq.NewTask("crm:sync", []byte("b")), func() error { ran.Add(1); return nil }))
+		assert.Equal(t, int64(1), ran.Load(), "the next task of the suspended key ran")
+	})
+	t.Run("fail open while Redis is down", func(t *testing.T) {
+		tasks := redistest.Start(t).Client(t)
+		down := redistest.Start(t)
+		limits := redis.NewClient(&redis.Options{Addr: down.Addr, MaxRetries: -1})
+		t.Cleanup(func() { _ = limits.Close() })
+		down.Stop()
+		var delays []time.Duration
+		var mu sync.Mutex
+		lim := throttle.NewLimiter(limits, quietLog, throttle.WithFailurePolicy(throttle.FailOpen),
+			throttle.WithTimeout(300*time.Millisecond), throttle.WithDefaultLimits(throttle.PerSecond(10)),
+			throttle.WithMaxSuspension(time.Minute), throttle.WithTaskRedis(tasks),
+			throttle.WithObserver(func(ev throttle.Event) {
+				if ev.Outcome == throttle.Suspended || ev.Outcome == throttle.Deferred {
+					mu.Lock()
+					delays = append(delays, ev.Delay)
+					mu.Unlock()
+				}
+			}))
+		mw := lim.Middleware()
+		var ran atomic.Int64
+		err := runTask(mw, asynq.NewTask("crm:sync", []byte("a")), func() error { ran.Add(1); return throttle.RateLimited(1e9 * time.Second) })
+		require.NoError(t, err, "the task is deferred (by copy here), not failed")
+		copies := scheduled(t, tasks)
+		require.Len(t, copies, 1, "the task waits as a copy")
+		maxWait := time.Minute + 10*time.Second // WithMaxSuspension and jitter's maximum
+		assert.Less(t, time.Until(copies[0].NextProcessAt), maxWait, "deferred beyond WithMaxSuspension")
+
+		require.NoError(t, runTask(mw, asynq.NewTask("crm:sync", []byte("b")), func() error { ran.Add(1); return nil }))
+		assert.Equal(t, int64(1), ran.Load(), "this process called the provider again right after its 429")
+		mu.Lock()
+		defer mu.Unlock()
+		require.Len(t, delays, 2)
+		for _, d := range delays {
+			assert.LessOrEqual(t, d, maxWait, "a deferral after a 429 of 1e9 s")
+		}
+	})
+}
+
+// Limiters made and dropped (one per call, against the advice) hold no
+// connection the application needs: the client's own commands still get one
+// at once. Close gives the kept connection back immediately.
+func TestShortLivedLimitersHoldNoConnection(t *testing.T) {
+	ctx := context.Background()
+	s := redistest.Start(t)
+	rdb := redis.NewClient(&redis.Options{Addr: s.Addr, PoolSize: 8, PoolTimeout: 500 * time.Millisecond, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = rdb.Close() })
+	for range 8 {
+		d, err := throttle.NewLimiter(rdb, throttle.WithDefaultLimits(throttle.PerSecond(100))).Take(ctx, "api")
+		require.NoError(t, err)
+		require.True(t, d.Allowed)
+	}
+	assert.NoError(t, rdb.Ping(ctx).Err(), "PING after eight short-lived Limiters")
+
+	l := throttle.NewLimiter(rdb, throttle.WithDefaultLimits(throttle.PerSecond(100)))
+	_, err := l.Take(ctx, "api")
+	require.NoError(t, err)
+	idle := rdb.PoolStats().IdleConns
+	require.NoError(t, l.Close())
+	assert.Equal(t, idle+1, rdb.PoolStats().IdleConns, "Close gave the kept connection back")
+	d, err := l.Take(ctx, "api")
+	require.NoError(t, err, "Take after Close (through the pool)")
+	assert.True(t, d.Allowed)
+}
+
+// A decision ends within WithTimeout whatever it waits on: a pool with no
+// free connection, or a Redis that refuses connections while the client
+// redials (with the client settings the README recommends).
+func TestDecisionEndsWithinItsTimeout(t *testing.T) {
+	ctx := context.Background()
+	const timeout = 300 * time.Millisecond
+	t.Run("no free pool connection", func(t *testing.T) {
+		s := redistest.Start(t)
+		rdb := redis.NewClient(&redis.Options{Addr: s.Addr, PoolSize: 1, ContextTimeoutEnabled: true})
+		t.Cleanup(func() { _ = rdb.Close() })
+		l := throttle.NewLimiter(rdb, throttle.WithDefaultLimits(throttle.PerSecond(100)), throttle.WithTimeout(timeout))
+		_, err := l.Take(ctx, "api")
+		require.NoError(t, err)
+		// The only connection blocks on BLPOP for 5 s.
+		go func() { _ = rdb.BLPop(ctx, 5*time.Second, "nothing").Err() }()
+		require.Eventually(t, func() bool { return rdb.PoolStats().IdleConns == 0 }, time.Second, 5*time.Millisecond)
+		start := time.Now()
+		_, err = l.Take(ctx, "api")
+		took := time.Since(start)
+		assert.ErrorIs(t, err, context.DeadlineExceeded)
+		assert.Less(t, took, 3*timeout, "Take waited for a pool connection past WithTimeout (%v)", timeout)
+	})
+	t.Run("Redis refusing connections", func(t *testing.T) {
+		s := redistest.Start(t)
+		rdb := redis.NewClient(&redis.Options{Addr: s.Addr, ContextTimeoutEnabled: true, DialTimeout: time.Second})
+		t.Cleanup(func() { _ = rdb.Close() })
+		l := throttle.NewLimiter(rdb, throttle.WithDefaultLimits(throttle.PerSecond(100)), throttle.WithTimeout(timeout))
+		_, err := l.Take(ctx, "api")
+		require.NoError(t, err)
+		s.Stop()
+		for range 3 {
+			start := time.Now()
+			_, err = l.Take(ctx, "api")
+			took := time.Since(start)
+			assert.Error(t, err)
+			assert.Less(t, took, 3*timeout, "Take against a Redis refusing connections took %v (WithTimeout %v)", took, timeout)
+		}
+	})
+}
+
+// After a failover behind a proxy (or a DNS name), the connection the
+// Limiter keeps still talks to the old master, now a replica, and gets
+// READONLY: it is dropped at once and the decision runs on a fresh
+// connection, which reaches the new master.
+func TestReadOnlyDropsTheKeptConnection(t *testing.T) {
+	ctx := context.Background()
+	oldMaster, newMaster := redistest.Start(t), redistest.Start(t)
+	proxy := redistest.StartProxy(t, oldMaster.Addr)
+	rdb := redis.NewClient(&redis.Options{Addr: proxy.Addr, PoolSize: 8, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = rdb.Close() })
+	l := throttle.NewLimiter(rdb, throttle.WithDefaultLimits(throttle.PerSecond(10_000)))
+	for range 3 {
+		_, err := l.Take(ctx, "api")
+		require.NoError(t, err)
+	}
+
+	// The failover: the old master follows the new one, and the proxy sends
+	// new connections to the new master.
+	require.NoError(t, oldMaster.Client(t).Do(ctx, "REPLICAOF", "127.0.0.1", portOf(t, newMaster.Addr)).Err())
+	proxy.SetTarget(newMaster.Addr)
+	failed := 0
+	for range 20 {
+		if _, err := l.Take(ctx, "api"); err != nil {
+			failed++
+			assert.Contains(t, err.Error(), "READONLY")
+		}
+	}
+	assert.Zero(t, failed, "decisions failed on the kept connection to the old master after the failover")
+}
+
+func portOf(t *testing.T, addr string) string {
+	t.Helper()
+	for i := len(addr) - 1; i >= 0; i-- {
+		if addr[i] == ':' {
+			return addr[i+1:]
+		}
+	}
+	t.Fatalf("no port in %q", addr)
+	return ""
+}
+
+// On a Cluster whose scripts and functions were flushed, a decision whose
+// key lives on a reachable master is made even while another master is
+// down: loading the library there fails, and the call falls back to EVAL.
+func TestClusterMissingScriptWithANodeDown(t *testing.T) {
+	ctx := context.Background()
+	c := redistest.StartCluster(t)
+	rdb := c.Client(t)
+	l := throttle.NewLimiter(rdb, throttle.WithDefaultLimits(throttle.PerSecond(1000)))
+	const key = "api"
+	_, err := l.Take(ctx, key)
+	require.NoError(t, err)
+	master, err := rdb.MasterForKey(ctx, "throttle:{"+key+"}:b")
+	require.NoError(t, err)
+	var other string
+	for _, addr := range c.Addrs {
+		n := redis.NewClient(&redis.Options{Addr: addr})
+		require.NoError(t, n.ConfigSet(ctx, "cluster-require-full-coverage", "no").Err())
+		require.NoError(t, n.FunctionFlush(ctx).Err())
+		require.NoError(t, n.ScriptFlush(ctx).Err())
+		_ = n.Close()
+		if addr != master.Options().Addr {
+			other = addr
+		}
+	}
+	c.StopNode(t, other)
+	for i := range 5 {
+		d, err := l.Take(ctx, key)
+		require.NoError(t, err, "Take %d with the library gone and master %s down", i, other)
+		assert.True(t, d.Allowed)
+	}
+}
