@@ -94,8 +94,9 @@ func (s *keyStates) run() {
 	s.m.Range(func(k, v any) bool {
 		ks := v.(*keyState)
 		if ks.used.Load() < cutoff && !ks.busy() {
-			s.m.Delete(k)
-			s.n.Add(-1)
+			if s.m.CompareAndDelete(k, ks) {
+				s.n.Add(-1)
+			}
 		}
 		return true
 	})

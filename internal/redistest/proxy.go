@@ -46,12 +46,19 @@ func (p *Proxy) SetTarget(target string) {
 	p.target = target
 }
 
-// Refuse makes the proxy close new connections at once (on), or forward
-// them again (off).
+// Refuse makes the proxy cut its open connections and close new ones at
+// once (on), as a network partition would, or forward them again (off).
 func (p *Proxy) Refuse(on bool) {
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	p.refuse = on
+	var cut []net.Conn
+	if on {
+		cut, p.conns = p.conns, nil
+	}
+	p.mu.Unlock()
+	for _, c := range cut {
+		_ = c.Close()
+	}
 }
 
 // Accepted returns how many connections the proxy forwarded.

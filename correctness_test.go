@@ -1,0 +1,165 @@
+package throttle_test
+
+// End-to-end regressions: nothing lost on the copy path, retries carried
+// across copies, and a Resume that resumes, each with a fleet of real asynq
+// servers on a real Redis.
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/asynq-throttle/asynq-throttle/internal/redistest"
+	"github.com/asynq-throttle/asynq-throttle/throttle"
+)
+
+// A task ID used again (asynq.TaskID("sync-user-42") every day, say) can
+// find the ID of its first deferred copy already taken: by a copy left
+// from an earlier run, or by a task whose handler copied the headers. Such
+// a task is not this delivery's copy: a fresh copy is made, and the job
+// runs exactly once.
+func TestE2ECopyIDTakenByAnotherTask(t *testing.T) {
+	t.Parallel()
+	f := startFleet(t, fleetConfig{plain: true})
+	f.setLimits("crm", throttle.PerSecond(50))
+	ctx := context.Background()
+
+	// A copy left from an earlier run of task "sync-user-42", archived.
+	_, err := f.client.Enqueue(asynq.NewTaskWithHeaders("sync:crm", []byte("yesterday"),
+		map[string]string{throttle.HeaderKey: "crm", throttle.HeaderOrigin: "sync-user-42", throttle.HeaderCopyOf: "sync-user-42"}),
+		asynq.TaskID("sync-user-42~throttle-1"), asynq.ProcessIn(time.Hour))
+	require.NoError(t, err)
+	require.NoError(t, f.insp.ArchiveTask("default", "sync-user-42~throttle-1"))
+	// A live task under the next ID, made by a handler that copied the
+	// headers of a deferred task (same payload, copy of another task).
+	_, err = f.client.Enqueue(asynq.NewTaskWithHeaders("sync:crm", []byte("job-43"),
+		map[string]string{throttle.HeaderKey: "crm", throttle.HeaderOrigin: "sync-user-43", throttle.HeaderCopyOf: "some-other-task"}),
+		asynq.TaskID("sync-user-43~throttle-1"), asynq.ProcessIn(time.Hour))
+	require.NoError(t, err)
+
+	require.NoError(t, throttle.NewLimiter(f.rdb).Suspend(ctx, "crm", 2*time.Second))
+	for _, job := range []struct{ id, payload string }{{"sync-user-42", "job-42"}, {"sync-user-43", "job-43"}} {
+		_, err := f.client.Enqueue(throttle.NewTask("sync:crm", []byte(job.payload), throttle.Key("crm")), asynq.TaskID(job.id))
+		require.NoError(t, err)
+	}
+	f.waitDone(2, 30*time.Second)
+	f.rec.mu.Lock()
+	assert.Len(t, f.rec.runs["job-42"], 1, "job-42 runs")
+	assert.Len(t, f.rec.runs["job-43"], 1, "job-43 runs")
+	f.rec.mu.Unlock()
+	assert.GreaterOrEqual(t, f.ev.copied.Load(), int64(2), "both were deferred by copy")
+	info, err := f.insp.GetTaskInfo("default", "sync-user-43~throttle-1")
+	require.NoError(t, err)
+	assert.Equal(t, asynq.TaskStateScheduled, info.State, "the other task is left alone")
+}
+
+// A copy that cannot be enqueued at first (the tasks' Redis unreachable for
+// a moment) is enqueued again until the task's deadline: nothing is lost or
+// archived. When it still fails, the task is kept and the error says where.
+func TestE2ECopyEnqueueRetried(t *testing.T) {
+	t.Parallel()
+	s := redistest.Start(t)
+	proxy := redistest.StartProxy(t, s.Addr)
+	viaProxy := redis.NewClient(&redis.Options{Addr: proxy.Addr, MaxRetries: -1})
+	t.Cleanup(func() { _ = viaProxy.Close() })
+	f := startFleet(t, fleetConfig{
+		plain: true,
+		tasks: func(t *testing.T) redis.UniversalClient { return s.Client(t) },
+		opts:  []throttle.Option{throttle.WithTaskRedis(viaProxy)},
+	})
+	f.setLimits("crm", throttle.PerSecond(50))
+	require.NoError(t, throttle.NewLimiter(f.rdb).Suspend(context.Background(), "crm", 2*time.Second))
+
+	// MaxRetry(0): asynq archives such a task on any error.
+	proxy.Refuse(true)
+	f.enqueue("crm", "job", 10, asynq.MaxRetry(0))
+	time.Sleep(1500 * time.Millisecond) // copies fail meanwhile
+	proxy.Refuse(false)
+	f.waitDone(10, 30*time.Second)
+	f.audit(10)
+
+	// Refused for good: the task is archived (its last attempt) with an
+	// error that says it is kept there.
+	proxy.Refuse(true)
+	require.NoError(t, throttle.NewLimiter(f.rdb).Suspend(context.Background(), "crm", 5*time.Second))
+	ids := f.enqueue("crm", "kept", 1, asynq.MaxRetry(0), asynq.Timeout(2*time.Second))
+	require.Eventually(t, func() bool {
+		info, err := f.insp.GetTaskInfo("default", ids[0])
+		return err == nil && info.State == asynq.TaskStateArchived
+	}, 20*time.Second, 50*time.Millisecond)
+	info, err := f.insp.GetTaskInfo("default", ids[0])
+	require.NoError(t, err)
+	assert.Contains(t, info.LastErr, "could not re-enqueue deferred task")
+	assert.Contains(t, info.LastErr, "kept in the archive")
+}
+
+// A task that keeps failing and keeps being deferred by copy still reaches
+// its MaxRetry: each copy carries the retries already spent.
+func TestE2ECopiesCarryTheRetriesSpent(t *testing.T) {
+	t.Parallel()
+	var attempts sync.Map // job -> *atomic.Int64
+	errBoom := errors.New("boom")
+	var booms atomic.Int64
+	f := startFleet(t, fleetConfig{
+		plain: true,
+		cfg:   asynq.Config{RetryDelayFunc: func(int, error, *asynq.Task) time.Duration { return 100 * time.Millisecond }},
+		handler: func(ctx context.Context, task *asynq.Task) error {
+			v, _ := attempts.LoadOrStore(string(task.Payload()), new(atomic.Int64))
+			switch v.(*atomic.Int64).Add(1) {
+			case 2:
+				return throttle.RateLimited(time.Second) // deferred by copy
+			default:
+				booms.Add(1)
+				return errBoom
+			}
+		},
+	})
+	f.setLimits("crm", throttle.PerSecond(50))
+	f.enqueue("crm", "job", 1, asynq.MaxRetry(2))
+	require.Eventually(t, func() bool {
+		q, err := f.insp.GetQueueInfo("default")
+		return err == nil && q.Archived == 1 && q.Pending+q.Scheduled+q.Retry+q.Active == 0
+	}, 30*time.Second, 50*time.Millisecond, "the task is archived after its retries")
+	assert.Equal(t, int64(3), booms.Load(), "failed attempts: the first and MaxRetry(2) retries, across the copy")
+	archived, err := f.insp.ListArchivedTasks("default")
+	require.NoError(t, err)
+	require.Len(t, archived, 1)
+	assert.Equal(t, "1", archived[0].Headers[throttle.HeaderRetried], "the copy counts the retry the original spent")
+	assert.Equal(t, 1, archived[0].MaxRetry, "the copy has what was left of MaxRetry(2)")
+}
+
+// Resume resumes: tasks deferred for the suspension's old end (beyond the
+// reservation horizon, so by the processes' cached suspensions too) are
+// brought back and run at the key's limits, and so are tasks that a
+// process deferred from its cache in the seconds after Resume. One server,
+// so that every task after Resume meets the cache of the one process.
+func TestE2EResumeBringsTasksBack(t *testing.T) {
+	t.Parallel()
+	f := startFleet(t, fleetConfig{servers: 1, opts: []throttle.Option{throttle.WithReservations(10 * time.Second)}})
+	f.setLimits("crm", throttle.PerSecond(50))
+	lim := throttle.NewLimiter(f.rdb)
+	ctx := context.Background()
+	require.NoError(t, lim.Suspend(ctx, "crm", time.Minute))
+	f.enqueue("crm", "before", 30)
+	require.Eventually(t, func() bool { return f.ev.deferred.Load() >= 30 }, 10*time.Second, 10*time.Millisecond)
+
+	resumed := time.Now()
+	n, err := lim.ResumeTasks(ctx, "crm")
+	require.NoError(t, err)
+	assert.Equal(t, 30, n, "tasks brought back by Resume")
+	// Right after Resume, processes may still hold the suspension cached.
+	f.enqueue("crm", "after", 20)
+	f.waitDone(50, 20*time.Second)
+	f.audit(50)
+	ts := f.rec.times("crm")
+	t.Logf("50 tasks done %v after Resume (the suspension would have ended after 60 s)", ts[len(ts)-1].Sub(resumed))
+	assert.LessOrEqual(t, maxInWindow(ts, time.Second), 50+50, "the limit holds after Resume")
+}
