@@ -322,8 +322,8 @@ func bounded[T any](l *Limiter, ctx context.Context, fn func(context.Context) (T
 		return fn(ctx)
 	}
 	ctx, cancel := context.WithTimeout(ctx, l.o.timeout)
+	defer cancel()
 	if l.flight.inline {
-		defer cancel()
 		return fn(ctx)
 	}
 	type result struct {
@@ -332,7 +332,6 @@ func bounded[T any](l *Limiter, ctx context.Context, fn func(context.Context) (T
 	}
 	done := make(chan result, 1)
 	go func() {
-		defer cancel()
 		v, err := fn(ctx)
 		done <- result{v, err}
 	}()

@@ -337,7 +337,7 @@ func (m *middleware) checkParked(key string, ks *keyState, s *suspension) {
 	if st.Suspended > 0 && time.Now().Add(st.Suspended).After(s.retryAt.Add(-Granule)) {
 		return // still suspended as long as the tasks were told
 	}
-	n := m.l.tasks.run(parked)
+	n := m.l.tasks.run(key, parked)
 	m.l.o.logger.Info("throttle: suspension ended early (Resume); tasks deferred from this process's cache run now", "key", key, "tasks", n)
 }
 

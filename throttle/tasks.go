@@ -183,12 +183,23 @@ func randomSuffix() string {
 // waits in asynq.
 type parkedTask struct{ queue, id string }
 
-// run brings tasks waiting in asynq's retry or scheduled sets back to
-// pending now. Tasks that are no longer waiting are skipped.
-func (s *taskStore) run(tasks []parkedTask) int {
+// soonest is how close to its time a waiting task is left alone by run:
+// it comes back by itself, and asynq's RunTask would run it again if it
+// completed between our look and the call (RunTask moves a task from
+// whatever set holds it, the completed one included).
+const soonest = 2 * time.Second
+
+// run brings tasks back to pending now when they still wait in asynq's retry
+// or scheduled set, deferred because key was suspended, and not about to
+// come back by themselves. It returns how many it brought back.
+func (s *taskStore) run(key string, tasks []parkedTask) int {
 	s.init()
 	n := 0
 	for _, p := range tasks {
+		info, err := s.insp.GetTaskInfo(p.queue, p.id)
+		if err != nil || !deferredBySuspension(info, key) || time.Until(info.NextProcessAt) < soonest {
+			continue
+		}
 		if err := s.insp.RunTask(p.queue, p.id); err == nil {
 			n++
 		}
@@ -214,14 +225,14 @@ func (s *taskStore) bringBack(ctx context.Context, key string) (int, error) {
 		for _, list := range []func(string, ...asynq.ListOption) ([]*asynq.TaskInfo, error){s.insp.ListRetryTasks, s.insp.ListScheduledTasks} {
 			for page := 1; ; page++ {
 				if err := ctx.Err(); err != nil {
-					return s.run(found), err
+					return s.run(key, found), err
 				}
 				infos, err := list(q, asynq.PageSize(listPage), asynq.Page(page))
 				if err != nil {
-					return s.run(found), err
+					return s.run(key, found), err
 				}
 				for _, info := range infos {
-					if deferredBySuspension(info, key) {
+					if deferredBySuspension(info, key) && time.Until(info.NextProcessAt) >= soonest {
 						found = append(found, parkedTask{queue: q, id: info.ID})
 					}
 				}
@@ -231,15 +242,19 @@ func (s *taskStore) bringBack(ctx context.Context, key string) (int, error) {
 			}
 		}
 	}
-	return s.run(found), nil
+	return s.run(key, found), nil
 }
 
-// deferredBySuspension reports whether a waiting task was deferred because
-// key was suspended.
+// deferredBySuspension reports whether a task waits in asynq's retry or
+// scheduled set because key was suspended: deferred on the retry path (its
+// last error is the deferral), or a copy made for it.
 func deferredBySuspension(info *asynq.TaskInfo, key string) bool {
-	if info.State == asynq.TaskStateScheduled {
+	switch info.State {
+	case asynq.TaskStateScheduled:
 		return info.Headers[HeaderDeferredKey] == key && info.Headers[HeaderDeferredReason] == RefusedBySuspension.String()
+	case asynq.TaskStateRetry:
+		k, reason, ok := deferral.Parse(info.LastErr)
+		return ok && k == key && reason == RefusedBySuspension.String()
 	}
-	k, reason, ok := deferral.Parse(info.LastErr)
-	return ok && k == key && reason == RefusedBySuspension.String()
+	return false
 }
