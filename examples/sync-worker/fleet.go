@@ -97,7 +97,9 @@ type node struct {
 const flushInterval = 200 * time.Millisecond
 
 // startNode starts spec.Servers asynq servers on rdb. Stop them with stop.
-func startNode(rdb redis.UniversalClient, spec nodeSpec, log *slog.Logger) (*node, error) {
+// also, when not nil, sees every middleware event too (the dashboard's
+// metrics in a run without -procs).
+func startNode(rdb redis.UniversalClient, spec nodeSpec, log *slog.Logger, also func(throttle.Event)) (*node, error) {
 	n := &node{
 		spec:   spec,
 		ledger: ledger{rdb: rdb, ns: ledgerNS(spec.Run)},
@@ -138,7 +140,12 @@ func startNode(rdb redis.UniversalClient, spec nodeSpec, log *slog.Logger) (*nod
 		// One middleware (and limiter) per server, as separate processes
 		// would have: they share nothing but Redis. Its observer counts
 		// per server, to show a suspension reach each of them.
-		observe := func(ev throttle.Event) { n.counts.observe(name, ev) }
+		observe := func(ev throttle.Event) {
+			n.counts.observe(name, ev)
+			if also != nil {
+				also(ev)
+			}
+		}
 		mux.Use(throttle.ByProvider(rdb, append(slices.Clip(opts), throttle.WithObserver(observe))...))
 		handle := func(ctx context.Context, t *asynq.Task) error { return n.handle(ctx, t, name) }
 		for _, ep := range spec.Endpoints {
@@ -306,7 +313,7 @@ func runWorkerProcess(ctx context.Context, spec nodeSpec, stdin io.Reader, logw 
 	}
 	defer rdb.Close()
 	log := slog.New(newLineHandler(func(line string) { fmt.Fprintln(logw, line) }))
-	n, err := startNode(rdb, spec, log)
+	n, err := startNode(rdb, spec, log, nil)
 	if err != nil {
 		return err
 	}

@@ -72,6 +72,7 @@ func cli(ctx context.Context, args []string, stdin io.Reader, stdout, stderr *os
 	fs.IntVar(&cfg.Procs, "procs", 0, fmt.Sprintf("start this many worker processes of this program instead of in-process servers (needs -redis), 0 to %d", maxProcs))
 	fs.BoolVar(&asJSON, "json", false, "print the summary as JSON on stdout (progress goes to stderr)")
 	fs.DurationVar(&cfg.Timeout, "timeout", 0, "give up waiting for the jobs after this long (default: twice the expected run time + 30s)")
+	fs.StringVar(&cfg.Dashboard, "dashboard", "", "serve the web view and Prometheus metrics on this address during the run, e.g. 127.0.0.1:8080 (read-only)")
 	fs.BoolVar(&cfg.Keep, "keep", false, "with -redis: leave the run's queue, limits and ledger in Redis for inspection (they expire in an hour)")
 	fs.StringVar(&workerJS, "worker", "", "run as one worker process of a -procs run (internal)")
 	fs.Usage = func() {

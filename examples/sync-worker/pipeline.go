@@ -42,6 +42,9 @@ type Config struct {
 	// Timeout bounds the wait for every job to be done (default: twice the
 	// expected run time, plus timeoutMargin; see expectedDuration).
 	Timeout time.Duration
+	// Dashboard, when set, is the address to serve the web view (package
+	// dashboard) and Prometheus metrics (/metrics) on during the run.
+	Dashboard string
 	// Live redraws the progress in place (out is a terminal); otherwise
 	// progress is printed as plain lines.
 	Live bool
@@ -212,8 +215,17 @@ func run(ctx context.Context, cfg Config, out io.Writer) (Summary, error) {
 	if err := prod.enqueueBacklog(ctx); err != nil {
 		return Summary{}, err
 	}
+	var observe func(throttle.Event)
+	if cfg.Dashboard != "" {
+		stop, obs, err := serveDashboard(cfg.Dashboard, limiter, out)
+		if err != nil {
+			return Summary{}, err
+		}
+		defer stop()
+		observe = obs
+	}
 	disp := newDisplay(out, cfg.Live, time.Now(), cfg.Interval)
-	stopFleet, err := startFleet(cfg, rdb, nodeSpec{Run: runID, Concurrency: cfg.Concurrency, Endpoints: eps}, disp)
+	stopFleet, err := startFleet(cfg, rdb, nodeSpec{Run: runID, Concurrency: cfg.Concurrency, Endpoints: eps}, disp, observe)
 	if err != nil {
 		return Summary{}, err
 	}
@@ -289,7 +301,7 @@ func startProviders(specs []ProviderSpec) ([]*Provider, []endpoint, error) {
 // startFleet starts the workers: asynq servers in this process, or -procs
 // worker processes. It returns the function that stops them, letting running
 // handlers finish.
-func startFleet(cfg Config, rdb redis.UniversalClient, spec nodeSpec, disp *display) (func() error, error) {
+func startFleet(cfg Config, rdb redis.UniversalClient, spec nodeSpec, disp *display, observe func(throttle.Event)) (func() error, error) {
 	if cfg.Procs > 0 {
 		spec.RedisURL, spec.Servers = cfg.RedisURL, 1
 		f, err := startProcs(cfg.Executable, spec, cfg.Procs, disp)
@@ -299,7 +311,7 @@ func startFleet(cfg Config, rdb redis.UniversalClient, spec nodeSpec, disp *disp
 		return f.stop, nil
 	}
 	spec.Name, spec.Servers = "s", cfg.Servers
-	n, err := startNode(rdb, spec, slog.New(newLineHandler(disp.event)))
+	n, err := startNode(rdb, spec, slog.New(newLineHandler(disp.event)), observe)
 	if err != nil {
 		return nil, err
 	}
