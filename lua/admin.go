@@ -102,8 +102,9 @@ type InspectReply struct {
 	Reservations int64         // outstanding reservations
 	QueuedFor    time.Duration // time until the last reserved slot
 	FromRedis    bool          // the tiers are the limits in Redis, not the defaults
+	Generation   int64         // the limits' generation
 	Tiers        []Tier        // the tiers in force, validated by the script
-	Tokens       []float64     // tokens per tier now
+	Tokens       []float64     // tokens per tier now (a window: calls it would still admit)
 	Field        string
 	Reason       string
 }
@@ -112,9 +113,10 @@ type InspectReply struct {
 //
 //	KEYS as Decide; ARGV[1] default limits ("" = none)
 //
-// Reply: {1, suspended_us, reservations, queued_us, from_redis (0/1), n, then
-// rate, per_ms, burst, tokens per tier}; {-2, suspended_us, reservations}
-// without limits; {-1, field, reason} for bad limits.
+// Reply: {1, suspended_us, reservations, queued_us, from_redis (0/1), n,
+// generation, then kind, rate, per_ms, burst, tokens per tier};
+// {-2, suspended_us, reservations} without limits; {-1, field, reason} for
+// bad limits.
 func Inspect(ctx context.Context, r *Runner, k Keys, defaults []Tier) (InspectReply, error) {
 	v, err := r.Run(ctx, inspectScript, []string{k.Bucket, k.Reservations}, FormatTiers(defaults))
 	if err != nil {
@@ -140,28 +142,36 @@ func Inspect(ctx context.Context, r *Runner, k Keys, defaults []Tier) (InspectRe
 	if status == StatusNoLimits {
 		return out, nil
 	}
-	if len(a) < 6 {
+	const head, per = 7, 5
+	if len(a) < head {
 		return InspectReply{}, bad
 	}
 	q, ok1 := num(a[3])
 	fromRedis, ok2 := a[4].(int64)
 	n, ok3 := a[5].(int64)
-	if !ok1 || !ok2 || !ok3 || n < 0 || len(a) != 6+4*int(n) {
+	gen, ok4 := num(a[6])
+	if !ok1 || !ok2 || !ok3 || !ok4 || n < 0 || len(a) != head+per*int(n) {
 		return InspectReply{}, bad
 	}
 	out.QueuedFor = time.Duration(q) * time.Microsecond
 	out.FromRedis = fromRedis == 1
+	out.Generation = gen
 	for i := range int(n) {
-		e := a[6+4*i : 10+4*i]
-		rate, ok1 := num(e[0])
-		per, ok2 := num(e[1])
-		burst, ok3 := num(e[2])
-		s, _ := e[3].(string)
+		e := a[head+per*i : head+per*(i+1)]
+		kind, _ := e[0].(string)
+		rate, ok1 := num(e[1])
+		perMS, ok2 := num(e[2])
+		burst, ok3 := num(e[3])
+		s, _ := e[4].(string)
 		tokens, err := strconv.ParseFloat(s, 64)
-		if !ok1 || !ok2 || !ok3 || err != nil {
+		if !ok1 || !ok2 || !ok3 || err != nil || len(kind) != 1 {
 			return InspectReply{}, bad
 		}
-		out.Tiers = append(out.Tiers, Tier{Rate: rate, PerMS: per, Burst: burst})
+		t := Tier{Rate: rate, PerMS: perMS, Burst: burst}
+		if kind == "w" {
+			t.Kind = KindWindow
+		}
+		out.Tiers = append(out.Tiers, t)
 		out.Tokens = append(out.Tokens, tokens)
 	}
 	return out, nil

@@ -27,19 +27,32 @@ type DecideArgs struct {
 	// DecideReply.Lease), granted only while every tier keeps at least
 	// Lease tokens; 0 or 1 means one token per decision.
 	Lease int
+	// Headroom is the dispatch jitter to keep room for: a call is admitted
+	// only when every tier would still admit it that much later.
+	Headroom time.Duration
+	// Book makes every caller with an ID reserve a slot, even one that
+	// could run now (enqueue-time throttling); the caller is told the slot.
+	Book bool
+	// Pace admits a holder back within one granule before its slot at the
+	// slot itself, and tells it how long to wait for it (DecideReply.Wait):
+	// reserved slots are then exact instants, not whole granules.
+	Pace bool
+	// Cost is what the caller takes from every tier (0 means 1).
+	Cost int
 }
 
 // DecideReply is the outcome of one decision.
 type DecideReply struct {
-	Status     int           // StatusAllowed, StatusDenied, StatusBadConfig or StatusNoLimits
+	Status     int           // StatusAllowed, StatusDenied, StatusBadConfig, StatusNoLimits or StatusCostTooHigh
 	RetryAfter time.Duration // when denied: wait at least this long
+	Wait       time.Duration // when allowed at a slot ahead (Pace): start after this long
 	Remaining  int64         // when allowed: tokens left in the tightest tier
 	RefusedBy  string        // "tier:N", "suspended", "queue" or "reserved"
 	Slot       time.Time     // when denied with a reservation: the reserved slot (Redis clock)
 	Lease      int64         // when allowed: extra tokens taken for the caller's process
 	Generation int64         // the limits' generation (bumped by every SetLimits)
-	Field      string        // when StatusBadConfig: the offending config field
-	Reason     string        // when StatusBadConfig: what is wrong with it
+	Field      string        // when StatusBadConfig: the offending config field; StatusCostTooHigh: the tier
+	Reason     string        // when StatusBadConfig: what is wrong with it; StatusCostTooHigh: the tier's largest cost
 }
 
 // Decide runs decide.lua for one caller.
@@ -52,16 +65,20 @@ type DecideReply struct {
 //	ARGV[5] limits' inactivity expiry, milliseconds
 //	ARGV[6] lease: tokens an admitted caller may take for its process (0 = 1)
 //	ARGV[7] default limits, "rate/per_ms/burst ..." ("" = none)
-//	then n task IDs ("" = no reservation), one per decision
+//	ARGV[8] headroom, microseconds
+//	ARGV[9] flags: 1 book, 2 pace
+//	then n pairs: task ID ("" = no reservation), cost; one per decision
 //
 // Reply: the n decisions joined by ';', each one string (reading it costs no
-// allocation): "status|retry_after_us|remaining|refused_by|slot_us|extra|gen"
-// (status 1 allowed, 0 denied; extra: tokens leased to the caller's
-// process), "-1|field|reason" for bad limits, "-2" without limits.
+// allocation): "status|wait_us|remaining|refused_by|slot_us|extra|gen"
+// (status 1 allowed: wait_us until the slot it was admitted at, 0 now;
+// status 0 denied: wait_us the retry-after; extra: tokens leased to the
+// caller's process), "-1|field|reason" for bad limits, "-2" without limits,
+// "-3|tier|max" for a cost above what a tier can ever hold.
 func Decide(ctx context.Context, r *Runner, k Keys, a DecideArgs) (DecideReply, error) {
 	args := AppendDecideArgs(nil, r.Mode(), k, a)
 	args[NArg] = 1
-	args = append(args, a.TaskID)
+	args = append(args, a.TaskID, max(a.Cost, 1))
 	s, err := r.Do(ctx, decideScript, args)
 	if err != nil {
 		return DecideReply{}, err
@@ -81,14 +98,22 @@ const (
 )
 
 // AppendDecideArgs appends a call of decide.lua in mode m to dst without its
-// task IDs: the verb and function (or sha), 2, the keys, then ARGV up to the
-// defaults. The caller sets dst[NArg] to the number of decisions and appends
-// one task ID per decision. a.TaskID is ignored.
+// callers: the verb and function (or sha), 2, the keys, then ARGV up to the
+// flags. The caller sets dst[NArg] to the number of decisions and appends a
+// task ID and a cost per decision. a.TaskID and a.Cost are ignored.
 func AppendDecideArgs(dst []any, m Mode, k Keys, a DecideArgs) []any {
 	verb, id := decideScript.Head(m)
+	flags := 0
+	if a.Book {
+		flags |= 1
+	}
+	if a.Pace {
+		flags |= 2
+	}
 	return append(dst, verb, id, 2, k.Bucket, k.Reservations,
 		1, a.Granule.Microseconds(), a.Horizon.Microseconds(),
-		a.Lapse.Microseconds(), a.IdleExpiry.Milliseconds(), a.Lease, FormatTiers(a.Defaults))
+		a.Lapse.Microseconds(), a.IdleExpiry.Milliseconds(), a.Lease, FormatTiers(a.Defaults),
+		a.Headroom.Microseconds(), flags)
 }
 
 // NextReply splits the first decision off a reply of several: it returns
@@ -120,6 +145,8 @@ func ParseDecide(s string) (DecideReply, error) {
 		return DecideReply{Status: StatusNoLimits}, nil
 	case n == 3 && f[0] == "-1":
 		return DecideReply{Status: StatusBadConfig, Field: f[1], Reason: f[2]}, nil
+	case n == 3 && f[0] == "-3":
+		return DecideReply{Status: StatusCostTooHigh, Field: f[1], Reason: f[2]}, nil
 	case n != 7 || (f[0] != "0" && f[0] != "1"):
 		return DecideReply{}, errBadReply("decide", reply)
 	}
@@ -133,11 +160,15 @@ func ParseDecide(s string) (DecideReply, error) {
 	}
 	r := DecideReply{
 		Status:     int(f[0][0] - '0'),
-		RetryAfter: time.Duration(retry) * time.Microsecond,
 		Remaining:  remaining,
 		RefusedBy:  f[3],
 		Lease:      extra,
 		Generation: gen,
+	}
+	if r.Status == StatusAllowed {
+		r.Wait = time.Duration(retry) * time.Microsecond
+	} else {
+		r.RetryAfter = time.Duration(retry) * time.Microsecond
 	}
 	if slot > 0 {
 		r.Slot = time.UnixMicro(slot)

@@ -2,9 +2,9 @@
 -- contract). One run decides for every caller it is given, in order, as if
 -- each had called alone at the same instant: the decisions that one process
 -- asks for at once share one script run, one clock reading and one write.
--- Order for each caller: suspension, limits (validated), every tier's bucket
--- at now, take from all tiers or none, otherwise reserve a slot or say when
--- to come back.
+-- Order for each caller: suspension, limits (validated), every tier at now,
+-- take from all tiers or none, otherwise reserve a slot or say when to come
+-- back.
 local key, resv_key = KEYS[1], KEYS[2]
 local n        = ARGV[1] + 0         -- decisions in this run
 local granule  = ARGV[2] + 0         -- us; 0 = callers can come back at any instant
@@ -13,45 +13,123 @@ local lapse    = ARGV[4] + 0         -- us a reservation is kept after its slot
 local idle_us  = ARGV[5] * 1000      -- inactivity expiry of the limits
 local lease    = ARGV[6] + 0         -- tokens a caller may take for its process, 0 = none
 local defaults = ARGV[7]             -- limits when the key has none in Redis ('' = none)
-local IDS_AT   = 8
+local headroom = ARGV[8] + 0         -- us of dispatch jitter to keep room for
+local flags    = ARGV[9] + 0         -- 1: book (always reserve), 2: pace (admit at the slot)
+local CALLERS_AT = 10                -- then (task ID, cost) per decision
+local book = flags % 2 == 1
+local pace = math.floor(flags / 2) % 2 == 1
 
 local now = now_us()
-local h = redis.call('HMGET', key, 'L', 's', 'T', 'x', 'q', 'g', 'D')
-local L, T = h[1], h[3]
-local gen = tonumber(h[6]) or 0     -- limits generation, for the caller's leases
-
-local function denied(retry, by, slot)
-  if retry > MAX_WAIT then retry = MAX_WAIT end
-  return string.format('0|%d|0|%s|%d|0|%d', math.ceil(retry), by, slot, gen)
-end
-
-local function all(reply)
-  if n == 1 then return reply end
-  local out = {}
-  for k = 1, n do out[k] = reply end
-  return table.concat(out, ';')
-end
+local h = redis.call('HMGET', key, 'L', 'T', 's')
+local L = h[1]
 
 -- Suspension comes first.
-local until_ = finite(h[2])
+local until_ = finite(h[3])
 local suspended = until_ ~= nil and until_ > now
 
 -- Limits, validated; a decision never crashes on bad ones.
 local src = L
 if not src and defaults ~= '' then src = defaults end
 if not src then
-  if suspended then return all(denied(until_ - now, 'suspended', 0)) end
-  return all('-2')
+  if suspended then
+    return all_n(string.format('0|%d|0|suspended|0|0|0', math.ceil(math.min(until_ - now, MAX_WAIT))), n)
+  end
+  return all_n('-2', n)
 end
-local tiers, field, why = parse_limits(src)
-if not tiers then
+local spec, field, why = parse_limits(src)
+if not spec then
   if not L then field = 'default ' .. field end
-  return all('-1|' .. field .. '|' .. why)
+  return all_n('-1|' .. field .. '|' .. why, n)
+end
+local tiers, gen = spec.tiers, spec.gen
+
+local ts, x, vnext, stored = read_T(h[2])
+local owed = bucket_owed(stored, ts, tiers, now, headroom)   -- of each bucket's burst, in per_us units
+if vnext > now + horizon + MAX_SKEW then vnext = 0 end
+
+-- The common case, decided without the general machinery: one caller, no
+-- suspension, no queue, no windows, no booking; admitted or not at once.
+-- (A refusal falls through to the general path below.)
+if n == 1 and not suspended and not spec.windows and vnext <= now and not book then
+  local c = ARGV[CALLERS_AT + 1]
+  c = c and tonumber(c) or 1
+  local nt = #tiers
+  local ok = c >= 1
+  for i = 1, nt do
+    local t = tiers[i]
+    if owed[i] + headroom * t.rate > (t.burst - c) * t.p then ok = false break end
+  end
+  if ok then
+    local remaining = math.huge
+    for i = 1, nt do
+      local t = tiers[i]
+      local v = owed[i]
+      if v < 0 then v = 0 end
+      v = v + c * t.p
+      owed[i] = v
+      local left = t.burst - v / t.p
+      if left < remaining then remaining = left end
+    end
+    local extra = 0
+    if lease > 1 then
+      extra = math.floor(remaining) - lease
+      if extra > lease - c then extra = lease - c end
+      if extra > 0 then
+        for i = 1, nt do
+          local t = tiers[i]
+          owed[i] = owed[i] + extra * t.p
+        end
+        remaining = remaining - extra
+      else
+        extra = 0
+      end
+    end
+    local longest = 0
+    for i = 1, nt do
+      local full_in = owed[i] / tiers[i].rate
+      if full_in > longest then longest = full_in end
+    end
+    local ttl
+    x, ttl = keep_alive(math.ceil(longest), L ~= nil, idle_us, x, now)
+    local t_field
+    if nt == 1 then
+      t_field = string.format('%d %d 0 %d:%d', now, x, tiers[1].per, owed[1])
+    else
+      t_field = write_T(tiers, owed, now, x, 0)
+    end
+    if not L and not h[2] then
+      redis.call('HSET', key, 'T', t_field, 'D', defaults)
+    else
+      redis.call('HSET', key, 'T', t_field)
+    end
+    if ttl then expire_in(key, ttl) end
+    if remaining < 0 then remaining = 0 end
+    return string.format('1|0|%d||0|%d|%d', math.floor(remaining), extra, gen)
+  end
 end
 
-local owed = bucket_owed(T, tiers, now)   -- of each tier's burst, in per_us units
-local vnext = finite(h[5]) or 0
-if vnext > now + horizon + MAX_SKEW then vnext = 0 end
+local function denied(retry, by, slot)
+  if retry > MAX_WAIT then retry = MAX_WAIT end
+  return string.format('0|%d|0|%s|%d|0|%d', math.ceil(retry), by, slot, gen)
+end
+
+-- Windows keep their own state.
+local wins = nil
+if spec.windows then
+  local names = {}
+  for _, t in ipairs(tiers) do
+    if t.kind == 'w' then names[#names + 1] = 'W' .. t.key end
+  end
+  local raw = redis.call('HMGET', key, unpack(names))
+  wins = {}
+  local k = 0
+  for i, t in ipairs(tiers) do
+    if t.kind == 'w' then
+      k = k + 1
+      wins[i] = win_load(raw[k], t, now, headroom)
+    end
+  end
+end
 
 -- Reservations matter only while a queue of them is outstanding. Without
 -- one, a task that held a slot is decided like any other (it cannot jump a
@@ -61,47 +139,82 @@ if queue_open then
   -- Reservations whose task never came back lapse.
   redis.call('ZREMRANGEBYSCORE', resv_key, '-inf', '(' .. fmt(now - lapse))
 end
-local taken = false     -- bucket state changed
+local taken = false     -- bucket or window state changed
 
-local function admit(slot, id)
+-- admit takes c from every tier, at now or, for a holder paced to its slot,
+-- at the slot (at > now). It returns the reply.
+local function admit(slot, id, c, at)
   local remaining = math.huge
   for i, t in ipairs(tiers) do
-    local v = owed[i] + t.p
-    owed[i] = v
-    local left = t.burst - v / t.p
-    if left < remaining then remaining = left end
+    if t.kind == 'b' then
+      local v = owed[i]
+      if v < (at - now) * t.rate then v = (at - now) * t.rate end
+      v = v + c * t.p
+      owed[i] = v
+      local left = t.burst - v / t.p
+      if left < remaining then remaining = left end
+    else
+      local w = wins[i]
+      win_add(w, t, at, c)
+      local left = t.n - win_count(w, t, at, headroom)
+      if left < remaining then remaining = left end
+    end
   end
   taken = true
   if slot then redis.call('ZREM', resv_key, id) end
-  -- A lease: up to lease-1 more tokens for the caller's process to hand out
-  -- itself, only while every tier keeps at least lease tokens behind, so
-  -- leases never compete for the last tokens. They are taken here, so the
-  -- bound holds whatever the process does with them.
+  -- A lease: more tokens for the caller's process to hand out itself, only
+  -- while every tier keeps at least lease tokens behind, so leases never
+  -- compete for the last tokens. They are taken here, so the bound holds
+  -- whatever the process does with them.
   local extra = 0
-  if lease > 1 and not slot then
+  if lease > 1 and not slot and at == now then
     extra = math.floor(remaining) - lease
-    if extra > lease - 1 then extra = lease - 1 end
+    if extra > lease - c then extra = lease - c end
     if extra > 0 then
-      for i, t in ipairs(tiers) do owed[i] = owed[i] + extra * t.p end
+      for i, t in ipairs(tiers) do
+        if t.kind == 'b' then owed[i] = owed[i] + extra * t.p else win_add(wins[i], t, now, extra) end
+      end
       remaining = remaining - extra
     else
       extra = 0
     end
   end
   if remaining < 0 then remaining = 0 end
-  return string.format('1|0|%d||0|%d|%d', math.floor(remaining), extra, gen)
+  return string.format('1|%d|%d||0|%d|%d', math.ceil(at - now), math.floor(remaining), extra, gen)
 end
 
--- The reservation schedule. Each tier keeps a virtual schedule (GCRA:
--- theoretical arrival time, emission interval per/rate, tolerance burst-1
--- intervals) that simulates its bucket at the times reserved tasks come
--- back. A fresh queue starts from the buckets' real state. With a granule,
--- slots fall on granule boundaries, because that is when asynq brings
--- deferred tasks back: all the tasks of one granule arrive at once and must
--- fit in what every bucket holds at that instant. Schedule times are
--- relative to the queue's anchor va (whole us), so fractions of a
--- microsecond survive (absolute times near 1.7e15 us would round them away
--- and put a slot before its token).
+-- short returns the tier that refuses c calls at at (0: none) and how long
+-- until it would not. A holder at its slot is let through when it is short
+-- by at most HOLDER_SLACK: slots are rounded up to whole microseconds, so
+-- the tokens its predecessors took at their rounded slots can fall due a
+-- fraction of a microsecond after its own.
+local HOLDER_SLACK = 1
+local function short(c, at, holder)
+  local tier, wait = 0, 0
+  for i, t in ipairs(tiers) do
+    local w
+    if t.kind == 'b' then
+      local v = owed[i]
+      if at > now then v = math.max(0, v - (at - now) * t.rate) end
+      w = wait_for(t, v, c, headroom)
+    else
+      local free = win_free(wins[i], t, at, c, headroom, at + MAX_WAIT)
+      w = free and free - at or MAX_WAIT
+    end
+    if w > wait and not (holder and w <= HOLDER_SLACK) then tier, wait = i, w end
+  end
+  return tier, wait
+end
+
+-- The reservation schedule. Each token bucket keeps a virtual schedule
+-- (GCRA: theoretical arrival time, emission interval per/rate, tolerance
+-- burst-cost intervals less the headroom) that simulates it at the times
+-- reserved tasks come back; a window counts reserved slots with its calls.
+-- A fresh queue starts from the real state. With a granule, slots fall on
+-- granule boundaries, because that is when asynq brings deferred tasks
+-- back: all the tasks of one granule arrive at once and must fit in what
+-- every tier holds at that instant. Bucket schedule times are relative to
+-- the queue's anchor va (whole us), so fractions of a microsecond survive.
 local va, vt = nil, nil
 local scheduled = false   -- the schedule changed
 local function schedule()
@@ -109,45 +222,91 @@ local function schedule()
   local h2 = nil
   if vnext > now then h2 = redis.call('HMGET', key, 'a', 'V') end
   va = h2 and finite(h2[1])
-  local stored = {}
-  if va then stored = read_pairs(h2[2], '(%d+):([^ ]+)') else va = now end
+  local virt = {}
+  if va then virt = read_pairs(h2[2], '(%d+):([^ ]+)') else va = now end
   vt = {}
   for i, t in ipairs(tiers) do
-    local v = finite(stored[t.key])
-    if v == nil then v = owed[i] / t.rate + (now - va) end
-    vt[i] = v
+    if t.kind == 'b' then
+      local v = finite(virt[t.key])
+      if v == nil then v = owed[i] / t.rate + (now - va) end
+      vt[i] = v
+    end
   end
 end
-local function align(rel)
-  local abs = va + math.ceil(rel)
-  if granule > 0 then abs = math.ceil(abs / granule) * granule end
-  return abs - va
+-- Pacing: with a bucket whose burst is below its rate per granule, slots
+-- on whole granules would drain the backlog at burst per granule, and a
+-- slow bucket (a token per granule or slower) whose burst cannot absorb a
+-- granule's delay would lose up to a granule per slot; paced, slots are
+-- exact instants and a holder back in the granule before its slot (or a
+-- little earlier: worker clocks) is admitted at the slot and waits for it.
+local paced = false
+if pace and granule > 0 then
+  for _, t in ipairs(tiers) do
+    if t.kind == 'b' and (t.burst * t.e < granule or
+        (t.e >= granule and (t.burst - 1) * t.e - headroom < granule)) then
+      paced = true
+    end
+  end
+end
+local PACE_EARLY = 200000   -- us a paced holder may come back before its granule
+local function align(abs)
+  abs = math.ceil(abs)
+  if granule > 0 and not paced then abs = math.ceil(abs / granule) * granule end
+  return abs
 end
 
-local function decide(id)
+local function decide(id, c)
+  for _, t in ipairs(tiers) do
+    if t.kind == 'b' and c > t.burst then
+      return '-3|' .. t.key .. '|' .. string.format('%d', t.burst)
+    end
+    if t.kind == 'w' and c > t.n then
+      return '-3|' .. t.key .. '|' .. string.format('%d', t.n)
+    end
+  end
   local slot = nil
   if queue_open and id ~= '' then
     slot = finite(redis.call('ZSCORE', resv_key, id))
   end
+  -- A holder's reserved calls leave the windows while it is decided, and
+  -- go back where it ends up: admitted, on its slot again, or on a new one.
+  local function keep(at)
+    if wins and at then
+      for i, t in ipairs(tiers) do
+        if t.kind == 'w' then win_reserve(wins[i], at, c) end
+      end
+    end
+  end
+  if slot and wins then
+    for i, t in ipairs(tiers) do
+      if t.kind == 'w' then win_unreserve(wins[i], slot, c) end
+    end
+    taken = true
+  end
 
   -- A task holding a reservation that is not due yet waits for it. Within
-  -- one granule of its slot it is let through to the buckets: a worker clock
-  -- a few milliseconds behind Redis must not cost a whole extra deferral,
-  -- and the buckets alone keep the bound.
-  if slot and not suspended and now < slot - granule then
-    return denied(slot - now, 'reserved', slot)
+  -- one granule of its slot it is let through: paced, it is admitted at its
+  -- slot and told how long to wait for it; otherwise the tiers decide at
+  -- once (a worker clock a few milliseconds behind Redis must not cost a
+  -- whole extra deferral, and the tiers alone keep the bound).
+  if slot and not suspended then
+    local early = granule
+    if paced then early = granule + PACE_EARLY end
+    if now < slot - early then
+      keep(slot)
+      return denied(slot - now, 'reserved', slot)
+    end
+    if paced and slot > now then
+      if short(c, slot, true) == 0 then return admit(slot, id, c, slot) end
+    end
   end
 
   -- Take from all tiers or none. A caller without a due reservation may not
-  -- take tokens that the queue of reservations has been promised.
-  local short_tier, wait = 0, 0
-  for i, t in ipairs(tiers) do
-    local w = wait_for(t, owed[i], 1)
-    if w > wait then short_tier, wait = i, w end
-  end
+  -- take what the queue of reservations has been promised.
+  local short_tier, wait = short(c, now, slot ~= nil and now >= slot)
   local queued = (slot == nil) and vnext > now
-  if not suspended and short_tier == 0 and not queued then
-    return admit(slot, id)
+  if not suspended and short_tier == 0 and not queued and not (book and slot == nil) then
+    return admit(slot, id, c, now)
   end
 
   -- Denied. Work out when the caller may run, and who refused.
@@ -162,19 +321,26 @@ local function decide(id)
 
   if horizon > 0 and id ~= '' then
     if slot and slot >= earliest then
+      keep(slot)
       return denied(slot - now, by, slot)
     end
     schedule()
-    local s = align(earliest - va)
+    local s = align(earliest)
+    local limit = now + horizon
     for _ = 1, 2 * #tiers + 1 do
       local moved = false
       for i, t in ipairs(tiers) do
-        local start = vt[i] - (t.burst - 1) * t.e
+        local start
+        if t.kind == 'b' then
+          start = va + vt[i] - (t.burst - c) * t.e + headroom
+        else
+          start = win_free(wins[i], t, s, c, headroom, limit + granule) or (limit + granule + 1)
+        end
         if start > s + SLACK then s, moved = align(start), true end
       end
       if not moved then break end
     end
-    local slot_at = va + s
+    local slot_at = s
     if slot_at - now > horizon then
       -- Beyond the horizon: come back when a slot can be reserved.
       if slot then redis.call('ZREM', resv_key, id) end
@@ -182,20 +348,29 @@ local function decide(id)
     end
     local gap = granule
     for i, t in ipairs(tiers) do
-      if vt[i] > s then vt[i] = vt[i] + t.e else vt[i] = s + t.e end
-      if granule == 0 and t.e > gap then gap = t.e end
+      if t.kind == 'b' then
+        local rel = slot_at - va
+        if vt[i] > rel then vt[i] = vt[i] + c * t.e else vt[i] = rel + c * t.e end
+        if granule == 0 and t.e > gap then gap = t.e end
+      else
+        win_reserve(wins[i], slot_at, c)
+        taken = true
+      end
     end
     -- Fresh callers wait until the last reserved granule has come back.
     if slot_at + gap > vnext then vnext = math.ceil(slot_at + gap) end
     scheduled = true
     -- The schedule has room right now (a queued caller at a granule
     -- boundary, say): run now rather than "retry in 0".
-    if slot_at <= now and not suspended and short_tier == 0 then
-      return admit(slot, id)
+    if slot_at <= now and not suspended and short_tier == 0 and not book then
+      for i, t in ipairs(tiers) do
+        if t.kind == 'w' then win_unreserve(wins[i], slot_at, c) end
+      end
+      return admit(slot, id, c, now)
     end
     redis.call('ZADD', resv_key, slot_at, id)
     expire_in(resv_key, vnext - now + lapse)
-    return denied(slot_at - now, by, slot_at)
+    return denied(math.max(slot_at - now, 0), by, slot_at)
   end
 
   if queued and vnext > earliest then
@@ -207,44 +382,64 @@ end
 
 local replies = {}
 for k = 1, n do
-  replies[k] = decide(ARGV[IDS_AT + k - 1] or '')
+  local at = CALLERS_AT + 2 * (k - 1)
+  local c = ARGV[at + 1]
+  c = c and tonumber(c) or 1
+  if c < 1 or c ~= math.floor(c) then c = 1 end
+  replies[k] = decide(ARGV[at] or '', c)
 end
 
 -- Write what changed, once, and keep the key alive: never shorter than the
--- time the buckets need to refill, the reservation queue, or the
--- suspension; with limits in Redis, never shorter than the idle expiry.
+-- time the tiers need to refill, the reservation queue, or the suspension;
+-- with limits in Redis, never shorter than the idle expiry.
 if taken or scheduled then
   local fields = {}
   local need = 0
-  if taken then
-    local t_field, full_in = write_owed(tiers, owed, now)
-    need = full_in
-    if t_field then
-      fields[1], fields[2] = 'T', t_field
-    else
-      redis.call('HDEL', key, 'T')
-    end
-    if not L and h[7] ~= defaults then
-      fields[#fields + 1] = 'D'
-      fields[#fields + 1] = defaults
+  if wins then
+    for i, t in ipairs(tiers) do
+      if t.kind == 'w' then
+        local s, empty_in = win_write(wins[i], t, now, headroom)
+        if s then
+          fields[#fields + 1] = 'W' .. t.key
+          fields[#fields + 1] = s
+        else
+          redis.call('HDEL', key, 'W' .. t.key)
+        end
+        if empty_in > need then need = empty_in end
+      end
     end
   end
   if scheduled then
     local pairs_ = {}
     for i, t in ipairs(tiers) do
-      pairs_[i] = t.key .. ':' .. fmt(vt[i])
-      if va + vt[i] - now > need then need = va + vt[i] - now end
+      if t.kind == 'b' then
+        pairs_[#pairs_ + 1] = t.key .. ':' .. fmt(vt[i])
+        if va + vt[i] - now > need then need = va + vt[i] - now end
+      end
     end
-    fields[#fields + 1] = 'q'
-    fields[#fields + 1] = string.format('%d', vnext)
     fields[#fields + 1] = 'a'
     fields[#fields + 1] = string.format('%d', va)
     fields[#fields + 1] = 'V'
     fields[#fields + 1] = table.concat(pairs_, ' ')
   end
+  local _, full_in = write_T(tiers, owed, now, 0, 0)
+  if full_in > need then need = full_in end
   if vnext - now > need then need = vnext - now end
   if suspended and until_ - now > need then need = until_ - now end
-  local ttl = keep_alive(need, L ~= nil, idle_us, h[4], now, fields)
+  local ttl
+  x, ttl = keep_alive(need, L ~= nil, idle_us, x, now)
+  local t_field = write_T(tiers, owed, now, x, vnext > now and vnext or 0)
+  if t_field then
+    fields[#fields + 1] = 'T'
+    fields[#fields + 1] = t_field
+    if not L and not h[2] then
+      -- Record the defaults the buckets are computed under, for SetLimits.
+      fields[#fields + 1] = 'D'
+      fields[#fields + 1] = defaults
+    end
+  elseif h[2] then
+    redis.call('HDEL', key, 'T')
+  end
   if #fields > 0 then redis.call('HSET', key, unpack(fields)) end
   if ttl then expire_in(key, ttl) end
 end

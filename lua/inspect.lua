@@ -2,7 +2,7 @@
 local key, resv_key = KEYS[1], KEYS[2]
 local defaults = ARGV[1]
 local now = now_us()
-local h = redis.call('HMGET', key, 'L', 's', 'T', 'q', 'g')
+local h = redis.call('HMGET', key, 'L', 's', 'T')
 local until_ = finite(h[2]) or 0
 local suspended = 0
 if until_ > now then suspended = math.min(until_ - now, MAX_WAIT) end
@@ -10,21 +10,32 @@ local reservations = redis.call('ZCARD', resv_key)
 local src = h[1]
 if not src and defaults ~= '' then src = defaults end
 if not src then return {-2, fmt(suspended), reservations} end
-local tiers, field, why = parse_limits(src)
-if not tiers then
+local spec, field, why = parse_limits(src)
+if not spec then
   if not h[1] then field = 'default ' .. field end
   return {-1, field, why}
 end
 local from_redis = 0
 if h[1] then from_redis = 1 end
-local owed = bucket_owed(h[3], tiers, now)
-local queued = (finite(h[4]) or 0) - now
+local ts, _, q, stored = read_T(h[3])
+local owed = bucket_owed(stored, ts, spec.tiers, now, 0)
+local queued = q - now
 if queued < 0 or queued > MAX_WAIT then queued = 0 end
-local out = {1, fmt(suspended), reservations, fmt(queued), from_redis, #tiers}
-for i, t in ipairs(tiers) do
-  out[#out + 1] = fmt(t.rate)
-  out[#out + 1] = fmt(t.per)
-  out[#out + 1] = fmt(t.burst)
-  out[#out + 1] = fmt(tokens_at(t, owed[i]))
+local out = {1, fmt(suspended), reservations, fmt(queued), from_redis, #spec.tiers, spec.gen}
+for i, t in ipairs(spec.tiers) do
+  if t.kind == 'b' then
+    out[#out + 1] = 'b'
+    out[#out + 1] = fmt(t.rate)
+    out[#out + 1] = fmt(t.per)
+    out[#out + 1] = fmt(t.burst)
+    out[#out + 1] = fmt(tokens_at(t, owed[i]))
+  else
+    local w = win_load(redis.call('HGET', key, 'W' .. t.key), t, now, 0)
+    out[#out + 1] = 'w'
+    out[#out + 1] = fmt(t.n)
+    out[#out + 1] = fmt(t.per)
+    out[#out + 1] = fmt(t.n)
+    out[#out + 1] = fmt(t.n - win_count(w, t, now, 0))
+  end
 end
 return out

@@ -4,32 +4,36 @@
 -- without FUNCTION).
 --
 -- Storage (one limiter key, all under one hash tag):
---   KEYS hash <prefix>:{name}:b  fields
---     L  limits set in Redis: tiers separated by spaces, each
---        rate/per_ms/burst (a token bucket)
---     D  the default limits the buckets were last computed under, while the
---        key has no L (so that SetLimits from any process can carry them over)
---     T  bucket state: "ts per_ms:owed ...", one pair per tier that is not
---        full: as of ts (us of Redis TIME), the tier owes owed / per_us
---        tokens of its burst. owed is a whole number: a take adds per_us and
---        each microsecond refills rate, so the arithmetic is exact (a burst
---        taken at one instant leaves exactly burst - n tokens, whatever the
---        rate) and every value is written as an integer.
+--   <prefix>:{name}:b  hash, fields
+--     L  the limits in force, space-separated items:
+--          rate/per_ms/burst   a token bucket
+--          wN/per_ms           a window: at most N calls in any per_ms
+--          #G                  the generation, bumped by every change
+--     T  bucket state: "ts x q per_ms:owed ...": as of ts (us of Redis
+--        TIME) each token bucket that is not full owes owed / per_us tokens
+--        of its burst (a whole number: a take adds per_us x cost, each
+--        microsecond refills rate, so the arithmetic is exact); x is when
+--        the key expires (a memo that spares most PEXPIREs, 0 unknown); q is
+--        the next free reservation slot for callers without one (0 none)
+--     Ww<per_ms>  a window's state: "base c0,c1,...|slot:cost ...": calls
+--        admitted per sub-window (base is the index of the first, a
+--        sub-window is per/WINDOW_SLICES long), then the reserved slots
+--        not yet taken up
 --     s  suspended until (us)
---     g  limits generation, bumped by every SetLimits
---     x  when the key expires (us), a memo that spares most PEXPIREs
---     q, a, V  the reservation schedule while a queue is outstanding: the
---        next free slot for callers without a reservation (us), the
---        schedule's anchor (us) and per_ms:virtual-tat pairs relative to it
+--     D  the default limits the buckets were last computed under, while the
+--        key has no L (so that SetLimits from any process carries them over)
+--     a, V  the reservation schedule of the token buckets while a queue is
+--        outstanding: its anchor (us) and per_ms:virtual-tat pairs
 --   <prefix>:{name}:r  sorted set of reservations: task ID scored by slot (us)
 --
--- A tier is identified by its period (per_ms): a tier's state survives any
--- change of the limits that keeps its period, whatever its position.
+-- A tier is identified by its kind and period: its state survives any
+-- change of the limits that keeps them, whatever its position.
 --
 -- Speed matters here: a decision runs once per task. Numbers are formatted
 -- by string.format (Redis's own conversion of a Lua number argument is
--- slower), whole microseconds are written as integers, and fields are read
--- with one HMGET.
+-- slower), whole microseconds are written as integers, parsed limits are
+-- cached between calls of the function library, and the hash is read with
+-- one HMGET.
 
 local MAX_TIERS = 4
 local MAX_PER_MS = 30 * 24 * 3600 * 1000   -- 30 days
@@ -41,6 +45,7 @@ local MAX_SKEW = 3600 * 1e6                -- us a stored time may run ahead of 
 local MAX_TTL_MS = 1e13
 local SLACK = 1e-3                         -- us of float rounding absorbed, and no more
 local MAX_LIMITS_LEN = 256                 -- bytes of the L field: 4 tiers fit in 100
+local WINDOW_SLICES = 20                   -- sub-windows per window: >= 95 % of its quota
 
 local function now_us()
   local t = redis.call('TIME')
@@ -68,62 +73,93 @@ local function expire_in(key, us)
   redis.call('PEXPIRE', key, ms)
 end
 
--- Parsed limits are kept between calls of a function library (the config
+-- Parsed limits are kept between calls of a function library (the limits
 -- string is the cache key, so a change of limits is a new entry); under
 -- EVAL the table lives for one call. It is cleared when it grows large.
 local parsed, n_parsed = {}, 0
 
+-- check_count validates one whole number of a limit.
+local function check_count(v, field, min, max, unit)
+  if v < min then return field, 'below minimum ' .. fmt(min) .. unit end
+  if v > max then return field, 'above maximum ' .. fmt(max) .. unit end
+end
+
 -- parse_limits reads a limits string (the L field, or defaults from the
--- caller). It returns the tiers, or nil, field, reason. The string is
--- untrusted: anything but whole numbers in range is refused, naming the
--- tier and the field as the Go API does (limits[2].Rate).
+-- caller). It returns the spec ({tiers, gen, windows}), or nil, field,
+-- reason. The string is untrusted: anything but whole numbers in range is
+-- refused, naming the tier and the field as the Go API does
+-- (limits[2].Rate).
 local function parse_limits(s)
-  local tiers = parsed[s]
-  if tiers then return tiers end
+  local spec = parsed[s]
+  if spec then return spec end
   if #s > MAX_LIMITS_LEN then
     return nil, 'limits', 'longer than ' .. MAX_LIMITS_LEN .. ' bytes'
   end
-  tiers = {}
-  local n = 0
+  local tiers, n, gen, windows = {}, 0, 0, false
   for tok in string.gmatch(s, '%S+') do
-    n = n + 1
-    local f = 'limits[' .. (n - 1) .. ']'
-    if n > MAX_TIERS then return nil, 'limits', 'more than ' .. MAX_TIERS .. ' tiers' end
-    local r, p, b = string.match(tok, '^(%d+)/(%d+)/(%d+)$')
-    if not r then
-      local got = string.gsub(string.sub(tok, 1, 40), '[^%w%./%-%+]', '?')
-      return nil, f, 'want rate/per_ms/burst in whole numbers, got "' .. got .. '"'
-    end
-    r, p, b = tonumber(r), tonumber(p), tonumber(b)
-    if r < 1 then return nil, f .. '.Rate', 'below minimum 1' end
-    if r > MAX_RATE then return nil, f .. '.Rate', 'above maximum ' .. fmt(MAX_RATE) end
-    if p < 1 then return nil, f .. '.Per', 'below minimum 1 ms' end
-    if p > MAX_PER_MS then return nil, f .. '.Per', 'above maximum ' .. fmt(MAX_PER_MS) .. ' ms' end
-    if r / p * 1000 > MAX_RATE_PER_SEC then
-      return nil, f .. '.Rate', 'above maximum ' .. fmt(MAX_RATE_PER_SEC) .. ' per second'
-    end
-    if b < 1 then return nil, f .. '.Burst', 'below minimum 1' end
-    if b > MAX_BURST then return nil, f .. '.Burst', 'above maximum ' .. fmt(MAX_BURST) end
-    for j = 1, n - 1 do
-      if tiers[j].per == p then
-        return nil, f .. '.Per', 'same period as limits[' .. (j - 1) .. '] (a tier is identified by its period)'
+    local c = string.sub(tok, 1, 1)
+    if c == '#' then
+      local g = string.match(tok, '^#(%d+)$')
+      gen = tonumber(g) or 0
+      if gen > 1e15 then gen = 0 end
+    else
+      n = n + 1
+      local f = 'limits[' .. (n - 1) .. ']'
+      if n > MAX_TIERS then return nil, 'limits', 'more than ' .. MAX_TIERS .. ' tiers' end
+      local t
+      if c == 'w' then
+        local q, p = string.match(tok, '^w(%d+)/(%d+)$')
+        if not q then
+          local got = string.gsub(string.sub(tok, 1, 40), '[^%w%./%-%+]', '?')
+          return nil, f, 'want wN/per_ms in whole numbers, got "' .. got .. '"'
+        end
+        q, p = tonumber(q), tonumber(p)
+        local bad, why = check_count(q, f .. '.N', 1, MAX_BURST, '')
+        if not bad then bad, why = check_count(p, f .. '.Per', 1, MAX_PER_MS, ' ms') end
+        if bad then return nil, bad, why end
+        if q / p * 1000 > MAX_RATE_PER_SEC then
+          return nil, f .. '.N', 'above maximum ' .. fmt(MAX_RATE_PER_SEC) .. ' per second'
+        end
+        t = {kind = 'w', n = q, per = p, p = p * 1000, sub = p * 1000 / WINDOW_SLICES,
+             key = 'w' .. string.format('%d', p)}
+        windows = true
+      else
+        local r, p, b = string.match(tok, '^(%d+)/(%d+)/(%d+)$')
+        if not r then
+          local got = string.gsub(string.sub(tok, 1, 40), '[^%w%./%-%+]', '?')
+          return nil, f, 'want rate/per_ms/burst in whole numbers, got "' .. got .. '"'
+        end
+        r, p, b = tonumber(r), tonumber(p), tonumber(b)
+        local bad, why = check_count(r, f .. '.Rate', 1, MAX_RATE, '')
+        if not bad then bad, why = check_count(p, f .. '.Per', 1, MAX_PER_MS, ' ms') end
+        if not bad and r / p * 1000 > MAX_RATE_PER_SEC then
+          bad, why = f .. '.Rate', 'above maximum ' .. fmt(MAX_RATE_PER_SEC) .. ' per second'
+        end
+        if not bad then bad, why = check_count(b, f .. '.Burst', 1, MAX_BURST, '') end
+        if bad then return nil, bad, why end
+        -- key: the period as T and V spell it (string keys: a number key
+        -- this large would make some Lua tables grow an array part to it).
+        t = {kind = 'b', rate = r, per = p, burst = b, e = p * 1000 / r, p = p * 1000,
+             full = b * p * 1000, key = string.format('%d', p)}
       end
+      for j = 1, n - 1 do
+        if tiers[j].key == t.key then
+          return nil, f .. '.Per', 'same period as limits[' .. (j - 1) .. '] (a tier is identified by its period)'
+        end
+      end
+      tiers[n] = t
     end
-    -- key: the period as T and V spell it (string keys: a number key this
-    -- large would make some Lua tables grow an array part to its size).
-    tiers[n] = {rate = r, per = p, burst = b, e = p * 1000 / r, p = p * 1000, full = b * p * 1000,
-                key = string.format('%d', p)}
   end
   if n == 0 then return nil, 'limits', 'no tiers' end
+  spec = {tiers = tiers, gen = gen, windows = windows}
   if n_parsed >= 256 then parsed, n_parsed = {}, 0 end
-  parsed[s] = tiers
+  parsed[s] = spec
   n_parsed = n_parsed + 1
-  return tiers
+  return spec
 end
 
--- read_pairs reads per_ms:value pairs (the T and V fields) into a table
--- keyed by per_ms as written (tier.key). Entries whose value is not a
--- number read as missing.
+-- read_pairs reads key:value pairs (the T and V fields) into a table keyed
+-- as written (tier.key). Entries whose value is not a number read as missing.
 local function read_pairs(raw, pattern)
   local out = {}
   if raw then
@@ -132,29 +168,42 @@ local function read_pairs(raw, pattern)
   return out
 end
 
--- bucket_owed returns, for each tier, what it owes of its burst at now, in
--- per_us units of tokens (0: full), from the stored T field. Time that passed
--- since T was written refills rate per microsecond; a clock that stepped back
+-- read_T splits the T field: ts, x, q and the owed of each bucket (by key).
+-- A field that does not start with three whole numbers reads as empty.
+local function read_T(T)
+  if not T then return nil, 0, 0, {} end
+  local ts, x, q, rest = string.match(T, '^(%d+) (%d+) (%d+)(.*)$')
+  if not ts then return nil, 0, 0, {} end
+  return tonumber(ts), tonumber(x), tonumber(q), read_pairs(rest, ' (%d+):(%d+)')
+end
+
+-- bucket_owed returns what each token bucket owes of its burst at now, in
+-- per_us units of tokens (0: full; windows get 0), from the state stored at
+-- ts. Time since refills rate per microsecond; a clock that stepped back
 -- makes a tier owe more, never less, so it refills nothing until the clock
 -- is back where it was. A tier owing more than a whole burst beyond MAX_SKEW
 -- (a step back of over an hour, or garbage) is taken as empty now: still no
--- refill, and no freeze for longer.
-local function bucket_owed(T, tiers, now)
+-- refill, and no freeze for longer. A full bucket reads as owing down to
+-- -headroom x rate (it has been full for that long): headroom is what a
+-- caller keeps room for, and a bucket full for longer has that room.
+-- Whoever takes from it adds to max(owed, 0).
+local function bucket_owed(stored, ts, tiers, now, headroom)
   local owed = {}
-  local ts = T and string.match(T, '^(%d+) ')
-  ts = ts and tonumber(ts)
-  local stored = ts and read_pairs(T, ' (%d+):(%d+)') or {}
   local elapsed = ts and now - ts or 0
   for i, t in ipairs(tiers) do
-    local v = stored[t.key]
-    if v == nil then
-      v = 0
-    else
-      v = v - elapsed * t.rate
-      if v < 0 then
-        v = 0
-      elseif v > t.full + MAX_SKEW * t.rate then
-        v = t.full
+    local v = 0
+    if t.kind == 'b' then
+      local floor = -headroom * t.rate
+      v = stored[t.key]
+      if v == nil then
+        v = floor
+      else
+        v = v - elapsed * t.rate
+        if v < floor then
+          v = floor
+        elseif v > t.full + MAX_SKEW * t.rate then
+          v = t.full
+        end
       end
     end
     owed[i] = v
@@ -162,55 +211,183 @@ local function bucket_owed(T, tiers, now)
   return owed
 end
 
--- tokens_at is what tier t holds when it owes owed.
+-- tokens_at is what token bucket t holds when it owes owed.
 local function tokens_at(t, owed)
+  if owed < 0 then owed = 0 end
   return t.burst - owed / t.p
 end
 
--- wait_for returns how long (whole microseconds) until tier t, owing owed,
--- holds c tokens; 0 when it holds them now.
-local function wait_for(t, owed, c)
-  local need = owed - (t.burst - c) * t.p
+-- wait_for returns how long (whole microseconds) until token bucket t,
+-- owing owed, holds c tokens with room for headroom us of dispatch jitter;
+-- 0 when it holds them now.
+local function wait_for(t, owed, c, headroom)
+  local need = owed + headroom * t.rate - (t.burst - c) * t.p
   if need <= 0 then return 0 end
   return math.ceil(need / t.rate)
 end
 
--- T_FMT formats the T field of 1 to 4 tiers in one call.
-local T_FMT = {'%d %d:%d', '%d %d:%d %d:%d', '%d %d:%d %d:%d %d:%d', '%d %d:%d %d:%d %d:%d %d:%d'}
+-- T_FMT formats the T field with 0 to 4 token buckets in one call.
+local T_FMT = {[0] = '%d %d %d', '%d %d %d %d:%d', '%d %d %d %d:%d %d:%d',
+               '%d %d %d %d:%d %d:%d %d:%d', '%d %d %d %d:%d %d:%d %d:%d %d:%d'}
 
--- write_owed returns the T field for owed at now (false when every tier is
--- full), and how long (us) until every tier is full again.
-local function write_owed(tiers, owed, now)
-  local a, k, longest = {now}, 1, 0
+-- write_T returns the T field for the buckets' owed at now, the expiry memo
+-- x and the queue's next free slot q (false when there is nothing to keep),
+-- and how long (us) until every bucket is full again.
+local function write_T(tiers, owed, now, x, q)
+  local a, k, longest = {now, x, q}, 3, 0
   for i, t in ipairs(tiers) do
     local v = owed[i]
-    if v > 0 then
+    if t.kind == 'b' and v > 0 then
       a[k + 1], a[k + 2] = t.per, v
       k = k + 2
       local full_in = v / t.rate
       if full_in > longest then longest = full_in end
     end
   end
-  if k == 1 then return false, 0 end
-  return string.format(T_FMT[(k - 1) / 2], unpack(a, 1, k)), math.ceil(longest)
+  if k == 3 and q == 0 then return false, 0 end
+  return string.format(T_FMT[(k - 3) / 2], unpack(a, 1, k)), math.ceil(longest)
 end
 
--- keep_alive makes sure key lives at least need microseconds more (and, when
--- it holds limits, at least 7/8 of the idle expiry, renewed to the whole
--- expiry). The expiry is written with room to spare and remembered in the
--- x field, so most calls need no PEXPIRE. fields is the HSET list the caller
--- is about to write; x joins it. It returns the TTL to set (us), or nil.
-local function keep_alive(need, has_limits, idle_us, x, now, fields)
+-- Windows. A window tier counts calls per sub-window (per/WINDOW_SLICES
+-- long) and admits a call when the sub-windows covering the last per (plus
+-- headroom) hold fewer than N: any window of length per, whatever its
+-- phase, then sees at most N. Reserved slots not yet taken up count too.
+
+-- win_load reads a window's state, dropping sub-windows and slots older
+-- than anything a decision at now still looks at.
+local function win_load(raw, t, now, headroom)
+  local w = {base = 0, c = {}, resv = {}}
+  local oldest = math.floor((now - t.p - headroom) / t.sub) - 1
+  if raw then
+    local base, counts, resv = string.match(raw, '^(%d+) ([%d,]*)|?(.*)$')
+    base = tonumber(base)
+    if base then
+      local i = base
+      for c in string.gmatch(counts, '(%d+)') do
+        if i >= oldest then w.c[i] = tonumber(c) end
+        i = i + 1
+      end
+      for at, c in string.gmatch(resv or '', '(%d+):(%d+)') do
+        at = tonumber(at)
+        if at >= now - t.p - headroom - t.sub then
+          w.resv[#w.resv + 1] = {at, tonumber(c)}
+        end
+      end
+    end
+  end
+  return w
+end
+
+-- win_count returns the calls a window holds for a decision at at: those
+-- admitted in the sub-windows covering [at - per - headroom, at] and the
+-- reserved slots in it.
+local function win_count(w, t, at, headroom)
+  local first = math.floor((at - t.p - headroom) / t.sub)
+  local last = math.floor(at / t.sub)
+  local n = 0
+  for i = first, last do n = n + (w.c[i] or 0) end
+  for _, r in ipairs(w.resv) do
+    if r[1] >= at - t.p - headroom and r[1] <= at then n = n + r[2] end
+  end
+  return n
+end
+
+-- win_free returns the earliest time at or after at when the window has
+-- room for c more calls (counting everything it holds now), or nil when no
+-- time within the horizon does.
+local function win_free(w, t, at, c, headroom, limit)
+  for _ = 1, WINDOW_SLICES * 4 + #w.resv + 2 do
+    if win_count(w, t, at, headroom) + c <= t.n then return at end
+    -- Move to the next instant an entry leaves the span.
+    local next_at = nil
+    local first = math.floor((at - t.p - headroom) / t.sub)
+    for i = first, math.floor(at / t.sub) do
+      if (w.c[i] or 0) > 0 then
+        next_at = (i + 1) * t.sub + t.p + headroom
+        break
+      end
+    end
+    for _, r in ipairs(w.resv) do
+      if r[1] >= at - t.p - headroom and r[1] <= at then
+        local leave = r[1] + t.p + headroom + 1
+        if next_at == nil or leave < next_at then next_at = leave end
+      end
+    end
+    if next_at == nil or next_at > limit then return nil end
+    at = math.ceil(next_at)
+  end
+  return nil
+end
+
+-- win_add counts c calls admitted at at.
+local function win_add(w, t, at, c)
+  local i = math.floor(at / t.sub)
+  w.c[i] = (w.c[i] or 0) + c
+end
+
+-- win_reserve counts c calls reserved for slot at; win_unreserve takes
+-- them away again (the holder came, or lost its slot).
+local function win_reserve(w, at, c)
+  w.resv[#w.resv + 1] = {at, c}
+end
+local function win_unreserve(w, at, c)
+  for i, r in ipairs(w.resv) do
+    if r[1] == at then
+      r[2] = r[2] - c
+      if r[2] <= 0 then table.remove(w.resv, i) end
+      return
+    end
+  end
+end
+
+-- win_write formats a window's state (false when it holds nothing), and
+-- how long (us) until it is empty.
+local function win_write(w, t, now, headroom)
+  local lo, hi = nil, nil
+  for i, c in pairs(w.c) do
+    if c > 0 then
+      if lo == nil or i < lo then lo = i end
+      if hi == nil or i > hi then hi = i end
+    end
+  end
+  local parts, resv = {}, {}
+  local empty_at = 0
+  if lo then
+    for i = lo, hi do parts[#parts + 1] = string.format('%d', w.c[i] or 0) end
+    empty_at = (hi + 1) * t.sub + t.p + headroom
+  end
+  for _, r in ipairs(w.resv) do
+    resv[#resv + 1] = string.format('%d:%d', r[1], r[2])
+    if r[1] + t.p + headroom > empty_at then empty_at = r[1] + t.p + headroom end
+  end
+  if not lo and #resv == 0 then return false, 0 end
+  local s = string.format('%d ', lo or 0) .. table.concat(parts, ',')
+  if #resv > 0 then s = s .. '|' .. table.concat(resv, ' ') end
+  return s, math.max(0, math.ceil(empty_at - now))
+end
+
+-- all_n repeats one reply for the n callers of a run.
+local function all_n(reply, n)
+  if n == 1 then return reply end
+  local out = {}
+  for k = 1, n do out[k] = reply end
+  return table.concat(out, ';')
+end
+
+-- keep_alive decides the key's expiry: it must live at least need
+-- microseconds more (and, when it holds limits, at least 7/8 of the idle
+-- expiry, renewed to the whole expiry). x is the memo of when it expires
+-- (0 unknown). It returns the new memo and the TTL to set (us), or x and
+-- nil when the key lives long enough.
+local function keep_alive(need, has_limits, idle_us, x, now)
   if need < 1e6 then need = 1e6 end
   local ttl = 2 * need
   if has_limits and idle_us > 0 then
     if need < idle_us * 7 / 8 then need = idle_us * 7 / 8 end
     if ttl < idle_us then ttl = idle_us end
   end
-  x = finite(x)
-  if x and x >= now + need and x <= now + MAX_TTL_MS * 1000 then return nil end
+  x = finite(x) or 0
+  if x >= now + need and x <= now + MAX_TTL_MS * 1000 then return x, nil end
   if ttl > MAX_TTL_MS * 1000 then ttl = MAX_TTL_MS * 1000 end
-  fields[#fields + 1] = 'x'
-  fields[#fields + 1] = string.format('%d', now + ttl)
-  return ttl
+  return now + ttl, ttl
 end

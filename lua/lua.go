@@ -248,8 +248,9 @@ func IsNoScript(err error) bool {
 const (
 	StatusAllowed   = 1
 	StatusDenied    = 0
-	StatusBadConfig = -1
-	StatusNoLimits  = -2
+	StatusBadConfig   = -1
+	StatusNoLimits    = -2
+	StatusCostTooHigh = -3
 )
 
 // Keys are the Redis keys of one limiter key. All must hash to one slot.
@@ -262,19 +263,34 @@ type Keys struct {
 	OldConfig, OldState, OldSuspend, OldReservations string
 }
 
-// Tier is one validated limit as the scripts store it: Rate tokens every
-// PerMS milliseconds, holding at most Burst.
+// Tier kinds.
+const (
+	KindBucket = 0   // a token bucket: Rate every PerMS, at most Burst at once
+	KindWindow = 'w' // a window: at most Rate calls in any PerMS (Burst = Rate)
+)
+
+// Tier is one validated limit as the scripts store it: a token bucket of
+// Rate tokens every PerMS milliseconds holding at most Burst, or a window
+// of at most Rate calls in any PerMS milliseconds.
 type Tier struct {
+	Kind               byte // KindBucket or KindWindow
 	Rate, PerMS, Burst int64
 }
 
 // FormatTiers writes tiers as the scripts store them: "rate/per_ms/burst"
-// separated by spaces ("" for none).
+// for a bucket, "wN/per_ms" for a window, separated by spaces ("" for none).
 func FormatTiers(tiers []Tier) string {
 	var b strings.Builder
 	for i, t := range tiers {
 		if i > 0 {
 			b.WriteByte(' ')
+		}
+		if t.Kind == KindWindow {
+			b.WriteByte('w')
+			b.WriteString(strconv.FormatInt(t.Rate, 10))
+			b.WriteByte('/')
+			b.WriteString(strconv.FormatInt(t.PerMS, 10))
+			continue
 		}
 		b.WriteString(strconv.FormatInt(t.Rate, 10))
 		b.WriteByte('/')

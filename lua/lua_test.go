@@ -99,7 +99,7 @@ func TestNum(t *testing.T) {
 
 func TestFormatTiers(t *testing.T) {
 	assert.Equal(t, "", FormatTiers(nil))
-	assert.Equal(t, "10/1000/20 50/60000/50", FormatTiers([]Tier{{10, 1000, 20}, {50, 60000, 50}}))
+	assert.Equal(t, "10/1000/20 50/60000/50", FormatTiers([]Tier{{Rate: 10, PerMS: 1000, Burst: 20}, {Rate: 50, PerMS: 60000, Burst: 50}}))
 }
 
 func TestParseDecide(t *testing.T) {
@@ -190,8 +190,8 @@ func TestDecide_Defaults(t *testing.T) {
 		{"rate 0", []Tier{{Rate: 0, PerMS: 1000, Burst: 3}}, DecideReply{Status: StatusBadConfig, Field: "default limits[0].Rate", Reason: "below minimum 1"}},
 		{"second per_ms 0", []Tier{{Rate: 1, PerMS: 1000, Burst: 1}, {Rate: 1, PerMS: 0, Burst: 1}}, DecideReply{Status: StatusBadConfig, Field: "default limits[1].Per", Reason: "below minimum 1 ms"}},
 		{"burst above 1e9", []Tier{{Rate: 1, PerMS: 1000, Burst: 1_000_000_001}}, DecideReply{Status: StatusBadConfig, Field: "default limits[0].Burst", Reason: "above maximum 1000000000"}},
-		{"five tiers", []Tier{{1, 1, 1}, {1, 2, 1}, {1, 3, 1}, {1, 4, 1}, {1, 5, 1}}, DecideReply{Status: StatusBadConfig, Field: "default limits", Reason: "more than 4 tiers"}},
-		{"same period twice", []Tier{{1, 1000, 1}, {2, 1000, 2}}, DecideReply{Status: StatusBadConfig, Field: "default limits[1].Per", Reason: "same period as limits[0] (a tier is identified by its period)"}},
+		{"five tiers", []Tier{{Rate: 1, PerMS: 1, Burst: 1}, {Rate: 1, PerMS: 2, Burst: 1}, {Rate: 1, PerMS: 3, Burst: 1}, {Rate: 1, PerMS: 4, Burst: 1}, {Rate: 1, PerMS: 5, Burst: 1}}, DecideReply{Status: StatusBadConfig, Field: "default limits", Reason: "more than 4 tiers"}},
+		{"same period twice", []Tier{{Rate: 1, PerMS: 1000, Burst: 1}, {Rate: 2, PerMS: 1000, Burst: 2}}, DecideReply{Status: StatusBadConfig, Field: "default limits[1].Per", Reason: "same period as limits[0] (a tier is identified by its period)"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -210,7 +210,7 @@ func TestSetLimits_Validation(t *testing.T) {
 		field, reason string
 	}{
 		{"no tiers", nil, "limits", "no tiers"},
-		{"five tiers", []Tier{{1, 1, 1}, {1, 2, 1}, {1, 3, 1}, {1, 4, 1}, {1, 5, 1}}, "limits", "more than 4 tiers"},
+		{"five tiers", []Tier{{Rate: 1, PerMS: 1, Burst: 1}, {Rate: 1, PerMS: 2, Burst: 1}, {Rate: 1, PerMS: 3, Burst: 1}, {Rate: 1, PerMS: 4, Burst: 1}, {Rate: 1, PerMS: 5, Burst: 1}}, "limits", "more than 4 tiers"},
 		{"rate 0", []Tier{{Rate: 0, PerMS: 1000, Burst: 1}}, "limits[0].Rate", "below minimum 1"},
 		{"per_ms 0", []Tier{{Rate: 1, PerMS: 0, Burst: 1}}, "limits[0].Per", "below minimum 1 ms"},
 		{"per_ms above 30 days", []Tier{{Rate: 1, PerMS: 30*24*3600*1000 + 1, Burst: 1}}, "limits[0].Per", "above maximum 2592000000 ms"},
@@ -236,8 +236,7 @@ func TestSetLimits_Stores(t *testing.T) {
 	e.setLimits(Tier{Rate: 3, PerMS: 1500, Burst: 2}) // replaces, not merges
 	got, err := e.rdb.HGetAll(e.ctx, e.k.Bucket).Result()
 	require.NoError(t, err, "HGETALL %s", e.k.Bucket)
-	assert.Equal(t, "3/1500/2", got["L"], "limits")
-	assert.Equal(t, "2", got["g"], "generation after two SetLimits")
+	assert.Equal(t, "3/1500/2 #2", got["L"], "limits, generation after two SetLimits")
 	assert.Equal(t, time.Hour, e.mr.TTL(e.k.Bucket), "bucket TTL: the idle expiry")
 }
 
@@ -369,7 +368,7 @@ func TestInspect(t *testing.T) {
 	require.NoError(t, err, "Inspect")
 	assert.Equal(t, InspectReply{
 		Status: StatusAllowed, Suspended: 5 * time.Second, Reservations: 1,
-		QueuedFor: 5*time.Second + 600*time.Millisecond, FromRedis: true,
+		QueuedFor: 5*time.Second + 600*time.Millisecond, FromRedis: true, Generation: 1,
 		Tiers:  []Tier{{Rate: 10, PerMS: 1000, Burst: 10}, {Rate: 100, PerMS: 60000, Burst: 100}},
 		Tokens: []float64{9, 99},
 	}, r, "Inspect")
@@ -500,14 +499,14 @@ func TestDecideManyEqualsOneByOne(t *testing.T) {
 				a.TaskID = id
 				args := AppendDecideArgs(nil, ModeEval, one.k, a)
 				args[NArg] = 1
-				s, err := one.run.Do(one.ctx, DecideScript, append(args, id))
+				s, err := one.run.Do(one.ctx, DecideScript, append(args, id, 1))
 				require.NoError(t, err)
 				want = append(want, s)
 			}
 			args := AppendDecideArgs(nil, ModeEval, many.k, mode)
 			args[NArg] = len(ids)
 			for _, id := range ids {
-				args = append(args, id)
+				args = append(args, id, 1)
 			}
 			s, err := many.run.Do(many.ctx, DecideScript, args)
 			require.NoError(t, err)
@@ -583,7 +582,7 @@ func TestMigrate(t *testing.T) {
 	assert.True(t, moved, "Migrate carried something over")
 	r, err := Inspect(e.ctx, e.run, e.k, nil)
 	require.NoError(t, err)
-	assert.Equal(t, []Tier{{10, 1000, 10}, {100, 3_600_000, 100}}, r.Tiers, "limits")
+	assert.Equal(t, []Tier{{Rate: 10, PerMS: 1000, Burst: 10}, {Rate: 100, PerMS: 3_600_000, Burst: 100}}, r.Tiers, "limits")
 	assert.True(t, r.FromRedis)
 	assert.InDelta(t, 10, r.Tokens[0], 1e-3, "per-second tier refilled over the 2 s")
 	assert.InDelta(t, 40+2*100.0/3600, r.Tokens[1], 1e-3, "hourly tier's tokens")
@@ -606,4 +605,151 @@ func TestMigrate(t *testing.T) {
 	require.NoError(t, err)
 	assert.False(t, r.FromRedis, "a key on defaults gets no limits in Redis")
 	assert.InDelta(t, 1, r.Tokens[0], 1e-6, "tokens of a key on defaults")
+}
+
+// windowAdmissions drives Decide at the given times (us after testEpoch)
+// under limits, and returns the times that were admitted.
+func windowAdmissions(t *testing.T, e *env, a DecideArgs, times []int64) []int64 {
+	t.Helper()
+	var got []int64
+	for _, at := range times {
+		e.at(time.Duration(at) * time.Microsecond)
+		r := e.decide(a)
+		if r.Status == StatusAllowed {
+			got = append(got, at)
+		}
+	}
+	return got
+}
+
+// maxIn returns the most times in any half-open window [t, t+w).
+func maxIn(ts []int64, w int64) int {
+	best, j := 0, 0
+	for i := range ts {
+		for j < len(ts) && ts[j]-ts[i] < w {
+			j++
+		}
+		best = max(best, j-i)
+	}
+	return best
+}
+
+// A window admits at most N calls in any window of its length, whatever
+// its phase, and a steady backlog gets at least 95 % of N per window.
+func TestDecide_Window(t *testing.T) {
+	const n, per = 10, int64(1_000_000)
+	e := newEnv(t)
+	e.setLimits(Tier{Kind: KindWindow, Rate: n, PerMS: per / 1000})
+	// A caller every 7 ms for 20 s: far more than the window allows.
+	var times []int64
+	for at := int64(0); at < 20*per; at += 7_000 {
+		times = append(times, at)
+	}
+	got := windowAdmissions(t, e, DecideArgs{IdleExpiry: time.Hour}, times)
+	assert.LessOrEqual(t, maxIn(got, per), n, "calls in any window of 1 s")
+	share := float64(len(got)) / (20 * n)
+	assert.GreaterOrEqual(t, share, 0.95, "share of the quota a steady backlog gets (%d calls in 20 s)", len(got))
+
+	// Beside a bucket: both hold.
+	e2 := newEnv(t)
+	e2.setLimits(Tier{Rate: 100, PerMS: 1000, Burst: 5}, Tier{Kind: KindWindow, Rate: n, PerMS: per / 1000})
+	got = windowAdmissions(t, e2, DecideArgs{IdleExpiry: time.Hour}, times)
+	assert.LessOrEqual(t, maxIn(got, per), n, "window beside a bucket")
+	assert.LessOrEqual(t, maxIn(got, 10_000), 5, "the bucket's burst beside a window")
+}
+
+// Headroom keeps room for dispatch jitter: a call is admitted only when it
+// would still be d later, so calls shifted by up to d never exceed the
+// bucket (or the window) at the provider.
+func TestDecide_Headroom(t *testing.T) {
+	const d = 20 * time.Millisecond
+	t.Run("bucket", func(t *testing.T) {
+		e := newEnv(t)
+		e.setLimits(Tier{Rate: 100, PerMS: 1000, Burst: 10})
+		r := e.decide(DecideArgs{IdleExpiry: time.Hour, Headroom: d})
+		assert.Equal(t, StatusAllowed, r.Status, "a bucket full for long")
+		n := 1
+		for e.decide(DecideArgs{IdleExpiry: time.Hour, Headroom: d}).Status == StatusAllowed {
+			n++
+		}
+		assert.Equal(t, 10-2, n, "a burst of 10 less 100/s x 20 ms")
+		r = e.decide(DecideArgs{IdleExpiry: time.Hour})
+		assert.Equal(t, StatusAllowed, r.Status, "without headroom the exact bucket still holds 2")
+	})
+	t.Run("window", func(t *testing.T) {
+		e := newEnv(t)
+		e.setLimits(Tier{Kind: KindWindow, Rate: 10, PerMS: 1000})
+		var times []int64
+		for at := int64(0); at < 10_000_000; at += 3_000 {
+			times = append(times, at)
+		}
+		got := windowAdmissions(t, e, DecideArgs{IdleExpiry: time.Hour, Headroom: d}, times)
+		assert.LessOrEqual(t, maxIn(got, 1_000_000+d.Microseconds()), 10, "calls in any window of 1 s + the headroom")
+	})
+}
+
+// A cost takes that many tokens of every tier, all or none; a cost above a
+// tier's burst is refused for good.
+func TestDecide_Cost(t *testing.T) {
+	e := newEnv(t)
+	e.setLimits(Tier{Rate: 10, PerMS: 1000, Burst: 10})
+	r := e.decide(DecideArgs{IdleExpiry: time.Hour, Cost: 7})
+	assert.Equal(t, DecideReply{Status: StatusAllowed, Remaining: 3, Generation: 1}, r)
+	r = e.decide(DecideArgs{IdleExpiry: time.Hour, Cost: 4})
+	assert.Equal(t, DecideReply{Status: StatusDenied, RetryAfter: 100 * time.Millisecond, RefusedBy: "tier:1", Generation: 1}, r, "4 of 3")
+	r = e.decide(DecideArgs{IdleExpiry: time.Hour, Cost: 11})
+	assert.Equal(t, DecideReply{Status: StatusCostTooHigh, Field: "1000", Reason: "10"}, r, "a cost above the burst")
+	// Reserved with a cost: the slot is spaced for it.
+	r = e.decide(DecideArgs{TaskID: "a", Horizon: time.Minute, Lapse: time.Minute, IdleExpiry: time.Hour, Cost: 5})
+	assert.Equal(t, testEpoch().Add(200*time.Millisecond), r.Slot, "5 tokens, 3 there, at 10/s")
+	r = e.decide(DecideArgs{TaskID: "b", Horizon: time.Minute, Lapse: time.Minute, IdleExpiry: time.Hour, Cost: 5})
+	assert.Equal(t, testEpoch().Add(700*time.Millisecond), r.Slot, "then 5 more")
+}
+
+// Paced, a holder back in the granule before its slot is admitted at the
+// slot and told to wait for it; slots are exact instants, so a backlog
+// under a burst below its rate per second drains at the rate.
+func TestDecide_Pace(t *testing.T) {
+	e := newEnv(t)
+	e.setLimits(Tier{Rate: 40, PerMS: 1000, Burst: 5})
+	a := DecideArgs{Horizon: time.Minute, Lapse: time.Minute, IdleExpiry: time.Hour, Granule: time.Second, Pace: true}
+	for range 5 {
+		require.Equal(t, StatusAllowed, e.decide(a).Status)
+	}
+	var slots []time.Time
+	for i := range 40 {
+		a.TaskID = fmt.Sprint(i)
+		r := e.decide(a)
+		require.Equal(t, StatusDenied, r.Status)
+		slots = append(slots, r.Slot)
+	}
+	assert.Equal(t, testEpoch().Add(25*time.Millisecond), slots[0], "the first slot: one token at 40/s")
+	assert.Equal(t, testEpoch().Add(time.Second), slots[39], "40 more in the next second, not 5")
+	// The holder of slot 20 comes back on the whole second before it.
+	e.at(0)
+	a.TaskID = "20"
+	r := e.decide(a)
+	assert.Equal(t, StatusAllowed, r.Status, "holder back before its paced slot: %+v", r)
+	assert.Equal(t, slots[20].Sub(testEpoch()), r.Wait, "told to wait for its slot")
+}
+
+// Booking (enqueue-time throttling) reserves a slot even for a caller that
+// could run now, and the holder is admitted against it.
+func TestDecide_Book(t *testing.T) {
+	e := newEnv(t)
+	e.setLimits(Tier{Rate: 2, PerMS: 1000, Burst: 2})
+	a := DecideArgs{Horizon: time.Minute, Lapse: time.Minute, IdleExpiry: time.Hour, Granule: time.Second, Book: true}
+	var slots []time.Duration
+	for i := range 4 {
+		a.TaskID = fmt.Sprint(i)
+		r := e.decide(a)
+		require.Equal(t, StatusDenied, r.Status, "a booking is never admitted: %+v", r)
+		slots = append(slots, r.Slot.Sub(testEpoch()))
+	}
+	assert.Equal(t, []time.Duration{0, 0, time.Second, time.Second}, slots, "two now, two in a second")
+	a.Book = false
+	a.TaskID = "0"
+	assert.Equal(t, StatusAllowed, e.decide(a).Status, "the holder of a slot now")
+	a.TaskID = "x"
+	assert.Equal(t, StatusDenied, e.decide(a).Status, "a fresh caller waits behind the bookings")
 }

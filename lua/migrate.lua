@@ -10,7 +10,7 @@ local defaults = ARGV[2]
 if redis.call('EXISTS', cfg1, state1, suspend1) == 0 then return 0 end
 
 local now = now_us()
-local h = redis.call('HMGET', key, 'L', 'T', 's', 'x')
+local h = redis.call('HMGET', key, 'L', 'T', 's')
 local fields = {}
 
 -- Limits: copied as they were (a bad value stays bad, and is reported by
@@ -35,9 +35,13 @@ end
 -- Bucket state: tokens per tier by position, as of ts.
 local tiers = nil
 local on_defaults = false
-if L1 then tiers = parse_limits(L1) end
+if L1 then
+  local spec = parse_limits(L1)
+  tiers = spec and spec.tiers
+end
 if not tiers and defaults ~= '' then
-  tiers = parse_limits(defaults)
+  local spec = parse_limits(defaults)
+  tiers = spec and spec.tiers
   on_defaults = tiers ~= nil
 end
 local need = 0
@@ -64,7 +68,7 @@ if not h[2] and tiers then
       end
       owed[i] = v
     end
-    local t_field, full_in = write_owed(tiers, owed, now)
+    local t_field, full_in = write_T(tiers, owed, now, 0, 0)
     if t_field then
       fields[#fields + 1] = 'T'
       fields[#fields + 1] = t_field
@@ -86,7 +90,10 @@ if not h[3] and until_ and until_ > now and until_ - now <= MAX_WAIT then
 end
 
 if #fields == 0 then return 0 end
-local ttl = keep_alive(need, (h[1] or L1) ~= nil, idle_us, h[4], now, fields)
+local x, ttl = keep_alive(need, (h[1] or L1) ~= nil, idle_us, 0, now)
+for i = 1, #fields, 2 do
+  if fields[i] == 'T' then fields[i + 1] = string.gsub(fields[i + 1], '^(%d+ )0', '%1' .. string.format('%d', x)) end
+end
 redis.call('HSET', key, unpack(fields))
 if ttl then expire_in(key, ttl) end
 return 1

@@ -1,15 +1,28 @@
 -- resume.lua: end a key's suspension at once (see admin.go). The
 -- reservation schedule built during the suspension is dropped with it: its
--- slots all lie after the old end, and fresh callers would wait behind them.
--- Tasks that held one come back when they were told to and are decided anew.
+-- slots all lie after the old end, and fresh callers would wait behind them
+-- (so are the windows' reserved slots). Tasks that held one come back when
+-- they were told to and are decided anew.
 local key, resv_key, old_suspend = KEYS[1], KEYS[2], KEYS[3]
 local now = now_us()
-local until_ = finite(redis.call('HGET', key, 's'))
+local h = redis.call('HMGET', key, 's', 'T')
+local until_ = finite(h[1])
 redis.call('DEL', old_suspend)
 if until_ == nil or until_ <= now then
   redis.call('HDEL', key, 's')
   return '0'
 end
-redis.call('HDEL', key, 's', 'q', 'a', 'V')
+redis.call('HDEL', key, 's', 'a', 'V')
 redis.call('DEL', resv_key)
+if h[2] then
+  local t = string.gsub(h[2], '^(%d+ %d+ )%d+', '%10')
+  redis.call('HSET', key, 'T', t)
+end
+for _, f in ipairs(redis.call('HKEYS', key)) do
+  if string.sub(f, 1, 1) == 'W' then
+    local w = redis.call('HGET', key, f)
+    local stripped = string.gsub(w, '|.*$', '')
+    if stripped ~= w then redis.call('HSET', key, f, stripped) end
+  end
+end
 return string.format('%d', math.min(until_ - now, MAX_WAIT))

@@ -135,7 +135,8 @@ func TestMiddlewareFeedsCollector(t *testing.T) {
 	client := asynq.NewClientFromRedisClient(rdb)
 	t.Cleanup(func() { client.Close() })
 	quiet := throttle.WithLogger(slog.New(slog.DiscardHandler))
-	mw := throttle.ByProvider(rdb, throttle.WithObserver(c.Observe), throttle.WithClient(client), quiet)
+	// No headroom: the scripted takes below count whole tokens.
+	mw := throttle.ByProvider(rdb, throttle.WithObserver(c.Observe), throttle.WithClient(client), quiet, throttle.WithHeadroom(0))
 	ok := func() error { return nil }
 
 	// slack: two tokens, then a refusal by its tier (no task ID: no slot; a

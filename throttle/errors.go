@@ -15,6 +15,9 @@ var (
 	// when the limiter has no default limits for it. Call SetLimits, or use
 	// WithDefaultLimits / WithKeyLimits.
 	ErrNoLimits = errors.New("throttle: no limits set for key")
+	// ErrCostTooHigh is returned for a cost (TakeN, Cost) that a tier can
+	// never admit: above its burst, or a window's quota.
+	ErrCostTooHigh = errors.New("throttle: cost above what a tier can ever admit")
 )
 
 // ConfigError reports a key whose config in Redis is invalid (written there by

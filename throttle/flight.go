@@ -69,6 +69,7 @@ type call struct {
 	dctx      deadlineCtx   // its deadline, when it flies alone
 	tmpl      []any         // the cached command of its key, without task IDs
 	id        string        // task ID ("" = no reservation)
+	cost      int           // what it takes from every tier
 	reply     string        // the script's reply for this decision
 	err       error         // or the error
 	abandoned atomic.Bool   // its caller stopped waiting: skip it, never pool it
@@ -85,7 +86,7 @@ var callPool = sync.Pool{New: func() any {
 func getCall() *call { return callPool.Get().(*call) }
 
 func putCall(c *call) {
-	c.tmpl, c.id, c.reply, c.err = nil, "", "", nil
+	c.tmpl, c.id, c.cost, c.reply, c.err = nil, "", 0, "", nil
 	callPool.Put(c)
 }
 
@@ -371,7 +372,7 @@ func (f *flight) send(ctx context.Context, batch []*call) {
 			defer cancel()
 		}
 		for _, r := range runs {
-			r.args = r.appendArgs(make([]any, 0, len(r.calls[0].tmpl)+len(r.calls)))
+			r.args = r.appendArgs(make([]any, 0, len(r.calls[0].tmpl)+2*len(r.calls)))
 		}
 		f.exec(ctx, runs)
 		for attempt := 0; attempt < 2; attempt++ {
@@ -421,7 +422,7 @@ func (r *run) appendArgs(args []any) []any {
 	args = append(args, r.calls[0].tmpl...)
 	args[lua.NArg] = len(r.calls)
 	for _, c := range r.calls {
-		args = append(args, c.id)
+		args = append(args, c.id, c.cost)
 	}
 	return args
 }

@@ -31,6 +31,8 @@ type keyState struct {
 type variant struct {
 	horizon, granule time.Duration
 	lease            int
+	headroom         time.Duration
+	book, pace       bool
 	mode             lua.Mode
 }
 

@@ -82,25 +82,29 @@ func (l *lease) expire(now time.Time) {
 	}
 }
 
-// take hands out one leased token, if any is left and still valid. The last
-// one of a chunk makes the next lease of the key twice as large, up to max.
-func (l *lease) take(now time.Time, max int) bool {
+// take hands out c leased tokens (from one chunk), if that many are left
+// and still valid. The last ones of a chunk make the next lease of the key
+// twice as large, up to max.
+func (l *lease) take(now time.Time, max, c int) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if len(l.chunks) == 0 {
 		return false
 	}
 	l.expire(now)
-	if len(l.chunks) == 0 {
-		return false
+	for i := range l.chunks {
+		ch := &l.chunks[i]
+		if ch.n < c {
+			continue
+		}
+		ch.n -= c
+		if ch.n == 0 {
+			l.chunks = append(l.chunks[:i], l.chunks[i+1:]...)
+			l.size = min(2*l.size, max)
+		}
+		return true
 	}
-	c := &l.chunks[0]
-	c.n--
-	if c.n == 0 {
-		l.chunks = append(l.chunks[:0], l.chunks[1:]...)
-		l.size = min(2*l.size, max)
-	}
-	return true
+	return false
 }
 
 // drop forgets every leased token: the process saw the key suspended, its

@@ -20,17 +20,17 @@ func TestLeaseSizeAdapts(t *testing.T) {
 		asked := l.request(max)
 		l.add(asked, asked-1, now, d, 0, now)
 		for range asked - 1 {
-			assert.True(t, l.take(now, max))
+			assert.True(t, l.take(now, max, 1))
 		}
-		assert.False(t, l.take(now, max), "the lease is used up")
+		assert.False(t, l.take(now, max, 1), "the lease is used up")
 		assert.Equal(t, want, l.request(max))
 	}
 
 	// Expired with tokens left: half.
 	l.add(64, 63, now, d, 0, now)
-	assert.True(t, l.take(now, max))
+	assert.True(t, l.take(now, max, 1))
 	now = now.Add(d)
-	assert.False(t, l.take(now, max), "expired tokens are not handed out")
+	assert.False(t, l.take(now, max, 1), "expired tokens are not handed out")
 	l.add(64, 0, now, d, 0, now)
 	assert.Equal(t, 32, l.request(max), "halved for the waste (and for the empty grant of 64)")
 
@@ -58,9 +58,9 @@ func TestLeaseChunksKeepTheirOwnExpiry(t *testing.T) {
 	assert.Equal(t, 14, l.held(t0.Add(45*time.Millisecond)))
 	assert.Equal(t, 7, l.held(t0.Add(60*time.Millisecond)), "the first decision's tokens expired at its own time")
 	for range 7 {
-		assert.True(t, l.take(t0.Add(60*time.Millisecond), max))
+		assert.True(t, l.take(t0.Add(60*time.Millisecond), max, 1))
 	}
-	assert.False(t, l.take(t0.Add(60*time.Millisecond), max))
+	assert.False(t, l.take(t0.Add(60*time.Millisecond), max, 1))
 
 	// Sent 60 ms ago: nothing left to lease.
 	var late lease

@@ -21,11 +21,26 @@ const (
 	MaxBurst = 1_000_000_000
 )
 
+// Kind says what a Limit counts.
+type Kind int
+
+const (
+	// KindBucket (the zero value) is a token bucket: Rate every Per, at most
+	// Burst at once (PerSecond, PerMinute, PerHour).
+	KindBucket Kind = iota
+	// KindWindow is a window: at most Rate calls in any window of length
+	// Per, whatever its phase (Window). Burst is not used.
+	KindWindow
+)
+
 // Limit allows Rate events every Per, with at most Burst at once. A Limit is a
-// token bucket: it holds Burst tokens and refills at Rate/Per.
+// token bucket (Kind KindBucket): it holds Burst tokens and refills at
+// Rate/Per. Window makes the other kind: at most Rate events in any window
+// of length Per.
 //
 // The zero value is not a valid limit. Burst 0 means Burst equals Rate.
 type Limit struct {
+	Kind  Kind
 	Rate  int
 	Per   time.Duration
 	Burst int
@@ -39,6 +54,15 @@ func PerMinute(n int) Limit { return Limit{Rate: n, Per: time.Minute} }
 
 // PerHour allows n events per hour with a burst of n.
 func PerHour(n int) Limit { return Limit{Rate: n, Per: time.Hour} }
+
+// Window allows at most n events in any window of length w, whatever the
+// phase of the provider's own windows: a quota stated as "5,000 per hour"
+// (GitHub) or "100 per minute" is never exceeded, as a token bucket of the
+// same numbers would (PerHour(5000) can admit close to 10,000 inside one of
+// GitHub's fixed hours). It counts calls in sub-windows of w/20, so a steady
+// backlog gets at least 95 % of n per w (less by the middleware's headroom).
+// It is a tier like the others in SetLimits, taken all or nothing with them.
+func Window(n int, w time.Duration) Limit { return Limit{Kind: KindWindow, Rate: n, Per: w} }
 
 // WithBurst returns a copy of l whose burst is b.
 func (l Limit) WithBurst(b int) Limit {
@@ -54,8 +78,12 @@ func (l Limit) burst() int {
 	return l.Burst
 }
 
-// String formats l as "50/1m0s burst 50".
+// String formats l as "50/1m0s burst 50" (a bucket) or "5000 per 1h0m0s
+// window".
 func (l Limit) String() string {
+	if l.Kind == KindWindow {
+		return fmt.Sprintf("%d per %v window", l.Rate, l.Per)
+	}
 	return fmt.Sprintf("%d/%v burst %d", l.Rate, l.Per, l.burst())
 }
 
@@ -65,6 +93,12 @@ func (l Limit) validate(i int) error {
 		return fmt.Errorf("%w: limits[%d].%s = %v: %s", ErrInvalidLimit, i, field, v, why)
 	}
 	switch {
+	case l.Kind != KindBucket && l.Kind != KindWindow:
+		return bad("Kind", l.Kind, "must be KindBucket or KindWindow")
+	case l.Kind == KindWindow && l.Burst != 0 && l.Burst != l.Rate:
+		return bad("Burst", l.Burst, "a window has no burst of its own: leave it 0")
+	case l.Kind == KindWindow && l.Rate > MaxBurst:
+		return bad("Rate", l.Rate, fmt.Sprintf("a window holds at most %d", MaxBurst))
 	case l.Rate <= 0:
 		return bad("Rate", l.Rate, "must be > 0")
 	case l.Per <= 0:
@@ -101,11 +135,14 @@ func validateLimits(limits []Limit) ([]lua.Tier, error) {
 			return nil, err
 		}
 		for j := range i {
-			if limits[j].Per == l.Per {
-				return nil, fmt.Errorf("%w: limits[%d].Per = %v: same period as limits[%d] (a tier is identified by its period)", ErrInvalidLimit, i, l.Per, j)
+			if limits[j].Per == l.Per && limits[j].Kind == l.Kind {
+				return nil, fmt.Errorf("%w: limits[%d].Per = %v: same period as limits[%d] (a tier is identified by its kind and period)", ErrInvalidLimit, i, l.Per, j)
 			}
 		}
 		tiers[i] = lua.Tier{Rate: int64(l.Rate), PerMS: l.Per.Milliseconds(), Burst: int64(l.burst())}
+		if l.Kind == KindWindow {
+			tiers[i].Kind, tiers[i].Burst = lua.KindWindow, int64(l.Rate)
+		}
 	}
 	return tiers, nil
 }

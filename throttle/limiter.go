@@ -131,8 +131,24 @@ type Decision struct {
 	// caller's process to hand out itself (see WithLease). Take and Reserve
 	// never ask for any.
 	Lease int
+	// Wait is, when allowed at a reserved slot a moment ahead (the
+	// middleware's pacing), how long to wait before starting: the tokens
+	// are taken as of then. Take and Reserve always give 0.
+	Wait time.Duration
 
 	gen int64 // limits generation, for leases
+}
+
+// CallOption changes one call of Take, TakeN, Reserve or ReserveN.
+type CallOption func(*variant)
+
+// Headroom makes a call keep room for d of dispatch jitter, as the
+// middleware does (WithHeadroom): it is admitted only when every tier would
+// still admit it d later, so calls that reach the provider up to d apart
+// from their decisions never find its quota short. Without it a call takes
+// the exact bucket: PerSecond(10) admits 10 at once.
+func Headroom(d time.Duration) CallOption {
+	return func(v *variant) { v.headroom = max(d, 0) }
 }
 
 // Take takes one token from every tier of key's limits, or none. When refused,
@@ -141,8 +157,23 @@ type Decision struct {
 // It returns ErrNoLimits when key has no limits (see WithDefaultLimits), a
 // *ConfigError when the limits in Redis are invalid, ErrInvalidKey for a bad
 // key name, and Redis errors as they are.
-func (l *Limiter) Take(ctx context.Context, key string) (Decision, error) {
-	return l.decide(ctx, key, variant{}, "")
+func (l *Limiter) Take(ctx context.Context, key string, opts ...CallOption) (Decision, error) {
+	return l.TakeN(ctx, key, 1, opts...)
+}
+
+// TakeN is Take for a call that costs n tokens of every tier (a GraphQL
+// query's points, say): all n from every tier, or none. A cost above a
+// tier's burst (or a window's quota) can never be admitted: TakeN returns
+// ErrCostTooHigh. See Charge to settle the actual cost afterwards.
+func (l *Limiter) TakeN(ctx context.Context, key string, n int, opts ...CallOption) (Decision, error) {
+	if n < 1 {
+		return Decision{}, fmt.Errorf("throttle: key %q: TakeN(%d): the cost must be at least 1", key, n)
+	}
+	var v variant
+	for _, o := range opts {
+		o(&v)
+	}
+	return l.decide(ctx, key, v, "", n)
 }
 
 // Reserve is Take for a caller with a stable identity (a task ID). When it is
@@ -156,17 +187,30 @@ func (l *Limiter) Take(ctx context.Context, key string) (Decision, error) {
 // callers return exactly on time. A caller back within one granule of its
 // slot is decided by the buckets. A reservation not used within DefaultLapse
 // of its slot lapses; SetLimits and Resume drop all reservations of the key.
-func (l *Limiter) Reserve(ctx context.Context, key, id string, horizon, granule time.Duration) (Decision, error) {
+func (l *Limiter) Reserve(ctx context.Context, key, id string, horizon, granule time.Duration, opts ...CallOption) (Decision, error) {
+	return l.ReserveN(ctx, key, id, 1, horizon, granule, opts...)
+}
+
+// ReserveN is Reserve for a caller that costs n tokens of every tier (see
+// TakeN): its slot is spaced for n.
+func (l *Limiter) ReserveN(ctx context.Context, key, id string, n int, horizon, granule time.Duration, opts ...CallOption) (Decision, error) {
 	if id == "" {
 		return Decision{}, errors.New("throttle: Reserve needs a non-empty id")
 	}
 	if horizon < 0 || granule < 0 {
 		return Decision{}, fmt.Errorf("throttle: Reserve(horizon %v, granule %v): both must be >= 0", horizon, granule)
 	}
-	return l.decide(ctx, key, variant{horizon: horizon, granule: granule}, id)
+	if n < 1 {
+		return Decision{}, fmt.Errorf("throttle: key %q: ReserveN(%d): the cost must be at least 1", key, n)
+	}
+	v := variant{horizon: horizon, granule: granule}
+	for _, o := range opts {
+		o(&v)
+	}
+	return l.decide(ctx, key, v, id, n)
 }
 
-func (l *Limiter) decide(ctx context.Context, key string, v variant, id string) (Decision, error) {
+func (l *Limiter) decide(ctx context.Context, key string, v variant, id string, cost int) (Decision, error) {
 	if err := ctx.Err(); err != nil {
 		return Decision{}, fmt.Errorf("throttle: key %q: decide: %w", key, err)
 	}
@@ -179,7 +223,7 @@ func (l *Limiter) decide(ctx context.Context, key string, v variant, id string) 
 		return Decision{}, err
 	}
 	c := getCall()
-	c.tmpl, c.id = tmpl, id
+	c.tmpl, c.id, c.cost = tmpl, id, cost
 	reply, err := l.flight.do(ctx, c)
 	if err != nil {
 		return Decision{}, fmt.Errorf("throttle: key %q: decide: %w", key, err)
@@ -193,8 +237,11 @@ func (l *Limiter) decide(ctx context.Context, key string, v variant, id string) 
 		return Decision{}, fmt.Errorf("%w %q", ErrNoLimits, key)
 	case lua.StatusBadConfig:
 		return Decision{}, &ConfigError{Key: key, Field: r.Field, Reason: r.Reason}
+	case lua.StatusCostTooHigh:
+		return Decision{}, fmt.Errorf("%w: key %q: a cost of %d, and a tier holds at most %s", ErrCostTooHigh, key, cost, r.Reason)
 	}
 	d := Decision{
+		Wait:       r.Wait,
 		Allowed:    r.Status == lua.StatusAllowed,
 		RetryAfter: r.RetryAfter,
 		Remaining:  int(r.Remaining),
@@ -277,6 +324,7 @@ func (l *Limiter) template(ks *keyState, key string, v variant) ([]any, error) {
 	t := &template{v: v, args: lua.AppendDecideArgs(nil, v.mode, keys, lua.DecideArgs{
 		Granule: v.granule, Horizon: v.horizon, Lapse: l.o.lapse,
 		IdleExpiry: l.o.idleExpiry, Defaults: l.defaults(key), Lease: v.lease,
+		Headroom: v.headroom, Book: v.book, Pace: v.pace,
 	})}
 	if v == (variant{mode: v.mode}) {
 		ks.take.Store(t)
@@ -487,7 +535,8 @@ func (l *Limiter) ResumeTasks(ctx context.Context, key string) (int, error) {
 type Status struct {
 	// Limits in force (from Redis, or the defaults); nil when none.
 	Limits []Limit
-	// Tokens in each tier now, matching Limits.
+	// Tokens in each tier now, matching Limits (for a window: the calls it
+	// would still admit now).
 	Tokens []float64
 	// Suspended is the remaining suspension, 0 when not suspended.
 	Suspended time.Duration
@@ -495,6 +544,8 @@ type Status struct {
 	Reservations int
 	// QueuedFor is how long until the last reserved slot.
 	QueuedFor time.Duration
+	// Generation counts the changes of the key's limits (SetLimits).
+	Generation int64
 }
 
 // Inspect reports key's limits, tokens, suspension and reservations without
@@ -517,9 +568,13 @@ func (l *Limiter) Inspect(ctx context.Context, key string) (Status, error) {
 	if r.Status == lua.StatusBadConfig {
 		return Status{}, &ConfigError{Key: key, Field: r.Field, Reason: r.Reason}
 	}
-	s := Status{Suspended: r.Suspended, Reservations: int(r.Reservations), QueuedFor: r.QueuedFor, Tokens: r.Tokens}
+	s := Status{Suspended: r.Suspended, Reservations: int(r.Reservations), QueuedFor: r.QueuedFor, Tokens: r.Tokens, Generation: r.Generation}
 	for _, t := range r.Tiers {
-		s.Limits = append(s.Limits, Limit{Rate: int(t.Rate), Per: time.Duration(t.PerMS) * time.Millisecond, Burst: int(t.Burst)})
+		l := Limit{Rate: int(t.Rate), Per: time.Duration(t.PerMS) * time.Millisecond, Burst: int(t.Burst)}
+		if t.Kind == lua.KindWindow {
+			l.Kind, l.Burst = KindWindow, 0
+		}
+		s.Limits = append(s.Limits, l)
 	}
 	return s, nil
 }

@@ -152,6 +152,10 @@ func (m *middleware) process(ctx context.Context, t *asynq.Task, next asynq.Hand
 		ev.Outcome = Unthrottled
 		return m.run(ctx, t, next, nil, ev)
 	}
+	cost, err := costOf(t)
+	if err != nil {
+		return err
+	}
 	ks := m.l.keys.get(key)
 	now := m.now()
 	if ks.noLimits(now) {
@@ -162,8 +166,8 @@ func (m *middleware) process(ctx context.Context, t *asynq.Task, next asynq.Hand
 		ev.Cached = true
 		return m.deferDecision(ctx, t, ks, Decision{RetryAfter: retryAt.Sub(now), Reason: RefusedBySuspension}, ev, Deferred)
 	}
-	leasing := o.lease > 1 && o.leaseFor > 0
-	if leasing && ks.lease.take(now, o.lease) {
+	leasing := o.lease > 1 && o.leaseFor > 0 && cost < o.lease
+	if leasing && ks.lease.take(now, o.lease, cost) {
 		ev.Outcome, ev.Leased = Ran, true
 		return m.run(ctx, t, next, ks, ev)
 	}
@@ -172,7 +176,7 @@ func (m *middleware) process(ctx context.Context, t *asynq.Task, next asynq.Hand
 	if leasing {
 		asked = ks.lease.request(o.lease)
 	}
-	d, err := m.decide(ctx, key, t, id, asked)
+	d, err := m.decide(ctx, key, t, id, asked, cost)
 	ev.Latency = m.now().Sub(now)
 	if err == nil {
 		m.saw(ks, d, now, asked)
@@ -205,8 +209,31 @@ func (m *middleware) process(ctx context.Context, t *asynq.Task, next asynq.Hand
 	case !d.Allowed:
 		return m.deferDecision(ctx, t, ks, d, ev, Deferred)
 	}
+	if d.Wait > 0 {
+		// Admitted at its reserved slot a moment ahead (pacing): the tokens
+		// are taken as of then, so the call starts then.
+		if err := m.sleep(ctx, d.Wait); err != nil {
+			return err
+		}
+	}
 	ev.Outcome = Ran
 	return m.run(ctx, t, next, ks, ev)
+}
+
+// maxPaceWait bounds the wait for a paced slot: one granule and the
+// tolerance the script allows a task back early.
+const maxPaceWait = Granule + 200*time.Millisecond
+
+// sleep waits d (at most maxPaceWait) or until ctx ends.
+func (m *middleware) sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(min(d, maxPaceWait))
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // saw updates the process's view of a key from a decision sent at sent:
@@ -263,17 +290,18 @@ func (m *middleware) run(ctx context.Context, t *asynq.Task, next asynq.Handler,
 		// A slot after the suspension, so the deferred crowd comes back
 		// spread out.
 		id, _ := asynq.GetTaskID(ctx)
-		if rd, derr := m.decide(ctx, key, t, id, 0); derr == nil && !rd.Allowed && rd.Reason == RefusedBySuspension {
+		cost, _ := costOf(t)
+		if rd, derr := m.decide(ctx, key, t, id, 0, max(cost, 1)); derr == nil && !rd.Allowed && rd.Reason == RefusedBySuspension {
 			d = rd
 		}
 	}
 	return m.deferDecision(ctx, t, ks, d, ev, Suspended)
 }
 
-// decide asks Redis for a decision on t; lease is how many tokens it may
-// take for this process (0: one).
-func (m *middleware) decide(ctx context.Context, key string, t *asynq.Task, id string, lease int) (Decision, error) {
-	v := variant{granule: Granule, lease: lease}
+// decide asks Redis for a decision on t, which costs cost; lease is how
+// many tokens it may take for this process (0: just its cost).
+func (m *middleware) decide(ctx context.Context, key string, t *asynq.Task, id string, lease, cost int) (Decision, error) {
+	v := variant{granule: Granule, lease: lease, headroom: m.l.o.headroom, pace: m.l.o.pacing}
 	if origin := t.Headers()[HeaderOrigin]; origin != "" {
 		id = origin
 	}
@@ -282,7 +310,7 @@ func (m *middleware) decide(ctx context.Context, key string, t *asynq.Task, id s
 	} else {
 		id = ""
 	}
-	return m.l.decide(ctx, key, v, id)
+	return m.l.decide(ctx, key, v, id, cost)
 }
 
 // deferDecision defers a refused task: a task with a reserved slot comes back
@@ -291,12 +319,17 @@ func (m *middleware) decide(ctx context.Context, key string, t *asynq.Task, id s
 // brought back if the suspension turns out to have ended early (Resume).
 func (m *middleware) deferDecision(ctx context.Context, t *asynq.Task, ks *keyState, d Decision, ev Event, out Outcome) error {
 	var delay time.Duration
-	if d.Reserved {
+	switch {
+	case d.Reserved && m.l.o.pacing && d.Slot.Truncate(time.Second) != d.Slot:
+		// A paced slot, inside a second: come back on the whole second
+		// before it; the worker then waits for the slot itself.
+		delay = max(d.Slot.Truncate(time.Second).Sub(m.now()), 0)
+	case d.Reserved:
 		// Aim at the slot itself (a whole second of the Redis clock), not at
 		// now+RetryAfter: the reply's travel time would push the task past
 		// the boundary and cost it a whole second.
 		delay = m.until(d.Slot)
-	} else {
+	default:
 		delay = m.roundUp(m.jitter.Add(d.RetryAfter))
 	}
 	ev.Outcome, ev.Reason, ev.Delay, ev.Reserved = out, d.Reason, delay, d.Reserved

@@ -40,6 +40,11 @@ const (
 	// DefaultFailureDelay is how long a task is deferred when Redis cannot
 	// decide (FailClosed).
 	DefaultFailureDelay = 5 * time.Second
+	// DefaultHeadroom is the dispatch jitter the middleware keeps room for:
+	// a task's call may reach the provider up to this much later than
+	// another's, relative to their decisions, without the provider seeing
+	// its quota exceeded.
+	DefaultHeadroom = 20 * time.Millisecond
 	// Granule is asynq's scheduling granularity: delayed tasks are scored in
 	// whole seconds.
 	Granule = time.Second
@@ -94,6 +99,8 @@ type options struct {
 	defaultSuspend time.Duration
 	lease          int
 	leaseFor       time.Duration
+	headroom       time.Duration
+	pacing         bool
 	logger         *slog.Logger
 	observer       func(Event)
 	deferralClient *asynq.Client
@@ -117,6 +124,8 @@ func newOptions(opts []Option) options {
 		defaultSuspend: DefaultSuspension,
 		lease:          DefaultLease,
 		leaseFor:       DefaultLeaseFor,
+		headroom:       DefaultHeadroom,
+		pacing:         true,
 		logger:         slog.Default(),
 	}
 	for _, opt := range opts {
@@ -155,6 +164,8 @@ func (o *options) validate() error {
 		return bad("WithLease", o.lease, fmt.Sprintf("must be from 0 to %d", MaxLease))
 	case o.leaseFor < 0:
 		return bad("WithLease", o.leaseFor, "the lease time must be >= 0")
+	case o.headroom < 0 || o.headroom > time.Second:
+		return bad("WithHeadroom", o.headroom, "must be from 0 to 1s")
 	case o.logger == nil:
 		return bad("WithLogger", nil, "must not be nil")
 	}
@@ -266,6 +277,28 @@ const MaxLease = 1000
 func WithLease(n int, d time.Duration) Option {
 	return func(o *options) { o.lease, o.leaseFor = n, d }
 }
+
+// WithHeadroom sets the dispatch jitter the middleware keeps room for
+// (default DefaultHeadroom, 20 ms): a task is admitted only when every tier
+// would still admit it d later, so that calls reaching the provider up to d
+// apart from their decisions never find its quota short, and a limit set to
+// exactly the provider's published quota draws no 429 from it. It costs a
+// token bucket rate x d tokens of its burst (nothing of its rate once
+// Burst >= 1 + rate x d; a burst of 1 runs at 1/(1/rate + d)), and a window
+// d of its length. 0 turns it off. Limiter.Take keeps the exact bucket
+// unless asked (Headroom).
+func WithHeadroom(d time.Duration) Option { return func(o *options) { o.headroom = d } }
+
+// WithPacing sets whether the middleware paces a backlog inside each second
+// (default true). asynq brings deferred tasks back on whole seconds, so
+// without pacing a limit whose burst is below its rate per second drains at
+// burst per second: 220 tasks under 40/s burst 5 take 44 s, not 5.5. With
+// pacing, reserved slots are exact instants; a task comes back on the whole
+// second before its slot and its worker waits for the slot (at most about
+// a second, never busy) before running it, so the backlog drains at the
+// rate and every second stays within the bound. Keys whose bursts cover a
+// second of their rate are not paced (nothing to gain).
+func WithPacing(on bool) Option { return func(o *options) { o.pacing = on } }
 
 // WithFailurePolicy sets what the middleware does when Redis cannot decide
 // (default FailClosed).

@@ -2,6 +2,7 @@ package throttle
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 
 	"github.com/hibiken/asynq"
@@ -26,19 +27,43 @@ const (
 	// HeaderRetried counts the retries the tasks before a copy spent: a
 	// copy's MaxRetry is what is left of the original's.
 	HeaderRetried = "throttle-retried"
+	// HeaderCost carries what a task takes from every tier (set by Cost
+	// through NewTask); 1 when absent.
+	HeaderCost = "throttle-cost"
 )
 
 // keyOption is the asynq.Option returned by Key.
 type keyOption string
 
-// optionTypeKey is outside asynq's own option types, which asynq's client
-// switches on: it ignores this option, which is why Key must go through NewTask.
-const optionTypeKey asynq.OptionType = 1 << 20
+// costOption is the asynq.Option returned by Cost.
+type costOption int
+
+// optionTypeKey and optionTypeCost are outside asynq's own option types,
+// which asynq's client switches on: it ignores them, which is why Key and
+// Cost must go through NewTask.
+const (
+	optionTypeKey  asynq.OptionType = 1 << 20
+	optionTypeCost asynq.OptionType = 1<<20 + 1
+)
 
 // String, Type and Value make Key an asynq.Option.
 func (k keyOption) String() string         { return fmt.Sprintf("throttle.Key(%q)", string(k)) }
 func (k keyOption) Type() asynq.OptionType { return optionTypeKey }
 func (k keyOption) Value() interface{}     { return string(k) }
+
+// String, Type and Value make Cost an asynq.Option.
+func (c costOption) String() string         { return fmt.Sprintf("throttle.Cost(%d)", int(c)) }
+func (c costOption) Type() asynq.OptionType { return optionTypeCost }
+func (c costOption) Value() interface{}     { return int(c) }
+
+// Cost makes a task take n tokens of every tier of its key instead of one
+// (a GraphQL query's points, a bulk call counted as n), e.g.
+// NewTask("github:graphql", p, Key("github"), Cost(5)). Its reservation is
+// spaced for n, and a lease hands it n tokens at once. Settle the actual
+// cost in the handler with Charge when it is known. Like Key, it must go
+// through NewTask. A cost above a tier's burst can never run: the task
+// fails with ErrCostTooHigh.
+func Cost(n int) asynq.Option { return costOption(n) }
 
 // Key names the limiter key a task is throttled under, e.g. Key("slack").
 //
@@ -54,8 +79,12 @@ func NewTask(typename string, payload []byte, opts ...asynq.Option) *asynq.Task 
 	headers := map[string]string{}
 	rest := make([]asynq.Option, 0, len(opts))
 	for _, o := range opts {
-		if k, ok := o.(keyOption); ok {
-			headers[HeaderKey] = string(k)
+		switch o := o.(type) {
+		case keyOption:
+			headers[HeaderKey] = string(o)
+			continue
+		case costOption:
+			headers[HeaderCost] = strconv.Itoa(int(o))
 			continue
 		}
 		rest = append(rest, o)
@@ -65,6 +94,20 @@ func NewTask(typename string, payload []byte, opts ...asynq.Option) *asynq.Task 
 
 // KeyOf returns the key in t's headers ("" if none).
 func KeyOf(t *asynq.Task) string { return t.Headers()[HeaderKey] }
+
+// costOf returns the cost in t's headers (1 when absent); a cost that is
+// not a whole number from 1 up is an error, the enqueuer's bug.
+func costOf(t *asynq.Task) (int, error) {
+	s, ok := t.Headers()[HeaderCost]
+	if !ok {
+		return 1, nil
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 1 {
+		return 0, fmt.Errorf("throttle: task type %q: header %s = %q: want a whole number from 1 up (Cost)", t.Type(), HeaderCost, s)
+	}
+	return n, nil
+}
 
 // keyOf picks the key of a task: its header, else the key function, else the
 // type prefix before ':'. A header key that is invalid is an error (the
