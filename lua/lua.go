@@ -246,8 +246,8 @@ func IsNoScript(err error) bool {
 
 // Status codes in the first element of a Decide or Inspect reply.
 const (
-	StatusAllowed   = 1
-	StatusDenied    = 0
+	StatusAllowed     = 1
+	StatusDenied      = 0
 	StatusBadConfig   = -1
 	StatusNoLimits    = -2
 	StatusCostTooHigh = -3
