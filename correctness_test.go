@@ -7,6 +7,7 @@ package throttle_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -168,4 +169,58 @@ func TestE2EResumeBringsTasksBack(t *testing.T) {
 	ts := f.rec.times("crm")
 	t.Logf("50 tasks done %v after Resume (the suspension would have ended after 60 s)", ts[len(ts)-1].Sub(resumed))
 	assert.LessOrEqual(t, maxInWindow(ts, time.Second), 50+50, "the limit holds after Resume")
+}
+
+// Enqueued through Limiter.Enqueue, a backlog reserves its slots when it is
+// enqueued: each task waits in asynq's scheduled set for its slot and is
+// dequeued once, admitted against its reservation. The fleet holds the
+// limit, every task runs once under its own ID, and hardly any is deferred.
+func TestE2EEnqueueTimeThrottling(t *testing.T) {
+	t.Parallel()
+	f := startFleet(t, fleetConfig{})
+	f.setLimits("crm", throttle.PerSecond(50).WithBurst(10))
+	lim := throttle.NewLimiter(f.rdb)
+	ctx := context.Background()
+	const n = 200
+	var ids []string
+	for i := range n {
+		job := fmt.Sprintf("job-%d", i)
+		info, err := lim.Enqueue(ctx, f.client, throttle.NewTask("sync:crm", []byte(job), throttle.Key("crm")), asynq.Retention(time.Hour))
+		require.NoError(t, err)
+		ids = append(ids, info.ID)
+		f.jobOfID.Store(info.ID, job)
+	}
+	q, err := f.insp.GetQueueInfo("default")
+	require.NoError(t, err)
+	assert.Greater(t, q.Scheduled, n/2, "tasks enqueued to wait for their slots")
+	f.waitDone(n, 60*time.Second)
+	f.audit(n)
+	ts := f.rec.times("crm")
+	assert.LessOrEqual(t, maxInWindow(ts, time.Second), 50+10, "executions in a 1 s window")
+	t.Logf("%d tasks in %v, %d deferrals", n, ts[len(ts)-1].Sub(ts[0]), f.ev.deferred.Load())
+	assert.Less(t, f.ev.deferred.Load(), int64(n/10), "deferrals of tasks that reserved their slots at enqueue")
+	for _, id := range ids {
+		info, err := f.insp.GetTaskInfo("default", id)
+		require.NoError(t, err)
+		assert.Equal(t, asynq.TaskStateCompleted, info.State, id)
+	}
+}
+
+// A limit whose burst is below its rate per second drains a backlog at its
+// rate, paced inside each second by the workers, and every second stays
+// within the bound: 220 tasks under 40/s burst 5 (without pacing: 5 a
+// second, 44 s).
+func TestE2EPacedSmallBurst(t *testing.T) {
+	t.Parallel()
+	f := startFleet(t, fleetConfig{})
+	f.setLimits("crm", throttle.Limit{Rate: 40, Per: time.Second, Burst: 5})
+	f.enqueue("crm", "job", 220)
+	f.waitDone(220, 60*time.Second)
+	f.audit(220)
+	ts := f.rec.times("crm")
+	took := ts[len(ts)-1].Sub(ts[0])
+	t.Logf("220 tasks in %v (ideal %v), busiest second %d", took, 215*time.Second/40, maxInWindow(ts, time.Second))
+	assert.LessOrEqual(t, maxInWindow(ts, time.Second), 40+5, "executions in a 1 s window")
+	assert.LessOrEqual(t, maxInWindow(ts, 100*time.Millisecond), 4+5, "executions in a 100 ms window")
+	assert.Less(t, took, 15*time.Second, "the backlog drained at burst per second, not at the rate")
 }

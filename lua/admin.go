@@ -95,6 +95,19 @@ func Migrate(ctx context.Context, r *Runner, k Keys, idle time.Duration, default
 	return n == 1, nil
 }
 
+// Adjust runs adjust.lua: every tier of the key takes delta more calls'
+// worth as of now (a negative delta gives them back).
+//
+//	KEYS[1] bucket hash
+//	ARGV[1] delta, calls   ARGV[2] limits' inactivity expiry, milliseconds
+//	ARGV[3] default limits ("" = none)
+//
+// Reply: 1 when the key had limits, else 0.
+func Adjust(ctx context.Context, r *Runner, k Keys, delta int, idle time.Duration, defaults []Tier) error {
+	_, err := r.Run(ctx, adjustScript, []string{k.Bucket}, delta, idle.Milliseconds(), FormatTiers(defaults))
+	return err
+}
+
 // InspectReply is a read-only view of one key.
 type InspectReply struct {
 	Status       int           // StatusAllowed (limits known), StatusBadConfig or StatusNoLimits

@@ -141,8 +141,8 @@ if queue_open then
 end
 local taken = false     -- bucket or window state changed
 
--- admit takes c from every tier, at now or, for a holder paced to its slot,
--- at the slot (at > now). It returns the reply.
+-- admit takes c from every tier, at now or, for a paced holder, at a
+-- moment ahead (at > now) when every tier admits it. It returns the reply.
 local function admit(slot, id, c, at)
   local remaining = math.huge
   for i, t in ipairs(tiers) do
@@ -296,8 +296,18 @@ local function decide(id, c)
       keep(slot)
       return denied(slot - now, 'reserved', slot)
     end
-    if paced and slot > now then
-      if short(c, slot, true) == 0 then return admit(slot, id, c, slot) end
+    if paced then
+      -- Paced: the holders of one granule come back together, in any order,
+      -- and take their turns first come first served at the instant every
+      -- tier admits them (the schedule made room for them in this granule),
+      -- each told to wait for it.
+      local at = now
+      for _ = 1, 3 do
+        local tier, wait = short(c, at, true)
+        if tier == 0 then break end
+        at = at + wait
+      end
+      if at - now <= early and short(c, at, true) == 0 then return admit(slot, id, c, at) end
     end
   end
 

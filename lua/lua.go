@@ -46,6 +46,8 @@ var (
 	inspectSrc string
 	//go:embed migrate.lua
 	migrateSrc string
+	//go:embed adjust.lua
+	adjustSrc string
 )
 
 // Script is one of the scripts, callable as a function of the library or
@@ -60,7 +62,7 @@ type Script struct {
 // processes of different versions (a rolling upgrade) each call their own.
 var version = func() string {
 	h := sha1.New()
-	for _, s := range []string{libSrc, decideSrc, setLimitsSrc, suspendSrc, resumeSrc, inspectSrc, migrateSrc} {
+	for _, s := range []string{libSrc, decideSrc, setLimitsSrc, suspendSrc, resumeSrc, inspectSrc, migrateSrc, adjustSrc} {
 		h.Write([]byte(s))
 		h.Write([]byte{0})
 	}
@@ -83,7 +85,8 @@ var (
 	resumeScript    = newScript("resume", resumeSrc)
 	inspectScript   = newScript("inspect", inspectSrc)
 	migrateScript   = newScript("migrate", migrateSrc)
-	allScripts      = []*Script{decideScript, setLimitsScript, suspendScript, resumeScript, inspectScript, migrateScript}
+	adjustScript    = newScript("adjust", adjustSrc)
+	allScripts      = []*Script{decideScript, setLimitsScript, suspendScript, resumeScript, inspectScript, migrateScript, adjustScript}
 )
 
 // library is the source FUNCTION LOAD takes: the helpers once, then every

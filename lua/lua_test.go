@@ -725,12 +725,18 @@ func TestDecide_Pace(t *testing.T) {
 	}
 	assert.Equal(t, testEpoch().Add(25*time.Millisecond), slots[0], "the first slot: one token at 40/s")
 	assert.Equal(t, testEpoch().Add(time.Second), slots[39], "40 more in the next second, not 5")
-	// The holder of slot 20 comes back on the whole second before it.
+	// The holders of one granule come back together on its whole second,
+	// in any order, and take their turns first come first served: the
+	// holder of slot 20 first, then the holder of slot 3.
 	e.at(0)
 	a.TaskID = "20"
 	r := e.decide(a)
 	assert.Equal(t, StatusAllowed, r.Status, "holder back before its paced slot: %+v", r)
-	assert.Equal(t, slots[20].Sub(testEpoch()), r.Wait, "told to wait for its slot")
+	assert.Equal(t, 25*time.Millisecond, r.Wait, "told to wait for the first instant every tier admits it")
+	a.TaskID = "3"
+	r = e.decide(a)
+	assert.Equal(t, StatusAllowed, r.Status, "the next holder: %+v", r)
+	assert.Equal(t, 50*time.Millisecond, r.Wait, "and the next instant")
 }
 
 // Booking (enqueue-time throttling) reserves a slot even for a caller that
@@ -752,4 +758,25 @@ func TestDecide_Book(t *testing.T) {
 	assert.Equal(t, StatusAllowed, e.decide(a).Status, "the holder of a slot now")
 	a.TaskID = "x"
 	assert.Equal(t, StatusDenied, e.decide(a).Status, "a fresh caller waits behind the bookings")
+}
+
+// Adjust settles a cost after the fact: every tier takes or gives back the
+// difference, a bucket never above its burst, a window never below zero.
+func TestAdjust(t *testing.T) {
+	e := newEnv(t)
+	e.setLimits(Tier{Rate: 10, PerMS: 1000, Burst: 10}, Tier{Kind: KindWindow, Rate: 20, PerMS: 60000})
+	e.decide(DecideArgs{IdleExpiry: time.Hour, Cost: 4})
+	tokens := func() []float64 {
+		t.Helper()
+		r, err := Inspect(e.ctx, e.run, e.k, nil)
+		require.NoError(t, err)
+		return r.Tokens
+	}
+	assert.Equal(t, []float64{6, 16}, tokens(), "after a cost of 4")
+	require.NoError(t, Adjust(e.ctx, e.run, e.k, 3, time.Hour, nil))
+	assert.Equal(t, []float64{3, 13}, tokens(), "charged 3 more")
+	require.NoError(t, Adjust(e.ctx, e.run, e.k, -5, time.Hour, nil))
+	assert.Equal(t, []float64{8, 18}, tokens(), "5 given back")
+	require.NoError(t, Adjust(e.ctx, e.run, e.k, -100, time.Hour, nil))
+	assert.Equal(t, []float64{10, 20}, tokens(), "never more than the burst, never fewer than no calls")
 }

@@ -531,6 +531,28 @@ func (l *Limiter) ResumeTasks(ctx context.Context, key string) (int, error) {
 	return n, nil
 }
 
+// Adjust makes every tier of key take delta more calls' worth as of now, or
+// give -delta back (a cost settled after the call: see Charge, the same for
+// a handler under the middleware). A bucket never holds more than its
+// burst; a window gives back from its latest calls. A key without limits
+// is left alone.
+func (l *Limiter) Adjust(ctx context.Context, key string, delta int) error {
+	keys, err := redisKeys(l.o.prefix, key)
+	if err != nil {
+		return err
+	}
+	if _, err := l.state(ctx, key); err != nil {
+		return err
+	}
+	_, err = bounded(l, ctx, func(ctx context.Context) (struct{}, error) {
+		return struct{}{}, lua.Adjust(ctx, l.runner, keys, delta, l.o.idleExpiry, l.defaults(key))
+	})
+	if err != nil {
+		return fmt.Errorf("throttle: key %q: adjust by %d: %w", key, delta, err)
+	}
+	return nil
+}
+
 // Status is a read-only view of one key, from Inspect.
 type Status struct {
 	// Limits in force (from Redis, or the defaults); nil when none.

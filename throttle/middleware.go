@@ -260,6 +260,10 @@ func (m *middleware) run(ctx context.Context, t *asynq.Task, next asynq.Handler,
 	o := &m.l.o
 	ev.Ran = true
 	m.observe(ev)
+	if ks != nil {
+		cost, _ := costOf(t)
+		ctx = context.WithValue(ctx, chargeKey{}, &taskCharge{l: m.l, key: ev.Key, cost: max(cost, 1)})
+	}
 	herr := next.ProcessTask(ctx, t)
 	var rl *RateLimitedError
 	if ks == nil || !errors.As(herr, &rl) {

@@ -279,3 +279,43 @@ func TestClusterMissingScriptWithANodeDown(t *testing.T) {
 		assert.True(t, d.Allowed)
 	}
 }
+
+// A task's Cost takes that many tokens of every tier; Charge in its handler
+// settles the actual cost; TakeN does the same for direct callers, and a
+// cost no tier can ever hold is refused with ErrCostTooHigh.
+func TestCosts(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Start(t).Client(t)
+	lim := throttle.NewLimiter(rdb, quietLog, throttle.WithHeadroom(0), throttle.WithLease(0, 0))
+	require.NoError(t, lim.SetLimits(ctx, "gql", throttle.PerHour(10)))
+	mw := lim.Middleware()
+	var ran atomic.Int64
+	run := func(cost int, h func(ctx context.Context) error) error {
+		task := throttle.NewTask("gql:query", nil, throttle.Key("gql"), throttle.Cost(cost))
+		return mw(asynq.HandlerFunc(func(ctx context.Context, _ *asynq.Task) error {
+			ran.Add(1)
+			return h(ctx)
+		})).ProcessTask(ctx, task)
+	}
+	tokens := func() float64 {
+		t.Helper()
+		st, err := lim.Inspect(ctx, "gql")
+		require.NoError(t, err)
+		return st.Tokens[0]
+	}
+	require.NoError(t, run(4, func(context.Context) error { return nil }))
+	assert.InDelta(t, 6, tokens(), 0.01, "a task of cost 4")
+	require.NoError(t, run(2, func(ctx context.Context) error { return throttle.Charge(ctx, 5) }))
+	assert.InDelta(t, 1, tokens(), 0.01, "a task of cost 2 that cost 5")
+	require.NoError(t, run(2, func(context.Context) error { return nil }), "deferred by copy")
+	assert.Equal(t, int64(2), ran.Load(), "a task of cost 2 with 1 token left ran")
+	assert.Error(t, throttle.Charge(ctx, 1), "Charge outside a handler")
+
+	d, err := lim.TakeN(ctx, "gql", 1)
+	require.NoError(t, err)
+	assert.True(t, d.Allowed)
+	_, err = lim.TakeN(ctx, "gql", 11)
+	assert.ErrorIs(t, err, throttle.ErrCostTooHigh)
+	require.NoError(t, lim.Adjust(ctx, "gql", -3))
+	assert.InDelta(t, 3, tokens(), 0.01, "3 given back")
+}
