@@ -108,6 +108,53 @@ func Adjust(ctx context.Context, r *Runner, k Keys, delta int, idle time.Duratio
 	return err
 }
 
+// Release runs release.lua: the slots in flight are given back, and how
+// long they were held is learned.
+//
+//	KEYS[1] bucket hash  KEYS[2] slots in flight
+//	ARGV the slots (Hold of each decision)
+//
+// Reply: how many were still held.
+func Release(ctx context.Context, r *Runner, k Keys, holds ...string) (int64, error) {
+	args := make([]any, len(holds))
+	for i, h := range holds {
+		args[i] = h
+	}
+	v, err := r.Run(ctx, releaseScript, []string{k.Bucket, k.Slots}, args...)
+	if err != nil {
+		return 0, err
+	}
+	n, ok := v.(int64)
+	if !ok {
+		return 0, errBadReply("release", v)
+	}
+	return n, nil
+}
+
+// Extend runs extend.lua: the leases of the slots still held end lease from
+// now.
+//
+//	KEYS[1] slots in flight
+//	ARGV[1] lease, microseconds; then the slots
+//
+// Reply: how many were renewed (a slot whose lease had ended is not).
+func Extend(ctx context.Context, r *Runner, k Keys, lease time.Duration, holds ...string) (int64, error) {
+	args := make([]any, 0, 1+len(holds))
+	args = append(args, lease.Microseconds())
+	for _, h := range holds {
+		args = append(args, h)
+	}
+	v, err := r.Run(ctx, extendScript, []string{k.Slots}, args...)
+	if err != nil {
+		return 0, err
+	}
+	n, ok := v.(int64)
+	if !ok {
+		return 0, errBadReply("extend", v)
+	}
+	return n, nil
+}
+
 // InspectReply is a read-only view of one key.
 type InspectReply struct {
 	Status       int           // StatusAllowed (limits known), StatusBadConfig or StatusNoLimits
@@ -116,6 +163,8 @@ type InspectReply struct {
 	QueuedFor    time.Duration // time until the last reserved slot
 	FromRedis    bool          // the tiers are the limits in Redis, not the defaults
 	Generation   int64         // the limits' generation
+	InFlight     int64         // slots in flight now (with an in-flight limit)
+	InFlightMax  int64         // the in-flight limit, 0 without one
 	Tiers        []Tier        // the tiers in force, validated by the script
 	Tokens       []float64     // tokens per tier now (a window: calls it would still admit)
 	Field        string
@@ -127,11 +176,12 @@ type InspectReply struct {
 //	KEYS as Decide; ARGV[1] default limits ("" = none)
 //
 // Reply: {1, suspended_us, reservations, queued_us, from_redis (0/1), n,
-// generation, then kind, rate, per_ms, burst, tokens per tier};
+// generation, in_flight, in_flight_max, then kind, rate, per_ms, burst,
+// tokens per tier};
 // {-2, suspended_us, reservations} without limits; {-1, field, reason} for
 // bad limits.
 func Inspect(ctx context.Context, r *Runner, k Keys, defaults []Tier) (InspectReply, error) {
-	v, err := r.Run(ctx, inspectScript, []string{k.Bucket, k.Reservations}, FormatTiers(defaults))
+	v, err := r.Run(ctx, inspectScript, []string{k.Bucket, k.Reservations, k.Slots}, FormatTiers(defaults))
 	if err != nil {
 		return InspectReply{}, err
 	}
@@ -155,7 +205,7 @@ func Inspect(ctx context.Context, r *Runner, k Keys, defaults []Tier) (InspectRe
 	if status == StatusNoLimits {
 		return out, nil
 	}
-	const head, per = 7, 5
+	const head, per = 9, 5
 	if len(a) < head {
 		return InspectReply{}, bad
 	}
@@ -163,9 +213,12 @@ func Inspect(ctx context.Context, r *Runner, k Keys, defaults []Tier) (InspectRe
 	fromRedis, ok2 := a[4].(int64)
 	n, ok3 := a[5].(int64)
 	gen, ok4 := num(a[6])
-	if !ok1 || !ok2 || !ok3 || !ok4 || n < 0 || len(a) != head+per*int(n) {
+	inflight, ok5 := a[7].(int64)
+	inflightMax, ok6 := a[8].(int64)
+	if !ok1 || !ok2 || !ok3 || !ok4 || !ok5 || !ok6 || n < 0 || len(a) != head+per*int(n) {
 		return InspectReply{}, bad
 	}
+	out.InFlight, out.InFlightMax = inflight, inflightMax
 	out.QueuedFor = time.Duration(q) * time.Microsecond
 	out.FromRedis = fromRedis == 1
 	out.Generation = gen

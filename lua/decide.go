@@ -39,6 +39,9 @@ type DecideArgs struct {
 	Pace bool
 	// Cost is what the caller takes from every tier (0 means 1).
 	Cost int
+	// SlotLease is how long a slot in flight is held without renewal
+	// (Extend) before it is taken back.
+	SlotLease time.Duration
 }
 
 // DecideReply is the outcome of one decision.
@@ -51,13 +54,14 @@ type DecideReply struct {
 	Slot       time.Time     // when denied with a reservation: the reserved slot (Redis clock)
 	Lease      int64         // when allowed: extra tokens taken for the caller's process
 	Generation int64         // the limits' generation (bumped by every SetLimits)
+	Hold       string        // when allowed on a key with an in-flight limit: the slot held, for Release
 	Field      string        // when StatusBadConfig: the offending config field; StatusCostTooHigh: the tier
 	Reason     string        // when StatusBadConfig: what is wrong with it; StatusCostTooHigh: the tier's largest cost
 }
 
 // Decide runs decide.lua for one caller.
 //
-//	KEYS[1] bucket hash  KEYS[2] reservations
+//	KEYS[1] bucket hash  KEYS[2] reservations  KEYS[3] slots in flight
 //	ARGV[1] number of decisions n (callers decided in this run, in order)
 //	ARGV[2] granule, microseconds
 //	ARGV[3] reservation horizon, microseconds (0 = never reserve)
@@ -67,14 +71,18 @@ type DecideReply struct {
 //	ARGV[7] default limits, "rate/per_ms/burst ..." ("" = none)
 //	ARGV[8] headroom, microseconds
 //	ARGV[9] flags: 1 book, 2 pace
+//	ARGV[10] slot lease, microseconds
 //	then n pairs: task ID ("" = no reservation), cost; one per decision
 //
 // Reply: the n decisions joined by ';', each one string (reading it costs no
 // allocation): "status|wait_us|remaining|refused_by|slot_us|extra|gen"
 // (status 1 allowed: wait_us until the slot it was admitted at, 0 now;
 // status 0 denied: wait_us the retry-after; extra: tokens leased to the
-// caller's process), "-1|field|reason" for bad limits, "-2" without limits,
-// "-3|tier|max" for a cost above what a tier can ever hold.
+// caller's process; on a key with an in-flight limit an allowed decision adds
+// "|hold", the slot it holds), "-1|field|reason" for bad limits, "-2"
+// without limits, "-3|tier|max" for a cost above what a tier can ever hold.
+// A caller refused only for a slot gets refused_by "inflight" and the time
+// one is expected to free, in the order callers were refused.
 func Decide(ctx context.Context, r *Runner, k Keys, a DecideArgs) (DecideReply, error) {
 	args := AppendDecideArgs(nil, r.Mode(), k, a)
 	args[NArg] = 1
@@ -92,7 +100,7 @@ var DecideScript = decideScript
 
 // Positions in the command AppendDecideArgs builds.
 const (
-	firstARGV = 5 // verb, function or sha, 2, two keys
+	firstARGV = 6 // verb, function or sha, 3, three keys
 	// NArg is where the number of decisions goes (ARGV[1]); the caller sets it.
 	NArg = firstARGV
 )
@@ -110,10 +118,10 @@ func AppendDecideArgs(dst []any, m Mode, k Keys, a DecideArgs) []any {
 	if a.Pace {
 		flags |= 2
 	}
-	return append(dst, verb, id, 2, k.Bucket, k.Reservations,
+	return append(dst, verb, id, 3, k.Bucket, k.Reservations, k.Slots,
 		1, a.Granule.Microseconds(), a.Horizon.Microseconds(),
 		a.Lapse.Microseconds(), a.IdleExpiry.Milliseconds(), a.Lease, FormatTiers(a.Defaults),
-		a.Headroom.Microseconds(), flags)
+		a.Headroom.Microseconds(), flags, a.SlotLease.Microseconds())
 }
 
 // NextReply splits the first decision off a reply of several: it returns
@@ -128,9 +136,9 @@ func NextReply(s string) (first, rest string) {
 // ParseDecide reads a decide reply without allocating.
 func ParseDecide(s string) (DecideReply, error) {
 	reply := s
-	var f [7]string
+	var f [8]string
 	n := 0
-	for n < 6 {
+	for n < 7 {
 		i := strings.IndexByte(s, '|')
 		if i < 0 {
 			break
@@ -147,7 +155,7 @@ func ParseDecide(s string) (DecideReply, error) {
 		return DecideReply{Status: StatusBadConfig, Field: f[1], Reason: f[2]}, nil
 	case n == 3 && f[0] == "-3":
 		return DecideReply{Status: StatusCostTooHigh, Field: f[1], Reason: f[2]}, nil
-	case n != 7 || (f[0] != "0" && f[0] != "1"):
+	case n != 7 && !(n == 8 && f[0] == "1"), f[0] != "0" && f[0] != "1":
 		return DecideReply{}, errBadReply("decide", reply)
 	}
 	retry, ok1 := parseNum(f[1])
@@ -164,6 +172,12 @@ func ParseDecide(s string) (DecideReply, error) {
 		RefusedBy:  f[3],
 		Lease:      extra,
 		Generation: gen,
+	}
+	if n == 8 {
+		if f[7] == "" || strings.IndexByte(f[7], '|') >= 0 {
+			return DecideReply{}, errBadReply("decide", reply)
+		}
+		r.Hold = f[7]
 	}
 	if r.Status == StatusAllowed {
 		r.Wait = time.Duration(retry) * time.Microsecond

@@ -5,7 +5,7 @@
 -- Order for each caller: suspension, limits (validated), every tier at now,
 -- take from all tiers or none, otherwise reserve a slot or say when to come
 -- back.
-local key, resv_key = KEYS[1], KEYS[2]
+local key, resv_key, slots_key = KEYS[1], KEYS[2], KEYS[3]
 local n        = ARGV[1] + 0         -- decisions in this run
 local granule  = ARGV[2] + 0         -- us; 0 = callers can come back at any instant
 local horizon  = ARGV[3] + 0         -- us; 0 = never reserve
@@ -15,7 +15,8 @@ local lease    = ARGV[6] + 0         -- tokens a caller may take for its process
 local defaults = ARGV[7]             -- limits when the key has none in Redis ('' = none)
 local headroom = ARGV[8] + 0         -- us of dispatch jitter to keep room for
 local flags    = ARGV[9] + 0         -- 1: book (always reserve), 2: pace (admit at the slot)
-local CALLERS_AT = 10                -- then (task ID, cost) per decision
+local slot_lease = ARGV[10] + 0      -- us a slot in flight is held without renewal
+local CALLERS_AT = 11                -- then (task ID, cost) per decision
 local book = flags % 2 == 1
 local pace = math.floor(flags / 2) % 2 == 1
 
@@ -50,7 +51,7 @@ if vnext > now + horizon + MAX_SKEW then vnext = 0 end
 -- The common case, decided without the general machinery: one caller, no
 -- suspension, no queue, no windows, no booking; admitted or not at once.
 -- (A refusal falls through to the general path below.)
-if n == 1 and not suspended and not spec.windows and vnext <= now and not book then
+if n == 1 and not suspended and not spec.windows and not spec.inflight and vnext <= now and not book then
   local c = ARGV[CALLERS_AT + 1]
   c = c and tonumber(c) or 1
   local nt = #tiers
@@ -131,6 +132,58 @@ if spec.windows then
   end
 end
 
+-- Slots in flight: holders whose lease ended (a worker killed) give them
+-- back now.
+local held, slot_n = 0, spec.inflight
+if slot_n then
+  redis.call('ZREMRANGEBYSCORE', slots_key, '-inf', '(' .. fmt(now))
+  held = redis.call('ZCARD', slots_key)
+end
+local lanes = nil        -- when each slot is next expected free, while callers wait
+local function slot_wait()
+  if not lanes then
+    local raw = redis.call('HMGET', key, 'FL', 'R')
+    local holders = redis.call('ZRANGE', slots_key, 0, -1)
+    local avg = slot_avg(raw[2], 0)
+    lanes = {}
+    if avg == 0 then
+      -- No slot of the key was released yet: nothing to predict from. The
+      -- guess is a second (asynq's resolution), or as long as the oldest
+      -- holder has been running; a waiter is not sent further than one
+      -- guess ahead (it comes back and asks again), and the guess is not
+      -- kept.
+      avg = 1e6
+      for _, m in ipairs(holders) do
+        local st = slot_start(m)
+        if st and now - st > avg then avg = now - st end
+      end
+      avg = math.min(avg, slot_lease)
+      lanes.guess = now + avg
+    else
+      for v in string.gmatch(raw[1] or '', '(%d+)') do lanes[#lanes + 1] = tonumber(v) end
+    end
+    if #lanes ~= slot_n or lanes[1] < now then
+      -- Fresh lanes: each holder is expected to hold its slot for the
+      -- average; free slots are free now.
+      local fresh = {guess = lanes.guess}
+      for _, m in ipairs(holders) do
+        local st = slot_start(m) or now
+        fresh[#fresh + 1] = math.max(st + avg, now + 50000)
+      end
+      while #fresh < slot_n do fresh[#fresh + 1] = now end
+      table.sort(fresh)
+      lanes = fresh
+    end
+    lanes.avg = avg
+  end
+  -- The earliest lane goes to this caller; it is next free a run later.
+  local at = lanes[1]
+  lanes[1] = at + lanes.avg
+  table.sort(lanes)
+  if lanes.guess and at > lanes.guess then at = lanes.guess end
+  return at
+end
+
 -- Reservations matter only while a queue of them is outstanding. Without
 -- one, a task that held a slot is decided like any other (it cannot jump a
 -- queue that is not there), so the common case reads no reservation at all.
@@ -140,6 +193,7 @@ if queue_open then
   redis.call('ZREMRANGEBYSCORE', resv_key, '-inf', '(' .. fmt(now - lapse))
 end
 local taken = false     -- bucket or window state changed
+local callers_in_run = 0
 
 -- admit takes c from every tier, at now or, for a paced holder, at a
 -- moment ahead (at > now) when every tier admits it. It returns the reply.
@@ -162,12 +216,26 @@ local function admit(slot, id, c, at)
   end
   taken = true
   if slot then redis.call('ZREM', resv_key, id) end
+  local hold = ''
+  if slot_n then
+    -- The reply is split on '|' and ';': a task ID with those is spelled
+    -- with '_' in its slot's name.
+    local who = string.gsub(id ~= '' and id or 'x', '[|;]', '_')
+    local stamp = who .. '@' .. string.format('%d', now) .. '.'
+    -- Unique even for two runs in the same microsecond (a clock that does
+    -- not move, or a very fast Redis).
+    repeat
+      hold = stamp .. callers_in_run
+      callers_in_run = callers_in_run + 1
+    until redis.call('ZADD', slots_key, 'NX', now + slot_lease, hold) == 1
+    held = held + 1
+  end
   -- A lease: more tokens for the caller's process to hand out itself, only
   -- while every tier keeps at least lease tokens behind, so leases never
   -- compete for the last tokens. They are taken here, so the bound holds
   -- whatever the process does with them.
   local extra = 0
-  if lease > 1 and not slot and at == now then
+  if lease > 1 and not slot and at == now and not slot_n then
     extra = math.floor(remaining) - lease
     if extra > lease - c then extra = lease - c end
     if extra > 0 then
@@ -179,7 +247,11 @@ local function admit(slot, id, c, at)
       extra = 0
     end
   end
+  if remaining == math.huge then remaining = slot_n - held end
   if remaining < 0 then remaining = 0 end
+  if slot_n then
+    return string.format('1|%d|%d||0|%d|%d|%s', math.ceil(at - now), math.floor(remaining), extra, gen, hold)
+  end
   return string.format('1|%d|%d||0|%d|%d', math.ceil(at - now), math.floor(remaining), extra, gen)
 end
 
@@ -307,7 +379,9 @@ local function decide(id, c)
         if tier == 0 then break end
         at = at + wait
       end
-      if at - now <= early and short(c, at, true) == 0 then return admit(slot, id, c, at) end
+      if at - now <= early and short(c, at, true) == 0 and not (slot_n and held >= slot_n) then
+        return admit(slot, id, c, at)
+      end
     end
   end
 
@@ -315,7 +389,8 @@ local function decide(id, c)
   -- take what the queue of reservations has been promised.
   local short_tier, wait = short(c, now, slot ~= nil and now >= slot)
   local queued = (slot == nil) and vnext > now
-  if not suspended and short_tier == 0 and not queued and not (book and slot == nil) then
+  local no_slot = slot_n ~= nil and held >= slot_n and not book
+  if not suspended and short_tier == 0 and not queued and not no_slot and not (book and slot == nil) then
     return admit(slot, id, c, now)
   end
 
@@ -325,6 +400,13 @@ local function decide(id, c)
   if suspended then
     by = 'suspended'
     if until_ > earliest then earliest = until_ end
+  elseif short_tier == 0 and no_slot and not queued then
+    -- Only the slots refuse: come back when one is expected free, in the
+    -- order callers were refused (no reservation: a slot frees when its
+    -- holder ends, not on a schedule).
+    local at = slot_wait()
+    if slot then keep(slot) end
+    return denied(math.max(at - now, 1000), 'inflight', slot or 0)
   elseif short_tier == 0 then
     by = 'queue'
   end
@@ -372,7 +454,7 @@ local function decide(id, c)
     scheduled = true
     -- The schedule has room right now (a queued caller at a granule
     -- boundary, say): run now rather than "retry in 0".
-    if slot_at <= now and not suspended and short_tier == 0 and not book then
+    if slot_at <= now and not suspended and short_tier == 0 and not book and not no_slot then
       for i, t in ipairs(tiers) do
         if t.kind == 'w' then win_unreserve(wins[i], slot_at, c) end
       end
@@ -452,6 +534,15 @@ if taken or scheduled then
   end
   if #fields > 0 then redis.call('HSET', key, unpack(fields)) end
   if ttl then expire_in(key, ttl) end
+end
+if lanes and not lanes.guess then
+  local l = {}
+  for i = 1, #lanes do l[i] = string.format('%d', lanes[i]) end
+  redis.call('HSET', key, 'FL', table.concat(l, ' '))
+end
+if slot_n and held > 0 then
+  -- The slots live as long as their longest lease.
+  expire_in(slots_key, slot_lease)
 end
 
 if n == 1 then return replies[1] end

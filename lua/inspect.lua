@@ -1,5 +1,5 @@
 -- inspect.lua: read a key's state without changing it (see admin.go).
-local key, resv_key = KEYS[1], KEYS[2]
+local key, resv_key, slots_key = KEYS[1], KEYS[2], KEYS[3]
 local defaults = ARGV[1]
 local now = now_us()
 local h = redis.call('HMGET', key, 'L', 's', 'T')
@@ -21,7 +21,10 @@ local ts, _, q, stored = read_T(h[3])
 local owed = bucket_owed(stored, ts, spec.tiers, now, 0)
 local queued = q - now
 if queued < 0 or queued > MAX_WAIT then queued = 0 end
-local out = {1, fmt(suspended), reservations, fmt(queued), from_redis, #spec.tiers, spec.gen}
+local in_flight = 0
+if spec.inflight then in_flight = redis.call('ZCOUNT', slots_key, '(' .. fmt(now), '+inf') end
+local out = {1, fmt(suspended), reservations, fmt(queued), from_redis, #spec.tiers, spec.gen,
+             in_flight, spec.inflight or 0}
 for i, t in ipairs(spec.tiers) do
   if t.kind == 'b' then
     out[#out + 1] = 'b'

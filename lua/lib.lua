@@ -8,6 +8,7 @@
 --     L  the limits in force, space-separated items:
 --          rate/per_ms/burst   a token bucket
 --          wN/per_ms           a window: at most N calls in any per_ms
+--          fN                  in flight: at most N holders of a slot at once
 --          #G                  the generation, bumped by every change
 --     T  bucket state: "ts x q per_ms:owed ...": as of ts (us of Redis
 --        TIME) each token bucket that is not full owes owed / per_us tokens
@@ -24,7 +25,14 @@
 --        key has no L (so that SetLimits from any process carries them over)
 --     a, V  the reservation schedule of the token buckets while a queue is
 --        outstanding: its anchor (us) and per_ms:virtual-tat pairs
+--     R  in flight: "avg_us n", the moving average of how long a slot was
+--        held (over the last 20 releases)
+--     FL the in-flight lanes while callers wait for a slot: when each of the
+--        N slots is next expected free (us), waiters taking the earliest
 --   <prefix>:{name}:r  sorted set of reservations: task ID scored by slot (us)
+--   <prefix>:{name}:f  sorted set of slots held: "taskID@start_us.k" scored
+--        by when the holder's lease ends (us); a holder that stops renewing
+--        it (a worker killed) loses it then
 --
 -- A tier is identified by its kind and period: its state survives any
 -- change of the limits that keeps them, whatever its position.
@@ -95,13 +103,24 @@ local function parse_limits(s)
   if #s > MAX_LIMITS_LEN then
     return nil, 'limits', 'longer than ' .. MAX_LIMITS_LEN .. ' bytes'
   end
-  local tiers, n, gen, windows = {}, 0, 0, false
+  local tiers, n, gen, windows, inflight = {}, 0, 0, false, nil
   for tok in string.gmatch(s, '%S+') do
     local c = string.sub(tok, 1, 1)
     if c == '#' then
       local g = string.match(tok, '^#(%d+)$')
       gen = tonumber(g) or 0
       if gen > 1e15 then gen = 0 end
+    elseif c == 'f' then
+      local q = string.match(tok, '^f(%d+)$')
+      if not q then
+        local got = string.gsub(string.sub(tok, 1, 40), '[^%w%./%-%+]', '?')
+        return nil, 'limits', 'want fN (in flight) in a whole number, got "' .. got .. '"'
+      end
+      if inflight then return nil, 'limits', 'more than one in-flight limit' end
+      q = tonumber(q)
+      local bad, why = check_count(q, 'limits.InFlight', 1, 1e6, '')
+      if bad then return nil, bad, why end
+      inflight = q
     else
       n = n + 1
       local f = 'limits[' .. (n - 1) .. ']'
@@ -150,8 +169,8 @@ local function parse_limits(s)
       tiers[n] = t
     end
   end
-  if n == 0 then return nil, 'limits', 'no tiers' end
-  spec = {tiers = tiers, gen = gen, windows = windows}
+  if n == 0 and not inflight then return nil, 'limits', 'no tiers' end
+  spec = {tiers = tiers, gen = gen, windows = windows, inflight = inflight}
   if n_parsed >= 256 then parsed, n_parsed = {}, 0 end
   parsed[s] = spec
   n_parsed = n_parsed + 1
@@ -364,6 +383,22 @@ local function win_write(w, t, now, headroom)
   local s = string.format('%d ', lo or 0) .. table.concat(parts, ',')
   if #resv > 0 then s = s .. '|' .. table.concat(resv, ' ') end
   return s, math.max(0, math.ceil(empty_at - now))
+end
+
+-- Slots in flight.
+
+-- slot_start reads when a slot holder started from its member name.
+local function slot_start(member)
+  return tonumber(string.match(member, '@(%d+)%.%d+$'))
+end
+
+-- slot_avg reads the moving average of how long a slot is held (R), or
+-- the default when none is known.
+local function slot_avg(raw, default)
+  if not raw then return default end
+  local avg = tonumber(string.match(raw, '^(%d+)') or '')
+  if avg == nil or avg < 1 then return default end
+  return avg
 end
 
 -- all_n repeats one reply for the n callers of a run.

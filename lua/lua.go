@@ -48,6 +48,10 @@ var (
 	migrateSrc string
 	//go:embed adjust.lua
 	adjustSrc string
+	//go:embed release.lua
+	releaseSrc string
+	//go:embed extend.lua
+	extendSrc string
 )
 
 // Script is one of the scripts, callable as a function of the library or
@@ -62,7 +66,7 @@ type Script struct {
 // processes of different versions (a rolling upgrade) each call their own.
 var version = func() string {
 	h := sha1.New()
-	for _, s := range []string{libSrc, decideSrc, setLimitsSrc, suspendSrc, resumeSrc, inspectSrc, migrateSrc, adjustSrc} {
+	for _, s := range []string{libSrc, decideSrc, setLimitsSrc, suspendSrc, resumeSrc, inspectSrc, migrateSrc, adjustSrc, releaseSrc, extendSrc} {
 		h.Write([]byte(s))
 		h.Write([]byte{0})
 	}
@@ -86,7 +90,10 @@ var (
 	inspectScript   = newScript("inspect", inspectSrc)
 	migrateScript   = newScript("migrate", migrateSrc)
 	adjustScript    = newScript("adjust", adjustSrc)
-	allScripts      = []*Script{decideScript, setLimitsScript, suspendScript, resumeScript, inspectScript, migrateScript, adjustScript}
+	releaseScript   = newScript("release", releaseSrc)
+	extendScript    = newScript("extend", extendSrc)
+	allScripts      = []*Script{decideScript, setLimitsScript, suspendScript, resumeScript, inspectScript, migrateScript,
+		adjustScript, releaseScript, extendScript}
 )
 
 // library is the source FUNCTION LOAD takes: the helpers once, then every
@@ -260,6 +267,7 @@ const (
 type Keys struct {
 	Bucket       string // hash: limits, bucket state, suspension, schedule (see lib.lua)
 	Reservations string // sorted set: task ID scored by its slot (us)
+	Slots        string // sorted set: slots in flight scored by when their lease ends (us)
 
 	// The keys of the previous layout, read once by Migrate and deleted by
 	// Delete.
@@ -268,8 +276,9 @@ type Keys struct {
 
 // Tier kinds.
 const (
-	KindBucket = 0   // a token bucket: Rate every PerMS, at most Burst at once
-	KindWindow = 'w' // a window: at most Rate calls in any PerMS (Burst = Rate)
+	KindBucket   = 0   // a token bucket: Rate every PerMS, at most Burst at once
+	KindWindow   = 'w' // a window: at most Rate calls in any PerMS (Burst = Rate)
+	KindInFlight = 'f' // in flight: at most Rate slots held at once (PerMS, Burst unused)
 )
 
 // Tier is one validated limit as the scripts store it: a token bucket of
@@ -288,11 +297,16 @@ func FormatTiers(tiers []Tier) string {
 		if i > 0 {
 			b.WriteByte(' ')
 		}
-		if t.Kind == KindWindow {
+		switch t.Kind {
+		case KindWindow:
 			b.WriteByte('w')
 			b.WriteString(strconv.FormatInt(t.Rate, 10))
 			b.WriteByte('/')
 			b.WriteString(strconv.FormatInt(t.PerMS, 10))
+			continue
+		case KindInFlight:
+			b.WriteByte('f')
+			b.WriteString(strconv.FormatInt(t.Rate, 10))
 			continue
 		}
 		b.WriteString(strconv.FormatInt(t.Rate, 10))

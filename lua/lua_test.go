@@ -20,7 +20,7 @@ import (
 // them; the scripts care only that they are passed in KEYS.
 func testKeys() Keys {
 	return Keys{
-		Bucket: "t:{k}:b", Reservations: "t:{k}:r",
+		Bucket: "t:{k}:b", Reservations: "t:{k}:r", Slots: "t:{k}:f",
 		OldConfig: "t:{k}:cfg", OldState: "t:{k}:state", OldSuspend: "t:{k}:suspend", OldReservations: "t:{k}:resv",
 	}
 }
@@ -121,7 +121,9 @@ func TestParseDecide(t *testing.T) {
 		{"unknown status", "2|0|0||0|0|0", DecideReply{}, true},
 		{"bad config too short", "-1", DecideReply{}, true},
 		{"too short", "1|0|0||0|0", DecideReply{}, true},
-		{"too long", "1|0|0||0|0|0|x", DecideReply{}, true},
+		{"a slot held", "1|0|0||0|0|0|t1@1700000000000000.1", DecideReply{Status: StatusAllowed, Hold: "t1@1700000000000000.1"}, false},
+		{"too long", "1|0|0||0|0|0|x|y", DecideReply{}, true},
+		{"a refusal does not hold", "0|0|0||0|0|0|x", DecideReply{}, true},
 		{"retry not a number", "0|soon|0|tier:1|0|0|0", DecideReply{}, true},
 		{"retry negative", "0|-5|0|tier:1|0|0|0", DecideReply{}, true},
 		{"retry infinite", "0|+Inf|0|tier:1|0|0|0", DecideReply{}, true},
@@ -779,4 +781,61 @@ func TestAdjust(t *testing.T) {
 	assert.Equal(t, []float64{8, 18}, tokens(), "5 given back")
 	require.NoError(t, Adjust(e.ctx, e.run, e.k, -100, time.Hour, nil))
 	assert.Equal(t, []float64{10, 20}, tokens(), "never more than the burst, never fewer than no calls")
+}
+
+// An in-flight limit is taken in the same decision as the tiers: a slot
+// and a token, or nothing. A released slot goes to the next caller; a slot
+// whose lease ended is taken back; a caller refused a slot is told when one
+// is expected to free, callers refused later told later.
+func TestDecide_InFlight(t *testing.T) {
+	e := newEnv(t)
+	e.setLimits(Tier{Rate: 100, PerMS: 1000, Burst: 100}, Tier{Kind: KindInFlight, Rate: 2})
+	a := DecideArgs{IdleExpiry: time.Hour, SlotLease: 10 * time.Second}
+	r1, r2 := e.decide(a), e.decide(a)
+	require.Equal(t, StatusAllowed, r1.Status)
+	require.Equal(t, StatusAllowed, r2.Status)
+	assert.NotEmpty(t, r1.Hold)
+	assert.NotEqual(t, r1.Hold, r2.Hold, "each holder its own slot")
+	r := e.decide(a)
+	assert.Equal(t, StatusDenied, r.Status, "a third caller: %+v", r)
+	assert.Equal(t, "inflight", r.RefusedBy)
+	// Before any release there is no run time to predict from: waiters
+	// are sent one guess (a second) ahead at most, and come back to ask.
+	assert.Equal(t, time.Second, r.RetryAfter, "no release seen yet")
+	r = e.decide(a)
+	assert.Equal(t, time.Second, r.RetryAfter, "the guess is not queued on")
+	insp, err := Inspect(e.ctx, e.run, e.k, nil)
+	require.NoError(t, err)
+	assert.Equal(t, int64(2), insp.InFlight)
+	assert.Equal(t, int64(2), insp.InFlightMax)
+	assert.InDelta(t, 98, insp.Tokens[0], 1e-6, "the refused callers took no token")
+
+	// One held for 2 s is given back: the next caller gets its slot, and the
+	// key learns how long slots are held.
+	e.at(2 * time.Second)
+	n, err := Release(e.ctx, e.run, e.k, r1.Hold)
+	require.NoError(t, err)
+	assert.Equal(t, int64(1), n)
+	r3 := e.decide(a)
+	assert.Equal(t, StatusAllowed, r3.Status, "after a release")
+	// Slots are held 2 s on average: the one taken at 0 s is expected free
+	// now (a waiter comes back at once), the one taken at 2 s in 2 s; the
+	// waiter after those two comes back when the first of theirs is.
+	r = e.decide(a)
+	assert.Equal(t, StatusDenied, r.Status)
+	assert.Equal(t, 50*time.Millisecond, r.RetryAfter, "the slot held since 0 s, expected free now (polled 50 ms on)")
+	r = e.decide(a)
+	assert.Equal(t, 2*time.Second, r.RetryAfter, "the slot taken at 2 s, expected free at 4 s")
+	r = e.decide(a)
+	assert.Equal(t, 2*time.Second+50*time.Millisecond, r.RetryAfter, "a caller refused later is told later")
+
+	// A holder that stops renewing (killed) loses its slot when the lease
+	// ends; one that renews keeps it.
+	e.at(11 * time.Second)
+	got, err := Extend(e.ctx, e.run, e.k, 10*time.Second, r3.Hold)
+	require.NoError(t, err)
+	assert.Equal(t, int64(1), got, "r3 renewed")
+	e.at(13 * time.Second)
+	assert.Equal(t, StatusAllowed, e.decide(a).Status, "r2's lease ended: its slot is taken back")
+	assert.Equal(t, StatusDenied, e.decide(a).Status, "r3 still holds its slot")
 }

@@ -200,11 +200,16 @@ func (f *flight) armIdle() {
 func (f *flight) idleCheck() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if f.flying {
+		// The decision in the air owns f.own: not even read it now.
+		f.idle.Reset(ownIdle)
+		return
+	}
 	if f.own == nil {
 		return
 	}
 	unused := time.Since(time.Unix(0, f.ownUsed.Load()))
-	if f.flying || unused < ownIdle {
+	if unused < ownIdle {
 		f.idle.Reset(ownIdle - unused + time.Millisecond)
 		return
 	}
@@ -221,7 +226,7 @@ func (f *flight) close() {
 	if f.idle != nil {
 		f.idle.Stop()
 	}
-	if f.own != nil && !f.flying {
+	if !f.flying && f.own != nil {
 		_ = f.own.Close()
 		f.own = nil
 	}

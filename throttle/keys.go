@@ -50,6 +50,7 @@ func redisKeys(prefix, name string) (lua.Keys, error) {
 	return lua.Keys{
 		Bucket:          base + "b",
 		Reservations:    base + "r",
+		Slots:           base + "f",
 		OldConfig:       base + "cfg",
 		OldState:        base + "state",
 		OldSuspend:      base + "suspend",
@@ -60,7 +61,7 @@ func redisKeys(prefix, name string) (lua.Keys, error) {
 // allRedisKeys lists every Redis key of one limiter key, for Delete. It must
 // name every field of lua.Keys (TestAllRedisKeysCoversLayout checks).
 func allRedisKeys(k lua.Keys) []string {
-	return []string{k.Bucket, k.Reservations, k.OldConfig, k.OldState, k.OldSuspend, k.OldReservations}
+	return []string{k.Bucket, k.Reservations, k.Slots, k.OldConfig, k.OldState, k.OldSuspend, k.OldReservations}
 }
 
 // scanPattern is the SCAN MATCH pattern of every Redis key redisKeys can

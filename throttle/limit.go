@@ -21,6 +21,9 @@ const (
 	MaxBurst = 1_000_000_000
 )
 
+// maxInFlight bounds InFlight.
+const maxInFlight = 1_000_000
+
 // Kind says what a Limit counts.
 type Kind int
 
@@ -31,6 +34,9 @@ const (
 	// KindWindow is a window: at most Rate calls in any window of length
 	// Per, whatever its phase (Window). Burst is not used.
 	KindWindow
+	// KindInFlight caps the tasks running at once: at most Rate hold a slot
+	// across the fleet (InFlight). Per and Burst are not used.
+	KindInFlight
 )
 
 // Limit allows Rate events every Per, with at most Burst at once. A Limit is a
@@ -64,6 +70,19 @@ func PerHour(n int) Limit { return Limit{Rate: n, Per: time.Hour} }
 // It is a tier like the others in SetLimits, taken all or nothing with them.
 func Window(n int, w time.Duration) Limit { return Limit{Kind: KindWindow, Rate: n, Per: w} }
 
+// InFlight allows at most n tasks of the key running at once across the
+// fleet (Stripe's, GitHub's or a CRM's cap on concurrent requests). It goes
+// in SetLimits beside the rate tiers and is taken in the same decision: a
+// slot and a token from every tier, or nothing. The middleware holds the
+// slot while the handler runs and gives it back when it returns (success,
+// error, panic, deferral, 429); a slot is a lease on the Redis clock that
+// the middleware renews while the handler runs (WithSlotLease), so a
+// worker killed mid-task gives its slots back when their lease ends. A task
+// refused a slot is deferred to when one is expected to free (from how
+// long the key's slots were held lately), in the order tasks were refused.
+// Direct callers (Take) get Decision.Hold and must Release it.
+func InFlight(n int) Limit { return Limit{Kind: KindInFlight, Rate: n} }
+
 // WithBurst returns a copy of l whose burst is b.
 func (l Limit) WithBurst(b int) Limit {
 	l.Burst = b
@@ -81,8 +100,11 @@ func (l Limit) burst() int {
 // String formats l as "50/1m0s burst 50" (a bucket) or "5000 per 1h0m0s
 // window".
 func (l Limit) String() string {
-	if l.Kind == KindWindow {
+	switch l.Kind {
+	case KindWindow:
 		return fmt.Sprintf("%d per %v window", l.Rate, l.Per)
+	case KindInFlight:
+		return fmt.Sprintf("%d in flight", l.Rate)
 	}
 	return fmt.Sprintf("%d/%v burst %d", l.Rate, l.Per, l.burst())
 }
@@ -92,9 +114,18 @@ func (l Limit) validate(i int) error {
 	bad := func(field string, v any, why string) error {
 		return fmt.Errorf("%w: limits[%d].%s = %v: %s", ErrInvalidLimit, i, field, v, why)
 	}
+	if l.Kind == KindInFlight {
+		switch {
+		case l.Rate <= 0 || l.Rate > maxInFlight:
+			return bad("Rate", l.Rate, fmt.Sprintf("the tasks in flight must be from 1 to %d", maxInFlight))
+		case l.Per != 0 || l.Burst != 0:
+			return bad("Per", l.Per, "an in-flight limit has no period or burst: leave them 0")
+		}
+		return nil
+	}
 	switch {
 	case l.Kind != KindBucket && l.Kind != KindWindow:
-		return bad("Kind", l.Kind, "must be KindBucket or KindWindow")
+		return bad("Kind", l.Kind, "must be KindBucket, KindWindow or KindInFlight")
 	case l.Kind == KindWindow && l.Burst != 0 && l.Burst != l.Rate:
 		return bad("Burst", l.Burst, "a window has no burst of its own: leave it 0")
 	case l.Kind == KindWindow && l.Rate > MaxBurst:
@@ -126,8 +157,14 @@ func validateLimits(limits []Limit) ([]lua.Tier, error) {
 	if len(limits) == 0 {
 		return nil, fmt.Errorf("%w: no limits given (want 1 to %d)", ErrInvalidLimit, MaxTiers)
 	}
-	if len(limits) > MaxTiers {
-		return nil, fmt.Errorf("%w: %d limits given, at most %d", ErrInvalidLimit, len(limits), MaxTiers)
+	rates := 0
+	for _, l := range limits {
+		if l.Kind != KindInFlight {
+			rates++
+		}
+	}
+	if rates > MaxTiers {
+		return nil, fmt.Errorf("%w: %d limits given, at most %d (and one InFlight)", ErrInvalidLimit, rates, MaxTiers)
 	}
 	tiers := make([]lua.Tier, len(limits))
 	for i, l := range limits {
@@ -135,13 +172,19 @@ func validateLimits(limits []Limit) ([]lua.Tier, error) {
 			return nil, err
 		}
 		for j := range i {
-			if limits[j].Per == l.Per && limits[j].Kind == l.Kind {
+			if l.Kind == KindInFlight && limits[j].Kind == KindInFlight {
+				return nil, fmt.Errorf("%w: limits[%d]: a second InFlight limit (limits[%d])", ErrInvalidLimit, i, j)
+			}
+			if l.Kind != KindInFlight && limits[j].Per == l.Per && limits[j].Kind == l.Kind {
 				return nil, fmt.Errorf("%w: limits[%d].Per = %v: same period as limits[%d] (a tier is identified by its kind and period)", ErrInvalidLimit, i, l.Per, j)
 			}
 		}
 		tiers[i] = lua.Tier{Rate: int64(l.Rate), PerMS: l.Per.Milliseconds(), Burst: int64(l.burst())}
-		if l.Kind == KindWindow {
+		switch l.Kind {
+		case KindWindow:
 			tiers[i].Kind, tiers[i].Burst = lua.KindWindow, int64(l.Rate)
+		case KindInFlight:
+			tiers[i] = lua.Tier{Kind: lua.KindInFlight, Rate: int64(l.Rate)}
 		}
 	}
 	return tiers, nil

@@ -33,6 +33,7 @@ type Limiter struct {
 	flight flight
 	keys   keyStates
 	tasks  taskStore // the asynq side: copies, and tasks to bring back
+	slots  slotBook  // slots in flight held by this process's handlers
 }
 
 // NewLimiter returns a Limiter on rdb (a *redis.Client, *redis.ClusterClient
@@ -91,6 +92,9 @@ const (
 	RefusedByQueue
 	// RefusedBeforeSlot: the caller holds a reservation that is not due yet.
 	RefusedBeforeSlot
+	// RefusedBySlots: every slot of the key's InFlight limit is held; the
+	// retry-after is when one is expected to free.
+	RefusedBySlots
 )
 
 // String names the reason for logs.
@@ -106,6 +110,8 @@ func (r Reason) String() string {
 		return "queued"
 	case RefusedBeforeSlot:
 		return "before slot"
+	case RefusedBySlots:
+		return "in flight"
 	}
 	return fmt.Sprintf("Reason(%d)", int(r))
 }
@@ -135,6 +141,10 @@ type Decision struct {
 	// middleware's pacing), how long to wait before starting: the tokens
 	// are taken as of then. Take and Reserve always give 0.
 	Wait time.Duration
+	// Hold is, when allowed on a key with an InFlight limit, the slot the
+	// caller holds: give it back with Release when the call is done (and
+	// renew it with Extend if the call may outlast WithSlotLease).
+	Hold string
 
 	gen int64 // limits generation, for leases
 }
@@ -242,6 +252,7 @@ func (l *Limiter) decide(ctx context.Context, key string, v variant, id string, 
 	}
 	d := Decision{
 		Wait:       r.Wait,
+		Hold:       r.Hold,
 		Allowed:    r.Status == lua.StatusAllowed,
 		RetryAfter: r.RetryAfter,
 		Remaining:  int(r.Remaining),
@@ -258,6 +269,8 @@ func (l *Limiter) decide(ctx context.Context, key string, v variant, id string, 
 		d.Reason = RefusedByQueue
 	case r.RefusedBy == "reserved":
 		d.Reason = RefusedBeforeSlot
+	case r.RefusedBy == "inflight":
+		d.Reason = RefusedBySlots
 	default:
 		d.Reason = RefusedByTier
 		d.Tier, _ = strconv.Atoi(strings.TrimPrefix(r.RefusedBy, "tier:"))
@@ -324,7 +337,7 @@ func (l *Limiter) template(ks *keyState, key string, v variant) ([]any, error) {
 	t := &template{v: v, args: lua.AppendDecideArgs(nil, v.mode, keys, lua.DecideArgs{
 		Granule: v.granule, Horizon: v.horizon, Lapse: l.o.lapse,
 		IdleExpiry: l.o.idleExpiry, Defaults: l.defaults(key), Lease: v.lease,
-		Headroom: v.headroom, Book: v.book, Pace: v.pace,
+		Headroom: v.headroom, Book: v.book, Pace: v.pace, SlotLease: l.o.slotLease,
 	})}
 	if v == (variant{mode: v.mode}) {
 		ks.take.Store(t)
@@ -568,6 +581,44 @@ type Status struct {
 	QueuedFor time.Duration
 	// Generation counts the changes of the key's limits (SetLimits).
 	Generation int64
+	// InFlight is how many slots of an InFlight limit are held now (the
+	// limit is the last of Limits; its Tokens entry is the slots free).
+	InFlight int
+}
+
+// Release gives back the slots in flight that decisions on key held
+// (Decision.Hold), and lets the key learn how long its slots are held,
+// which it uses to tell waiters when one should free. Holds already given
+// back, or taken back when their lease ended, are skipped.
+func (l *Limiter) Release(ctx context.Context, key string, holds ...string) error {
+	keys, err := redisKeys(l.o.prefix, key)
+	if err != nil || len(holds) == 0 {
+		return err
+	}
+	_, err = bounded(l, ctx, func(ctx context.Context) (int64, error) {
+		return lua.Release(ctx, l.runner, keys, holds...)
+	})
+	if err != nil {
+		return fmt.Errorf("throttle: key %q: release %d slots in flight: %w", key, len(holds), err)
+	}
+	return nil
+}
+
+// Extend renews the leases of slots in flight on key (Decision.Hold): each
+// is held WithSlotLease from now. It returns how many were still held (a
+// slot whose lease had already ended was taken back and is not renewed).
+func (l *Limiter) Extend(ctx context.Context, key string, holds ...string) (int, error) {
+	keys, err := redisKeys(l.o.prefix, key)
+	if err != nil || len(holds) == 0 {
+		return 0, err
+	}
+	n, err := bounded(l, ctx, func(ctx context.Context) (int64, error) {
+		return lua.Extend(ctx, l.runner, keys, l.o.slotLease, holds...)
+	})
+	if err != nil {
+		return 0, fmt.Errorf("throttle: key %q: extend %d slots in flight: %w", key, len(holds), err)
+	}
+	return int(n), nil
 }
 
 // Inspect reports key's limits, tokens, suspension and reservations without
@@ -590,13 +641,18 @@ func (l *Limiter) Inspect(ctx context.Context, key string) (Status, error) {
 	if r.Status == lua.StatusBadConfig {
 		return Status{}, &ConfigError{Key: key, Field: r.Field, Reason: r.Reason}
 	}
-	s := Status{Suspended: r.Suspended, Reservations: int(r.Reservations), QueuedFor: r.QueuedFor, Tokens: r.Tokens, Generation: r.Generation}
+	s := Status{Suspended: r.Suspended, Reservations: int(r.Reservations), QueuedFor: r.QueuedFor, Tokens: r.Tokens,
+		Generation: r.Generation, InFlight: int(r.InFlight)}
 	for _, t := range r.Tiers {
 		l := Limit{Rate: int(t.Rate), Per: time.Duration(t.PerMS) * time.Millisecond, Burst: int(t.Burst)}
 		if t.Kind == lua.KindWindow {
 			l.Kind, l.Burst = KindWindow, 0
 		}
 		s.Limits = append(s.Limits, l)
+	}
+	if r.InFlightMax > 0 {
+		s.Limits = append(s.Limits, InFlight(int(r.InFlightMax)))
+		s.Tokens = append(s.Tokens, float64(max(r.InFlightMax-r.InFlight, 0)))
 	}
 	return s, nil
 }

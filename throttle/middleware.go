@@ -178,6 +178,18 @@ func (m *middleware) process(ctx context.Context, t *asynq.Task, next asynq.Hand
 	}
 	d, err := m.decide(ctx, key, t, id, asked, cost)
 	ev.Latency = m.now().Sub(now)
+	// A slot expected free within a granule is waited for here: a deferral
+	// would bring the task back on the next whole second at the earliest,
+	// leaving the slot idle meanwhile.
+	for waited := time.Duration(0); err == nil && !d.Allowed && d.Reason == RefusedBySlots &&
+		waited+d.RetryAfter < maxSlotWait; {
+		w := max(d.RetryAfter, minSlotPoll)
+		if serr := m.sleep(ctx, w); serr != nil {
+			return serr
+		}
+		waited += w
+		d, err = m.decide(ctx, key, t, id, 0, cost)
+	}
 	if err == nil {
 		m.saw(ks, d, now, asked)
 	}
@@ -209,6 +221,10 @@ func (m *middleware) process(ctx context.Context, t *asynq.Task, next asynq.Hand
 	case !d.Allowed:
 		return m.deferDecision(ctx, t, ks, d, ev, Deferred)
 	}
+	if d.Hold != "" {
+		release := m.l.holdSlot(key, d.Hold)
+		defer release() // also when the handler panics
+	}
 	if d.Wait > 0 {
 		// Admitted at its reserved slot a moment ahead (pacing): the tokens
 		// are taken as of then, so the call starts then.
@@ -223,6 +239,13 @@ func (m *middleware) process(ctx context.Context, t *asynq.Task, next asynq.Hand
 // maxPaceWait bounds the wait for a paced slot: one granule and the
 // tolerance the script allows a task back early.
 const maxPaceWait = Granule + 200*time.Millisecond
+
+// maxSlotWait bounds how long a task refused a slot waits in its worker
+// for one expected free; minSlotPoll is the shortest such wait.
+const (
+	maxSlotWait = Granule
+	minSlotPoll = 20 * time.Millisecond
+)
 
 // sleep waits d (at most maxPaceWait) or until ctx ends.
 func (m *middleware) sleep(ctx context.Context, d time.Duration) error {

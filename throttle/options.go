@@ -40,6 +40,9 @@ const (
 	// DefaultFailureDelay is how long a task is deferred when Redis cannot
 	// decide (FailClosed).
 	DefaultFailureDelay = 5 * time.Second
+	// DefaultSlotLease is how long a slot of an InFlight limit is held
+	// without renewal (asynq's own task lease is 30 s).
+	DefaultSlotLease = 30 * time.Second
 	// DefaultHeadroom is the dispatch jitter the middleware keeps room for:
 	// a task's call may reach the provider up to this much later than
 	// another's, relative to their decisions, without the provider seeing
@@ -101,6 +104,7 @@ type options struct {
 	leaseFor       time.Duration
 	headroom       time.Duration
 	pacing         bool
+	slotLease      time.Duration
 	logger         *slog.Logger
 	observer       func(Event)
 	deferralClient *asynq.Client
@@ -126,6 +130,7 @@ func newOptions(opts []Option) options {
 		leaseFor:       DefaultLeaseFor,
 		headroom:       DefaultHeadroom,
 		pacing:         true,
+		slotLease:      DefaultSlotLease,
 		logger:         slog.Default(),
 	}
 	for _, opt := range opts {
@@ -166,6 +171,8 @@ func (o *options) validate() error {
 		return bad("WithLease", o.leaseFor, "the lease time must be >= 0")
 	case o.headroom < 0 || o.headroom > time.Second:
 		return bad("WithHeadroom", o.headroom, "must be from 0 to 1s")
+	case o.slotLease < 100*time.Millisecond || o.slotLease > time.Hour:
+		return bad("WithSlotLease", o.slotLease, "must be from 100ms to 1h")
 	case o.logger == nil:
 		return bad("WithLogger", nil, "must not be nil")
 	}
@@ -288,6 +295,13 @@ func WithLease(n int, d time.Duration) Option {
 // d of its length. 0 turns it off. Limiter.Take keeps the exact bucket
 // unless asked (Headroom).
 func WithHeadroom(d time.Duration) Option { return func(o *options) { o.headroom = d } }
+
+// WithSlotLease sets how long a slot of an InFlight limit is held without
+// renewal (default DefaultSlotLease, 30 s, as asynq's own task lease). The
+// middleware renews the slots of running handlers every third of it, so a
+// slow but live handler keeps its slot however long it runs, and a worker
+// killed mid-task gives its slots back at most d later.
+func WithSlotLease(d time.Duration) Option { return func(o *options) { o.slotLease = d } }
 
 // WithPacing sets whether the middleware paces a backlog inside each second
 // (default true). asynq brings deferred tasks back on whole seconds, so

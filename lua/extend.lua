@@ -1,0 +1,12 @@
+-- extend.lua: renew the leases of slots still held (see admin.go): each
+-- ends lease microseconds from now. A slot whose lease already ended was
+-- taken back (its holder went quiet for too long) and is not renewed.
+local slots_key = KEYS[1]
+local lease = tonumber(ARGV[1])
+local now = now_us()
+local n = 0
+for i = 2, #ARGV do
+  n = n + redis.call('ZADD', slots_key, 'XX', 'GT', 'CH', now + lease, ARGV[i])
+end
+expire_in(slots_key, lease)
+return n
