@@ -77,9 +77,12 @@ type counters struct {
 	copied      atomic.Int64 // ours/naive: deferrals by re-enqueued copy
 	mu          sync.Mutex
 	byReason    map[string]int64
+	failedErrs  map[string]int64 // ours/naive: Failed decisions by error
 }
 
-func newCounters() *counters { return &counters{byReason: map[string]int64{}} }
+func newCounters() *counters {
+	return &counters{byReason: map[string]int64{}, failedErrs: map[string]int64{}}
+}
 
 func (c *counters) observe(ev throttle.Event) {
 	switch ev.Outcome {
@@ -101,6 +104,11 @@ func (c *counters) observe(ev throttle.Event) {
 		c.failed.Add(1)
 		if !ev.Ran {
 			c.denials.Add(1)
+		}
+		if ev.Err != nil {
+			c.mu.Lock()
+			c.failedErrs[ev.Err.Error()]++
+			c.mu.Unlock()
 		}
 	}
 }

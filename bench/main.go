@@ -7,9 +7,10 @@
 //	go run ./bench -redis redis://127.0.0.1:6379/0
 //
 // Scenarios (see issues 5 and 13): A backlog drain, B head of line, C
-// decisions/s, D middleware overhead, E quota fidelity. Variants: sleep (redis_rate Allow + sleep), wiki
-// (asynq wiki's per-process x/time/rate + RateLimitError), naive (ours
-// without reservations), ours (worker.NewServer + throttle.ByProvider).
+// decisions/s, D middleware overhead, E quota fidelity. Variants: sleep
+// (redis_rate Allow + sleep), wiki (asynq wiki's per-process x/time/rate +
+// RateLimitError), naive (ours without reservations), ours
+// (worker.NewServer + throttle.ByProvider).
 //
 // Tables go to stdout, progress to stderr. With a Redis the harness started
 // itself, it runs FLUSHALL between runs; with -redis it only deletes its own

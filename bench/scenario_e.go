@@ -114,6 +114,9 @@ type eRun struct {
 	Share       float64
 	Suspensions int64 // ours/naive: handlers that returned a 429
 	Failed      int64 // ours/naive: decisions Redis could not make
+	// Harness health during the run: the longest gap of a 10 ms ticker in
+	// the harness process, and the slowest PING to Redis (one every 50 ms).
+	TickGap, SlowestPing time.Duration
 	// The halving provider's.
 	HalvedAt                    time.Duration // since the fleet started
 	LimitedBefore, LimitedAfter int
@@ -153,8 +156,8 @@ func runE(ctx context.Context, e *env, w io.Writer) (*scenarioE, error) {
 		s.Providers[3].HalveAfter = 3 * time.Second
 	}
 	variants := []string{vSleep, vNaive, vOurs}
-	fmt.Fprintf(w, "\n== E. quota fidelity: 4 strict providers at once, each with its own fleet (%d servers x concurrency %d) and backlog, every limiter set to the documented quota; %d rounds of %v runs per variant\n",
-		s.Servers, s.Concurrency, s.Rounds, s.RunFor)
+	fmt.Fprintf(w, "\n== E. quota fidelity: 4 strict providers at once, each with its own fleet (%d servers x concurrency %d) and backlog, every limiter set to the documented quota; %s of %v runs per variant\n",
+		s.Servers, s.Concurrency, plural(s.Rounds, "round"), s.RunFor)
 	for _, p := range s.Providers {
 		fmt.Fprintf(w, "   %-8s %s\n", p.Name, p.Doc)
 	}
@@ -235,6 +238,7 @@ func eOnce(ctx context.Context, e *env, s *scenarioE, sp *strictProvider, varian
 		models[p.Name], halvedAt[p.Name] = p.model(start)
 	}
 	sp.reset(models)
+	health := watchHealth(e)
 	for i, ef := range fleets {
 		f, err := startFleet(e, specs[i], ef.c)
 		if err != nil {
@@ -250,15 +254,21 @@ func eOnce(ctx context.Context, e *env, s *scenarioE, sp *strictProvider, varian
 		return nil, ctx.Err()
 	}
 	end := time.Now()
+	tickGap, slowestPing := health()
 	out := map[string]eRun{}
 	for _, ef := range fleets {
 		calls := sp.snapshot(ef.p.Name)
 		r := analyzeE(ef.p, calls, start, end, s.Warmup, halvedAt[ef.p.Name])
 		r.Suspensions, r.Failed = ef.c.suspensions.Load(), ef.c.failed.Load()
+		r.TickGap, r.SlowestPing = tickGap, slowestPing
 		out[ef.p.Name] = r
 		if e.verbose {
-			progress("E/%s %s: admitted/refused per second since the start: %s; deferrals %s, failed decisions %d; queue pending/active/sched/retry/archived %s",
-				variant, ef.p.Name, timeline(calls, start, end), reasons(ef.c.byReason), ef.c.failed.Load(), inspectQueue(e, ef.queue))
+			progress("E/%s %s: admitted/refused per second since the start: %s; deferrals %s, failed decisions %d; queue pending/active/sched/retry/archived %s; harness: longest tick gap %v, slowest PING %v",
+				variant, ef.p.Name, timeline(calls, start, end), reasons(ef.c.byReason), ef.c.failed.Load(), inspectQueue(e, ef.queue),
+				tickGap.Round(time.Millisecond), slowestPing.Round(time.Millisecond))
+			for msg, n := range ef.c.failedErrs {
+				progress("E/%s %s: %d decisions failed with: %s", variant, ef.p.Name, n, msg)
+			}
 		}
 	}
 	return out, nil
@@ -283,6 +293,52 @@ func timeline(calls []callRecord, start, end time.Time) string {
 		l = append(l, fmt.Sprintf("%d/%d", ok[i], refused[i]))
 	}
 	return strings.Join(l, " ")
+}
+
+// watchHealth starts watching the harness until the returned function is
+// called, which returns the longest gap of a 10 ms ticker in this process
+// (the Go scheduler's delay under load) and the slowest PING to Redis, one
+// every 50 ms on a connection of its own (Redis's delay).
+func watchHealth(e *env) func() (tickGap, slowestPing time.Duration) {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	var gap, ping time.Duration
+	wg.Go(func() {
+		t := time.NewTicker(10 * time.Millisecond)
+		defer t.Stop()
+		last := time.Now()
+		for {
+			select {
+			case <-done:
+				return
+			case now := <-t.C:
+				gap, last = max(gap, now.Sub(last)), now
+			}
+		}
+	})
+	wg.Go(func() {
+		c := e.newClient(1)
+		defer c.Close()
+		t := time.NewTicker(50 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				began := time.Now()
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				_ = c.Ping(ctx).Err()
+				cancel()
+				ping = max(ping, time.Since(began))
+			}
+		}
+	})
+	return func() (time.Duration, time.Duration) {
+		close(done)
+		wg.Wait()
+		return gap, ping
+	}
 }
 
 // stopAll stops the fleets that started, in parallel.
@@ -324,9 +380,10 @@ func eHandler(sp *strictProvider, p providerSpec, variant string) func(limitedFu
 // the fleet's start-up: deferred tasks come back on asynq's one-second
 // ticks) over whole windows: aligned to the provider's clock for fixed
 // windows, any whole number of windows for the sliding log. For the bucket
-// it is the rest of the run from the first time the fleet empties the
-// provider's bucket, against what the bucket could admit in it: the tokens
-// it held then plus its rate times the span. The
+// it is the rate over the rest of the run, from the first time the fleet
+// empties the provider's bucket if it does (so that tokens saved in a slow
+// start do not count as throughput); a fleet that keeps the bucket from
+// emptying at exactly the rate scores 1. The
 // halving provider is measured before the halving, and after it from one
 // window after the halving, against the halved quota.
 func analyzeE(p providerSpec, calls []callRecord, start, end time.Time, warmup time.Duration, halved time.Time) eRun {
@@ -345,9 +402,7 @@ func analyzeE(p providerSpec, calls []callRecord, start, end time.Time, warmup t
 	from := start.Add(warmup)
 	switch p.Kind {
 	case kindBucket:
-		at, tokens := bucketDrained(p, calls, start, from)
-		allowed := tokens + p.perSecond()*end.Sub(at).Seconds()
-		r.Share = float64(admitted(calls, at, end)) / allowed
+		r.Share = share(calls, bucketDrained(p, calls, start, from), end, p.perSecond())
 	case kindSliding:
 		n := end.Sub(from) / p.Window
 		r.Share = share(calls, from, from.Add(n*p.Window), p.perSecond())
@@ -414,10 +469,11 @@ func admitted(calls []callRecord, from, to time.Time) int {
 }
 
 // bucketDrained replays the admitted calls through bucket p, full at start,
-// and returns the first instant from on which the fleet has emptied it (the
-// instant just after the call that left it below one token), and the tokens
-// it held then; from itself, and its tokens, if the fleet never empties it.
-func bucketDrained(p providerSpec, calls []callRecord, start, from time.Time) (time.Time, float64) {
+// and returns the first instant from on at which the fleet has emptied it
+// (just after the call that left it below one token), or from if it never
+// does: from there on, calls admitted are calls the rate allowed, not the
+// burst saved earlier.
+func bucketDrained(p providerSpec, calls []callRecord, start, from time.Time) time.Time {
 	b := bucket{q: quota{Rate: p.perSecond(), Burst: float64(p.Burst)}, tokens: float64(p.Burst), last: start}
 	for _, c := range calls {
 		if !c.ok {
@@ -425,13 +481,10 @@ func bucketDrained(p providerSpec, calls []callRecord, start, from time.Time) (t
 		}
 		b.take(c.at)
 		if !c.at.Before(from) && b.tokens < 1 {
-			return c.at.Add(time.Nanosecond), b.tokens
+			return c.at.Add(time.Nanosecond)
 		}
 	}
-	if el := from.Sub(b.last).Seconds(); el > 0 {
-		b.tokens = min(b.q.Burst, b.tokens+el*b.q.Rate)
-	}
-	return from, b.tokens
+	return from
 }
 
 func (s *scenarioE) print(w io.Writer) {
@@ -491,6 +544,14 @@ func (s *scenarioE) print(w io.Writer) {
 			return fmt.Sprint(total64(r.Runs, func(x eRun) int64 { return x.Failed }))
 		})
 	}
+	t.row("harness, per run (all four providers at once)", blank)
+	first := s.Providers[0]
+	row("  longest pause of the harness process, 10 ms ticker (s)", first, func(r eResult) string {
+		return strings.Join(each(r.Runs, func(x eRun) string { return fmt.Sprintf("%.2f", x.TickGap.Seconds()) }), " ")
+	})
+	row("  slowest Redis PING, one every 50 ms (s)", first, func(r eResult) string {
+		return strings.Join(each(r.Runs, func(x eRun) string { return fmt.Sprintf("%.2f", x.SlowestPing.Seconds()) }), " ")
+	})
 	t.print(w)
 	for _, other := range []string{vSleep, vNaive} {
 		var parts []string
@@ -513,6 +574,15 @@ func (s *scenarioE) print(w io.Writer) {
 	fmt.Fprintf(w, "notes: every limiter is set to the quota the provider documents (ours and naive: oursLimits, a bucket of quota per window until throttle.Window; sleep: redis_rate, the same).\n")
 	fmt.Fprintf(w, "       throughput / quota = calls the provider admitted in the measured span / what its quota allows in it; measured from %v after the start, over whole windows (aligned to the provider's clock for fixed windows).\n", s.Warmup)
 	fmt.Fprintln(w, "       429s count every call the provider refused during the run; obeying = from the halving to the provider's last 429 (none in the run's last 2 windows).")
+	fmt.Fprintln(w, "       a run whose harness paused for 0.5 s or more (a busy machine) can fail decisions (1 s WithTimeout); ours and naive then fail closed, deferring tasks 5 s: a throughput dip that is the machine's.")
+}
+
+// plural is "1 round", "5 rounds".
+func plural(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
 }
 
 // perRun lists f of each run, with the total first: "3 (0 1 0 2 0)".

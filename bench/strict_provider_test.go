@@ -105,11 +105,15 @@ func TestAnalyzeE(t *testing.T) {
 	assert.Equal(t, 400, r.Admitted)
 
 	bucket := providerSpec{Kind: kindBucket, Quota: 50, Window: time.Second, Burst: 50}
-	// The burst at once, then nothing until 3 s, then 50/s: the bucket is
-	// full again at 3 s and the fleet empties it only by spending 50 more.
-	cs := append(calls(time.Nanosecond, 0, 50), calls(20*time.Millisecond, 3*time.Second, 8*time.Second)...)
+	// The burst at once, then 50/s: the rate.
+	cs := append(calls(time.Nanosecond, 0, 50), calls(20*time.Millisecond, 0, 8*time.Second)...)
 	r = analyzeE(bucket, cs, at, end, 2*time.Second, time.Time{})
-	assert.Less(t, r.Share, 0.9, "a bucket left full is throughput not taken")
+	assert.InDelta(t, 1.0, r.Share, 0.01)
+	// Nothing until 3 s, then the saved burst at once and 25/s: the burst
+	// does not count as throughput.
+	cs = append(calls(time.Nanosecond, 3*time.Second, 3*time.Second+50), calls(40*time.Millisecond, 3*time.Second, 8*time.Second)...)
+	r = analyzeE(bucket, cs, at, end, 2*time.Second, time.Time{})
+	assert.InDelta(t, 0.5, r.Share, 0.02, "half the rate once the saved burst is spent")
 
 	ietf := providerSpec{Kind: kindIETF, Quota: 60, Window: time.Second}
 	halved := at.Add(4 * time.Second)
