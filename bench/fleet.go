@@ -52,6 +52,13 @@ type fleetSpec struct {
 	// handlers maps task types to their handler factory; the factory gets the
 	// variant's way to report a provider 429.
 	handlers map[string]func(onLimited limitedFunc) asynq.Handler
+	// throttleLimits, when set, are the limits of ours and naive per key, in
+	// place of limits as per-second buckets (scenario E states quotas per
+	// window); sleepLimits the same for sleep's redis_rate.
+	throttleLimits map[string][]throttle.Limit
+	sleepLimits    map[string]redis_rate.Limit
+	// throttleOptions are added to the middleware options of ours and naive.
+	throttleOptions []throttle.Option
 }
 
 // limitedFunc turns a provider 429 into the error the variant's mechanism
@@ -70,9 +77,12 @@ type counters struct {
 	copied      atomic.Int64 // ours/naive: deferrals by re-enqueued copy
 	mu          sync.Mutex
 	byReason    map[string]int64
+	failedErrs  map[string]int64 // ours/naive: Failed decisions by error
 }
 
-func newCounters() *counters { return &counters{byReason: map[string]int64{}} }
+func newCounters() *counters {
+	return &counters{byReason: map[string]int64{}, failedErrs: map[string]int64{}}
+}
 
 func (c *counters) observe(ev throttle.Event) {
 	switch ev.Outcome {
@@ -94,6 +104,11 @@ func (c *counters) observe(ev throttle.Event) {
 		c.failed.Add(1)
 		if !ev.Ran {
 			c.denials.Add(1)
+		}
+		if ev.Err != nil {
+			c.mu.Lock()
+			c.failedErrs[ev.Err.Error()]++
+			c.mu.Unlock()
 		}
 	}
 }
@@ -141,6 +156,9 @@ func startFleet(e *env, spec fleetSpec, c *counters) (*fleet, error) {
 			for k, q := range spec.limits {
 				limits[k] = redis_rate.Limit{Rate: int(q.Rate), Burst: int(q.Burst), Period: time.Second}
 			}
+			if spec.sleepLimits != nil {
+				limits = spec.sleepLimits
+			}
 			onLimited = func(resp *http.Response) error {
 				return &providerLimitedError{RetryAfter: retryAfter(resp)}
 			}
@@ -165,6 +183,7 @@ func startFleet(e *env, spec fleetSpec, c *counters) (*fleet, error) {
 				throttle.WithObserver(c.observe),
 				throttle.WithLogger(slog.New(slog.DiscardHandler)),
 			}
+			opts = append(opts, spec.throttleOptions...)
 			if spec.variant == vNaive {
 				opts = append(opts, throttle.WithReservations(0))
 			}
@@ -193,6 +212,14 @@ func setLimits(ctx context.Context, e *env, spec fleetSpec) error {
 		return nil
 	}
 	l := throttle.NewLimiter(e.ctl, throttle.WithPrefix(spec.prefix))
+	if spec.throttleLimits != nil {
+		for k, lims := range spec.throttleLimits {
+			if err := l.SetLimits(ctx, k, lims...); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
 	for k, q := range spec.limits {
 		lim := throttle.Limit{Rate: int(q.Rate), Per: time.Second, Burst: int(q.Burst)}
 		if err := l.SetLimits(ctx, k, lim); err != nil {

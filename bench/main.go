@@ -2,14 +2,15 @@
 // one process run, on one Redis:
 //
 //	go run ./bench                 # all scenarios, on a redis-server it starts
-//	go run ./bench -scenario A     # one scenario (A, B, C or D; comma-separated)
+//	go run ./bench -scenario A     # one scenario (A to E; comma-separated)
 //	go run ./bench -quick          # a short smoke run
 //	go run ./bench -redis redis://127.0.0.1:6379/0
 //
-// Scenarios (see issue 5): A backlog drain, B head of line, C decisions/s,
-// D middleware overhead. Variants: sleep (redis_rate Allow + sleep), wiki
-// (asynq wiki's per-process x/time/rate + RateLimitError), naive (ours
-// without reservations), ours (worker.NewServer + throttle.ByProvider).
+// Scenarios (see issues 5 and 13): A backlog drain, B head of line, C
+// decisions/s, D middleware overhead, E quota fidelity. Variants: sleep
+// (redis_rate Allow + sleep), wiki (asynq wiki's per-process x/time/rate +
+// RateLimitError), naive (ours without reservations), ours
+// (worker.NewServer + throttle.ByProvider).
 //
 // Tables go to stdout, progress to stderr. With a Redis the harness started
 // itself, it runs FLUSHALL between runs; with -redis it only deletes its own
@@ -39,21 +40,31 @@ func main() {
 
 func run() int {
 	redisURL := flag.String("redis", "", "use this Redis (redis://...) instead of starting a redis-server")
-	scenarios := flag.String("scenario", "A,B,C,D", "scenarios to run, comma-separated: A, B, C, D")
+	scenarios := flag.String("scenario", "A,B,C,D,E", "scenarios to run, comma-separated: A, B, C, D, E")
 	quick := flag.Bool("quick", false, "short smoke run (fewer tasks, shorter measurements)")
 	jsonOut := flag.String("json", "", "also write the results as JSON to this file")
 	verbose := flag.Bool("v", false, "show asynq warnings and errors on stderr")
 	bRounds := flag.Int("b-rounds", defaultBRounds, "scenario B: rounds of one solo and one mixed run per variant (more rounds, less noise)")
+	eRounds := flag.Int("e-rounds", defaultERounds, "scenario E: rounds of one run per variant (-quick: 1 unless given)")
 	flag.Parse()
 	if *bRounds < 1 {
 		fmt.Fprintf(os.Stderr, "bench: -b-rounds must be at least 1, got %d\n", *bRounds)
 		return 2
 	}
+	if *eRounds < 1 {
+		fmt.Fprintf(os.Stderr, "bench: -e-rounds must be at least 1, got %d\n", *eRounds)
+		return 2
+	}
+	eRoundsSet := false
+	flag.Visit(func(f *flag.Flag) { eRoundsSet = eRoundsSet || f.Name == "e-rounds" })
+	if *quick && !eRoundsSet {
+		*eRounds = 1
+	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	e := &env{quick: *quick, verbose: *verbose, bRounds: *bRounds, runID: strconv.FormatInt(time.Now().Unix()%100000, 10)}
+	e := &env{quick: *quick, verbose: *verbose, bRounds: *bRounds, eRounds: *eRounds, runID: strconv.FormatInt(time.Now().Unix()%100000, 10)}
 	if *redisURL != "" {
 		opts, err := redis.ParseURL(*redisURL)
 		if err != nil {
@@ -97,12 +108,13 @@ func run() int {
 		{"B", func(ctx context.Context, e *env, w io.Writer) (any, error) { return runB(ctx, e, w) }},
 		{"C", func(ctx context.Context, e *env, w io.Writer) (any, error) { return runC(ctx, e, w) }},
 		{"D", func(ctx context.Context, e *env, w io.Writer) (any, error) { return runD(ctx, e, w) }},
+		{"E", func(ctx context.Context, e *env, w io.Writer) (any, error) { return runE(ctx, e, w) }},
 	}
 	want := map[string]bool{}
 	for _, s := range strings.Split(*scenarios, ",") {
 		s = strings.ToUpper(strings.TrimSpace(s))
 		if find(all, func(sc scenario) bool { return sc.name == s }) == nil {
-			fmt.Fprintf(os.Stderr, "bench: unknown scenario %q (want A, B, C or D)\n", s)
+			fmt.Fprintf(os.Stderr, "bench: unknown scenario %q (want A, B, C, D or E)\n", s)
 			return 2
 		}
 		want[s] = true

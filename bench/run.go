@@ -25,6 +25,7 @@ type env struct {
 	quick   bool
 	verbose bool
 	bRounds int // scenario B's rounds (-b-rounds)
+	eRounds int // scenario E's rounds (-e-rounds)
 	runID   string
 	seq     int
 }
