@@ -7,12 +7,13 @@ local delta    = tonumber(ARGV[1])
 local idle_us  = ARGV[2] * 1000
 local defaults = ARGV[3]
 local now = now_us()
-local h = redis.call('HMGET', key, 'L', 'T')
+local h = redis.call('HMGET', key, 'L', 'T', 'O')
 local src = h[1]
 if not src and defaults ~= '' then src = defaults end
 if not src or delta == 0 then return 0 end
 local spec = parse_limits(src)
 if not spec then return 0 end
+if h[3] then spec = apply_learned(spec, src, h[3], now) end
 local tiers = spec.tiers
 local ts, x, q, stored = read_T(h[2])
 local owed = bucket_owed(stored, ts, tiers, now, 0)
@@ -30,10 +31,10 @@ for i, t in ipairs(tiers) do
     else
       local back = -delta
       for idx = math.floor(now / t.sub), math.floor((now - t.p) / t.sub) - 1, -1 do
-        local c = w.c[idx] or 0
+        local c = w.c[-idx] or 0
         local take = math.min(c, back)
         if take > 0 then
-          w.c[idx] = c - take
+          w.c[-idx] = c - take
           back = back - take
         end
         if back == 0 then break end

@@ -2,7 +2,9 @@ package lua
 
 import (
 	"context"
+	"fmt"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -42,17 +44,43 @@ func SetLimits(ctx context.Context, r *Runner, k Keys, idle time.Duration, tiers
 //	KEYS[1] bucket hash
 //	ARGV[1] duration, microseconds   ARGV[2] maximum, microseconds
 //
-// Reply: the remaining suspension in microseconds, as a string.
+// Reply: {the remaining suspension in microseconds as a string, the
+// adaptive factor in parts per million it set (-1: none)}. A new
+// suspension of a key with adaptive limits cuts its rate tiers.
 func Suspend(ctx context.Context, r *Runner, k Keys, d, max time.Duration) (time.Duration, error) {
+	s, err := SuspendKey(ctx, r, k, d, max)
+	return s.Left, err
+}
+
+// Suspended is what SuspendKey did.
+type Suspended struct {
+	Left time.Duration // the suspension left
+	// Adapted reports that the suspension was new on a key with adaptive
+	// limits: its rate tiers are now at Factor of the ceiling.
+	Adapted bool
+	Factor  float64
+}
+
+// SuspendKey runs suspend.lua (see Suspend) and reports the adaptive cut.
+func SuspendKey(ctx context.Context, r *Runner, k Keys, d, max time.Duration) (Suspended, error) {
 	v, err := r.Run(ctx, suspendScript, []string{k.Bucket}, d.Microseconds(), max.Microseconds())
 	if err != nil {
-		return 0, err
+		return Suspended{}, err
 	}
-	us, ok := num(v)
-	if !ok {
-		return 0, errBadReply("suspend", v)
+	a, ok := v.([]any)
+	if !ok || len(a) != 2 {
+		return Suspended{}, errBadReply("suspend", v)
 	}
-	return time.Duration(us) * time.Microsecond, nil
+	us, ok1 := num(a[0])
+	ppm, ok2 := num(a[1])
+	if !ok1 || !ok2 {
+		return Suspended{}, errBadReply("suspend", v)
+	}
+	out := Suspended{Left: time.Duration(us) * time.Microsecond}
+	if ppm >= 0 {
+		out.Adapted, out.Factor = true, float64(ppm)/1e6
+	}
+	return out, nil
 }
 
 // Resume runs resume.lua: the suspension ends now, and with it the
@@ -167,6 +195,15 @@ type InspectReply struct {
 	InFlightMax  int64         // the in-flight limit, 0 without one
 	Tiers        []Tier        // the tiers in force, validated by the script
 	Tokens       []float64     // tokens per tier now (a window: calls it would still admit)
+	// Configured are the tiers as configured (the ceiling), beside Tiers;
+	// LearnedFor is how long each tier's learned quota stays in force
+	// unconfirmed (0: none learned).
+	Configured []Tier
+	LearnedFor []time.Duration
+	// AdaptiveEvery is the clean interval of adaptive limits (0: not
+	// adaptive); AdaptiveFactor the share of the ceiling in force.
+	AdaptiveEvery  time.Duration
+	AdaptiveFactor float64
 	Field        string
 	Reason       string
 }
@@ -176,8 +213,9 @@ type InspectReply struct {
 //	KEYS as Decide; ARGV[1] default limits ("" = none)
 //
 // Reply: {1, suspended_us, reservations, queued_us, from_redis (0/1), n,
-// generation, in_flight, in_flight_max, then kind, rate, per_ms, burst,
-// tokens per tier};
+// generation, in_flight, in_flight_max, adaptive_every_us, adaptive_ppm,
+// then kind, rate, per_ms, burst, tokens, configured rate, configured
+// burst, learned_for_us per tier};
 // {-2, suspended_us, reservations} without limits; {-1, field, reason} for
 // bad limits.
 func Inspect(ctx context.Context, r *Runner, k Keys, defaults []Tier) (InspectReply, error) {
@@ -205,7 +243,7 @@ func Inspect(ctx context.Context, r *Runner, k Keys, defaults []Tier) (InspectRe
 	if status == StatusNoLimits {
 		return out, nil
 	}
-	const head, per = 9, 5
+	const head, per = 11, 8
 	if len(a) < head {
 		return InspectReply{}, bad
 	}
@@ -215,9 +253,13 @@ func Inspect(ctx context.Context, r *Runner, k Keys, defaults []Tier) (InspectRe
 	gen, ok4 := num(a[6])
 	inflight, ok5 := a[7].(int64)
 	inflightMax, ok6 := a[8].(int64)
-	if !ok1 || !ok2 || !ok3 || !ok4 || !ok5 || !ok6 || n < 0 || len(a) != head+per*int(n) {
+	every, ok7 := num(a[9])
+	ppm, ok8 := num(a[10])
+	if !ok1 || !ok2 || !ok3 || !ok4 || !ok5 || !ok6 || !ok7 || !ok8 || n < 0 || len(a) != head+per*int(n) {
 		return InspectReply{}, bad
 	}
+	out.AdaptiveEvery = time.Duration(every) * time.Microsecond
+	out.AdaptiveFactor = float64(ppm) / 1e6
 	out.InFlight, out.InFlightMax = inflight, inflightMax
 	out.QueuedFor = time.Duration(q) * time.Microsecond
 	out.FromRedis = fromRedis == 1
@@ -230,15 +272,84 @@ func Inspect(ctx context.Context, r *Runner, k Keys, defaults []Tier) (InspectRe
 		burst, ok3 := num(e[3])
 		s, _ := e[4].(string)
 		tokens, err := strconv.ParseFloat(s, 64)
-		if !ok1 || !ok2 || !ok3 || err != nil || len(kind) != 1 {
+		cRate, ok4 := num(e[5])
+		cBurst, ok5 := num(e[6])
+		learnedFor, ok6 := num(e[7])
+		if !ok1 || !ok2 || !ok3 || !ok4 || !ok5 || !ok6 || err != nil || len(kind) != 1 {
 			return InspectReply{}, bad
 		}
 		t := Tier{Rate: rate, PerMS: perMS, Burst: burst}
+		c := Tier{Rate: cRate, PerMS: perMS, Burst: cBurst}
 		if kind == "w" {
-			t.Kind = KindWindow
+			t.Kind, c.Kind = KindWindow, KindWindow
 		}
 		out.Tiers = append(out.Tiers, t)
+		out.Configured = append(out.Configured, c)
+		out.LearnedFor = append(out.LearnedFor, time.Duration(learnedFor)*time.Microsecond)
 		out.Tokens = append(out.Tokens, tokens)
+	}
+	return out, nil
+}
+
+// ObserveArgs is what a provider's response said, for Observe.
+type ObserveArgs struct {
+	// Policies are published quotas: Quota calls per PerMS.
+	Policies []Policy
+	// Remaining is the calls left in the provider's window (-1: not said);
+	// WindowMS its window (0: not said); Reset the time until it resets (0:
+	// not said).
+	Remaining int64
+	WindowMS  int64
+	Reset     time.Duration
+	// LearnFor is how long a learned quota stays in force unconfirmed.
+	LearnFor time.Duration
+	// Defaults are the limits when the key has none in Redis.
+	Defaults []Tier
+	// MaxSuspension caps a suspension until the reset.
+	MaxSuspension time.Duration
+	// IdleExpiry is the key's inactivity expiry (as Decide's).
+	IdleExpiry time.Duration
+}
+
+// Policy is one published quota.
+type Policy struct{ Quota, PerMS int64 }
+
+// Observe runs observe.lua: what a provider's response says lowers the
+// limits in force (never above the configured ones), the tokens, or
+// suspends the key until the provider's reset.
+//
+//	KEYS[1] bucket hash
+//	ARGV policies ("per_ms:quota ..."), remaining, window_ms, reset_us,
+//	learn_for_us, defaults, max_suspension_us, idle_ms
+//
+// Reply: one line per change: "learned i quota configured per_ms",
+// "ceiling i configured per_ms", "tokens i from to", "suspended us",
+// "unmatched per_ms quota".
+func Observe(ctx context.Context, r *Runner, k Keys, a ObserveArgs) ([]string, error) {
+	var pol strings.Builder
+	for i, p := range a.Policies {
+		if i > 0 {
+			pol.WriteByte(' ')
+		}
+		fmt.Fprintf(&pol, "%d:%d", p.PerMS, p.Quota)
+	}
+	v, err := r.Run(ctx, observeScript, []string{k.Bucket}, pol.String(), a.Remaining, a.WindowMS,
+		a.Reset.Microseconds(), a.LearnFor.Microseconds(), FormatTiers(a.Defaults), a.MaxSuspension.Microseconds(),
+		a.IdleExpiry.Milliseconds())
+	if err != nil {
+		return nil, err
+	}
+	list, ok := v.([]any)
+	if !ok {
+		return nil, errBadReply("observe", v)
+	}
+	out := make([]string, 0, len(list))
+	for _, e := range list {
+		s, ok := e.(string)
+		if !ok {
+			return nil, errBadReply("observe", v)
+		}
+		out = append(out, s)
 	}
 	return out, nil
 }

@@ -21,7 +21,7 @@ local book = flags % 2 == 1
 local pace = math.floor(flags / 2) % 2 == 1
 
 local now = now_us()
-local h = redis.call('HMGET', key, 'L', 'T', 's')
+local h = redis.call('HMGET', key, 'L', 'T', 's', 'O')
 local L = h[1]
 
 -- Suspension comes first.
@@ -42,6 +42,8 @@ if not spec then
   if not L then field = 'default ' .. field end
   return all_n('-1|' .. field .. '|' .. why, n)
 end
+-- Quotas learned from the provider (or adaptive mode) lower the limits.
+if h[4] then spec = apply_learned(spec, src, h[4], now) end
 local tiers, gen = spec.tiers, spec.gen
 
 local ts, x, vnext, stored = read_T(h[2])

@@ -2,7 +2,7 @@
 local key, resv_key, slots_key = KEYS[1], KEYS[2], KEYS[3]
 local defaults = ARGV[1]
 local now = now_us()
-local h = redis.call('HMGET', key, 'L', 's', 'T')
+local h = redis.call('HMGET', key, 'L', 's', 'T', 'O')
 local until_ = finite(h[2]) or 0
 local suspended = 0
 if until_ > now then suspended = math.min(until_ - now, MAX_WAIT) end
@@ -15,6 +15,11 @@ if not spec then
   if not h[1] then field = 'default ' .. field end
   return {-1, field, why}
 end
+-- The limits in force: the configured ones (the ceiling) lowered by what
+-- was learned.
+local ceiling = spec
+local learned, adapt = read_O(h[4])
+if h[4] then spec = apply_learned(spec, src, h[4], now) end
 local from_redis = 0
 if h[1] then from_redis = 1 end
 local ts, _, q, stored = read_T(h[3])
@@ -24,14 +29,20 @@ if queued < 0 or queued > MAX_WAIT then queued = 0 end
 local in_flight = 0
 if spec.inflight then in_flight = redis.call('ZCOUNT', slots_key, '(' .. fmt(now), '+inf') end
 local out = {1, fmt(suspended), reservations, fmt(queued), from_redis, #spec.tiers, spec.gen,
-             in_flight, spec.inflight or 0}
+             in_flight, spec.inflight or 0, fmt(ceiling.adaptive or 0), adapt_ppm(ceiling, adapt, now)}
 for i, t in ipairs(spec.tiers) do
+  local c = ceiling.tiers[i]
+  local l = learned[c.key]
+  local learned_for = 0
+  if l and l[2] > now and l[1] < tier_quota(c) then learned_for = l[2] - now end
   if t.kind == 'b' then
     out[#out + 1] = 'b'
     out[#out + 1] = fmt(t.rate)
     out[#out + 1] = fmt(t.per)
     out[#out + 1] = fmt(t.burst)
     out[#out + 1] = fmt(tokens_at(t, owed[i]))
+    out[#out + 1] = fmt(c.rate)
+    out[#out + 1] = fmt(c.burst)
   else
     local w = win_load(redis.call('HGET', key, 'W' .. t.key), t, now, 0)
     out[#out + 1] = 'w'
@@ -39,6 +50,9 @@ for i, t in ipairs(spec.tiers) do
     out[#out + 1] = fmt(t.per)
     out[#out + 1] = fmt(t.n)
     out[#out + 1] = fmt(t.n - win_count(w, t, now, 0))
+    out[#out + 1] = fmt(c.n)
+    out[#out + 1] = fmt(c.n)
   end
+  out[#out + 1] = fmt(learned_for)
 end
 return out

@@ -103,19 +103,21 @@ local function parse_limits(s)
   if #s > MAX_LIMITS_LEN then
     return nil, 'limits', 'longer than ' .. MAX_LIMITS_LEN .. ' bytes'
   end
-  local tiers, n, gen, windows, inflight = {}, 0, 0, false, nil
+  local tiers, n, gen, windows, inflight, adaptive = {}, 0, 0, false, nil, nil
   for tok in string.gmatch(s, '%S+') do
     local c = string.sub(tok, 1, 1)
     if c == '#' then
       local g = string.match(tok, '^#(%d+)$')
       gen = tonumber(g) or 0
       if gen > 1e15 then gen = 0 end
-    elseif c == 'f' then
+    elseif c == 'a' and string.match(tok, '^a%d+$') then
+      if adaptive then return nil, 'limits', 'more than one adaptive limit' end
+      local e = tonumber(string.sub(tok, 2))
+      local bad, why = check_count(e, 'limits.Adaptive', 1000, MAX_PER_MS, ' ms')
+      if bad then return nil, bad, why end
+      adaptive = e * 1000
+    elseif c == 'f' and string.match(tok, '^f%d+$') then
       local q = string.match(tok, '^f(%d+)$')
-      if not q then
-        local got = string.gsub(string.sub(tok, 1, 40), '[^%w%./%-%+]', '?')
-        return nil, 'limits', 'want fN (in flight) in a whole number, got "' .. got .. '"'
-      end
       if inflight then return nil, 'limits', 'more than one in-flight limit' end
       q = tonumber(q)
       local bad, why = check_count(q, 'limits.InFlight', 1, 1e6, '')
@@ -170,11 +172,120 @@ local function parse_limits(s)
     end
   end
   if n == 0 and not inflight then return nil, 'limits', 'no tiers' end
-  spec = {tiers = tiers, gen = gen, windows = windows, inflight = inflight}
+  if adaptive and n == 0 then return nil, 'limits.Adaptive', 'needs a rate tier to adapt' end
+  spec = {tiers = tiers, gen = gen, windows = windows, inflight = inflight, adaptive = adaptive}
   if n_parsed >= 256 then parsed, n_parsed = {}, 0 end
   parsed[s] = spec
   n_parsed = n_parsed + 1
   return spec
+end
+
+-- Learned limits: the O field, written by observe.lua (what providers'
+-- responses say) and suspend.lua (adaptive mode), below the limits of L,
+-- which stay the ceiling. Tokens, space separated:
+--   t<tier key>=<n>@<until_us>  the provider's quota for the tier's period,
+--                                in force until then (refreshed while the
+--                                provider keeps saying it)
+--   a<ppm>@<since_us>           adaptive: the rate tiers at ppm (per
+--                                million) of the ceiling since then, plus
+--                                ADAPT_STEP for every clean interval after
+local ADAPT_FLOOR = 15625     -- ppm: 1/64 of the ceiling at the lowest
+local ADAPT_STEP = 100000     -- ppm won back per clean interval (10 %)
+local ADAPT_CUT = 0.5         -- each new suspension halves the rate
+
+-- bump_gen returns the limits string L with its generation one higher:
+-- what processes holding leases see as a change of limits.
+local function bump_gen(L)
+  local g = tonumber(string.match(L, '#(%d+)') or '0') or 0
+  if g >= 1e15 then g = 0 end
+  local s = string.gsub(L, '%s*#%d+', '')
+  return s .. ' #' .. string.format('%d', g + 1)
+end
+
+-- read_O splits the O field: the learned quotas by tier key ({n, until})
+-- and the adaptive state ({ppm, since}) or nil.
+local function read_O(O)
+  local learned, adapt = {}, nil
+  if not O then return learned, nil end
+  for k, q, u in string.gmatch(O, 't(w?%d+)=(%d+)@(%d+)') do
+    learned[k] = {tonumber(q), tonumber(u)}
+  end
+  local ppm, since = string.match(O, 'a(%d+)@(%d+)')
+  if ppm then adapt = {tonumber(ppm), tonumber(since)} end
+  return learned, adapt
+end
+
+-- write_O formats the O field (false when nothing is learned).
+local function write_O(learned, adapt, now)
+  local out = {}
+  for k, l in pairs(learned) do
+    if l[2] > now then out[#out + 1] = string.format('t%s=%d@%d', k, l[1], l[2]) end
+  end
+  table.sort(out)
+  if adapt and adapt[1] < 1e6 then out[#out + 1] = string.format('a%d@%d', adapt[1], adapt[2]) end
+  if #out == 0 then return false end
+  return table.concat(out, ' ')
+end
+
+-- adapt_ppm is the adaptive factor in force at now (1e6: the ceiling).
+local function adapt_ppm(spec, adapt, now)
+  if not adapt or not spec.adaptive then return 1e6 end
+  local ppm = adapt[1]
+  if now > adapt[2] then ppm = ppm + ADAPT_STEP * math.floor((now - adapt[2]) / spec.adaptive) end
+  if ppm > 1e6 then ppm = 1e6 end
+  return ppm
+end
+
+-- tier_quota is what a tier allows per period: a bucket's rate, a
+-- window's N.
+local function tier_quota(t)
+  if t.kind == 'b' then return t.rate end
+  return t.n
+end
+
+-- with_quota returns a copy of tier t allowing q per period (a bucket's
+-- burst is lowered with it, never raised).
+local function with_quota(t, q)
+  if t.kind == 'b' then
+    local b = math.min(t.burst, q)
+    return {kind = 'b', rate = q, per = t.per, burst = b, e = t.p / q, p = t.p,
+            full = b * t.p, key = t.key, ceiling = t}
+  end
+  return {kind = 'w', n = q, per = t.per, p = t.p, sub = t.sub, key = t.key, ceiling = t}
+end
+
+-- apply_learned returns the limits in force at now: spec (parsed from src)
+-- with the learned quotas of O below it. It is spec itself when nothing
+-- learned is in force; otherwise a copy, cached like parse_limits.
+local function apply_learned(spec, src, O, now)
+  local learned, adapt = read_O(O)
+  local ppm = adapt_ppm(spec, adapt, now)
+  local sig, any = {src, '|', ppm}, ppm < 1e6
+  for _, t in ipairs(spec.tiers) do
+    local l = learned[t.key]
+    if l and l[2] > now and l[1] < tier_quota(t) then
+      sig[#sig + 1] = ' ' .. t.key .. '=' .. l[1]
+      any = true
+    end
+  end
+  if not any then return spec end
+  local k = table.concat(sig)
+  local eff = parsed[k]
+  if eff then return eff end
+  eff = {tiers = {}, gen = spec.gen, windows = spec.windows, inflight = spec.inflight,
+         adaptive = spec.adaptive, ppm = ppm}
+  for i, t in ipairs(spec.tiers) do
+    local q = tier_quota(t)
+    local l = learned[t.key]
+    if l and l[2] > now and l[1] < q then q = l[1] end
+    if ppm < 1e6 then q = math.floor(q * ppm / 1e6) end
+    if q < 1 then q = 1 end
+    if q == tier_quota(t) then eff.tiers[i] = t else eff.tiers[i] = with_quota(t, q) end
+  end
+  if n_parsed >= 256 then parsed, n_parsed = {}, 0 end
+  parsed[k] = eff
+  n_parsed = n_parsed + 1
+  return eff
 end
 
 -- read_pairs reads key:value pairs (the T and V fields) into a table keyed
@@ -267,7 +378,9 @@ local function write_T(tiers, owed, now, x, q)
   return string.format(T_FMT[(k - 3) / 2], unpack(a, 1, k)), math.ceil(longest)
 end
 
--- Windows. A window tier counts calls per sub-window (per/WINDOW_SLICES
+-- Windows. (Their counts are keyed by minus the sub-window's index: a
+-- large positive integer key makes some Lua implementations, miniredis's
+-- among them, grow a table's array part up to it.) A window tier counts calls per sub-window (per/WINDOW_SLICES
 -- long) and admits a call when the sub-windows covering the last per (plus
 -- headroom) hold fewer than N: any window of length per, whatever its
 -- phase, then sees at most N. Reserved slots not yet taken up count too.
@@ -283,7 +396,7 @@ local function win_load(raw, t, now, headroom)
     if base then
       local i = base
       for c in string.gmatch(counts, '(%d+)') do
-        if i >= oldest then w.c[i] = tonumber(c) end
+        if i >= oldest then w.c[-i] = tonumber(c) end
         i = i + 1
       end
       for at, c in string.gmatch(resv or '', '(%d+):(%d+)') do
@@ -304,7 +417,7 @@ local function win_count(w, t, at, headroom)
   local first = math.floor((at - t.p - headroom) / t.sub)
   local last = math.floor(at / t.sub)
   local n = 0
-  for i = first, last do n = n + (w.c[i] or 0) end
+  for i = first, last do n = n + (w.c[-i] or 0) end
   for _, r in ipairs(w.resv) do
     if r[1] >= at - t.p - headroom and r[1] <= at then n = n + r[2] end
   end
@@ -321,7 +434,7 @@ local function win_free(w, t, at, c, headroom, limit)
     local next_at = nil
     local first = math.floor((at - t.p - headroom) / t.sub)
     for i = first, math.floor(at / t.sub) do
-      if (w.c[i] or 0) > 0 then
+      if (w.c[-i] or 0) > 0 then
         next_at = (i + 1) * t.sub + t.p + headroom
         break
       end
@@ -341,7 +454,7 @@ end
 -- win_add counts c calls admitted at at.
 local function win_add(w, t, at, c)
   local i = math.floor(at / t.sub)
-  w.c[i] = (w.c[i] or 0) + c
+  w.c[-i] = (w.c[-i] or 0) + c
 end
 
 -- win_reserve counts c calls reserved for slot at; win_unreserve takes
@@ -363,7 +476,8 @@ end
 -- how long (us) until it is empty.
 local function win_write(w, t, now, headroom)
   local lo, hi = nil, nil
-  for i, c in pairs(w.c) do
+  for k, c in pairs(w.c) do
+    local i = -k
     if c > 0 then
       if lo == nil or i < lo then lo = i end
       if hi == nil or i > hi then hi = i end
@@ -372,7 +486,7 @@ local function win_write(w, t, now, headroom)
   local parts, resv = {}, {}
   local empty_at = 0
   if lo then
-    for i = lo, hi do parts[#parts + 1] = string.format('%d', w.c[i] or 0) end
+    for i = lo, hi do parts[#parts + 1] = string.format('%d', w.c[-i] or 0) end
     empty_at = (hi + 1) * t.sub + t.p + headroom
   end
   for _, r in ipairs(w.resv) do

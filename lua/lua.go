@@ -50,6 +50,8 @@ var (
 	adjustSrc string
 	//go:embed release.lua
 	releaseSrc string
+	//go:embed observe.lua
+	observeSrc string
 	//go:embed extend.lua
 	extendSrc string
 )
@@ -66,7 +68,7 @@ type Script struct {
 // processes of different versions (a rolling upgrade) each call their own.
 var version = func() string {
 	h := sha1.New()
-	for _, s := range []string{libSrc, decideSrc, setLimitsSrc, suspendSrc, resumeSrc, inspectSrc, migrateSrc, adjustSrc, releaseSrc, extendSrc} {
+	for _, s := range []string{libSrc, decideSrc, setLimitsSrc, suspendSrc, resumeSrc, inspectSrc, migrateSrc, adjustSrc, releaseSrc, extendSrc, observeSrc} {
 		h.Write([]byte(s))
 		h.Write([]byte{0})
 	}
@@ -92,8 +94,9 @@ var (
 	adjustScript    = newScript("adjust", adjustSrc)
 	releaseScript   = newScript("release", releaseSrc)
 	extendScript    = newScript("extend", extendSrc)
+	observeScript   = newScript("observe", observeSrc)
 	allScripts      = []*Script{decideScript, setLimitsScript, suspendScript, resumeScript, inspectScript, migrateScript,
-		adjustScript, releaseScript, extendScript}
+		adjustScript, releaseScript, extendScript, observeScript}
 )
 
 // library is the source FUNCTION LOAD takes: the helpers once, then every
@@ -279,6 +282,7 @@ const (
 	KindBucket   = 0   // a token bucket: Rate every PerMS, at most Burst at once
 	KindWindow   = 'w' // a window: at most Rate calls in any PerMS (Burst = Rate)
 	KindInFlight = 'f' // in flight: at most Rate slots held at once (PerMS, Burst unused)
+	KindAdaptive = 'a' // adaptive: rate tiers cut on each new suspension, won back every PerMS clean
 )
 
 // Tier is one validated limit as the scripts store it: a token bucket of
@@ -290,7 +294,8 @@ type Tier struct {
 }
 
 // FormatTiers writes tiers as the scripts store them: "rate/per_ms/burst"
-// for a bucket, "wN/per_ms" for a window, separated by spaces ("" for none).
+// for a bucket, "wN/per_ms" for a window, "fN" in flight, "aN" adaptive,
+// separated by spaces ("" for none).
 func FormatTiers(tiers []Tier) string {
 	var b strings.Builder
 	for i, t := range tiers {
@@ -307,6 +312,10 @@ func FormatTiers(tiers []Tier) string {
 		case KindInFlight:
 			b.WriteByte('f')
 			b.WriteString(strconv.FormatInt(t.Rate, 10))
+			continue
+		case KindAdaptive:
+			b.WriteByte('a')
+			b.WriteString(strconv.FormatInt(t.PerMS, 10))
 			continue
 		}
 		b.WriteString(strconv.FormatInt(t.Rate, 10))

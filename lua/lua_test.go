@@ -358,7 +358,8 @@ func TestInspect(t *testing.T) {
 
 	r, err = Inspect(e.ctx, e.run, e.k, []Tier{{Rate: 1, PerMS: 1000, Burst: 4}})
 	require.NoError(t, err, "Inspect with defaults")
-	assert.Equal(t, InspectReply{Status: StatusAllowed, Tiers: []Tier{{Rate: 1, PerMS: 1000, Burst: 4}}, Tokens: []float64{4}}, r, "Inspect with defaults")
+	assert.Equal(t, InspectReply{Status: StatusAllowed, Tiers: []Tier{{Rate: 1, PerMS: 1000, Burst: 4}}, Tokens: []float64{4},
+		Configured: []Tier{{Rate: 1, PerMS: 1000, Burst: 4}}, LearnedFor: []time.Duration{0}, AdaptiveFactor: 1}, r, "Inspect with defaults")
 
 	e.setLimits(Tier{Rate: 10, PerMS: 1000, Burst: 10}, Tier{Rate: 100, PerMS: 60000, Burst: 100})
 	e.decide(DecideArgs{IdleExpiry: time.Hour})
@@ -371,8 +372,10 @@ func TestInspect(t *testing.T) {
 	assert.Equal(t, InspectReply{
 		Status: StatusAllowed, Suspended: 5 * time.Second, Reservations: 1,
 		QueuedFor: 5*time.Second + 600*time.Millisecond, FromRedis: true, Generation: 1,
-		Tiers:  []Tier{{Rate: 10, PerMS: 1000, Burst: 10}, {Rate: 100, PerMS: 60000, Burst: 100}},
-		Tokens: []float64{9, 99},
+		Tiers:      []Tier{{Rate: 10, PerMS: 1000, Burst: 10}, {Rate: 100, PerMS: 60000, Burst: 100}},
+		Tokens:     []float64{9, 99},
+		Configured: []Tier{{Rate: 10, PerMS: 1000, Burst: 10}, {Rate: 100, PerMS: 60000, Burst: 100}},
+		LearnedFor: []time.Duration{0, 0}, AdaptiveFactor: 1,
 	}, r, "Inspect")
 	assert.Equal(t, before, e.mr.Dump(), "Inspect wrote to Redis")
 

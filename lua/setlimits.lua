@@ -17,11 +17,14 @@ local new, field, why = parse_limits(new_src)
 if not new then return {-1, field, why} end
 
 local now = now_us()
-local h = redis.call('HMGET', key, 'L', 'T', 'D', 's')
+local h = redis.call('HMGET', key, 'L', 'T', 'D', 's', 'O')
 local old = nil
 for _, src in ipairs({h[1] or '', h[3] or '', defaults}) do
   if src ~= '' then
     old = parse_limits(src)
+    -- The tokens are brought up to date under the limits that were in
+    -- force: learned ones included.
+    if old and h[5] then old = apply_learned(old, src, h[5], now) end
     if old then break end
   end
 end
@@ -33,8 +36,11 @@ gen = gen + 1
 -- What each new bucket owes (per_us units of tokens), at now.
 local ts, _, _, stored = read_T(h[2])
 local old_owed = old and bucket_owed(stored, ts, old.tiers, now, 0) or {}
+-- ... and kept under the new limits as they will be in force.
+local in_force = new
+if h[5] then in_force = apply_learned(new, new_src, h[5], now) end
 local owed = {}
-for i, t in ipairs(new.tiers) do
+for i, t in ipairs(in_force.tiers) do
   local v = 0
   if t.kind == 'b' then
     local o = nil
@@ -59,12 +65,12 @@ for i, t in ipairs(new.tiers) do
   owed[i] = v
 end
 
-local _, need = write_T(new.tiers, owed, now, 0, 0)
+local _, need = write_T(in_force.tiers, owed, now, 0, 0)
 local until_ = finite(h[4])
 if until_ and until_ - now > need then need = until_ - now end
 local x, ttl = keep_alive(need, true, idle_us, 0, now)
 local fields = {'L', new_src .. ' #' .. string.format('%d', gen)}
-local t_field = write_T(new.tiers, owed, now, x, 0)
+local t_field = write_T(in_force.tiers, owed, now, x, 0)
 if t_field then
   fields[#fields + 1] = 'T'
   fields[#fields + 1] = t_field

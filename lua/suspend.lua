@@ -1,15 +1,34 @@
 -- suspend.lua: suspend a key fleet-wide, extending and never shortening an
--- existing suspension (see admin.go for the contract).
+-- existing suspension (see admin.go for the contract). With adaptive limits
+-- (an 'a' token in L), a new suspension (not one extending the last) also
+-- cuts the rate tiers to ADAPT_CUT of what was in force, fleet-wide, once.
 local key = KEYS[1]
 local d, max = tonumber(ARGV[1]), tonumber(ARGV[2])
 if d > max then d = max end
 local now = now_us()
 local until_ = now + d
-local cur = finite(redis.call('HGET', key, 's'))
+local h = redis.call('HMGET', key, 's', 'L', 'O')
+local cur = finite(h[1])
 -- A stored end beyond any honest wait is garbage, not a suspension to keep.
+local fresh = not cur or cur <= now
 if cur and cur > until_ and cur - now <= MAX_WAIT then until_ = cur end
-redis.call('HSET', key, 's', string.format('%d', until_))
+local fields = {'s', string.format('%d', until_)}
+local ppm = -1
+if fresh and h[2] then
+  local spec = parse_limits(h[2])
+  if spec and spec.adaptive then
+    local learned, adapt = read_O(h[3])
+    ppm = math.max(ADAPT_FLOOR, math.floor(adapt_ppm(spec, adapt, now) * ADAPT_CUT))
+    -- Clean intervals count from the end of the suspension.
+    local o = write_O(learned, {ppm, until_}, now)
+    fields[#fields + 1] = 'O'
+    fields[#fields + 1] = o
+    fields[#fields + 1] = 'L'
+    fields[#fields + 1] = bump_gen(h[2])
+  end
+end
+redis.call('HSET', key, unpack(fields))
 -- The key lives at least until the suspension ends (never shorter than it did).
 local pttl = redis.call('PTTL', key)
 if pttl < 0 or pttl * 1000 < until_ - now then expire_in(key, until_ - now) end
-return string.format('%d', until_ - now)
+return {string.format('%d', until_ - now), ppm}

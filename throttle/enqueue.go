@@ -112,11 +112,14 @@ func (l *Limiter) release(ctx context.Context, key, id string) {
 var errNoTaskContext = errors.New("throttle: Charge needs the context of a handler run by the throttle middleware")
 
 // taskCharge is what the middleware tells a handler's context: how to
-// settle the task's actual cost.
+// settle the task's actual cost (Charge) and what its decision saw
+// (Observe).
 type taskCharge struct {
 	l    *Limiter
+	ks   *keyState
 	key  string
 	cost int
+	left int // tokens the decision left, -1 unknown
 }
 
 type chargeKey struct{}

@@ -25,6 +25,7 @@ type keyState struct {
 	noLimitsUntil time.Time   // "no limits" answered by Redis, trusted until then
 	warned        bool        // "no limits" was logged
 	susp          *suspension // a suspension answered by Redis, trusted for a while
+	obs           observeMemo // what Observe last sent about the key
 }
 
 // variant is what tells decide commands of one key apart.

@@ -37,6 +37,22 @@ const (
 	// KindInFlight caps the tasks running at once: at most Rate hold a slot
 	// across the fleet (InFlight). Per and Burst are not used.
 	KindInFlight
+	// KindAdaptive makes the rate tiers adaptive (Adaptive): Per is the
+	// clean interval. Rate and Burst are not used.
+	KindAdaptive
+)
+
+// Adaptive cuts and restores.
+const (
+	// AdaptiveCut is what each new suspension of an adaptive key leaves of
+	// the rates in force.
+	AdaptiveCut = 0.5
+	// AdaptiveStep is the share of the configured rates won back for each
+	// clean interval.
+	AdaptiveStep = 0.1
+	// AdaptiveFloor is the lowest share of the configured rates adaptive
+	// mode goes down to.
+	AdaptiveFloor = 1.0 / 64
 )
 
 // Limit allows Rate events every Per, with at most Burst at once. A Limit is a
@@ -83,6 +99,17 @@ func Window(n int, w time.Duration) Limit { return Limit{Kind: KindWindow, Rate:
 // Direct callers (Take) get Decision.Hold and must Release it.
 func InFlight(n int) Limit { return Limit{Kind: KindInFlight, Rate: n} }
 
+// Adaptive makes a key's rate tiers adapt to a provider that says nothing
+// but 429: each new suspension of the key (a handler returned RateLimited,
+// or Suspend) cuts every rate tier to AdaptiveCut of what was in force,
+// fleet-wide and once per suspension, however many workers saw the 429;
+// every clean interval after the suspension ends wins back AdaptiveStep of
+// the configured rates, up to them. The configured tiers stay the ceiling.
+// It goes in SetLimits beside the rate tiers (it needs one):
+//
+//	lim.SetLimits(ctx, "crm", throttle.PerSecond(20), throttle.Adaptive(30*time.Second))
+func Adaptive(clean time.Duration) Limit { return Limit{Kind: KindAdaptive, Per: clean} }
+
 // WithBurst returns a copy of l whose burst is b.
 func (l Limit) WithBurst(b int) Limit {
 	l.Burst = b
@@ -105,6 +132,8 @@ func (l Limit) String() string {
 		return fmt.Sprintf("%d per %v window", l.Rate, l.Per)
 	case KindInFlight:
 		return fmt.Sprintf("%d in flight", l.Rate)
+	case KindAdaptive:
+		return fmt.Sprintf("adaptive, %v clean intervals", l.Per)
 	}
 	return fmt.Sprintf("%d/%v burst %d", l.Rate, l.Per, l.burst())
 }
@@ -113,6 +142,17 @@ func (l Limit) String() string {
 func (l Limit) validate(i int) error {
 	bad := func(field string, v any, why string) error {
 		return fmt.Errorf("%w: limits[%d].%s = %v: %s", ErrInvalidLimit, i, field, v, why)
+	}
+	if l.Kind == KindAdaptive {
+		switch {
+		case l.Per < time.Second || l.Per > MaxPer:
+			return bad("Per", l.Per, fmt.Sprintf("the clean interval must be from 1s to %v", MaxPer))
+		case l.Per%time.Millisecond != 0:
+			return bad("Per", l.Per, "must be a whole number of milliseconds")
+		case l.Rate != 0 || l.Burst != 0:
+			return bad("Rate", l.Rate, "an adaptive limit has no rate or burst of its own: leave them 0")
+		}
+		return nil
 	}
 	if l.Kind == KindInFlight {
 		switch {
@@ -125,7 +165,7 @@ func (l Limit) validate(i int) error {
 	}
 	switch {
 	case l.Kind != KindBucket && l.Kind != KindWindow:
-		return bad("Kind", l.Kind, "must be KindBucket, KindWindow or KindInFlight")
+		return bad("Kind", l.Kind, "must be KindBucket, KindWindow, KindInFlight or KindAdaptive")
 	case l.Kind == KindWindow && l.Burst != 0 && l.Burst != l.Rate:
 		return bad("Burst", l.Burst, "a window has no burst of its own: leave it 0")
 	case l.Kind == KindWindow && l.Rate > MaxBurst:
@@ -159,12 +199,12 @@ func validateLimits(limits []Limit) ([]lua.Tier, error) {
 	}
 	rates := 0
 	for _, l := range limits {
-		if l.Kind != KindInFlight {
+		if l.Kind == KindBucket || l.Kind == KindWindow {
 			rates++
 		}
 	}
 	if rates > MaxTiers {
-		return nil, fmt.Errorf("%w: %d limits given, at most %d (and one InFlight)", ErrInvalidLimit, rates, MaxTiers)
+		return nil, fmt.Errorf("%w: %d limits given, at most %d (and one InFlight, one Adaptive)", ErrInvalidLimit, rates, MaxTiers)
 	}
 	tiers := make([]lua.Tier, len(limits))
 	for i, l := range limits {
@@ -175,7 +215,10 @@ func validateLimits(limits []Limit) ([]lua.Tier, error) {
 			if l.Kind == KindInFlight && limits[j].Kind == KindInFlight {
 				return nil, fmt.Errorf("%w: limits[%d]: a second InFlight limit (limits[%d])", ErrInvalidLimit, i, j)
 			}
-			if l.Kind != KindInFlight && limits[j].Per == l.Per && limits[j].Kind == l.Kind {
+			if l.Kind == KindAdaptive && limits[j].Kind == KindAdaptive {
+				return nil, fmt.Errorf("%w: limits[%d]: a second Adaptive limit (limits[%d])", ErrInvalidLimit, i, j)
+			}
+			if (l.Kind == KindBucket || l.Kind == KindWindow) && limits[j].Per == l.Per && limits[j].Kind == l.Kind {
 				return nil, fmt.Errorf("%w: limits[%d].Per = %v: same period as limits[%d] (a tier is identified by its kind and period)", ErrInvalidLimit, i, l.Per, j)
 			}
 		}
@@ -185,6 +228,13 @@ func validateLimits(limits []Limit) ([]lua.Tier, error) {
 			tiers[i].Kind, tiers[i].Burst = lua.KindWindow, int64(l.Rate)
 		case KindInFlight:
 			tiers[i] = lua.Tier{Kind: lua.KindInFlight, Rate: int64(l.Rate)}
+		case KindAdaptive:
+			tiers[i] = lua.Tier{Kind: lua.KindAdaptive, PerMS: l.Per.Milliseconds()}
+		}
+	}
+	for i, l := range limits {
+		if l.Kind == KindAdaptive && rates == 0 {
+			return nil, fmt.Errorf("%w: limits[%d]: Adaptive needs a rate tier to adapt (PerSecond, Window, ...)", ErrInvalidLimit, i)
 		}
 	}
 	return tiers, nil

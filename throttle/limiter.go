@@ -494,13 +494,17 @@ func (l *Limiter) suspend(ctx context.Context, key string, d time.Duration) (tim
 		return 0, err
 	}
 	ks.lease.drop()
-	left, err := bounded(l, ctx, func(ctx context.Context) (time.Duration, error) {
-		return lua.Suspend(ctx, l.runner, keys, d, l.o.maxSuspension)
+	r, err := bounded(l, ctx, func(ctx context.Context) (lua.Suspended, error) {
+		return lua.SuspendKey(ctx, l.runner, keys, d, l.o.maxSuspension)
 	})
 	if err != nil {
 		return 0, fmt.Errorf("throttle: key %q: suspend: %w", key, err)
 	}
-	return left, nil
+	if r.Adapted {
+		l.o.logger.Warn("throttle: adaptive limits cut fleet-wide after a new suspension; clean intervals win them back",
+			"key", key, "share_of_configured", r.Factor, "suspended_for", r.Left)
+	}
+	return r.Left, nil
 }
 
 // Resume ends key's suspension at once, and with it the reservation queue
@@ -568,10 +572,23 @@ func (l *Limiter) Adjust(ctx context.Context, key string, delta int) error {
 
 // Status is a read-only view of one key, from Inspect.
 type Status struct {
-	// Limits in force (from Redis, or the defaults); nil when none.
+	// Limits are the limits as configured (from Redis, or the defaults), as
+	// SetLimits set them; nil when none. They are the ceiling of what is
+	// learned.
 	Limits []Limit
-	// Tokens in each tier now, matching Limits (for a window: the calls it
-	// would still admit now).
+	// InForce are the limits in force now, matching Limits: a tier lowered
+	// by what Observe learned from the provider or by adaptive mode, else
+	// the configured one.
+	InForce []Limit
+	// LearnedFor is, for each entry of Limits, how long the quota learned
+	// from the provider stays in force unconfirmed (0: none learned).
+	LearnedFor []time.Duration
+	// AdaptiveFactor is the share of the configured rates adaptive mode
+	// keeps in force (1 when not cut, or not adaptive).
+	AdaptiveFactor float64
+	// Tokens in each tier now, matching Limits, under the limits in force
+	// (for a window: the calls it would still admit now; for InFlight: the
+	// slots free; 0 for Adaptive).
 	Tokens []float64
 	// Suspended is the remaining suspension, 0 when not suspended.
 	Suspended time.Duration
@@ -642,17 +659,35 @@ func (l *Limiter) Inspect(ctx context.Context, key string) (Status, error) {
 		return Status{}, &ConfigError{Key: key, Field: r.Field, Reason: r.Reason}
 	}
 	s := Status{Suspended: r.Suspended, Reservations: int(r.Reservations), QueuedFor: r.QueuedFor, Tokens: r.Tokens,
-		Generation: r.Generation, InFlight: int(r.InFlight)}
-	for _, t := range r.Tiers {
+		Generation: r.Generation, InFlight: int(r.InFlight), LearnedFor: r.LearnedFor}
+	if r.Status == lua.StatusNoLimits {
+		return s, nil
+	}
+	s.AdaptiveFactor = 1
+	limitOf := func(t lua.Tier) Limit {
 		l := Limit{Rate: int(t.Rate), Per: time.Duration(t.PerMS) * time.Millisecond, Burst: int(t.Burst)}
 		if t.Kind == lua.KindWindow {
 			l.Kind, l.Burst = KindWindow, 0
 		}
-		s.Limits = append(s.Limits, l)
+		return l
+	}
+	for i, t := range r.Tiers {
+		s.InForce = append(s.InForce, limitOf(t))
+		s.Limits = append(s.Limits, limitOf(r.Configured[i]))
 	}
 	if r.InFlightMax > 0 {
 		s.Limits = append(s.Limits, InFlight(int(r.InFlightMax)))
+		s.InForce = append(s.InForce, InFlight(int(r.InFlightMax)))
 		s.Tokens = append(s.Tokens, float64(max(r.InFlightMax-r.InFlight, 0)))
+		s.LearnedFor = append(s.LearnedFor, 0)
+	}
+	if r.AdaptiveEvery > 0 {
+		a := Adaptive(r.AdaptiveEvery)
+		s.Limits = append(s.Limits, a)
+		s.InForce = append(s.InForce, a)
+		s.Tokens = append(s.Tokens, 0)
+		s.LearnedFor = append(s.LearnedFor, 0)
+		s.AdaptiveFactor = r.AdaptiveFactor
 	}
 	return s, nil
 }

@@ -81,6 +81,8 @@ type Event struct {
 	// Err is the Redis error of a Failed decision, or the error that kept a
 	// deferred task from being re-enqueued.
 	Err error
+
+	left int // tokens the task's decision left in Redis, -1 unknown (for Observe)
 }
 
 // ByProvider returns an asynq middleware that throttles every task by its key
@@ -147,7 +149,7 @@ func (m *middleware) process(ctx context.Context, t *asynq.Task, next asynq.Hand
 		return err
 	}
 	id, _ := asynq.GetTaskID(ctx)
-	ev := Event{Key: key, TaskID: id, TaskType: t.Type()}
+	ev := Event{Key: key, TaskID: id, TaskType: t.Type(), left: -1}
 	if key == "" {
 		ev.Outcome = Unthrottled
 		return m.run(ctx, t, next, nil, ev)
@@ -232,7 +234,7 @@ func (m *middleware) process(ctx context.Context, t *asynq.Task, next asynq.Hand
 			return err
 		}
 	}
-	ev.Outcome = Ran
+	ev.Outcome, ev.left = Ran, d.Remaining
 	return m.run(ctx, t, next, ks, ev)
 }
 
@@ -285,7 +287,7 @@ func (m *middleware) run(ctx context.Context, t *asynq.Task, next asynq.Handler,
 	m.observe(ev)
 	if ks != nil {
 		cost, _ := costOf(t)
-		ctx = context.WithValue(ctx, chargeKey{}, &taskCharge{l: m.l, key: ev.Key, cost: max(cost, 1)})
+		ctx = context.WithValue(ctx, chargeKey{}, &taskCharge{l: m.l, ks: ks, key: ev.Key, cost: max(cost, 1), left: ev.left})
 	}
 	herr := next.ProcessTask(ctx, t)
 	var rl *RateLimitedError

@@ -43,6 +43,10 @@ const (
 	// DefaultSlotLease is how long a slot of an InFlight limit is held
 	// without renewal (asynq's own task lease is 30 s).
 	DefaultSlotLease = 30 * time.Second
+	// DefaultLearnFor is how long a quota learned from a provider's
+	// response (Observe) stays in force without the provider saying it
+	// again; then the key is back to its configured limits.
+	DefaultLearnFor = 10 * time.Minute
 	// DefaultHeadroom is the dispatch jitter the middleware keeps room for:
 	// a task's call may reach the provider up to this much later than
 	// another's, relative to their decisions, without the provider seeing
@@ -105,6 +109,7 @@ type options struct {
 	headroom       time.Duration
 	pacing         bool
 	slotLease      time.Duration
+	learnFor       time.Duration
 	logger         *slog.Logger
 	observer       func(Event)
 	deferralClient *asynq.Client
@@ -131,6 +136,7 @@ func newOptions(opts []Option) options {
 		headroom:       DefaultHeadroom,
 		pacing:         true,
 		slotLease:      DefaultSlotLease,
+		learnFor:       DefaultLearnFor,
 		logger:         slog.Default(),
 	}
 	for _, opt := range opts {
@@ -173,6 +179,8 @@ func (o *options) validate() error {
 		return bad("WithHeadroom", o.headroom, "must be from 0 to 1s")
 	case o.slotLease < 100*time.Millisecond || o.slotLease > time.Hour:
 		return bad("WithSlotLease", o.slotLease, "must be from 100ms to 1h")
+	case o.learnFor < time.Second || o.learnFor > MaxPer:
+		return bad("WithLearnFor", o.learnFor, fmt.Sprintf("must be from 1s to %v", MaxPer))
 	case o.logger == nil:
 		return bad("WithLogger", nil, "must not be nil")
 	}
@@ -302,6 +310,12 @@ func WithHeadroom(d time.Duration) Option { return func(o *options) { o.headroom
 // slow but live handler keeps its slot however long it runs, and a worker
 // killed mid-task gives its slots back at most d later.
 func WithSlotLease(d time.Duration) Option { return func(o *options) { o.slotLease = d } }
+
+// WithLearnFor sets how long a quota learned from a provider's response
+// (Observe) stays in force without the provider saying it again (default
+// DefaultLearnFor, 10 minutes; at least two of the tier's periods). After
+// that quiet period the key is back to its configured limits.
+func WithLearnFor(d time.Duration) Option { return func(o *options) { o.learnFor = d } }
 
 // WithPacing sets whether the middleware paces a backlog inside each second
 // (default true). asynq brings deferred tasks back on whole seconds, so

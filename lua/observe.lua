@@ -1,0 +1,149 @@
+-- observe.lua: learn from what a provider's response says about its quota
+-- (see admin.go). The limits in L (or the defaults) stay the ceiling; what
+-- is learned goes beside them in O and only ever lowers what is in force:
+--   - a published quota below a tier's (matched by its period) lowers that
+--     tier until learn_for after the provider last said so; one at or above
+--     it puts the tier back to its ceiling;
+--   - a remaining count below a tier's tokens brings the tokens down to it
+--     (never up): the tier whose period is the remaining's window, or every
+--     rate tier when the window is not known;
+--   - remaining 0 with a reset suspends the key until the reset (extending,
+--     never shortening, a suspension).
+-- Reply: one string per change, for the caller to log.
+local key = KEYS[1]
+local policies  = ARGV[1]             -- "per_ms:quota ..." ('' none)
+local remaining = tonumber(ARGV[2])   -- -1: not said
+local window_ms = tonumber(ARGV[3])   -- window of remaining, 0: not said
+local reset_us  = tonumber(ARGV[4])   -- 0: not said
+local learn_for = tonumber(ARGV[5])   -- us a learned quota lasts unconfirmed
+local defaults  = ARGV[6]
+local max_susp  = tonumber(ARGV[7])
+local idle_us   = ARGV[8] * 1000
+local now = now_us()
+
+local h = redis.call('HMGET', key, 'L', 'T', 'O', 's')
+local src = h[1]
+if not src and defaults ~= '' then src = defaults end
+if not src then return {} end
+local ceiling = parse_limits(src)
+if not ceiling then return {} end
+local changes = {}
+local learned, adapt = read_O(h[3])
+local before = write_O(learned, adapt, now)
+local relearned = false
+
+-- Published quotas.
+for per, q in string.gmatch(policies, '(%d+):(%d+)') do
+  per, q = tonumber(per), tonumber(q)
+  local found = false
+  for i, t in ipairs(ceiling.tiers) do
+    if t.per == per then
+      found = true
+      local l = learned[t.key]
+      if q < tier_quota(t) then
+        if not l or l[1] ~= q or l[2] <= now then
+          changes[#changes + 1] = string.format('learned %d %d %d %d', i - 1, q, tier_quota(t), per)
+          relearned = true
+        end
+        learned[t.key] = {q, now + math.max(learn_for, 2 * t.p)}
+      elseif l and l[2] > now then
+        changes[#changes + 1] = string.format('ceiling %d %d %d', i - 1, tier_quota(t), per)
+        learned[t.key] = nil
+        relearned = true
+      end
+    end
+  end
+  if not found then changes[#changes + 1] = string.format('unmatched %d %d', per, q) end
+end
+
+-- What is in force now, with what was just learned.
+local O = write_O(learned, adapt, now)
+local spec = ceiling
+if O then spec = apply_learned(ceiling, src, O, now) end
+local tiers = spec.tiers
+
+local fields, need = {}, 0
+local ts, x, q, stored = read_T(h[2])
+local owed = bucket_owed(stored, ts, tiers, now, 0)
+local t_changed = false
+if remaining >= 0 then
+  local targets = {}
+  for i, t in ipairs(tiers) do
+    if window_ms > 0 and t.per == window_ms then targets[#targets + 1] = i end
+  end
+  if #targets == 0 then
+    for i = 1, #tiers do targets[#targets + 1] = i end
+  end
+  for _, i in ipairs(targets) do
+    local t = tiers[i]
+    if t.kind == 'b' then
+      local has = tokens_at(t, owed[i])
+      if remaining < has then
+        owed[i] = (t.burst - remaining) * t.p
+        t_changed = true
+        changes[#changes + 1] = string.format('tokens %d %d %d', i - 1, math.floor(has), remaining)
+      end
+    else
+      local f = 'W' .. t.key
+      local w = win_load(redis.call('HGET', key, f), t, now, 0)
+      local has = t.n - win_count(w, t, now, 0)
+      if remaining < has then
+        win_add(w, t, now, has - remaining)
+        local s, empty_in = win_write(w, t, now, 0)
+        fields[#fields + 1] = f
+        fields[#fields + 1] = s
+        if empty_in > need then need = empty_in end
+        changes[#changes + 1] = string.format('tokens %d %d %d', i - 1, math.max(has, 0), remaining)
+      end
+    end
+  end
+end
+
+-- Out of quota until the reset: the whole fleet waits for it.
+local until_ = finite(h[4])
+if remaining == 0 and reset_us > 0 then
+  local want = now + math.min(reset_us, max_susp)
+  if not until_ or until_ < want or until_ - now > MAX_WAIT then
+    until_ = want
+    fields[#fields + 1] = 's'
+    fields[#fields + 1] = string.format('%d', until_)
+    changes[#changes + 1] = string.format('suspended %d', want - now)
+  end
+end
+
+if O ~= before then
+  if O then
+    fields[#fields + 1] = 'O'
+    fields[#fields + 1] = O
+  else
+    redis.call('HDEL', key, 'O')
+  end
+end
+if relearned and h[1] then
+  fields[#fields + 1] = 'L'
+  fields[#fields + 1] = bump_gen(h[1])
+end
+if t_changed then
+  local _, full_in = write_T(tiers, owed, now, 0, 0)
+  if full_in > need then need = full_in end
+  if q > now and q - now > need then need = q - now end
+  local ttl
+  x, ttl = keep_alive(need, h[1] ~= nil, idle_us, x, now)
+  fields[#fields + 1] = 'T'
+  fields[#fields + 1] = write_T(tiers, owed, now, x, q > now and q or 0)
+  if ttl then expire_in(key, ttl) end
+end
+if #fields > 0 then
+  redis.call('HSET', key, unpack(fields))
+  -- The key lives as long as what it holds says.
+  local longest = need
+  if until_ and until_ - now > longest then longest = until_ - now end
+  if O then
+    for _, l in pairs(learned) do
+      if l[2] - now > longest then longest = l[2] - now end
+    end
+  end
+  local pttl = redis.call('PTTL', key)
+  if pttl < 0 or pttl * 1000 < longest then expire_in(key, longest) end
+end
+return changes

@@ -1,0 +1,154 @@
+package lua
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func (e *env) observe(a ObserveArgs) []string {
+	e.t.Helper()
+	if a.LearnFor == 0 {
+		a.LearnFor = 10 * time.Minute
+	}
+	if a.MaxSuspension == 0 {
+		a.MaxSuspension = time.Hour
+	}
+	if a.IdleExpiry == 0 {
+		a.IdleExpiry = time.Hour
+	}
+	got, err := Observe(e.ctx, e.run, e.k, a)
+	require.NoError(e.t, err)
+	return got
+}
+
+func (e *env) inspect() InspectReply {
+	e.t.Helper()
+	r, err := Inspect(e.ctx, e.run, e.k, nil)
+	require.NoError(e.t, err)
+	return r
+}
+
+// A published quota below the configured tier of its period lowers it
+// until the provider stops saying it; one above it never raises it; the
+// configured tier stays the ceiling.
+func TestObserve_LearnedQuota(t *testing.T) {
+	e := newEnv(t)
+	e.setLimits(Tier{Rate: 100, PerMS: 60_000, Burst: 100}, Tier{Rate: 10, PerMS: 1000, Burst: 10})
+	gen0 := e.inspect().Generation
+
+	got := e.observe(ObserveArgs{Remaining: -1, Policies: []Policy{{Quota: 60, PerMS: 60_000}}})
+	assert.Equal(t, []string{"learned 0 60 100 60000"}, got)
+	r := e.inspect()
+	assert.Equal(t, int64(60), r.Tiers[0].Rate, "in force: the learned quota")
+	assert.Equal(t, int64(60), r.Tiers[0].Burst, "the burst is lowered with it")
+	assert.Equal(t, int64(100), r.Configured[0].Rate, "configured: the ceiling, unchanged")
+	assert.Equal(t, 10*time.Minute, r.LearnedFor[0])
+	assert.Zero(t, r.LearnedFor[1])
+	assert.InDelta(t, 60, r.Tokens[0], 1e-6)
+	assert.Greater(t, r.Generation, gen0, "a learned change is a change of limits for leases")
+
+	// Decisions obey it: 60 at once and 1/s after, for 19.8 s (the
+	// configured 100/min would admit all 100 calls).
+	a := DecideArgs{IdleExpiry: time.Hour}
+	admitted := 0
+	for i := range 100 {
+		e.at(time.Duration(i) * 200 * time.Millisecond)
+		if e.decide(a).Status == StatusAllowed {
+			admitted++
+		}
+	}
+	assert.Equal(t, 79, admitted, "admitted in 19.8 s under a learned 60/min")
+
+	// Said again: no change to log; higher than configured: back to it.
+	assert.Empty(t, e.observe(ObserveArgs{Remaining: -1, Policies: []Policy{{Quota: 60, PerMS: 60_000}}}))
+	assert.Equal(t, []string{"ceiling 0 100 60000"},
+		e.observe(ObserveArgs{Remaining: -1, Policies: []Policy{{Quota: 500, PerMS: 60_000}}}))
+	assert.Equal(t, int64(100), e.inspect().Tiers[0].Rate, "never above the configured tier")
+
+	// A period the key has no tier for is reported, not applied.
+	assert.Equal(t, []string{"unmatched 3600000 5000"},
+		e.observe(ObserveArgs{Remaining: -1, Policies: []Policy{{Quota: 5000, PerMS: 3_600_000}}}))
+
+	// Learned, then the provider goes quiet: back to the ceiling after
+	// LearnFor.
+	e.observe(ObserveArgs{Remaining: -1, Policies: []Policy{{Quota: 30, PerMS: 60_000}}, LearnFor: time.Minute})
+	assert.Equal(t, int64(30), e.inspect().Tiers[0].Rate)
+	e.at(20*time.Second + 2*time.Minute + time.Millisecond)
+	assert.Equal(t, int64(100), e.inspect().Tiers[0].Rate, "expired back to the configured tier")
+}
+
+// A remaining count below the tokens brings them down, never up; remaining
+// 0 with a reset suspends the key until the reset.
+func TestObserve_Remaining(t *testing.T) {
+	e := newEnv(t)
+	e.setLimits(Tier{Rate: 100, PerMS: 60_000, Burst: 100}, Tier{Kind: KindWindow, Rate: 1000, PerMS: 3_600_000, Burst: 1000})
+	got := e.observe(ObserveArgs{Remaining: 40, WindowMS: 60_000})
+	assert.Equal(t, []string{"tokens 0 100 40"}, got, "only the tier of the remaining's window")
+	r := e.inspect()
+	assert.InDelta(t, 40, r.Tokens[0], 1e-6)
+	assert.InDelta(t, 1000, r.Tokens[1], 1e-6)
+	assert.Empty(t, e.observe(ObserveArgs{Remaining: 90, WindowMS: 60_000}), "never up")
+
+	// Window unknown: every tier.
+	got = e.observe(ObserveArgs{Remaining: 20})
+	assert.Equal(t, []string{"tokens 0 40 20", "tokens 1 1000 20"}, got)
+	r = e.inspect()
+	assert.InDelta(t, 20, r.Tokens[0], 1e-6)
+	assert.InDelta(t, 20, r.Tokens[1], 1e-6, "a window counts the provider's other calls")
+
+	got = e.observe(ObserveArgs{Remaining: 0, WindowMS: 60_000, Reset: 30 * time.Second})
+	assert.Equal(t, []string{"tokens 0 20 0", "suspended 30000000"}, got)
+	assert.Equal(t, 30*time.Second, e.inspect().Suspended)
+	d := e.decide(DecideArgs{IdleExpiry: time.Hour})
+	assert.Equal(t, StatusDenied, d.Status)
+	assert.Equal(t, "suspended", d.RefusedBy)
+	// A shorter reset never shortens the suspension.
+	e.observe(ObserveArgs{Remaining: 0, Reset: time.Second})
+	assert.Equal(t, 30*time.Second, e.inspect().Suspended)
+}
+
+// Adaptive: each new suspension halves the rate tiers in force, once
+// however many callers report it; clean intervals win back 10 % each.
+func TestAdaptive(t *testing.T) {
+	e := newEnv(t)
+	e.setLimits(Tier{Rate: 100, PerMS: 1000, Burst: 100}, Tier{Kind: KindAdaptive, PerMS: 10_000})
+	r := e.inspect()
+	assert.Equal(t, 10*time.Second, r.AdaptiveEvery)
+	assert.InDelta(t, 1, r.AdaptiveFactor, 1e-9)
+
+	s, err := SuspendKey(e.ctx, e.run, e.k, 2*time.Second, time.Hour)
+	require.NoError(t, err)
+	assert.True(t, s.Adapted)
+	assert.InDelta(t, 0.5, s.Factor, 1e-9)
+	for range 5 { // the rest of the fleet saw the same 429
+		s, err = SuspendKey(e.ctx, e.run, e.k, 2*time.Second, time.Hour)
+		require.NoError(t, err)
+		assert.False(t, s.Adapted, "once per suspension, not once per worker")
+	}
+	assert.Equal(t, int64(50), e.inspect().Tiers[0].Rate)
+
+	// A second suspension after the first ended: halved again.
+	e.at(3 * time.Second)
+	s, err = SuspendKey(e.ctx, e.run, e.k, time.Second, time.Hour)
+	require.NoError(t, err)
+	assert.InDelta(t, 0.25, s.Factor, 1e-9)
+	assert.Equal(t, int64(25), e.inspect().Tiers[0].Rate)
+	assert.Equal(t, int64(100), e.inspect().Configured[0].Rate)
+
+	// Clean intervals from the end of the suspension (4 s): +10 % each.
+	e.at(4*time.Second + 10*time.Second)
+	assert.Equal(t, int64(35), e.inspect().Tiers[0].Rate)
+	e.at(4*time.Second + 80*time.Second)
+	assert.Equal(t, int64(100), e.inspect().Tiers[0].Rate, "back to the ceiling, never above")
+	assert.InDelta(t, 1, e.inspect().AdaptiveFactor, 1e-9)
+
+	// Without Adaptive a suspension cuts nothing.
+	e2 := newEnv(t)
+	e2.setLimits(Tier{Rate: 100, PerMS: 1000, Burst: 100})
+	s, err = SuspendKey(e2.ctx, e2.run, e2.k, time.Second, time.Hour)
+	require.NoError(t, err)
+	assert.False(t, s.Adapted)
+}
