@@ -204,8 +204,8 @@ type InspectReply struct {
 	// adaptive); AdaptiveFactor the share of the ceiling in force.
 	AdaptiveEvery  time.Duration
 	AdaptiveFactor float64
-	Field        string
-	Reason       string
+	Field          string
+	Reason         string
 }
 
 // Inspect runs inspect.lua; it writes nothing.
