@@ -309,6 +309,8 @@ type ObserveArgs struct {
 	MaxSuspension time.Duration
 	// IdleExpiry is the key's inactivity expiry (as Decide's).
 	IdleExpiry time.Duration
+	// Stop makes remaining 0 with a reset suspend the key until the reset.
+	Stop bool
 }
 
 // Policy is one published quota.
@@ -320,7 +322,8 @@ type Policy struct{ Quota, PerMS int64 }
 //
 //	KEYS[1] bucket hash
 //	ARGV policies ("per_ms:quota ..."), remaining, window_ms, reset_us,
-//	learn_for_us, defaults, max_suspension_us, idle_ms
+//	learn_for_us, defaults, max_suspension_us, idle_ms, stop (1: remaining
+//	0 with a reset suspends)
 //
 // Reply: one line per change: "learned i quota configured per_ms",
 // "ceiling i configured per_ms", "tokens i from to", "suspended us",
@@ -335,7 +338,7 @@ func Observe(ctx context.Context, r *Runner, k Keys, a ObserveArgs) ([]string, e
 	}
 	v, err := r.Run(ctx, observeScript, []string{k.Bucket}, pol.String(), a.Remaining, a.WindowMS,
 		a.Reset.Microseconds(), a.LearnFor.Microseconds(), FormatTiers(a.Defaults), a.MaxSuspension.Microseconds(),
-		a.IdleExpiry.Milliseconds())
+		a.IdleExpiry.Milliseconds(), boolArg(a.Stop))
 	if err != nil {
 		return nil, err
 	}
@@ -352,4 +355,11 @@ func Observe(ctx context.Context, r *Runner, k Keys, a ObserveArgs) ([]string, e
 		out = append(out, s)
 	}
 	return out, nil
+}
+
+func boolArg(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }

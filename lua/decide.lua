@@ -330,12 +330,15 @@ local function align(abs)
 end
 
 local function decide(id, c)
+  -- A cost no configured tier can ever admit is refused for good; one above
+  -- a tier lowered by what was learned waits for the tier to come back up.
   for _, t in ipairs(tiers) do
-    if t.kind == 'b' and c > t.burst then
-      return '-3|' .. t.key .. '|' .. string.format('%d', t.burst)
+    local ct = t.ceiling or t
+    if t.kind == 'b' and c > ct.burst then
+      return '-3|' .. t.key .. '|' .. string.format('%d', ct.burst)
     end
-    if t.kind == 'w' and c > t.n then
-      return '-3|' .. t.key .. '|' .. string.format('%d', t.n)
+    if t.kind == 'w' and c > ct.n then
+      return '-3|' .. t.key .. '|' .. string.format('%d', ct.n)
     end
   end
   local slot = nil

@@ -8,7 +8,8 @@
 --     (never up): the tier whose period is the remaining's window, or every
 --     rate tier when the window is not known;
 --   - remaining 0 with a reset suspends the key until the reset (extending,
---     never shortening, a suspension).
+--     never shortening, a suspension), unless the caller says not to (a
+--     429, which the caller suspends the key for itself).
 -- Reply: one string per change, for the caller to log.
 local key = KEYS[1]
 local policies  = ARGV[1]             -- "per_ms:quota ..." ('' none)
@@ -19,6 +20,7 @@ local learn_for = tonumber(ARGV[5])   -- us a learned quota lasts unconfirmed
 local defaults  = ARGV[6]
 local max_susp  = tonumber(ARGV[7])
 local idle_us   = ARGV[8] * 1000
+local stop      = ARGV[9] == '1'      -- remaining 0 with a reset suspends
 local now = now_us()
 
 local h = redis.call('HMGET', key, 'L', 'T', 'O', 's')
@@ -88,7 +90,12 @@ if remaining >= 0 then
       local w = win_load(redis.call('HGET', key, f), t, now, 0)
       local has = t.n - win_count(w, t, now, 0)
       if remaining < has then
-        win_add(w, t, now, has - remaining)
+        -- The provider's other calls, counted so that they leave the
+        -- window at the provider's reset (when it tells it), not a whole
+        -- window from now.
+        local at = now
+        if reset_us > 0 and reset_us < t.p then at = now + reset_us - t.p end
+        win_add(w, t, at, has - remaining)
         local s, empty_in = win_write(w, t, now, 0)
         fields[#fields + 1] = f
         fields[#fields + 1] = s
@@ -101,7 +108,7 @@ end
 
 -- Out of quota until the reset: the whole fleet waits for it.
 local until_ = finite(h[4])
-if remaining == 0 and reset_us > 0 then
+if stop and remaining == 0 and reset_us > 0 then
   local want = now + math.min(reset_us, max_susp)
   if not until_ or until_ < want or until_ - now > MAX_WAIT then
     until_ = want

@@ -99,14 +99,14 @@ func TestObserve_Remaining(t *testing.T) {
 	assert.InDelta(t, 20, r.Tokens[0], 1e-6)
 	assert.InDelta(t, 20, r.Tokens[1], 1e-6, "a window counts the provider's other calls")
 
-	got = e.observe(ObserveArgs{Remaining: 0, WindowMS: 60_000, Reset: 30 * time.Second})
+	got = e.observe(ObserveArgs{Remaining: 0, WindowMS: 60_000, Reset: 30 * time.Second, Stop: true})
 	assert.Equal(t, []string{"tokens 0 20 0", "suspended 30000000"}, got)
 	assert.Equal(t, 30*time.Second, e.inspect().Suspended)
 	d := e.decide(DecideArgs{IdleExpiry: time.Hour})
 	assert.Equal(t, StatusDenied, d.Status)
 	assert.Equal(t, "suspended", d.RefusedBy)
 	// A shorter reset never shortens the suspension.
-	e.observe(ObserveArgs{Remaining: 0, Reset: time.Second})
+	e.observe(ObserveArgs{Remaining: 0, Reset: time.Second, Stop: true})
 	assert.Equal(t, 30*time.Second, e.inspect().Suspended)
 }
 
@@ -151,4 +151,18 @@ func TestAdaptive(t *testing.T) {
 	s, err = SuspendKey(e2.ctx, e2.run, e2.k, time.Second, time.Hour)
 	require.NoError(t, err)
 	assert.False(t, s.Adapted)
+}
+
+// On a window, the provider's other calls behind a low remaining count
+// leave at the provider's reset, not a whole window later.
+func TestObserve_RemainingLeavesAtTheReset(t *testing.T) {
+	e := newEnv(t)
+	e.setLimits(Tier{Kind: KindWindow, Rate: 10, PerMS: 1000, Burst: 10})
+	assert.Equal(t, []string{"tokens 0 10 0"}, e.observe(ObserveArgs{Remaining: 0, WindowMS: 1000, Reset: 300 * time.Millisecond}))
+	assert.InDelta(t, 0, e.inspect().Tokens[0], 1e-9)
+	assert.Zero(t, e.inspect().Suspended, "not told to stop: no suspension")
+	e.at(250 * time.Millisecond)
+	assert.InDelta(t, 0, e.inspect().Tokens[0], 1e-9, "before the reset")
+	e.at(300*time.Millisecond + 50*time.Millisecond) // and the sub-window (50 ms)
+	assert.InDelta(t, 10, e.inspect().Tokens[0], 1e-9, "after the provider's reset")
 }

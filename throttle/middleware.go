@@ -3,6 +3,7 @@ package throttle
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"time"
 
@@ -204,6 +205,15 @@ func (m *middleware) process(ctx context.Context, t *asynq.Task, next asynq.Hand
 		}
 		ev.Outcome = Unthrottled
 		return m.run(ctx, t, next, ks, ev)
+	case errors.Is(err, ErrCostTooHigh):
+		// It can never run under these limits: fail it for good (asynq
+		// archives it, from where it can be run again once the limits or
+		// its cost change) rather than retry it forever.
+		ev.Outcome, ev.Err = Failed, err
+		m.observe(ev)
+		o.logger.Error("throttle: task costs more than a tier of its key can ever admit; archiving it (raise the tier's burst or lower the task's Cost, then run it again from the archive)",
+			"key", key, "task_id", id, "task_type", t.Type(), "cost", cost, "err", err)
+		return fmt.Errorf("%w: %w", err, asynq.SkipRetry)
 	case err != nil:
 		ev.Outcome, ev.Err = Failed, err
 		if o.failure == FailOpen {

@@ -96,10 +96,7 @@ func (l *Limiter) observe(ctx context.Context, tc *taskCharge, q quotaInfo, now 
 		// or out of quota until a reset.
 		out := q.Remaining == 0 && q.Reset > 0 && !q.RateLimited
 		if tc.left < 0 || q.Remaining < tc.left || out {
-			a.Remaining = int64(q.Remaining)
-			if out {
-				a.Reset = q.Reset
-			}
+			a.Remaining, a.Reset, a.Stop = int64(q.Remaining), q.Reset, out
 		}
 	}
 	if a.Policies == nil && a.Remaining < 0 {

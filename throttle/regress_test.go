@@ -6,7 +6,10 @@ package throttle_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
+	"net/http"
+	"net/http/httptest"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -318,4 +321,86 @@ func TestCosts(t *testing.T) {
 	assert.ErrorIs(t, err, throttle.ErrCostTooHigh)
 	require.NoError(t, lim.Adjust(ctx, "gql", -3))
 	assert.InDelta(t, 3, tokens(), 0.01, "3 given back")
+
+	// Through the middleware, a cost no tier can ever hold fails the task
+	// for good (asynq archives it) instead of retrying it forever.
+	before := ran.Load()
+	err = run(11, func(context.Context) error { return nil })
+	assert.ErrorIs(t, err, throttle.ErrCostTooHigh)
+	assert.ErrorIs(t, err, asynq.SkipRetry, "archived at once, not retried")
+	assert.Equal(t, before, ran.Load(), "the handler did not run")
+}
+
+// Observe in a handler learns from the provider's response: a published
+// quota lowers the tier of its period, fleet-wide in Redis, under the
+// configured ceiling; remaining 0 with a reset suspends the key; a 429
+// comes back as RateLimited. Outside the middleware it is FromResponse.
+func TestObserveThroughTheMiddleware(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Start(t).Client(t)
+	lim := throttle.NewLimiter(rdb, quietLog, throttle.WithLease(0, 0))
+	require.NoError(t, lim.SetLimits(ctx, "gh", throttle.PerMinute(100), throttle.PerSecond(20)))
+	mw := lim.Middleware()
+	respond := func(status int, h map[string]string) *http.Response {
+		rec := httptest.NewRecorder()
+		for k, v := range h {
+			rec.Header().Set(k, v)
+		}
+		rec.WriteHeader(status)
+		return rec.Result()
+	}
+	run := func(resp *http.Response) error {
+		task := throttle.NewTask("gh:sync", nil, throttle.Key("gh"))
+		var got error
+		err := mw(asynq.HandlerFunc(func(ctx context.Context, _ *asynq.Task) error {
+			got = throttle.Observe(ctx, resp)
+			return got
+		})).ProcessTask(ctx, task)
+		if got == nil {
+			return err
+		}
+		return got
+	}
+
+	require.NoError(t, run(respond(200, map[string]string{
+		"RateLimit-Policy": `"burst";q=10;w=1, "hour";q=60;w=60`,
+		"RateLimit":        `"hour";r=5;t=30`,
+	})))
+	st, err := lim.Inspect(ctx, "gh")
+	require.NoError(t, err)
+	assert.Equal(t, []throttle.Limit{throttle.PerMinute(100).WithBurst(100), throttle.PerSecond(20).WithBurst(20)}, st.Limits, "configured")
+	assert.Equal(t, []throttle.Limit{throttle.PerMinute(60).WithBurst(60), throttle.PerSecond(10).WithBurst(10)}, st.InForce, "learned")
+	assert.InDelta(t, 5, st.Tokens[0], 0.5, "remaining 5 of the hour policy (window 60 s): below what the decision left")
+	assert.InDelta(t, 9, st.Tokens[1], 0.5, "the other tier keeps its tokens (10 learned, one taken)")
+
+	// A higher published quota never raises a tier above the configured one.
+	require.NoError(t, run(respond(200, map[string]string{"RateLimit-Policy": `"burst";q=500;w=1`})))
+	st, err = lim.Inspect(ctx, "gh")
+	require.NoError(t, err)
+	assert.Equal(t, throttle.PerSecond(20).WithBurst(20), st.InForce[1], "back to the ceiling")
+
+	// A 429: RateLimited, as FromResponse.
+	err = run(respond(429, map[string]string{"Retry-After": "7"}))
+	var rl *throttle.RateLimitedError
+	require.ErrorAs(t, err, &rl)
+	assert.Equal(t, 7*time.Second, rl.RetryAfter)
+	require.NoError(t, lim.Resume(ctx, "gh"))
+
+	// Out of quota until the reset: the key is suspended fleet-wide.
+	require.NoError(t, run(respond(200, map[string]string{
+		"X-RateLimit-Limit": "60", "X-RateLimit-Remaining": "0",
+		"X-RateLimit-Reset": fmt.Sprint(time.Now().Add(40 * time.Second).Unix()),
+	})))
+	st, err = lim.Inspect(ctx, "gh")
+	require.NoError(t, err)
+	assert.InDelta(t, 40, st.Suspended.Seconds(), 2, "suspended until the provider's reset")
+	require.NoError(t, lim.Resume(ctx, "gh"))
+
+	// Outside the middleware: FromResponse, nothing learned.
+	before, err := lim.Inspect(ctx, "gh")
+	require.NoError(t, err)
+	assert.NoError(t, throttle.Observe(ctx, respond(200, map[string]string{"RateLimit-Policy": `q=5;w=60`})))
+	st, err = lim.Inspect(ctx, "gh")
+	require.NoError(t, err)
+	assert.Equal(t, before.InForce, st.InForce, "nothing learned without the middleware's context")
 }

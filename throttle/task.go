@@ -61,8 +61,11 @@ func (c costOption) Value() interface{}     { return int(c) }
 // NewTask("github:graphql", p, Key("github"), Cost(5)). Its reservation is
 // spaced for n, and a lease hands it n tokens at once. Settle the actual
 // cost in the handler with Charge when it is known. Like Key, it must go
-// through NewTask. A cost above a tier's burst can never run: the task
-// fails with ErrCostTooHigh.
+// through NewTask. A cost above a configured tier's burst (or a window's
+// quota) can never run: the middleware fails the task with ErrCostTooHigh
+// and asynq.SkipRetry, so asynq archives it at once (run it again from the
+// archive once the limits or the cost change). A cost above a tier lowered
+// only by what Observe or Adaptive learned waits until the tier is back up.
 func Cost(n int) asynq.Option { return costOption(n) }
 
 // Key names the limiter key a task is throttled under, e.g. Key("slack").
