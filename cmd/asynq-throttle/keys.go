@@ -6,7 +6,6 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/asynq-throttle/asynq-throttle/internal/limitspec"
 	"github.com/asynq-throttle/asynq-throttle/throttle"
 )
 
@@ -83,11 +82,15 @@ func (a *app) setCmd() *cobra.Command {
 		Short: "Set a key's limits (every worker obeys them from its next decision)",
 		Long: `Set a key's limits, replacing any before them. A task runs only when every
 limit admits it: a token from every bucket, room in every window, and a
-slot of the in-flight limit. Forms: ` + limitspec.Forms + `.
-Without :burst=N a bucket's burst equals its rate. A window admits at most
-RATE calls in any PERIOD, whatever its phase (a provider's "5000 per hour").
-N:inflight caps the key's tasks running at once across the fleet. Up to 4
-buckets and windows, and one in-flight limit.`,
+slot of the in-flight limit. Each LIMIT is one of:
+
+  RATE/PERIOD[:burst=N]  a token bucket: RATE per PERIOD, at most N at once (default RATE)
+  RATE/PERIOD:window     at most RATE calls in any sliding PERIOD, whatever its phase
+                         (a provider's "5000 per hour")
+  N:inflight             at most N of the key's tasks running at once, fleet-wide
+
+PERIOD is s, m, h, d or a duration such as 1500ms, 10s, 2m. Up to 4 buckets
+and windows, and one in-flight limit.`,
 		Example: `  asynq-throttle set slack 10/s 50/m
   asynq-throttle set github 5000/h:window 10/s:burst=20
   asynq-throttle set stripe 25/s 4:inflight

@@ -66,8 +66,11 @@ func (a *app) whyCmd() *cobra.Command {
 		Long: `Find a task with asynq's Inspector (in --queue, else in every queue), its
 throttle key (the throttle-key header, else its type's prefix before ':'),
 and say why it waits and when it runs: its reserved slot, the key's
-suspension, the tier that has no token, the reservations ahead of it, or
-that it is not throttled or not waiting. Workers built WithKeyFunc may use
+suspension, the bucket or window without room for its cost, the in-flight
+limit whose slots are all held (refused by slots), the reservations ahead
+of it, or that it is not throttled or not waiting. -o json adds the
+refusing limit, the task's cost, the key's slots in flight and the
+generation of its limits. Workers built WithKeyFunc may use
 another key than the one shown for tasks without the header.`,
 		Example: "  asynq-throttle why 9b2f6c1e-4a57-4c1e-9d6f-1f0a2b3c4d5e --queue default",
 		Args:    args(1, 1),
