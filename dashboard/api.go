@@ -27,9 +27,13 @@ type stateView struct {
 // keyView is one key on the page. A field added to throttle.Status goes
 // here and in newKeyView (and in app.js to show it).
 type keyView struct {
-	Key              string            `json:"key"`
-	Limits           []tierView        `json:"limits"`
-	LimitSpec        string            `json:"limit_spec"` // as the limits form takes it
+	Key       string     `json:"key"`
+	Limits    []tierView `json:"limits"`
+	LimitSpec string     `json:"limit_spec"` // as the limits form takes it
+	// Generation counts the changes of the key's limits (SetLimits).
+	Generation int64 `json:"generation"`
+	// InFlight is the slots of the key's in-flight limit; absent without one.
+	InFlight         *slotsView        `json:"in_flight,omitempty"`
 	SuspendedSeconds float64           `json:"suspended_seconds"`
 	Reservations     int               `json:"reservations"`
 	QueuedSeconds    float64           `json:"queued_seconds"`
@@ -38,12 +42,20 @@ type keyView struct {
 	RateLimited      uint64            `json:"rate_limited"`
 }
 
+// tierView is one limit of a key with its state now.
 type tierView struct {
+	Kind          string  `json:"kind"` // bucket, window or inflight
 	Limit         string  `json:"limit"`
-	Rate          int     `json:"rate"`
+	Rate          int     `json:"rate"` // per period; an in-flight limit: its slots
 	PeriodSeconds float64 `json:"period_seconds"`
-	Burst         int     `json:"burst"`
-	Tokens        float64 `json:"tokens"`
+	Burst         int     `json:"burst"`  // a bucket's burst, a window's calls per window, the slots
+	Tokens        float64 `json:"tokens"` // a bucket's tokens, a window's calls left, the slots free
+}
+
+// slotsView is an in-flight limit's slots: held now, and the most.
+type slotsView struct {
+	Held int `json:"held"`
+	Max  int `json:"max"`
 }
 
 func newKeyView(key string, st throttle.Status, err error) keyView {
@@ -51,6 +63,7 @@ func newKeyView(key string, st throttle.Status, err error) keyView {
 		Key:              key,
 		Limits:           []tierView{},
 		LimitSpec:        limitspec.FormatAll(st.Limits),
+		Generation:       st.Generation,
 		SuspendedSeconds: st.Suspended.Seconds(),
 		Reservations:     st.Reservations,
 		QueuedSeconds:    st.QueuedFor.Seconds(),
@@ -59,9 +72,12 @@ func newKeyView(key string, st throttle.Status, err error) keyView {
 		v.Error = err.Error()
 	}
 	for i, l := range st.Limits {
-		t := tierView{Limit: limitspec.Format(l), Rate: l.Rate, PeriodSeconds: l.Per.Seconds(), Burst: limitspec.Burst(l)}
+		t := tierView{Kind: limitspec.KindName(l.Kind), Limit: limitspec.Format(l), Rate: l.Rate, PeriodSeconds: l.Per.Seconds(), Burst: limitspec.Burst(l)}
 		if i < len(st.Tokens) {
 			t.Tokens = st.Tokens[i]
+		}
+		if l.Kind == throttle.KindInFlight {
+			v.InFlight = &slotsView{Held: st.InFlight, Max: l.Rate}
 		}
 		v.Limits = append(v.Limits, t)
 	}

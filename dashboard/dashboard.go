@@ -1,9 +1,10 @@
 // Package dashboard is asynq-throttle's web view: one page that shows every
-// key live (limits, a token gauge per tier, suspension with a countdown, the
-// reservation backlog as a forecast, decisions per second and 429s) with
-// actions to suspend, resume and change limits behind a read-only switch
-// that is on by default. Everything it serves is embedded: no CDN, no
-// network fetch.
+// key live (its limits, a gauge per limit: a bucket's tokens, a window's
+// calls left, the slots in flight; the limits' generation, suspension with
+// a countdown, the reservation backlog as a forecast, decisions per second
+// and 429s) with actions to suspend, resume and change limits behind a
+// read-only switch that is on by default. Everything it serves is
+// embedded: no CDN, no network fetch.
 //
 // It is an http.Handler that mounts under any prefix, beside asynqmon:
 //

@@ -110,42 +110,65 @@ func TestAPIKeys(t *testing.T) {
 	lim := throttle.NewLimiter(rdb)
 	require.NoError(t, lim.SetLimits(ctx, "slack", throttle.PerSecond(5).WithBurst(8), throttle.PerMinute(100)))
 	require.NoError(t, lim.Suspend(ctx, "zendesk", time.Minute))
+	require.NoError(t, lim.SetLimits(ctx, "stripe", throttle.Window(100, time.Minute), throttle.InFlight(4)))
+	require.NoError(t, lim.SetLimits(ctx, "stripe", throttle.Window(100, time.Minute), throttle.InFlight(3)))
+	d, err := lim.TakeN(ctx, "stripe", 2)
+	require.NoError(t, err)
+	require.NotEmpty(t, d.Hold)
 	c := metrics.New(nil)
 	c.Observe(throttle.Event{Key: "slack", Outcome: throttle.Ran, Ran: true})
 	c.Observe(throttle.Event{Key: "slack", Outcome: throttle.Suspended})
-	srv := mount(t, dashboard.New(lim, dashboard.WithMetrics(c), dashboard.WithMaxKeys(1)))
+	srv := mount(t, dashboard.New(lim, dashboard.WithMetrics(c), dashboard.WithMaxKeys(2)))
 
 	code, _, body := get(t, srv.URL+"/throttle/api/keys")
 	require.Equal(t, http.StatusOK, code, body)
+	type tier struct {
+		Kind   string  `json:"kind"`
+		Limit  string  `json:"limit"`
+		Burst  int     `json:"burst"`
+		Tokens float64 `json:"tokens"`
+	}
 	var v struct {
 		ReadOnly           bool `json:"read_only"`
 		DecisionsAvailable bool `json:"decisions_available"`
 		Omitted            int  `json:"omitted"`
 		Keys               []struct {
-			Key              string            `json:"key"`
-			LimitSpec        string            `json:"limit_spec"`
-			SuspendedSeconds float64           `json:"suspended_seconds"`
-			Decisions        map[string]uint64 `json:"decisions"`
-			RateLimited      uint64            `json:"rate_limited"`
-			Limits           []struct {
-				Burst  int     `json:"burst"`
-				Tokens float64 `json:"tokens"`
-			} `json:"limits"`
+			Key              string                   `json:"key"`
+			LimitSpec        string                   `json:"limit_spec"`
+			SuspendedSeconds float64                  `json:"suspended_seconds"`
+			Decisions        map[string]uint64        `json:"decisions"`
+			RateLimited      uint64                   `json:"rate_limited"`
+			Generation       int64                    `json:"generation"`
+			InFlight         *struct{ Held, Max int } `json:"in_flight"`
+			Limits           []tier                   `json:"limits"`
 		} `json:"keys"`
 	}
 	require.NoError(t, json.Unmarshal([]byte(body), &v))
 	assert.True(t, v.ReadOnly)
 	assert.True(t, v.DecisionsAvailable)
-	assert.Equal(t, 1, v.Omitted, "zendesk is past WithMaxKeys(1)")
-	require.Len(t, v.Keys, 1)
+	assert.Equal(t, 1, v.Omitted, "zendesk is past WithMaxKeys(2)")
+	require.Len(t, v.Keys, 2)
 	k := v.Keys[0]
 	assert.Equal(t, "slack", k.Key)
 	assert.Equal(t, "5/s:burst=8 100/m", k.LimitSpec)
 	assert.Equal(t, map[string]uint64{"ran": 1, "suspended": 1}, k.Decisions)
 	assert.Equal(t, uint64(1), k.RateLimited)
+	assert.Equal(t, int64(1), k.Generation)
+	assert.Nil(t, k.InFlight, "no in-flight limit")
 	require.Len(t, k.Limits, 2)
-	assert.Equal(t, 8.0, k.Limits[0].Tokens)
+	assert.Equal(t, tier{Kind: "bucket", Limit: "5/s:burst=8", Burst: 8, Tokens: 8}, k.Limits[0])
 	assert.Equal(t, 100, k.Limits[1].Burst)
+
+	k = v.Keys[1]
+	assert.Equal(t, "stripe", k.Key)
+	assert.Equal(t, "100/m:window 3:inflight", k.LimitSpec)
+	assert.Equal(t, int64(2), k.Generation, "limits set twice")
+	require.NotNil(t, k.InFlight)
+	assert.Equal(t, struct{ Held, Max int }{1, 3}, *k.InFlight)
+	assert.Equal(t, []tier{
+		{Kind: "window", Limit: "100/m:window", Burst: 100, Tokens: 98},
+		{Kind: "inflight", Limit: "3:inflight", Burst: 3, Tokens: 2},
+	}, k.Limits)
 }
 
 // Actions are refused in read-only mode (the default) and without the
@@ -182,6 +205,8 @@ func TestActions(t *testing.T) {
 		{"bad key", "suspend", `{"key":"a{b}","duration":"30s"}`, true, nil, http.StatusBadRequest, "invalid key"},
 		{"unknown field", "suspend", `{"key":"slack","for":"30s"}`, true, nil, http.StatusBadRequest, "body"},
 		{"bad limits", "limits", `{"key":"slack","limits":"10/fortnight"}`, true, nil, http.StatusBadRequest, "10/s:burst=20"},
+		{"kind first", "limits", `{"key":"slack","limits":"inflight:4"}`, true, nil, http.StatusBadRequest, "as in 4:inflight"},
+		{"two in-flight limits", "limits", `{"key":"slack","limits":"1:inflight 2:inflight"}`, true, nil, http.StatusBadRequest, "a second InFlight limit"},
 		{"limits out of range", "limits", `{"key":"slack","limits":"1/s 1/s 1/s 1/s 1/s"}`, true, nil, http.StatusBadRequest, "at most 4"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -206,4 +231,12 @@ func TestActions(t *testing.T) {
 	ls, err := lim.Limits(ctx, "slack")
 	require.NoError(t, err)
 	assert.Equal(t, []throttle.Limit{throttle.PerSecond(10).WithBurst(20), throttle.PerMinute(50).WithBurst(50)}, ls)
+
+	code, v = post(t, base+"limits", `{"key":"slack","limits":"4:inflight 5000/h:window"}`, true)
+	require.Equal(t, http.StatusOK, code, v)
+	assert.Equal(t, "5000/h:window 4:inflight", v["limit_spec"])
+	assert.Equal(t, 3.0, v["generation"])
+	ls, err = lim.Limits(ctx, "slack")
+	require.NoError(t, err)
+	assert.Equal(t, []throttle.Limit{throttle.Window(5000, time.Hour), throttle.InFlight(4)}, ls)
 }

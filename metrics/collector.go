@@ -13,7 +13,9 @@
 // Every metric is named asynq_throttle_*. Label cardinality is bounded: the
 // key label takes at most WithMaxKeys distinct values (default 100); events
 // of further keys are counted under key="_other", and
-// asynq_throttle_keys_folded_total counts them.
+// asynq_throttle_keys_folded_total counts them. The other labels take
+// fixed sets of values (tier 1 to 4, kind bucket or window, the outcomes,
+// reasons, policies and error classes).
 package metrics
 
 import (
@@ -143,6 +145,7 @@ var _ prometheus.Collector = (*Collector)(nil)
 type descs struct {
 	decisions, deferrals, copies, rateLimited, leased, failurePolicy, redisErrors, folded *prometheus.Desc
 	limitRate, limitPeriod, limitBurst, tokens, suspended, reservations, queued           *prometheus.Desc
+	inFlight, inFlightLimit, generation                                                   *prometheus.Desc
 	stateUp, stateKeys, stateErrors, stateDuration                                        *prometheus.Desc
 }
 
@@ -152,21 +155,24 @@ func newDescs() descs {
 	}
 	return descs{
 		decisions:     d("decisions_total", "Middleware decisions by key and outcome (ran, deferred, suspended, unthrottled, failed).", "key", "outcome"),
-		deferrals:     d("deferrals_total", "Tasks deferred by key, reason (tier, suspended, queued, before_slot, failure_policy) and whether they hold a reserved slot.", "key", "reason", "reserved"),
+		deferrals:     d("deferrals_total", "Tasks deferred by key, reason (tier, in_flight, suspended, queued, before_slot, failure_policy) and whether they hold a reserved slot.", "key", "reason", "reserved"),
 		copies:        d("deferral_copies_total", "Deferrals that re-enqueued a copy of the task (plain asynq.Server, or a task's last attempt).", "key"),
 		rateLimited:   d("rate_limited_total", "Handlers that reported a rate limit (429 or RateLimited); each suspends the key fleet-wide.", "key"),
 		leased:        d("leased_total", "Tasks that ran on a token leased by their process, without a Redis call.", "key"),
 		failurePolicy: d("failure_policy_total", "Decisions Redis could not make, by the failure policy that decided instead (fail_open ran the task, fail_closed deferred it).", "key", "policy"),
-		redisErrors:   d("redis_errors_total", "Failed decisions by error class (timeout, connection, reply, bad_config, other).", "key", "class"),
+		redisErrors:   d("redis_errors_total", "Failed decisions by error class (timeout, connection, reply, bad_config, cost_too_high, other).", "key", "class"),
 		folded:        d("keys_folded_total", "Events counted under key=\"_other\" because WithMaxKeys distinct keys were already exported."),
 
-		limitRate:    d("limit_rate", "Tokens a tier of the key's limits allows per period (from Redis, on scrape).", "key", "tier"),
-		limitPeriod:  d("limit_period_seconds", "The period of a tier of the key's limits.", "key", "tier"),
-		limitBurst:   d("limit_burst", "The burst (bucket size) of a tier of the key's limits.", "key", "tier"),
-		tokens:       d("tokens", "Tokens in a tier's bucket now.", "key", "tier"),
-		suspended:    d("suspended_seconds", "Seconds left of the key's fleet-wide suspension (0 when not suspended).", "key"),
-		reservations: d("reservations", "Run slots reserved by deferred tasks of the key.", "key"),
-		queued:       d("queued_seconds", "Seconds until the key's last reserved slot: how long its backlog takes to drain.", "key"),
+		limitRate:     d("limit_rate", "Calls a tier of the key's limits allows per period (from Redis, on scrape); kind is bucket or window.", "key", "tier", "kind"),
+		limitPeriod:   d("limit_period_seconds", "The period of a tier of the key's limits (a window's length).", "key", "tier", "kind"),
+		limitBurst:    d("limit_burst", "The most a tier holds at once: a bucket's burst, a window's calls per window.", "key", "tier", "kind"),
+		tokens:        d("tokens", "Room in a tier now: a bucket's tokens, a window's calls it would still admit.", "key", "tier", "kind"),
+		suspended:     d("suspended_seconds", "Seconds left of the key's fleet-wide suspension (0 when not suspended).", "key"),
+		reservations:  d("reservations", "Run slots reserved by deferred tasks of the key.", "key"),
+		queued:        d("queued_seconds", "Seconds until the key's last reserved slot: how long its backlog takes to drain.", "key"),
+		inFlight:      d("in_flight", "Slots of the key's in-flight limit held now, across the fleet (keys with an in-flight limit only).", "key"),
+		inFlightLimit: d("in_flight_limit", "The key's in-flight limit: the most of its tasks running at once across the fleet.", "key"),
+		generation:    d("limits_generation", "Generation of the key's limits, bumped by every change (SetLimits); changes() shows when they changed.", "key"),
 
 		stateUp:       d("state_up", "1 when the last scrape read the keys' state from Redis, 0 when it failed."),
 		stateKeys:     d("state_keys", "Keys found in Redis on this scrape (the state of at most WithMaxKeys of them is exported)."),
@@ -179,6 +185,7 @@ func (d descs) all() []*prometheus.Desc {
 	return []*prometheus.Desc{
 		d.decisions, d.deferrals, d.copies, d.rateLimited, d.leased, d.failurePolicy, d.redisErrors, d.folded,
 		d.limitRate, d.limitPeriod, d.limitBurst, d.tokens, d.suspended, d.reservations, d.queued,
+		d.inFlight, d.inFlightLimit, d.generation,
 		d.stateUp, d.stateKeys, d.stateErrors, d.stateDuration,
 	}
 }

@@ -47,6 +47,8 @@ func TestObserveScripted(t *testing.T) {
 		{Key: "", Outcome: throttle.Unthrottled, Ran: true},
 		{Key: "crm", Outcome: throttle.Ran, Ran: true, Latency: time.Millisecond},
 		{Key: "zendesk", Outcome: throttle.Deferred, Reason: throttle.RefusedByQueue, Latency: time.Millisecond},
+		{Key: "slack", Outcome: throttle.Deferred, Reason: throttle.RefusedBySlots, Latency: time.Millisecond},
+		{Key: "slack", Outcome: throttle.Deferred, Reason: throttle.RefusedBySlots, Copied: true, Latency: time.Millisecond},
 	} {
 		c.Observe(ev)
 	}
@@ -59,18 +61,19 @@ asynq_throttle_decisions_total{key="_other",outcome="ran"} 1
 asynq_throttle_decisions_total{key="github",outcome="deferred"} 1
 asynq_throttle_decisions_total{key="github",outcome="failed"} 2
 asynq_throttle_decisions_total{key="github",outcome="suspended"} 1
-asynq_throttle_decisions_total{key="slack",outcome="deferred"} 2
+asynq_throttle_decisions_total{key="slack",outcome="deferred"} 4
 asynq_throttle_decisions_total{key="slack",outcome="ran"} 2
-# HELP asynq_throttle_deferrals_total Tasks deferred by key, reason (tier, suspended, queued, before_slot, failure_policy) and whether they hold a reserved slot.
+# HELP asynq_throttle_deferrals_total Tasks deferred by key, reason (tier, in_flight, suspended, queued, before_slot, failure_policy) and whether they hold a reserved slot.
 # TYPE asynq_throttle_deferrals_total counter
 asynq_throttle_deferrals_total{key="_other",reason="queued",reserved="false"} 1
 asynq_throttle_deferrals_total{key="github",reason="failure_policy",reserved="false"} 1
 asynq_throttle_deferrals_total{key="github",reason="suspended",reserved="false"} 2
 asynq_throttle_deferrals_total{key="slack",reason="before_slot",reserved="true"} 1
+asynq_throttle_deferrals_total{key="slack",reason="in_flight",reserved="false"} 2
 asynq_throttle_deferrals_total{key="slack",reason="tier",reserved="true"} 1
 # HELP asynq_throttle_deferral_copies_total Deferrals that re-enqueued a copy of the task (plain asynq.Server, or a task's last attempt).
 # TYPE asynq_throttle_deferral_copies_total counter
-asynq_throttle_deferral_copies_total{key="slack"} 1
+asynq_throttle_deferral_copies_total{key="slack"} 2
 # HELP asynq_throttle_rate_limited_total Handlers that reported a rate limit (429 or RateLimited); each suspends the key fleet-wide.
 # TYPE asynq_throttle_rate_limited_total counter
 asynq_throttle_rate_limited_total{key="github"} 1
@@ -81,7 +84,7 @@ asynq_throttle_leased_total{key="slack"} 1
 # TYPE asynq_throttle_failure_policy_total counter
 asynq_throttle_failure_policy_total{key="github",policy="fail_closed"} 1
 asynq_throttle_failure_policy_total{key="github",policy="fail_open"} 1
-# HELP asynq_throttle_redis_errors_total Failed decisions by error class (timeout, connection, reply, bad_config, other).
+# HELP asynq_throttle_redis_errors_total Failed decisions by error class (timeout, connection, reply, bad_config, cost_too_high, other).
 # TYPE asynq_throttle_redis_errors_total counter
 asynq_throttle_redis_errors_total{class="other",key="github"} 1
 asynq_throttle_redis_errors_total{class="timeout",key="github"} 1
@@ -92,11 +95,11 @@ asynq_throttle_keys_folded_total 2
 	require.NoError(t, testutil.CollectAndCompare(c, strings.NewReader(want), eventMetrics...))
 
 	h := histogram(t, c)
-	assert.Equal(t, uint64(7), h.GetSampleCount(), "decisions with a Redis call, the Suspended event not again")
-	assert.InDelta(t, 1.006, h.GetSampleSum(), 1e-9)
+	assert.Equal(t, uint64(9), h.GetSampleCount(), "decisions with a Redis call, the Suspended event not again")
+	assert.InDelta(t, 1.008, h.GetSampleSum(), 1e-9)
 
 	counts := c.Counts()
-	assert.Equal(t, metrics.KeyCounts{Decisions: map[string]uint64{"ran": 2, "deferred": 2}}, counts["slack"])
+	assert.Equal(t, metrics.KeyCounts{Decisions: map[string]uint64{"ran": 2, "deferred": 4}}, counts["slack"])
 	assert.Equal(t, uint64(1), counts["github"].RateLimited)
 	assert.Equal(t, uint64(1), counts[metrics.OtherKey].Decisions["ran"])
 }
@@ -171,7 +174,7 @@ asynq_throttle_decisions_total{key="github",outcome="suspended"} 1
 asynq_throttle_decisions_total{key="slack",outcome="deferred"} 1
 asynq_throttle_decisions_total{key="slack",outcome="failed"} 1
 asynq_throttle_decisions_total{key="slack",outcome="ran"} 2
-# HELP asynq_throttle_deferrals_total Tasks deferred by key, reason (tier, suspended, queued, before_slot, failure_policy) and whether they hold a reserved slot.
+# HELP asynq_throttle_deferrals_total Tasks deferred by key, reason (tier, in_flight, suspended, queued, before_slot, failure_policy) and whether they hold a reserved slot.
 # TYPE asynq_throttle_deferrals_total counter
 asynq_throttle_deferrals_total{key="github",reason="suspended",reserved="false"} 3
 asynq_throttle_deferrals_total{key="slack",reason="failure_policy",reserved="false"} 1
@@ -189,7 +192,7 @@ asynq_throttle_leased_total{key="github"} 2
 # HELP asynq_throttle_failure_policy_total Decisions Redis could not make, by the failure policy that decided instead (fail_open ran the task, fail_closed deferred it).
 # TYPE asynq_throttle_failure_policy_total counter
 asynq_throttle_failure_policy_total{key="slack",policy="fail_closed"} 1
-# HELP asynq_throttle_redis_errors_total Failed decisions by error class (timeout, connection, reply, bad_config, other).
+# HELP asynq_throttle_redis_errors_total Failed decisions by error class (timeout, connection, reply, bad_config, cost_too_high, other).
 # TYPE asynq_throttle_redis_errors_total counter
 asynq_throttle_redis_errors_total{class="connection",key="slack"} 1
 # HELP asynq_throttle_keys_folded_total Events counted under key="_other" because WithMaxKeys distinct keys were already exported.
@@ -227,6 +230,10 @@ func TestErrorClass(t *testing.T) {
 	short, cancel := context.WithTimeout(ctx, time.Nanosecond)
 	defer cancel()
 	<-short.Done()
+	lim := throttle.NewLimiter(rdb)
+	require.NoError(t, lim.SetLimits(ctx, "k", throttle.PerSecond(2)))
+	_, costTooHigh := lim.TakeN(ctx, "k", 3)
+	require.ErrorIs(t, costTooHigh, throttle.ErrCostTooHigh)
 
 	for _, tc := range []struct {
 		name string
@@ -238,6 +245,7 @@ func TestErrorClass(t *testing.T) {
 		{"client closed", closed.Ping(ctx).Err(), metrics.ClassConnection},
 		{"deadline", fmt.Errorf("decide: %w", rdb.Ping(short).Err()), metrics.ClassTimeout},
 		{"bad config", &throttle.ConfigError{Key: "k", Field: "rate:1", Reason: "NaN"}, metrics.ClassBadConfig},
+		{"cost too high", costTooHigh, metrics.ClassCostTooHigh},
 		{"other", errors.New("something else"), metrics.ClassOther},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -285,39 +293,58 @@ func TestScrapeState(t *testing.T) {
 		require.True(t, d.Reserved)
 	}
 	require.NoError(t, lim.Suspend(ctx, "slack", time.Minute))
+	// stripe: a window and an in-flight limit, set twice; two calls hold
+	// slots (one of them costs 3 calls of the window).
+	require.NoError(t, lim.SetLimits(ctx, "stripe", throttle.InFlight(2)))
+	require.NoError(t, lim.SetLimits(ctx, "stripe", throttle.Window(100, time.Minute), throttle.InFlight(4)))
+	_, err = lim.TakeN(ctx, "stripe", 3)
+	require.NoError(t, err)
+	_, err = lim.Take(ctx, "stripe")
+	require.NoError(t, err)
 
 	g := gauges(t, metrics.New(lim))
 	assert.Equal(t, 1.0, g["asynq_throttle_state_up{}"])
-	assert.Equal(t, 2.0, g["asynq_throttle_state_keys{}"])
+	assert.Equal(t, 3.0, g["asynq_throttle_state_keys{}"])
 	assert.Equal(t, 0.0, g["asynq_throttle_state_key_errors{}"])
 	for name, want := range map[string]float64{
-		"limit_rate{key=slack,tier=1}":            5,
-		"limit_burst{key=slack,tier=1}":           8,
-		"limit_period_seconds{key=slack,tier=1}":  1,
-		"limit_rate{key=slack,tier=2}":            100,
-		"limit_burst{key=slack,tier=2}":           100,
-		"limit_period_seconds{key=slack,tier=2}":  60,
-		"tokens{key=slack,tier=1}":                8,
-		"tokens{key=slack,tier=2}":                100,
-		"reservations{key=slack}":                 0,
-		"queued_seconds{key=slack}":               0,
-		"limit_rate{key=github,tier=1}":           1,
-		"limit_period_seconds{key=github,tier=1}": 3600,
-		"reservations{key=github}":                3,
-		"suspended_seconds{key=github}":           0,
+		"limit_rate{key=slack,kind=bucket,tier=1}":            5,
+		"limit_burst{key=slack,kind=bucket,tier=1}":           8,
+		"limit_period_seconds{key=slack,kind=bucket,tier=1}":  1,
+		"limit_rate{key=slack,kind=bucket,tier=2}":            100,
+		"limit_burst{key=slack,kind=bucket,tier=2}":           100,
+		"limit_period_seconds{key=slack,kind=bucket,tier=2}":  60,
+		"tokens{key=slack,kind=bucket,tier=1}":                8,
+		"tokens{key=slack,kind=bucket,tier=2}":                100,
+		"reservations{key=slack}":                             0,
+		"queued_seconds{key=slack}":                           0,
+		"limit_rate{key=github,kind=bucket,tier=1}":           1,
+		"limit_period_seconds{key=github,kind=bucket,tier=1}": 3600,
+		"reservations{key=github}":                            3,
+		"suspended_seconds{key=github}":                       0,
+		"limits_generation{key=github}":                       1,
+		"limit_rate{key=stripe,kind=window,tier=1}":           100,
+		"limit_period_seconds{key=stripe,kind=window,tier=1}": 60,
+		"limit_burst{key=stripe,kind=window,tier=1}":          100,
+		"tokens{key=stripe,kind=window,tier=1}":               96,
+		"in_flight{key=stripe}":                               2,
+		"in_flight_limit{key=stripe}":                         4,
+		"limits_generation{key=stripe}":                       2,
 	} {
 		assert.Equal(t, want, g["asynq_throttle_"+name], name)
 	}
 	assert.InDelta(t, 60, g["asynq_throttle_suspended_seconds{key=slack}"], 2)
 	// Three slots an hour apart: the last is about 3 h away.
 	assert.InDelta(t, 3*3600, g["asynq_throttle_queued_seconds{key=github}"], 10)
-	assert.Less(t, g["asynq_throttle_tokens{key=github,tier=1}"], 0.01)
+	assert.Less(t, g["asynq_throttle_tokens{key=github,kind=bucket,tier=1}"], 0.01)
+	assert.NotContains(t, g, "asynq_throttle_in_flight{key=slack}", "only keys with an in-flight limit")
+	assert.NotContains(t, g, "asynq_throttle_limit_rate{key=stripe,kind=inflight,tier=2}", "an in-flight limit is not a tier")
 
 	// WithMaxKeys bounds the keys whose state is read.
 	g = gauges(t, metrics.New(lim, metrics.WithMaxKeys(1)))
-	assert.Equal(t, 2.0, g["asynq_throttle_state_keys{}"])
+	assert.Equal(t, 3.0, g["asynq_throttle_state_keys{}"])
 	assert.Contains(t, g, "asynq_throttle_reservations{key=github}")
 	assert.NotContains(t, g, "asynq_throttle_reservations{key=slack}")
+	assert.NotContains(t, g, "asynq_throttle_in_flight{key=stripe}")
 
 }
 
@@ -328,4 +355,53 @@ func TestScrapeRedisDown(t *testing.T) {
 	g := gauges(t, metrics.New(throttle.NewLimiter(dead), metrics.WithScrapeTimeout(time.Second)))
 	assert.Equal(t, 0.0, g["asynq_throttle_state_up{}"])
 	assert.NotContains(t, g, "asynq_throttle_state_keys{}")
+}
+
+// A task refused by slots (its key's one slot in flight is held by a
+// running task) is counted as deferred with reason in_flight, and the
+// scrape shows the slot held, then given back.
+func TestMiddlewareRefusedBySlots(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Start(t).Client(t)
+	lim := throttle.NewLimiter(rdb)
+	c := metrics.New(lim)
+	require.NoError(t, lim.SetLimits(ctx, "crm", throttle.PerSecond(100), throttle.InFlight(1)))
+	client := asynq.NewClientFromRedisClient(rdb)
+	t.Cleanup(func() { client.Close() })
+	mw := throttle.ByProvider(rdb, throttle.WithObserver(c.Observe), throttle.WithClient(client), throttle.WithLogger(slog.New(slog.DiscardHandler)))
+
+	started, release := make(chan struct{}), make(chan struct{})
+	first := make(chan error, 1)
+	go func() {
+		first <- runTask(mw, asynq.NewTask("crm:sync", nil), func() error {
+			close(started)
+			<-release
+			return nil
+		})
+	}()
+	<-started
+	assert.Equal(t, 1.0, gauges(t, c)["asynq_throttle_in_flight{key=crm}"], "the running task holds the slot")
+	ran := false
+	require.NoError(t, runTask(mw, asynq.NewTask("crm:sync", nil), func() error { ran = true; return nil }))
+	assert.False(t, ran, "the second task ran beside the first: InFlight(1) not obeyed")
+	close(release)
+	require.NoError(t, <-first)
+
+	want := `
+# HELP asynq_throttle_decisions_total Middleware decisions by key and outcome (ran, deferred, suspended, unthrottled, failed).
+# TYPE asynq_throttle_decisions_total counter
+asynq_throttle_decisions_total{key="crm",outcome="deferred"} 1
+asynq_throttle_decisions_total{key="crm",outcome="ran"} 1
+# HELP asynq_throttle_deferrals_total Tasks deferred by key, reason (tier, in_flight, suspended, queued, before_slot, failure_policy) and whether they hold a reserved slot.
+# TYPE asynq_throttle_deferrals_total counter
+asynq_throttle_deferrals_total{key="crm",reason="in_flight",reserved="false"} 1
+# HELP asynq_throttle_deferral_copies_total Deferrals that re-enqueued a copy of the task (plain asynq.Server, or a task's last attempt).
+# TYPE asynq_throttle_deferral_copies_total counter
+asynq_throttle_deferral_copies_total{key="crm"} 1
+`
+	require.NoError(t, testutil.CollectAndCompare(c, strings.NewReader(want),
+		"asynq_throttle_decisions_total", "asynq_throttle_deferrals_total", "asynq_throttle_deferral_copies_total"))
+	g := gauges(t, c)
+	assert.Equal(t, 0.0, g["asynq_throttle_in_flight{key=crm}"], "the slot is given back when the handler returns")
+	assert.Equal(t, 1.0, g["asynq_throttle_in_flight_limit{key=crm}"])
 }

@@ -18,7 +18,10 @@ const (
 	ClassConnection = "connection" // refused, reset, closed or unreachable
 	ClassReply      = "reply"      // Redis answered with an error (OOM, READONLY, NOSCRIPT, CLUSTERDOWN, ...)
 	ClassBadConfig  = "bad_config" // the limits stored in Redis are invalid (*throttle.ConfigError)
-	ClassOther      = "other"
+	// ClassCostTooHigh: the task costs more than a limit ever holds
+	// (throttle.ErrCostTooHigh); no decision can admit it.
+	ClassCostTooHigh = "cost_too_high"
+	ClassOther       = "other"
 )
 
 // ErrorClass sorts the error of a failed decision into one of the Class
@@ -33,6 +36,8 @@ func ErrorClass(err error) string {
 	switch {
 	case errors.As(err, &cfg):
 		return ClassBadConfig
+	case errors.Is(err, throttle.ErrCostTooHigh):
+		return ClassCostTooHigh
 	case errors.Is(err, context.DeadlineExceeded), errors.As(err, &nerr) && nerr.Timeout():
 		return ClassTimeout
 	case errors.As(err, &reply):

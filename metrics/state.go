@@ -5,6 +5,9 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/asynq-throttle/asynq-throttle/internal/limitspec"
+	"github.com/asynq-throttle/asynq-throttle/throttle"
 )
 
 // collectState reads every key's state from Redis (at most maxKeys keys, in
@@ -36,17 +39,21 @@ func (c *Collector) collectState(ctx context.Context, ch chan<- prometheus.Metri
 			continue
 		}
 		for i, l := range st.Limits {
-			tier := tierLabel(i)
-			gauge(c.descs.limitRate, float64(l.Rate), key, tier)
-			gauge(c.descs.limitPeriod, l.Per.Seconds(), key, tier)
-			burst := l.Burst
-			if burst == 0 {
-				burst = l.Rate
+			if l.Kind == throttle.KindInFlight {
+				gauge(c.descs.inFlight, float64(st.InFlight), key)
+				gauge(c.descs.inFlightLimit, float64(l.Rate), key)
+				continue
 			}
-			gauge(c.descs.limitBurst, float64(burst), key, tier)
+			tier, kind := tierLabel(i), limitspec.KindName(l.Kind)
+			gauge(c.descs.limitRate, float64(l.Rate), key, tier, kind)
+			gauge(c.descs.limitPeriod, l.Per.Seconds(), key, tier, kind)
+			gauge(c.descs.limitBurst, float64(limitspec.Burst(l)), key, tier, kind)
 			if i < len(st.Tokens) {
-				gauge(c.descs.tokens, st.Tokens[i], key, tier)
+				gauge(c.descs.tokens, st.Tokens[i], key, tier, kind)
 			}
+		}
+		if st.Limits != nil {
+			gauge(c.descs.generation, float64(st.Generation), key)
 		}
 		gauge(c.descs.suspended, st.Suspended.Seconds(), key)
 		gauge(c.descs.reservations, float64(st.Reservations), key)

@@ -150,11 +150,21 @@ func TestBrowser(t *testing.T) {
 	for _, args := range [][]string{
 		{"set", "slack", "5/s:burst=8", "100/m"},
 		{"set", "github", "5000/h"},
+		{"set", "hubspot", "100/h:window"},
+		{"set", "stripe", "3:inflight"},
+		{"set", "stripe", "100/h:window", "2:inflight"},
 	} {
 		r := cli(t, url, args...)
 		require.Equal(t, 0, r.code, r.stderr)
 	}
 	lim := throttle.NewLimiter(srv.Client(t))
+	// A task of stripe runs (holds one of its two slots), and 3 calls of
+	// hubspot's window were made.
+	d, err := lim.Take(context.Background(), "stripe")
+	require.NoError(t, err)
+	require.NotEmpty(t, d.Hold)
+	_, err = lim.TakeN(context.Background(), "hubspot", 3)
+	require.NoError(t, err)
 	suspended := func(key string) time.Duration {
 		st, err := lim.Inspect(context.Background(), key)
 		require.NoError(t, err)
@@ -166,9 +176,34 @@ func TestBrowser(t *testing.T) {
 	limits := eventually(t, ctx, cardText("slack", ".limits"), func(s string) bool { return s != "" }, "the slack card shows its limits")
 	assert.Equal(t, "5/s:burst=8  ·  100/m", limits)
 	assert.Equal(t, "8.0 / 8", js[string](t, ctx, cardText("slack", ".tier .count")))
+	assert.Equal(t, "bucket", js[string](t, ctx, cardText("slack", ".tier .name")))
+	assert.Equal(t, "gen 1", js[string](t, ctx, cardText("slack", ".gen")))
+
+	// Each kind with its own gauge: a window's calls left, an in-flight
+	// limit's slots held; and the generation of the limits.
+	assert.Equal(t, "window", js[string](t, ctx, cardText("hubspot", ".tier .name")))
+	assert.Equal(t, "97 of 100 left", js[string](t, ctx, cardText("hubspot", ".tier .count")))
+	assert.Equal(t, "100/h:window  ·  2:inflight", js[string](t, ctx, cardText("stripe", ".limits")))
+	assert.Equal(t, "in flight", js[string](t, ctx, cardText("stripe", ".tier.kind-inflight .name")))
+	assert.Equal(t, "1 of 2 in flight", js[string](t, ctx, cardText("stripe", ".tier.kind-inflight .count")))
+	assert.Equal(t, "99 of 100 left", js[string](t, ctx, cardText("stripe", ".tier.kind-window .count")))
+	assert.Equal(t, "gen 2", js[string](t, ctx, cardText("stripe", ".gen")))
+	// The slot given back and another limit set show on the next poll.
+	require.NoError(t, lim.Release(context.Background(), "stripe", d.Hold))
+	eventually(t, ctx, cardText("stripe", ".tier.kind-inflight .count"), func(s string) bool { return s == "0 of 2 in flight" }, "the released slot")
+	d2, err := lim.Take(context.Background(), "stripe")
+	require.NoError(t, err)
+	d3, err := lim.Take(context.Background(), "stripe")
+	require.NoError(t, err)
+	eventually(t, ctx, cardText("stripe", ".badge"), func(s string) bool { return s == "slots full" }, "every slot held")
+	require.NoError(t, lim.Release(context.Background(), "stripe", d2.Hold, d3.Hold))
+	r := cli(t, url, "set", "stripe", "100/h:window", "4:inflight")
+	require.Equal(t, 0, r.code, r.stderr)
+	eventually(t, ctx, cardText("stripe", ".gen"), func(s string) bool { return s == "gen 3" }, "the new generation")
+	assert.Equal(t, "0 of 4 in flight", js[string](t, ctx, cardText("stripe", ".tier.kind-inflight .count")))
 
 	// A suspension set from the CLI appears, and counts down.
-	r := cli(t, url, "suspend", "github", "45s")
+	r = cli(t, url, "suspend", "github", "45s")
 	require.Equal(t, 0, r.code, r.stderr)
 	first := secondsLeft(eventually(t, ctx, cardText("github", ".suspension"), func(s string) bool { return secondsLeft(s) > 0 }, "the CLI's suspension shows on the github card"))
 	assert.LessOrEqual(t, first, 45)
@@ -241,7 +276,8 @@ func TestDashboardWithFleet(t *testing.T) {
 		{"set", "slack", "5/s", "120/m:burst=30"},
 		{"set", "github", "20/s"},
 		{"set", "crm", "10/s"},
-		{"set", "stripe", "2/s:burst=4"},
+		{"set", "stripe", "2/s:burst=4", "2:inflight"},
+		{"set", "hubspot", "60/m:window"},
 	} {
 		r := cli(t, url, args...)
 		require.Equal(t, 0, r.code, r.stderr)
@@ -258,12 +294,22 @@ func TestDashboardWithFleet(t *testing.T) {
 		}
 		return nil
 	})
-	for _, typ := range []string{"slack:sync", "github:sync", "stripe:charge"} {
+	// stripe's calls take until the end of the test: its two slots stay
+	// held and the other tasks are refused by slots.
+	slow := make(chan struct{})
+	mux.HandleFunc("stripe:charge", func(ctx context.Context, _ *asynq.Task) error {
+		select {
+		case <-slow:
+		case <-ctx.Done():
+		}
+		return nil
+	})
+	for _, typ := range []string{"slack:sync", "github:sync", "hubspot:sync"} {
 		mux.HandleFunc(typ, func(context.Context, *asynq.Task) error { return nil })
 	}
 	client := asynq.NewClientFromRedisClient(rdb)
 	t.Cleanup(func() { client.Close() })
-	for typ, n := range map[string]int{"slack:sync": 120, "github:sync": 400, "crm:sync": 30, "stripe:charge": 30} {
+	for typ, n := range map[string]int{"slack:sync": 120, "github:sync": 400, "crm:sync": 30, "stripe:charge": 30, "hubspot:sync": 90} {
 		for range n {
 			_, err := client.Enqueue(asynq.NewTask(typ, nil))
 			require.NoError(t, err)
@@ -274,6 +320,7 @@ func TestDashboardWithFleet(t *testing.T) {
 		require.NoError(t, w.Start(mux))
 		t.Cleanup(w.Shutdown)
 	}
+	t.Cleanup(func() { close(slow) }) // before the workers shut down
 
 	web := http.NewServeMux()
 	web.Handle("/throttle/", http.StripPrefix("/throttle", dashboard.New(lim, dashboard.WithMetrics(c), dashboard.WithReadOnly(false))))
@@ -285,6 +332,13 @@ func TestDashboardWithFleet(t *testing.T) {
 	eventually(t, ctx, cardText("crm", ".suspension"), func(s string) bool { return secondsLeft(s) > 0 }, "crm suspended by the 429")
 	eventually(t, ctx, cardText("crm", ".r429"), func(s string) bool { return s == "1" }, "crm's 429 counted")
 	eventually(t, ctx, cardText("github", ".rates .o-ran b"), func(s string) bool { f, err := strconv.ParseFloat(s, 64); return err == nil && f > 0 }, "github runs tasks")
+	eventually(t, ctx, cardText("stripe", ".tier.kind-inflight .count"), func(s string) bool { return s == "2 of 2 in flight" }, "stripe's slots held")
+	eventually(t, ctx, cardText("stripe", ".rates .o-deferred b"), func(s string) bool { f, err := strconv.ParseFloat(s, 64); return err == nil && f > 0 }, "stripe's other tasks refused by slots")
+	eventually(t, ctx, cardText("hubspot", ".tier.kind-window .count"), func(s string) bool {
+		var left int
+		_, err := fmt.Sscanf(s, "%d of 60 left", &left)
+		return err == nil && left < 60
+	}, "hubspot's window in use")
 	history := 4.0
 	if *screenshot != "" {
 		history = 10 // a picture worth looking at

@@ -26,6 +26,17 @@ func TestSession(t *testing.T) {
 	tr.run("set", "slack", "5/s:burst=8", "100/m")
 	tr.run("set", "github", "5000/h")
 	tr.run("set", "crm", "100/1500ms")
+	tr.run("set", "stripe", "25/s", "4:inflight")
+	tr.run("set", "hubspot", "100/m:window", "2:inflight")
+	// Two tasks of hubspot run: each holds a slot and a call of the window.
+	lim := throttle.NewLimiter(srv.Client(t))
+	for range 2 {
+		d, err := lim.Take(context.Background(), "hubspot")
+		require.NoError(t, err)
+		require.NotEmpty(t, d.Hold, "an in-flight limit gives a slot")
+	}
+	tr.run("get", "hubspot")
+	tr.run("set", "hubspot", "100/m:window", "3:inflight")
 	tr.run("suspend", "slack", "30s")
 	tr.run("list")
 	tr.run("get", "github", "-o", "json")
@@ -34,6 +45,7 @@ func TestSession(t *testing.T) {
 	tr.run("delete", "crm")
 	tr.run("list")
 	tr.run("set", "slack", "1/s", "1/m", "1/h", "1/d", "1/s")
+	tr.run("set", "slack", "1:inflight", "2:inflight")
 	golden(t, "session", normalise(tr.b.String()))
 
 	// What the goldens hide: the suspension really is about 30 s.
@@ -44,13 +56,24 @@ func TestSession(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(r.stdout), &v))
 	assert.InDelta(t, 30, v.SuspendedSeconds, 5)
 	// And every command changed Redis as it said.
-	lim := throttle.NewLimiter(srv.Client(t))
 	ls, err := lim.Limits(context.Background(), "slack")
 	require.NoError(t, err)
 	assert.Equal(t, []throttle.Limit{{Rate: 5, Per: time.Second, Burst: 8}, {Rate: 100, Per: time.Minute, Burst: 100}}, ls)
+	ls, err = lim.Limits(context.Background(), "hubspot")
+	require.NoError(t, err)
+	assert.Equal(t, []throttle.Limit{throttle.Window(100, time.Minute), throttle.InFlight(3)}, ls)
 	keys, err := lim.Keys(context.Background())
 	require.NoError(t, err)
-	assert.Equal(t, []string{"github", "slack"}, keys)
+	assert.Equal(t, []string{"github", "hubspot", "slack", "stripe"}, keys)
+	r = tr.run("get", "hubspot", "-o", "json")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &v))
+	assert.Equal(t, int64(2), v.Generation, "set twice")
+	require.NotNil(t, v.InFlight)
+	assert.Equal(t, slotsView{Held: 2, Max: 3}, *v.InFlight, "the slots taken above are held across the change of limits")
+	require.Len(t, v.Limits, 2)
+	assert.Equal(t, tierView{Kind: "window", Limit: "100/m:window", Rate: 100, PeriodSeconds: 60, Burst: 100, Tokens: 98}, v.Limits[0])
+	assert.Equal(t, tierView{Kind: "inflight", Limit: "3:inflight", Rate: 3, Burst: 3, Tokens: 1}, v.Limits[1])
 }
 
 // --prefix selects another limiter's keys.
@@ -76,6 +99,7 @@ func TestCluster(t *testing.T) {
 		r := cli(t, url, "set", fmt.Sprintf("provider-%02d", i), fmt.Sprintf("%d/s", i+1))
 		require.Equal(t, 0, r.code, r.stderr)
 	}
+	tr.run("set", "provider-05", "6/m:window", "2:inflight")
 	tr.run("suspend", "provider-03", "1m")
 	tr.run("delete", "provider-07")
 	tr.run("list")

@@ -6,18 +6,20 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/asynq-throttle/asynq-throttle/internal/limitspec"
 	"github.com/asynq-throttle/asynq-throttle/throttle"
 )
 
 func (a *app) listCmd() *cobra.Command {
 	return &cobra.Command{
 		Use:   "list",
-		Short: "List every key in Redis with its limits, tokens, suspension and reservations",
+		Short: "List every key in Redis with its limits, tokens, slots in flight, suspension and reservations",
 		Long: `List every limiter key that has anything in Redis (limits, bucket state, a
 suspension or reservations), found with SCAN on every master, never KEYS.
-TOKENS shows tokens now/burst per tier; DRAINS IN is the time until the last
-reserved slot.`,
+TOKENS shows, per rate limit in the order of LIMITS, a bucket's tokens
+now/burst and a window's calls it would still admit/calls per window.
+IN FLIGHT is the slots of an in-flight limit held now/the most. DRAINS IN
+is the time until the last reserved slot. GEN counts the changes of the
+key's limits: every set bumps it.`,
 		Args: args(0, 0),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			lim, err := a.limiter(cmd.Context())
@@ -47,7 +49,7 @@ reserved slot.`,
 func (a *app) getCmd() *cobra.Command {
 	return &cobra.Command{
 		Use:   "get KEY",
-		Short: "Show one key: limits, tokens per tier, suspension, reservations",
+		Short: "Show one key: limits, tokens per tier, slots in flight, suspension, reservations",
 		Args:  args(1, 1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := throttle.ValidateKey(args[0]); err != nil {
@@ -78,11 +80,20 @@ func (a *app) setCmd() *cobra.Command {
 	return &cobra.Command{
 		Use:   "set KEY LIMIT...",
 		Short: "Set a key's limits (every worker obeys them from its next decision)",
-		Long: `Set a key's limits, replacing any before them. Each LIMIT is one tier; a task
-runs only when every tier has a token. Forms: ` + limitspec.Forms + `.
-Without :burst=N a tier's burst equals its rate. Up to 4 tiers.`,
+		Long: `Set a key's limits, replacing any before them. A task runs only when every
+limit admits it: a token from every bucket, room in every window, and a
+slot of the in-flight limit. Each LIMIT is one of:
+
+  RATE/PERIOD[:burst=N]  a token bucket: RATE per PERIOD, at most N at once (default RATE)
+  RATE/PERIOD:window     at most RATE calls in any sliding PERIOD, whatever its phase
+                         (a provider's "5000 per hour")
+  N:inflight             at most N of the key's tasks running at once, fleet-wide
+
+PERIOD is s, m, h, d or a duration such as 1500ms, 10s, 2m. Up to 4 buckets
+and windows, and one in-flight limit.`,
 		Example: `  asynq-throttle set slack 10/s 50/m
-  asynq-throttle set github 5000/h:burst=100
+  asynq-throttle set github 5000/h:window 10/s:burst=20
+  asynq-throttle set stripe 25/s 4:inflight
   asynq-throttle set crm 100/1500ms`,
 		Args: args(2, -1),
 		RunE: func(cmd *cobra.Command, args []string) error {

@@ -4,6 +4,8 @@
 //
 //	asynq-throttle --redis redis://localhost:6379/0 list
 //	asynq-throttle set slack 10/s:burst=20 50/m
+//	asynq-throttle set github 5000/h:window 10/s
+//	asynq-throttle set stripe 25/s 4:inflight
 //	asynq-throttle suspend slack 30s
 //	asynq-throttle why 5f1c0e6a-... --queue default
 //	asynq-throttle serve --addr :8080

@@ -166,6 +166,9 @@ func TestUsageErrors(t *testing.T) {
 	for _, args := range [][]string{
 		{"set", "slack", "10/fortnight"},
 		{"set", "slack", "10/s:b=20"},
+		{"set", "slack", "inflight:4"},
+		{"set", "slack", "4/s:inflight"},
+		{"set", "slack", "5000/h:window:burst=10"},
 		{"set", "slack"},
 		{"get"},
 		{"get", "a{b}"},

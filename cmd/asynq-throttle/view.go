@@ -6,9 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"strings"
 	"text/tabwriter"
 
+	"github.com/asynq-throttle/asynq-throttle/internal/limitspec"
 	"github.com/asynq-throttle/asynq-throttle/throttle"
 )
 
@@ -16,8 +18,12 @@ import (
 // or JSON. A field added to throttle.Status goes here, in newKeyView and in
 // keyColumns.
 type keyView struct {
-	Key              string     `json:"key"`
-	Limits           []tierView `json:"limits"`
+	Key    string     `json:"key"`
+	Limits []tierView `json:"limits"`
+	// Generation counts the changes of the key's limits (every set bumps it).
+	Generation int64 `json:"generation"`
+	// InFlight is the slots of the key's in-flight limit; absent without one.
+	InFlight         *slotsView `json:"in_flight,omitempty"`
 	SuspendedSeconds float64    `json:"suspended_seconds"`
 	Reservations     int        `json:"reservations"`
 	QueuedSeconds    float64    `json:"queued_seconds"`
@@ -26,19 +32,27 @@ type keyView struct {
 	st throttle.Status
 }
 
-// tierView is one tier of a key's limits with its bucket now.
+// tierView is one of a key's limits with its state now.
 type tierView struct {
-	Limit         string  `json:"limit"` // as `set` takes it: 10/s:burst=20
-	Rate          int     `json:"rate"`
+	Kind          string  `json:"kind"`  // bucket, window or inflight
+	Limit         string  `json:"limit"` // as `set` takes it: 10/s:burst=20, 5000/h:window, 4:inflight
+	Rate          int     `json:"rate"`  // per period; an in-flight limit: the slots
 	PeriodSeconds float64 `json:"period_seconds"`
-	Burst         int     `json:"burst"`
-	Tokens        float64 `json:"tokens"`
+	Burst         int     `json:"burst"`  // a bucket's burst, a window's calls per window, the slots
+	Tokens        float64 `json:"tokens"` // a bucket's tokens, a window's calls left, the slots free
+}
+
+// slotsView is an in-flight limit's slots: held now, and the most.
+type slotsView struct {
+	Held int `json:"held"`
+	Max  int `json:"max"`
 }
 
 func newKeyView(key string, st throttle.Status, err error) keyView {
 	v := keyView{
 		Key:              key,
 		Limits:           []tierView{},
+		Generation:       st.Generation,
 		SuspendedSeconds: st.Suspended.Seconds(),
 		Reservations:     st.Reservations,
 		QueuedSeconds:    st.QueuedFor.Seconds(),
@@ -48,9 +62,12 @@ func newKeyView(key string, st throttle.Status, err error) keyView {
 		v.Error = err.Error()
 	}
 	for i, l := range st.Limits {
-		t := tierView{Limit: formatLimit(l), Rate: l.Rate, PeriodSeconds: l.Per.Seconds(), Burst: burstOf(l)}
+		t := tierView{Kind: limitspec.KindName(l.Kind), Limit: formatLimit(l), Rate: l.Rate, PeriodSeconds: l.Per.Seconds(), Burst: burstOf(l)}
 		if i < len(st.Tokens) {
 			t.Tokens = st.Tokens[i]
+		}
+		if l.Kind == throttle.KindInFlight {
+			v.InFlight = &slotsView{Held: st.InFlight, Max: l.Rate}
 		}
 		v.Limits = append(v.Limits, t)
 	}
@@ -75,18 +92,45 @@ var keyColumns = []column{
 		return formatLimits(v.st.Limits)
 	}},
 	{"TOKENS", func(v keyView) string {
-		if len(v.Limits) == 0 {
+		if s := rateTokens(v.st); s != "" {
+			return s
+		}
+		return "-"
+	}},
+	{"IN FLIGHT", func(v keyView) string {
+		if v.InFlight == nil {
 			return "-"
 		}
-		parts := make([]string, len(v.Limits))
-		for i, t := range v.Limits {
-			parts[i] = fmt.Sprintf("%.1f/%d", t.Tokens, t.Burst)
-		}
-		return strings.Join(parts, " ")
+		return fmt.Sprintf("%d/%d", v.InFlight.Held, v.InFlight.Max)
 	}},
 	{"SUSPENDED", func(v keyView) string { return formatDur(v.st.Suspended) }},
 	{"RESERVED", func(v keyView) string { return fmt.Sprint(v.Reservations) }},
 	{"DRAINS IN", func(v keyView) string { return formatDur(v.st.QueuedFor) }},
+	{"GEN", func(v keyView) string {
+		if v.Generation == 0 {
+			return "-"
+		}
+		return fmt.Sprint(v.Generation)
+	}},
+}
+
+// rateTokens shows the tokens of a key's rate limits, in their order:
+// "8.0/8" for a bucket (tokens now/burst), "4990/5000" for a window (calls
+// it would still admit/calls per window). An in-flight limit is shown in
+// its own column.
+func rateTokens(st throttle.Status) string {
+	var parts []string
+	for i, l := range st.Limits {
+		if i >= len(st.Tokens) || l.Kind == throttle.KindInFlight {
+			continue
+		}
+		if l.Kind == throttle.KindWindow {
+			parts = append(parts, fmt.Sprintf("%.0f/%d", math.Floor(st.Tokens[i]), burstOf(l)))
+			continue
+		}
+		parts = append(parts, fmt.Sprintf("%.1f/%d", st.Tokens[i], burstOf(l)))
+	}
+	return strings.Join(parts, " ")
 }
 
 // readKeys inspects keys; a key whose state cannot be read (invalid limits)

@@ -4,42 +4,52 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/hibiken/asynq"
 	"github.com/spf13/cobra"
 
+	"github.com/asynq-throttle/asynq-throttle/internal/deferral"
 	"github.com/asynq-throttle/asynq-throttle/throttle"
 )
 
-// deferralPrefix starts the LastErr of a task deferred under
-// worker.NewServer (internal/deferral.Error).
-const deferralPrefix = "throttle: task deferred"
-
 // whyView is the answer of `why`, as one sentence or JSON.
 type whyView struct {
-	TaskID    string     `json:"task_id"`
-	Queue     string     `json:"queue"`
-	Type      string     `json:"type"`
-	State     string     `json:"state"`
-	Key       string     `json:"key,omitempty"`
-	Throttled bool       `json:"throttled"`
-	Reason    string     `json:"reason"` // see the Reason* constants
-	RunsAt    *time.Time `json:"runs_at,omitempty"`
-	Slot      *time.Time `json:"slot,omitempty"`
-	Tier      int        `json:"tier,omitempty"`
-	Sentence  string     `json:"sentence"`
+	TaskID    string `json:"task_id"`
+	Queue     string `json:"queue"`
+	Type      string `json:"type"`
+	State     string `json:"state"`
+	Key       string `json:"key,omitempty"`
+	Throttled bool   `json:"throttled"`
+	Reason    string `json:"reason"` // see the Reason* constants
+	// DeferredFor is why the middleware last deferred the task, as it
+	// recorded it ("tier", "in flight", "suspended", ...); absent when it
+	// was not deferred.
+	DeferredFor string     `json:"deferred_for,omitempty"`
+	RunsAt      *time.Time `json:"runs_at,omitempty"`
+	Slot        *time.Time `json:"slot,omitempty"`
+	Tier        int        `json:"tier,omitempty"`  // the limit that refuses (1-based, as listed)
+	Limit       string     `json:"limit,omitempty"` // that limit, as set takes it
+	Cost        int        `json:"cost,omitempty"`  // what the task takes of every rate limit
+	// Generation counts the changes of the key's limits (every set bumps it).
+	Generation int64      `json:"generation,omitempty"`
+	InFlight   *slotsView `json:"in_flight,omitempty"` // the key's in-flight slots now
+	Sentence   string     `json:"sentence"`
 }
 
 // Reasons of whyView.
 const (
 	reasonReserved     = "reserved"      // waiting for its reserved slot
 	reasonSuspended    = "suspended"     // the key is suspended
-	reasonTier         = "tier"          // a tier has no token
+	reasonTier         = "tier"          // a bucket or window has no room for it
+	reasonSlots        = "in_flight"     // every slot of the in-flight limit is held (refused by slots)
 	reasonQueued       = "queued"        // other tasks reserved the next slots
-	reasonTokens       = "tokens"        // waiting, but the key has tokens now
+	reasonTokens       = "tokens"        // waiting, but the key has room now
+	reasonCostTooHigh  = "cost_too_high" // it costs more than a limit ever holds
 	reasonScheduled    = "scheduled"     // its producer scheduled it
 	reasonHandlerError = "handler_error" // retrying after a handler error
 	reasonPending      = "pending"       // ready, waiting for a worker
@@ -56,8 +66,11 @@ func (a *app) whyCmd() *cobra.Command {
 		Long: `Find a task with asynq's Inspector (in --queue, else in every queue), its
 throttle key (the throttle-key header, else its type's prefix before ':'),
 and say why it waits and when it runs: its reserved slot, the key's
-suspension, the tier that has no token, the reservations ahead of it, or
-that it is not throttled or not waiting. Workers built WithKeyFunc may use
+suspension, the bucket or window without room for its cost, the in-flight
+limit whose slots are all held (refused by slots), the reservations ahead
+of it, or that it is not throttled or not waiting. -o json adds the
+refusing limit, the task's cost, the key's slots in flight and the
+generation of its limits. Workers built WithKeyFunc may use
 another key than the one shown for tasks without the header.`,
 		Example: "  asynq-throttle why 9b2f6c1e-4a57-4c1e-9d6f-1f0a2b3c4d5e --queue default",
 		Args:    args(1, 1),
@@ -161,25 +174,48 @@ func (a *app) explain(ctx context.Context, lim *throttle.Limiter, info *asynq.Ta
 		return v, err
 	}
 	v.Throttled = st.Limits != nil
+	v.Generation = st.Generation
+	v.Cost = costOf(info)
+	for _, l := range st.Limits {
+		if l.Kind == throttle.KindInFlight {
+			v.InFlight = &slotsView{Held: st.InFlight, Max: l.Rate}
+		}
+	}
 	task = fmt.Sprintf("task %s (key %q)", info.ID, key)
+	refuses := func(i int) {
+		v.Tier, v.Limit = i, formatLimit(st.Limits[i-1])
+	}
+	tooHigh := costTooHigh(st, v.Cost)
+	blocked := blocking(st, v.Cost)
 
 	if info.State == asynq.TaskStatePending {
-		switch tier, _ := emptyTier(st); {
+		switch {
 		case st.Suspended > 0:
 			return done(reasonSuspended, "%s is pending, but key %q is suspended for another %s, so a worker that picks it up defers it until then.", task, key, formatDur(st.Suspended))
 		case st.Limits == nil:
 			return done(reasonNotThrottled, "%s is pending and not throttled: key %q has no limits in Redis (the workers' default limits, if any, apply); it runs as soon as a worker is free.", task, key)
-		case tier > 0:
-			v.Tier = tier
-			return done(reasonTier, "%s is pending; a worker that picks it up now defers it, because %s.", task, tierSentence(st, tier, key))
+		case tooHigh > 0:
+			refuses(tooHigh)
+			return done(reasonCostTooHigh, "%s can never be admitted: it costs %d, and %s (the middleware's decision fails with ErrCostTooHigh and its failure policy applies).", task, v.Cost, capacitySentence(st, tooHigh, key))
+		case blocked > 0 && st.Limits[blocked-1].Kind == throttle.KindInFlight:
+			refuses(blocked)
+			return done(reasonSlots, "%s is pending; a worker that picks it up now is refused by slots, because %s, and defers it to when one is expected to free (or waits for it, when that is within a second).", task, slotsSentence(st, blocked, key))
+		case blocked > 0:
+			refuses(blocked)
+			return done(reasonTier, "%s is pending; a worker that picks it up now defers it, because %s.", task, tierSentence(st, blocked, key, v.Cost))
 		case st.Reservations > 0:
 			return done(reasonQueued, "%s is pending; %d deferred tasks hold reserved slots ahead of it (the backlog drains in %s), so a worker that picks it up waits behind them.", task, st.Reservations, formatDur(st.QueuedFor))
 		}
-		return done(reasonPending, "%s is pending and key %q has tokens (%s), so it runs as soon as a worker is free.", task, key, tokens(st))
+		return done(reasonPending, "%s is pending and key %q has room (%s), so it runs as soon as a worker is free.", task, key, room(st))
 	}
 
 	// Scheduled or retry: it waits for asynq to bring it back.
-	deferred := strings.HasPrefix(info.LastErr, deferralPrefix) || info.Headers[throttle.HeaderOrigin] != ""
+	if _, why, ok := deferral.Parse(info.LastErr); ok {
+		v.DeferredFor = why
+	} else if why := info.Headers[throttle.HeaderDeferredReason]; why != "" && info.Headers[throttle.HeaderOrigin] != "" {
+		v.DeferredFor = why // a deferred copy
+	}
+	deferred := v.DeferredFor != "" || info.Headers[throttle.HeaderOrigin] != ""
 	if info.State == asynq.TaskStateRetry && !deferred && info.LastErr != "" {
 		return done(reasonHandlerError, "%s is waiting to retry after its handler failed (%s), not for throttling; %s.", task, info.LastErr, runs)
 	}
@@ -213,46 +249,135 @@ func (a *app) explain(ctx context.Context, lim *throttle.Limiter, info *asynq.Ta
 		}
 		return done(reasonReserved, "%s holds a reserved run slot at %s%s; %s.", task, when(slot, redisNow), after, runs)
 	}
-	tier, _ := emptyTier(st)
+	bySlots := v.DeferredFor == throttle.RefusedBySlots.String()
 	switch {
 	case st.Suspended > 0:
 		return done(reasonSuspended, "%s is waiting because key %q is suspended for another %s (a 429 from the provider, or an operator); %s.", task, key, formatDur(st.Suspended), runs)
 	case st.Limits == nil:
 		return done(reasonNotThrottled, "%s is waiting, but key %q has no limits in Redis now, so it runs unthrottled (or under the workers' defaults) when %s.", task, key, runs)
-	case tier > 0:
-		v.Tier = tier
-		return done(reasonTier, "%s is waiting because %s; %s.", task, tierSentence(st, tier, key), runs)
+	case tooHigh > 0:
+		refuses(tooHigh)
+		return done(reasonCostTooHigh, "%s can never be admitted: it costs %d, and %s (the middleware's decision fails with ErrCostTooHigh and its failure policy applies); %s.", task, v.Cost, capacitySentence(st, tooHigh, key), runs)
+	case blocked > 0 && st.Limits[blocked-1].Kind == throttle.KindInFlight:
+		refuses(blocked)
+		if bySlots {
+			return done(reasonSlots, "%s was refused by slots: %s, so it was deferred to when one is expected to free; %s.", task, slotsSentence(st, blocked, key), runs)
+		}
+		return done(reasonSlots, "%s is waiting because %s; %s.", task, slotsSentence(st, blocked, key), runs)
+	case blocked > 0:
+		refuses(blocked)
+		return done(reasonTier, "%s is waiting because %s; %s.", task, tierSentence(st, blocked, key, v.Cost), runs)
 	case st.Reservations > 0:
 		return done(reasonQueued, "%s is waiting behind %d tasks that reserved the next slots of key %q (the backlog drains in %s); %s.", task, st.Reservations, key, formatDur(st.QueuedFor), runs)
 	case !deferred:
-		return done(reasonScheduled, "%s was scheduled by its producer, not deferred by throttling; %s, and key %q has tokens now (%s).", task, runs, key, tokens(st))
+		return done(reasonScheduled, "%s was scheduled by its producer, not deferred by throttling; %s, and key %q has room now (%s).", task, runs, key, room(st))
+	case bySlots:
+		return done(reasonTokens, "%s was refused by slots (every in-flight slot of key %q was held), but key %q has room now (%s), so it should run when %s.", task, key, key, room(st), runs)
 	}
-	return done(reasonTokens, "%s was deferred, but key %q has tokens now (%s), so it should run when %s.", task, key, tokens(st), runs)
+	return done(reasonTokens, "%s was deferred, but key %q has room now (%s), so it should run when %s.", task, key, room(st), runs)
 }
 
-// emptyTier returns the first tier (1-based) without a whole token, or 0.
-func emptyTier(st throttle.Status) (int, float64) {
-	for i, t := range st.Tokens {
-		if t < 1 {
-			return i + 1, t
+// costOf is what the task takes from every rate limit of its key (its
+// throttle-cost header; 1 without one).
+func costOf(info *asynq.TaskInfo) int {
+	if n, err := strconv.Atoi(info.Headers[throttle.HeaderCost]); err == nil && n > 1 {
+		return n
+	}
+	return 1
+}
+
+// blocking returns the first limit (1-based) that refuses a task of cost
+// now: a bucket or window without cost tokens, or an in-flight limit
+// without a free slot; 0 when none does.
+func blocking(st throttle.Status, cost int) int {
+	for i, l := range st.Limits {
+		if i >= len(st.Tokens) {
+			break
+		}
+		need := float64(cost)
+		if l.Kind == throttle.KindInFlight {
+			need = 1 // a task holds one slot whatever its cost
+		}
+		if st.Tokens[i] < need {
+			return i + 1
 		}
 	}
-	return 0, 0
+	return 0
 }
 
-// tierSentence says which tier has no token and when the next comes.
-func tierSentence(st throttle.Status, tier int, key string) string {
-	l, t := st.Limits[tier-1], st.Tokens[tier-1]
-	next := time.Duration((1 - t) * float64(l.Per) / float64(l.Rate))
-	return fmt.Sprintf("tier %d of key %q (%s) has %.1f of %d tokens and gets the next in %s", tier, key, formatLimit(l), t, burstOf(l), formatDur(next))
-}
-
-func tokens(st throttle.Status) string {
-	parts := make([]string, len(st.Tokens))
-	for i, t := range st.Tokens {
-		parts[i] = fmt.Sprintf("%.1f/%d", t, burstOf(st.Limits[i]))
+// costTooHigh returns the first rate limit (1-based) that can never hold
+// cost, or 0.
+func costTooHigh(st throttle.Status, cost int) int {
+	for i, l := range st.Limits {
+		if l.Kind != throttle.KindInFlight && burstOf(l) < cost {
+			return i + 1
+		}
 	}
-	return strings.Join(parts, " ")
+	return 0
+}
+
+// tierSentence says which bucket or window has no room for a task of cost
+// and when it will.
+func tierSentence(st throttle.Status, tier int, key string, cost int) string {
+	l, t := st.Limits[tier-1], st.Tokens[tier-1]
+	name := fmt.Sprintf("tier %d of key %q (%s)", tier, key, formatLimit(l))
+	if l.Kind == throttle.KindWindow {
+		left := max(int(math.Floor(t)), 0)
+		if left == 0 {
+			return fmt.Sprintf("%s has used all %d calls of its sliding %s window, which frees calls only as it slides past them", name, l.Rate, shortDur(l.Per))
+		}
+		return fmt.Sprintf("%s has %d of %d calls left in its sliding %s window, short of the task's cost of %d, and frees calls only as it slides past them", name, left, l.Rate, shortDur(l.Per), cost)
+	}
+	next := time.Duration((float64(cost) - t) * float64(l.Per) / float64(l.Rate))
+	if cost > 1 {
+		return fmt.Sprintf("%s has %.1f of %d tokens, short of the task's cost of %d, and has them in %s", name, t, burstOf(l), cost, formatDur(next))
+	}
+	return fmt.Sprintf("%s has %.1f of %d tokens and gets the next in %s", name, t, burstOf(l), formatDur(next))
+}
+
+// slotsSentence says that every slot of the in-flight limit is held.
+func slotsSentence(st throttle.Status, tier int, key string) string {
+	l := st.Limits[tier-1]
+	if l.Rate == 1 {
+		return fmt.Sprintf("the one in-flight slot of key %q is held (%d of 1 in flight)", key, st.InFlight)
+	}
+	return fmt.Sprintf("all %d in-flight slots of key %q are held (%d of %d in flight)", l.Rate, key, st.InFlight, l.Rate)
+}
+
+// capacitySentence says how much a rate limit holds at most.
+func capacitySentence(st throttle.Status, tier int, key string) string {
+	l := st.Limits[tier-1]
+	if l.Kind == throttle.KindWindow {
+		return fmt.Sprintf("tier %d of key %q (%s) admits at most %d calls per window", tier, key, formatLimit(l), l.Rate)
+	}
+	return fmt.Sprintf("tier %d of key %q (%s) holds at most %d tokens", tier, key, formatLimit(l), burstOf(l))
+}
+
+// room shows what a key has left now: its rate limits' tokens and its
+// slots in flight ("10.0/10; 1 of 4 in flight").
+func room(st throttle.Status) string {
+	var parts []string
+	if s := rateTokens(st); s != "" {
+		parts = append(parts, s)
+	}
+	for _, l := range st.Limits {
+		if l.Kind == throttle.KindInFlight {
+			parts = append(parts, fmt.Sprintf("%d of %d in flight", st.InFlight, l.Rate))
+		}
+	}
+	return strings.Join(parts, "; ")
+}
+
+// shortDur writes a period without its zero tails: 1h, 1m, 1m30s.
+func shortDur(d time.Duration) string {
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
 }
 
 // when formats an instant for a sentence: "15:04:05 (in 12s)".

@@ -76,6 +76,27 @@ func TestWhy(t *testing.T) {
 	enqueue(asynq.NewTask("stripe:charge", nil), asynq.TaskID("t-pending"))
 	enqueue(asynq.NewTask("stripe:charge", nil), asynq.TaskID("t-scheduled"), asynq.ProcessIn(time.Minute))
 
+	// hubspot-api: its window is used up; stripe: its one slot is held;
+	// graph: a task costs 5 and the hour's bucket has 2 left, another costs
+	// more than the bucket ever holds (the call that took 8 holds a slot).
+	require.NoError(t, lim.SetLimits(ctx, "hubspot-api", throttle.Window(2, time.Hour)))
+	_, err = lim.TakeN(ctx, "hubspot-api", 2)
+	require.NoError(t, err)
+	enqueue(throttle.NewTask("hubspot-api:sync", nil, throttle.Key("hubspot-api")), asynq.TaskID("t-window"))
+	enqueue(throttle.NewTask("hubspot-api:sync", nil, throttle.Key("hubspot-api")), asynq.TaskID("t-window-later"), asynq.ProcessIn(time.Minute))
+	require.NoError(t, lim.SetLimits(ctx, "stripe-api", throttle.Window(100, time.Hour), throttle.InFlight(1)))
+	d, err = lim.Take(ctx, "stripe-api")
+	require.NoError(t, err)
+	require.NotEmpty(t, d.Hold)
+	enqueue(throttle.NewTask("stripe-api:charge", nil, throttle.Key("stripe-api")), asynq.TaskID("t-slots-pending"))
+	enqueue(throttle.NewTask("stripe-api:charge", nil, throttle.Key("stripe-api")), asynq.TaskID("t-slots-later"), asynq.ProcessIn(time.Minute))
+	require.NoError(t, lim.SetLimits(ctx, "graph", throttle.Limit{Rate: 10, Per: time.Hour}, throttle.InFlight(4)))
+	_, err = lim.TakeN(ctx, "graph", 8)
+	require.NoError(t, err)
+	enqueue(throttle.NewTask("graph:query", nil, throttle.Key("graph"), throttle.Cost(5)), asynq.TaskID("t-cost"))
+	enqueue(throttle.NewTask("graph:query", nil, throttle.Key("graph"), throttle.Cost(50)), asynq.TaskID("t-cost-too-high"))
+	enqueue(throttle.NewTask("graph:query", nil, throttle.Key("graph"), throttle.Cost(2)), asynq.TaskID("t-cost-fits"))
+
 	// Not throttled: no key at all, a key without limits, a bad key header.
 	enqueue(asynq.NewTask("cleanup", nil), asynq.TaskID("t-plain"))
 	enqueue(asynq.NewTask("zendesk:sync", nil), asynq.TaskID("t-nolimits"), asynq.ProcessIn(time.Minute))
@@ -95,7 +116,15 @@ func TestWhy(t *testing.T) {
 		{"why", "t-plain"},
 		{"why", "t-nolimits"},
 		{"why", "t-badkey"},
+		{"why", "t-window"},
+		{"why", "t-window-later"},
+		{"why", "t-slots-pending"},
+		{"why", "t-slots-later"},
+		{"why", "t-cost"},
+		{"why", "t-cost-too-high"},
+		{"why", "t-cost-fits"},
 		{"why", "t-tier", "-o", "json"},
+		{"why", "t-slots-pending", "-o", "json"},
 		{"why", "t-orig~throttle-1", "--queue", "critical"},
 		{"why", "t-reserved", "--queue", "critical"},
 		{"why", "no-such-task"},
@@ -119,6 +148,31 @@ func TestWhy(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(r.stdout), &v))
 	assert.Equal(t, reasonTier, v.Reason)
 	assert.Equal(t, 1, v.Tier)
+
+	for _, tc := range []struct {
+		id, reason, limit string
+		tier, cost        int
+		slots             *slotsView
+	}{
+		{"t-window", reasonTier, "2/h:window", 1, 1, nil},
+		{"t-slots-later", reasonSlots, "1:inflight", 2, 1, &slotsView{Held: 1, Max: 1}},
+		{"t-cost", reasonTier, "10/h", 1, 5, &slotsView{Held: 1, Max: 4}},
+		{"t-cost-too-high", reasonCostTooHigh, "10/h", 1, 50, &slotsView{Held: 1, Max: 4}},
+		{"t-cost-fits", reasonPending, "", 0, 2, &slotsView{Held: 1, Max: 4}},
+	} {
+		t.Run(tc.id, func(t *testing.T) {
+			r := cli(t, tr.redisURL, "why", tc.id, "-o", "json")
+			require.Equal(t, 0, r.code, r.stderr)
+			var v whyView
+			require.NoError(t, json.Unmarshal([]byte(r.stdout), &v))
+			assert.Equal(t, tc.reason, v.Reason, v.Sentence)
+			assert.Equal(t, tc.tier, v.Tier)
+			assert.Equal(t, tc.limit, v.Limit)
+			assert.Equal(t, tc.cost, v.Cost)
+			assert.Equal(t, tc.slots, v.InFlight)
+			assert.Equal(t, int64(1), v.Generation)
+		})
+	}
 }
 
 // why on tasks a real fleet deferred: each holds its reserved slot.
@@ -181,3 +235,75 @@ func (discardAsynqLogger) Info(...any)  {}
 func (discardAsynqLogger) Warn(...any)  {}
 func (discardAsynqLogger) Error(...any) {}
 func (discardAsynqLogger) Fatal(...any) {}
+
+// why on a task a real worker refused by slots: the key's one slot in
+// flight is held by a running task, so the other was deferred.
+func TestWhyRefusedBySlots(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	lim := throttle.NewLimiter(rdb)
+	require.NoError(t, lim.SetLimits(ctx, "crm", throttle.PerSecond(100), throttle.InFlight(1)))
+	client := asynq.NewClientFromRedisClient(rdb)
+	t.Cleanup(func() { client.Close() })
+	_, err := client.Enqueue(throttle.NewTask("crm:sync", nil, throttle.Key("crm")), asynq.TaskID("runs"), asynq.Retention(time.Hour))
+	require.NoError(t, err)
+
+	release := make(chan struct{})
+	started := make(chan struct{}, 2)
+	w := worker.NewServer(rdb, asynq.Config{Concurrency: 2, Logger: discardAsynqLogger{}, LogLevel: asynq.FatalLevel})
+	mux := asynq.NewServeMux()
+	mux.Use(throttle.ByProvider(rdb, throttle.WithLogger(slog.New(slog.DiscardHandler))))
+	mux.HandleFunc("crm:sync", func(ctx context.Context, _ *asynq.Task) error {
+		started <- struct{}{}
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+		return nil
+	})
+	require.NoError(t, w.Start(mux))
+	t.Cleanup(w.Shutdown)
+	released := false
+	t.Cleanup(func() {
+		if !released {
+			close(release)
+		}
+	})
+	select {
+	case <-started:
+	case <-time.After(15 * time.Second):
+		t.Fatal("the first task did not start")
+	}
+	_, err = client.Enqueue(throttle.NewTask("crm:sync", nil, throttle.Key("crm")), asynq.TaskID("waits"), asynq.Retention(time.Hour))
+	require.NoError(t, err)
+
+	insp := asynq.NewInspectorFromRedisClient(rdb)
+	require.Eventually(t, func() bool {
+		info, err := insp.GetTaskInfo("default", "waits")
+		return err == nil && info.State == asynq.TaskStateRetry
+	}, 15*time.Second, 20*time.Millisecond, "the second task is deferred")
+
+	url := "redis://" + srv.Addr
+	r := cli(t, url, "why", "waits", "-o", "json")
+	require.Equal(t, 0, r.code, r.stderr)
+	var v whyView
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &v))
+	assert.Equal(t, reasonSlots, v.Reason, v.Sentence)
+	assert.Equal(t, "in flight", v.DeferredFor)
+	assert.Equal(t, &slotsView{Held: 1, Max: 1}, v.InFlight)
+	assert.Equal(t, 2, v.Tier)
+	assert.Equal(t, "1:inflight", v.Limit)
+	assert.Contains(t, v.Sentence, `was refused by slots: the one in-flight slot of key "crm" is held (1 of 1 in flight), so it was deferred to when one is expected to free; asynq brings it back at `)
+	r = cli(t, url, "list")
+	assert.Regexp(t, `crm +100/s 1:inflight +\S+ +1/1 `, r.stdout)
+
+	close(release)
+	released = true
+	require.Eventually(t, func() bool {
+		info, err := insp.GetTaskInfo("default", "waits")
+		return err == nil && info.State == asynq.TaskStateCompleted
+	}, 30*time.Second, 50*time.Millisecond, "the deferred task runs once the slot is free")
+	r = cli(t, url, "list")
+	assert.Regexp(t, `crm +100/s 1:inflight +\S+ +0/1 `, r.stdout, "every slot given back")
+}

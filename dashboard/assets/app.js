@@ -50,7 +50,9 @@
     const h = el('h2');
     h.append(el('span', 'name', key));
     c.badge = el('span', 'badge');
-    h.append(c.badge);
+    c.gen = el('span', 'gen');
+    c.gen.title = 'generation of the limits: every change of limits bumps it';
+    h.append(c.badge, c.gen);
     c.el.append(h);
     c.limits = el('div', 'limits');
     c.tiers = el('div', 'tiers');
@@ -97,7 +99,7 @@
     c.resumeBtn = el('button', 'resume', 'Resume');
     c.limitsIn = el('input', 'limits-input');
     c.limitsIn.setAttribute('aria-label', 'limits');
-    c.limitsIn.placeholder = '10/s:burst=20 50/m';
+    c.limitsIn.placeholder = '10/s:burst=20 5000/h:window 4:inflight';
     c.setBtn = el('button', 'set-limits', 'Set limits');
     a.append(c.duration, c.suspendBtn, c.resumeBtn, c.limitsIn, c.setBtn, el('span'));
     for (const x of [c.duration, c.suspendBtn, c.resumeBtn, c.limitsIn, c.setBtn]) {
@@ -133,7 +135,8 @@
     c.at = at;
     c.limits.textContent = k.limits.length ? k.limits.map((t) => t.limit).join('  ·  ') : 'no limits: unthrottled';
     c.error.textContent = k.error || '';
-    // One row per tier: name, gauge, tokens.
+    c.gen.textContent = k.generation ? 'gen ' + k.generation : '';
+    // One row per limit: its kind, a gauge, and what it has left.
     while (c.tiers.children.length > k.limits.length) c.tiers.lastChild.remove();
     k.limits.forEach((t, i) => {
       let row = c.tiers.children[i];
@@ -143,16 +146,41 @@
         row.children[1].append(el('div'));
         c.tiers.append(row);
       }
-      const frac = t.burst > 0 ? Math.max(0, Math.min(1, t.tokens / t.burst)) : 0;
-      row.children[0].textContent = 'tier ' + (i + 1);
+      const g = gauge(t, k);
+      row.className = 'tier kind-' + t.kind;
+      row.children[0].textContent = kindNames[t.kind] || t.kind;
       const bar = row.children[1].firstChild;
-      bar.style.width = (frac * 100).toFixed(1) + '%';
-      bar.className = t.tokens < 1 ? 'empty' : frac < 0.25 ? 'low' : '';
-      row.children[2].textContent = t.tokens.toFixed(1) + ' / ' + t.burst;
-      row.title = t.limit + ': ' + t.tokens.toFixed(2) + ' tokens of ' + t.burst;
+      bar.style.width = (g.frac * 100).toFixed(1) + '%';
+      bar.className = g.cls;
+      row.children[2].textContent = g.text;
+      row.title = t.limit + ': ' + g.title;
     });
     if (document.activeElement !== c.limitsIn && !c.limitsIn.dataset.edited) c.limitsIn.value = k.limit_spec;
     tick(c, at);
+  }
+
+  const kindNames = { bucket: 'bucket', window: 'window', inflight: 'in flight' };
+
+  // gauge says how full a limit's bar is and what it reads: a bucket's
+  // tokens, a window's calls left, an in-flight limit's slots held.
+  function gauge(t, k) {
+    const clamp = (x) => Math.max(0, Math.min(1, x));
+    if (t.kind === 'inflight') {
+      const held = k.in_flight ? k.in_flight.held : Math.max(0, t.burst - t.tokens);
+      const frac = t.burst > 0 ? clamp(held / t.burst) : 0;
+      return {
+        frac, cls: 'slots' + (held >= t.burst ? ' full' : ''),
+        text: held + ' of ' + t.burst + ' in flight',
+        title: held + ' tasks running of ' + t.burst + ' at most, across the fleet',
+      };
+    }
+    const frac = t.burst > 0 ? clamp(t.tokens / t.burst) : 0;
+    const cls = t.tokens < 1 ? 'empty' : frac < 0.25 ? 'low' : '';
+    if (t.kind === 'window') {
+      const left = Math.max(0, Math.floor(t.tokens));
+      return { frac, cls, text: left + ' of ' + t.burst + ' left', title: left + ' calls left in any sliding window of ' + fmtSeconds(t.period_seconds) };
+    }
+    return { frac, cls, text: t.tokens.toFixed(1) + ' / ' + t.burst, title: t.tokens.toFixed(2) + ' tokens of ' + t.burst };
   }
 
   // tick redraws what moves between polls: the countdowns.
@@ -177,6 +205,7 @@
     }
     let badge = ['ok', ''];
     if (!k.limits.length) badge = ['unthrottled', 'none'];
+    if (k.in_flight && k.in_flight.held >= k.in_flight.max) badge = ['slots full', 'backlog'];
     if (k.reservations > 0) badge = ['backlog', 'backlog'];
     if (susp > 0) badge = ['suspended', 'suspended'];
     c.badge.textContent = badge[0];

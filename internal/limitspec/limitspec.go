@@ -1,6 +1,13 @@
 // Package limitspec reads and writes limits in the operator's short form,
-// "10/s", "50/m", "5000/h", "100/1500ms", "10/s:burst=20", shared by the
-// CLI and the dashboard so that what one shows the other accepts.
+// shared by the CLI and the dashboard so that what one shows the other
+// accepts:
+//
+//	10/s  50/m  5000/h  100/1500ms  10/s:burst=20   a token bucket (throttle.PerSecond, ...)
+//	5000/h:window                                    a sliding window (throttle.Window)
+//	4:inflight                                       tasks running at once (throttle.InFlight)
+//
+// A limit is its numbers, then at most one ":" modifier that says more
+// about it: its burst, or that it is a window or an in-flight cap.
 package limitspec
 
 import (
@@ -14,10 +21,17 @@ import (
 )
 
 // Forms names the accepted forms, for errors and help texts.
-const Forms = `RATE/PERIOD[:burst=N], PERIOD one of s, m, h, d or a duration such as 1500ms, 10s, 2m (e.g. 10/s, 50/m, 5000/h, 100/1500ms, 10/s:burst=20)`
+const Forms = `RATE/PERIOD[:burst=N] (a token bucket), RATE/PERIOD:window (at most RATE in any sliding PERIOD) or N:inflight (at most N tasks running at once); PERIOD one of s, m, h, d or a duration such as 1500ms, 10s, 2m (e.g. 10/s, 10/s:burst=20, 100/1500ms, 5000/h:window, 4:inflight)`
 
 // ErrSyntax is wrapped by every error of Parse.
 var ErrSyntax = errors.New("bad limit")
+
+// The modifiers after ':'.
+const (
+	modBurst    = "burst="
+	modWindow   = "window"
+	modInFlight = "inflight"
+)
 
 // units are the named periods.
 var units = []struct {
@@ -27,46 +41,89 @@ var units = []struct {
 	{"s", time.Second}, {"m", time.Minute}, {"h", time.Hour}, {"d", 24 * time.Hour},
 }
 
-// Parse reads one tier. Range checks (at most MaxPer, ...) are SetLimits'.
+// Parse reads one limit. It returns it the way throttle.Limiter.Limits
+// returns limits read from Redis, so that Parse(Format(l)) == l for every l
+// that Limits returns or Parse accepts: a bucket's Burst is always set (its
+// Rate when the spec gives none), a window's Burst is 0, an in-flight limit
+// is throttle.InFlight(n). Range checks (at most MaxPer, ...) are
+// SetLimits'.
 func Parse(spec string) (throttle.Limit, error) {
-	bad := func(why string) (throttle.Limit, error) {
-		return throttle.Limit{}, fmt.Errorf("%w %q: %s; want %s", ErrSyntax, spec, why, Forms)
+	bad := func(format string, a ...any) (throttle.Limit, error) {
+		return throttle.Limit{}, fmt.Errorf("%w %q: %s; want %s", ErrSyntax, spec, fmt.Sprintf(format, a...), Forms)
 	}
-	body, opt, hasOpt := strings.Cut(spec, ":")
+	body, mod, hasMod := strings.Cut(spec, ":")
+	if body == modWindow || body == modInFlight || strings.HasPrefix(body, modBurst) {
+		// "window:5000/h", "inflight:4": the kind goes after the numbers.
+		return bad("%q goes after the limit, as in %s:%s", body, mod, body)
+	}
+	if hasMod && strings.Contains(mod, ":") {
+		return bad("%q has more than one ':' modifier; give one of :burst=N, :window, :inflight", ":"+mod)
+	}
+	if hasMod && mod == modInFlight {
+		n, err := count("number of tasks in flight", body)
+		if err != nil {
+			if strings.Contains(body, "/") {
+				return bad("an in-flight limit has no period: write %s:%s", strings.SplitN(body, "/", 2)[0], modInFlight)
+			}
+			return bad("%v", err)
+		}
+		return throttle.InFlight(n), nil
+	}
 	rateS, perS, ok := strings.Cut(body, "/")
 	if !ok {
-		return bad("no '/' between rate and period")
+		return bad("no '/' between rate and period in %q (an in-flight limit is written N:inflight)", body)
 	}
-	rate, err := strconv.Atoi(rateS)
-	if err != nil || rate <= 0 {
-		return bad(fmt.Sprintf("rate %q is not a whole number > 0", rateS))
+	rate, err := count("rate", rateS)
+	if err != nil {
+		return bad("%v", err)
 	}
-	var per time.Duration
-	for _, u := range units {
-		if perS == u.name {
-			per = u.d
-		}
+	per, err := period(perS)
+	if err != nil {
+		return bad("%v", err)
 	}
-	if per == 0 {
-		d, err := time.ParseDuration(perS)
-		if err != nil || d <= 0 {
-			return bad(fmt.Sprintf("period %q is neither s, m, h, d nor a duration", perS))
-		}
-		per = d
-	}
-	l := throttle.Limit{Rate: rate, Per: per}
-	if hasOpt {
-		v, ok := strings.CutPrefix(opt, "burst=")
-		b, err := strconv.Atoi(v)
-		if !ok || err != nil || b <= 0 {
-			return bad(fmt.Sprintf("%q after ':' is not burst=N with N a whole number > 0", opt))
+	l := throttle.Limit{Rate: rate, Per: per, Burst: rate}
+	switch {
+	case !hasMod:
+	case mod == modWindow:
+		l = throttle.Window(rate, per)
+	case strings.HasPrefix(mod, modBurst):
+		b, err := count("burst", strings.TrimPrefix(mod, modBurst))
+		if err != nil {
+			return bad("%v", err)
 		}
 		l.Burst = b
+	case mod == "":
+		return bad("nothing after ':'; give one of :burst=N, :window, :inflight")
+	default:
+		return bad("%q after ':' is none of burst=N, window, inflight", mod)
 	}
 	return l, nil
 }
 
-// ParseAll reads tiers separated by spaces or given one per element.
+// count reads a whole number > 0 named what.
+func count(what, s string) (int, error) {
+	n, err := strconv.Atoi(s)
+	if err != nil || n <= 0 {
+		return 0, fmt.Errorf("%s %q is not a whole number > 0", what, s)
+	}
+	return n, nil
+}
+
+// period reads a named unit or a positive duration.
+func period(s string) (time.Duration, error) {
+	for _, u := range units {
+		if s == u.name {
+			return u.d, nil
+		}
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d <= 0 {
+		return 0, fmt.Errorf("period %q is neither s, m, h, d nor a duration > 0", s)
+	}
+	return d, nil
+}
+
+// ParseAll reads limits separated by spaces or given one per element.
 func ParseAll(specs ...string) ([]throttle.Limit, error) {
 	var out []throttle.Limit
 	for _, s := range specs {
@@ -84,17 +141,23 @@ func ParseAll(specs ...string) ([]throttle.Limit, error) {
 	return out, nil
 }
 
-// Format writes a tier the way Parse reads it; the burst is shown when it
-// differs from the rate.
+// Format writes a limit the way Parse reads it; a bucket's burst is shown
+// when it differs from its rate (Burst 0 means the rate).
 func Format(l throttle.Limit) string {
+	switch l.Kind {
+	case throttle.KindInFlight:
+		return strconv.Itoa(l.Rate) + ":" + modInFlight
+	case throttle.KindWindow:
+		return strconv.Itoa(l.Rate) + "/" + formatPeriod(l.Per) + ":" + modWindow
+	}
 	s := strconv.Itoa(l.Rate) + "/" + formatPeriod(l.Per)
 	if l.Burst != 0 && l.Burst != l.Rate {
-		s += ":burst=" + strconv.Itoa(l.Burst)
+		s += ":" + modBurst + strconv.Itoa(l.Burst)
 	}
 	return s
 }
 
-// FormatAll joins tiers with spaces, as ParseAll reads them.
+// FormatAll joins limits with spaces, as ParseAll reads them.
 func FormatAll(ls []throttle.Limit) string {
 	parts := make([]string, len(ls))
 	for i, l := range ls {
@@ -112,10 +175,32 @@ func formatPeriod(d time.Duration) string {
 	return d.String()
 }
 
-// Burst is a limit's effective burst (Burst 0 means Rate).
+// Burst is the most a limit holds at once: a bucket's burst (Burst 0 means
+// Rate), a window's calls per window, an in-flight limit's slots.
 func Burst(l throttle.Limit) int {
-	if l.Burst == 0 {
+	if l.Burst == 0 || l.Kind != throttle.KindBucket {
 		return l.Rate
 	}
 	return l.Burst
+}
+
+// Names of the kinds, from KindName.
+const (
+	KindBucket   = "bucket"
+	KindWindow   = "window"
+	KindInFlight = "inflight"
+)
+
+// KindName names a limit's kind for tables and JSON: "bucket", "window"
+// or "inflight" (as the modifier is written).
+func KindName(k throttle.Kind) string {
+	switch k {
+	case throttle.KindBucket:
+		return KindBucket
+	case throttle.KindWindow:
+		return KindWindow
+	case throttle.KindInFlight:
+		return KindInFlight
+	}
+	return fmt.Sprintf("kind(%d)", int(k))
 }

@@ -1,6 +1,8 @@
 package limitspec_test
 
 import (
+	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -8,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/asynq-throttle/asynq-throttle/internal/limitspec"
+	"github.com/asynq-throttle/asynq-throttle/internal/redistest"
 	"github.com/asynq-throttle/asynq-throttle/throttle"
 )
 
@@ -17,44 +20,192 @@ func TestParse(t *testing.T) {
 		want throttle.Limit
 		back string // Format of the result, when it differs from spec
 	}{
-		{"10/s", throttle.PerSecond(10), ""},
-		{"50/m", throttle.PerMinute(50), ""},
-		{"5000/h", throttle.PerHour(5000), ""},
-		{"7/d", throttle.Limit{Rate: 7, Per: 24 * time.Hour}, ""},
-		{"100/1500ms", throttle.Limit{Rate: 100, Per: 1500 * time.Millisecond}, "100/1.5s"},
+		{"10/s", throttle.PerSecond(10).WithBurst(10), ""},
+		{"50/m", throttle.PerMinute(50).WithBurst(50), ""},
+		{"5000/h", throttle.PerHour(5000).WithBurst(5000), ""},
+		{"7/d", throttle.Limit{Rate: 7, Per: 24 * time.Hour, Burst: 7}, ""},
+		{"100/1500ms", throttle.Limit{Rate: 100, Per: 1500 * time.Millisecond, Burst: 100}, "100/1.5s"},
 		{"10/s:burst=20", throttle.PerSecond(10).WithBurst(20), ""},
 		{"10/s:burst=10", throttle.PerSecond(10).WithBurst(10), "10/s"},
-		{"3/90s", throttle.Limit{Rate: 3, Per: 90 * time.Second}, "3/1m30s"},
-		{"3/1m", throttle.PerMinute(3), "3/m"},
+		{"10/s:burst=5", throttle.PerSecond(10).WithBurst(5), ""},
+		{"3/90s", throttle.Limit{Rate: 3, Per: 90 * time.Second, Burst: 3}, "3/1m30s"},
+		{"3/1m", throttle.PerMinute(3).WithBurst(3), "3/m"},
+		{"3/24h", throttle.Limit{Rate: 3, Per: 24 * time.Hour, Burst: 3}, "3/d"},
+
+		{"5000/h:window", throttle.Window(5000, time.Hour), ""},
+		{"100/m:window", throttle.Window(100, time.Minute), ""},
+		{"20/1500ms:window", throttle.Window(20, 1500*time.Millisecond), "20/1.5s:window"},
+		{"1/60m:window", throttle.Window(1, time.Hour), "1/h:window"},
+
+		{"4:inflight", throttle.InFlight(4), ""},
+		{"1:inflight", throttle.InFlight(1), ""},
+		{"+2:inflight", throttle.InFlight(2), "2:inflight"},
 	} {
 		t.Run(tc.spec, func(t *testing.T) {
 			got, err := limitspec.Parse(tc.spec)
-			require.NoError(t, err)
-			assert.Equal(t, tc.want, got)
+			require.NoError(t, err, "Parse(%q)", tc.spec)
+			assert.Equal(t, tc.want, got, "Parse(%q)", tc.spec)
 			back := tc.back
 			if back == "" {
 				back = tc.spec
 			}
-			assert.Equal(t, back, limitspec.Format(got))
+			assert.Equal(t, back, limitspec.Format(got), "Format(Parse(%q))", tc.spec)
 			again, err := limitspec.Parse(limitspec.Format(got))
 			require.NoError(t, err)
-			assert.Equal(t, limitspec.Burst(got), limitspec.Burst(again))
-			assert.Equal(t, got.Per, again.Per)
+			assert.Equal(t, got, again, "Parse(Format(Parse(%q)))", tc.spec)
 		})
 	}
 }
 
+// Every bad spec is refused with an error that names the bad part and
+// the accepted forms.
 func TestParseErrors(t *testing.T) {
-	for _, spec := range []string{"10/fortnight", "10", "ten/s", "0/s", "-1/s", "10/-1s", "10/s:burst=0", "10/s:b=2", "10/s:burst=x", ""} {
-		t.Run(spec, func(t *testing.T) {
-			_, err := limitspec.Parse(spec)
-			require.ErrorIs(t, err, limitspec.ErrSyntax)
-			assert.Contains(t, err.Error(), "10/s:burst=20", "the error names the accepted forms")
+	for _, tc := range []struct {
+		spec, part string // part: what the message must name
+	}{
+		{"10/fortnight", `period "fortnight"`},
+		{"10", `no '/' between rate and period in "10"`},
+		{"ten/s", `rate "ten"`},
+		{"0/s", `rate "0"`},
+		{"-1/s", `rate "-1"`},
+		{"10/-1s", `period "-1s"`},
+		{"10/0s", `period "0s"`},
+		{"/s", `rate ""`},
+		{"10/", `period ""`},
+		{"10/s:burst=0", `burst "0"`},
+		{"10/s:burst=x", `burst "x"`},
+		{"10/s:b=2", `"b=2" after ':'`},
+		{"10/s:", `nothing after ':'`},
+		{"10/s:Window", `"Window" after ':'`},
+		{"10/s:burst=20:window", `":burst=20:window" has more than one ':' modifier`},
+		{"5000/h:window:burst=5", `":window:burst=5" has more than one`},
+		{"window:5000/h", `"window" goes after the limit, as in 5000/h:window`},
+		{"inflight:4", `"inflight" goes after the limit, as in 4:inflight`},
+		{"burst=20:10/s", `"burst=20" goes after the limit, as in 10/s:burst=20`},
+		{"4/s:inflight", `an in-flight limit has no period: write 4:inflight`},
+		{"0:inflight", `number of tasks in flight "0"`},
+		{"four:inflight", `number of tasks in flight "four"`},
+		{":inflight", `number of tasks in flight ""`},
+		{"ten/s:window", `rate "ten"`},
+		{"10/x:window", `period "x"`},
+		{"", `no '/'`},
+	} {
+		t.Run(tc.spec, func(t *testing.T) {
+			_, err := limitspec.Parse(tc.spec)
+			require.ErrorIs(t, err, limitspec.ErrSyntax, "Parse(%q)", tc.spec)
+			assert.Contains(t, err.Error(), tc.part, "the error names the bad part")
+			for _, form := range []string{"10/s:burst=20", "5000/h:window", "4:inflight"} {
+				assert.Contains(t, err.Error(), form, "the error names the accepted forms")
+			}
 		})
 	}
 	_, err := limitspec.ParseAll(" ")
 	assert.ErrorIs(t, err, limitspec.ErrSyntax)
-	ls, err := limitspec.ParseAll("10/s 50/m", "1/h")
+	ls, err := limitspec.ParseAll("10/s 50/m", "1/h 5000/h:window", "4:inflight")
 	require.NoError(t, err)
-	assert.Equal(t, "10/s 50/m 1/h", limitspec.FormatAll(ls))
+	assert.Equal(t, "10/s 50/m 1/h 5000/h:window 4:inflight", limitspec.FormatAll(ls))
+}
+
+// Parse(Format(l)) == l for limits in the form Limits returns them, of
+// every kind; the constructors' form (Burst 0) formats the same.
+func TestRoundTripLimits(t *testing.T) {
+	for _, tc := range []struct {
+		fromRedis, constructed throttle.Limit
+		spec                   string
+	}{
+		{throttle.Limit{Rate: 10, Per: time.Second, Burst: 10}, throttle.PerSecond(10), "10/s"},
+		{throttle.Limit{Rate: 10, Per: time.Second, Burst: 25}, throttle.PerSecond(10).WithBurst(25), "10/s:burst=25"},
+		{throttle.Limit{Rate: 3, Per: 1500 * time.Millisecond, Burst: 3}, throttle.Limit{Rate: 3, Per: 1500 * time.Millisecond}, "3/1.5s"},
+		{throttle.Limit{Kind: throttle.KindWindow, Rate: 5000, Per: time.Hour}, throttle.Window(5000, time.Hour), "5000/h:window"},
+		{throttle.Limit{Kind: throttle.KindWindow, Rate: 7, Per: 42 * time.Second}, throttle.Window(7, 42*time.Second), "7/42s:window"},
+		{throttle.Limit{Kind: throttle.KindInFlight, Rate: 4}, throttle.InFlight(4), "4:inflight"},
+	} {
+		t.Run(tc.spec, func(t *testing.T) {
+			assert.Equal(t, tc.spec, limitspec.Format(tc.fromRedis))
+			assert.Equal(t, tc.spec, limitspec.Format(tc.constructed))
+			got, err := limitspec.Parse(limitspec.Format(tc.fromRedis))
+			require.NoError(t, err)
+			assert.Equal(t, tc.fromRedis, got, "Parse(Format(%#v))", tc.fromRedis)
+			assert.Equal(t, limitspec.Burst(tc.constructed), limitspec.Burst(got))
+		})
+	}
+}
+
+// Through a real Redis: what SetLimits stores from a spec, Limits returns
+// as Parse gave it, and formats back to the spec.
+func TestRoundTripThroughRedis(t *testing.T) {
+	ctx := context.Background()
+	lim := throttle.NewLimiter(redistest.Start(t).Client(t))
+	for i, spec := range []string{
+		"10/s",
+		"5/s:burst=8 100/m",
+		"5000/h:window",
+		"10/s:burst=20 5000/h:window 4:inflight",
+		"100/m:window 1/s 2/d 7/42s:window 1:inflight",
+		"3:inflight",
+	} {
+		t.Run(spec, func(t *testing.T) {
+			ls, err := limitspec.ParseAll(spec)
+			require.NoError(t, err)
+			key := "k" + string(rune('a'+i))
+			require.NoError(t, lim.SetLimits(ctx, key, ls...))
+			got, err := lim.Limits(ctx, key)
+			require.NoError(t, err)
+			assert.Equal(t, ls, got, "Limits after SetLimits(ParseAll(%q))", spec)
+			assert.Equal(t, spec, limitspec.FormatAll(got))
+		})
+	}
+}
+
+func TestBurstAndKindName(t *testing.T) {
+	for _, tc := range []struct {
+		l     throttle.Limit
+		burst int
+		kind  string
+	}{
+		{throttle.PerSecond(10), 10, "bucket"},
+		{throttle.PerSecond(10).WithBurst(3), 3, "bucket"},
+		{throttle.Window(500, time.Hour), 500, "window"},
+		{throttle.InFlight(4), 4, "inflight"},
+	} {
+		t.Run(tc.l.String(), func(t *testing.T) {
+			assert.Equal(t, tc.burst, limitspec.Burst(tc.l))
+			assert.Equal(t, tc.kind, limitspec.KindName(tc.l.Kind))
+		})
+	}
+	assert.Equal(t, "kind(9)", limitspec.KindName(9))
+}
+
+// FuzzParseSpec: Parse never panics, and every spec it accepts formats to
+// one field that parses back to the same limit, and formats the same again.
+func FuzzParseSpec(f *testing.F) {
+	for _, s := range []string{"10/s", "10/s:burst=20", "100/1500ms", "5000/h:window", "4:inflight", "window:5/h", "7/d"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, spec string) {
+		l, err := limitspec.Parse(spec)
+		if err != nil {
+			if !strings.Contains(err.Error(), limitspec.Forms) {
+				t.Fatalf("Parse(%q): error %q does not name the accepted forms", spec, err)
+			}
+			return
+		}
+		s := limitspec.Format(l)
+		if f := strings.Fields(s); len(f) != 1 || f[0] != s {
+			t.Fatalf("Format(Parse(%q)) = %q: not one field", spec, s)
+		}
+		back, err := limitspec.Parse(s)
+		if err != nil {
+			t.Fatalf("Parse(%q) accepted, but Parse(Format) = Parse(%q): %v", spec, s, err)
+		}
+		if back != l {
+			t.Fatalf("Parse(%q) = %#v, but Parse(Format) = Parse(%q) = %#v", spec, l, s, back)
+		}
+		if again := limitspec.Format(back); again != s {
+			t.Fatalf("Format not stable: %q, then %q", s, again)
+		}
+		if l.Rate <= 0 || (l.Kind != throttle.KindInFlight && l.Per <= 0) || limitspec.Burst(l) <= 0 {
+			t.Fatalf("Parse(%q) = %#v: accepted a limit without a positive rate, period or burst", spec, l)
+		}
+	})
 }
