@@ -5,6 +5,7 @@
 //	10/s  50/m  5000/h  100/1500ms  10/s:burst=20   a token bucket (throttle.PerSecond, ...)
 //	5000/h:window                                    a sliding window (throttle.Window)
 //	4:inflight                                       tasks running at once (throttle.InFlight)
+//	30s:adaptive                                     adapt to 429s, 30 s clean intervals (throttle.Adaptive)
 //
 // A limit is its numbers, then at most one ":" modifier that says more
 // about it: its burst, or that it is a window or an in-flight cap.
@@ -21,7 +22,7 @@ import (
 )
 
 // Forms names the accepted forms, for errors and help texts.
-const Forms = `RATE/PERIOD[:burst=N] (a token bucket), RATE/PERIOD:window (at most RATE in any sliding PERIOD) or N:inflight (at most N tasks running at once); PERIOD one of s, m, h, d or a duration such as 1500ms, 10s, 2m (e.g. 10/s, 10/s:burst=20, 100/1500ms, 5000/h:window, 4:inflight)`
+const Forms = `RATE/PERIOD[:burst=N] (a token bucket), RATE/PERIOD:window (at most RATE in any sliding PERIOD), N:inflight (at most N tasks running at once) or PERIOD:adaptive (rates halved on each 429 suspension, won back every clean PERIOD); PERIOD one of s, m, h, d or a duration such as 1500ms, 10s, 2m (e.g. 10/s, 10/s:burst=20, 100/1500ms, 5000/h:window, 4:inflight, 30s:adaptive)`
 
 // ErrSyntax is wrapped by every error of Parse.
 var ErrSyntax = errors.New("bad limit")
@@ -31,6 +32,7 @@ const (
 	modBurst    = "burst="
 	modWindow   = "window"
 	modInFlight = "inflight"
+	modAdaptive = "adaptive"
 )
 
 // units are the named periods.
@@ -52,12 +54,12 @@ func Parse(spec string) (throttle.Limit, error) {
 		return throttle.Limit{}, fmt.Errorf("%w %q: %s; want %s", ErrSyntax, spec, fmt.Sprintf(format, a...), Forms)
 	}
 	body, mod, hasMod := strings.Cut(spec, ":")
-	if body == modWindow || body == modInFlight || strings.HasPrefix(body, modBurst) {
+	if body == modWindow || body == modInFlight || body == modAdaptive || strings.HasPrefix(body, modBurst) {
 		// "window:5000/h", "inflight:4": the kind goes after the numbers.
 		return bad("%q goes after the limit, as in %s:%s", body, mod, body)
 	}
 	if hasMod && strings.Contains(mod, ":") {
-		return bad("%q has more than one ':' modifier; give one of :burst=N, :window, :inflight", ":"+mod)
+		return bad("%q has more than one ':' modifier; give one of :burst=N, :window, :inflight, :adaptive", ":"+mod)
 	}
 	if hasMod && mod == modInFlight {
 		n, err := count("number of tasks in flight", body)
@@ -68,6 +70,16 @@ func Parse(spec string) (throttle.Limit, error) {
 			return bad("%v", err)
 		}
 		return throttle.InFlight(n), nil
+	}
+	if hasMod && mod == modAdaptive {
+		if strings.Contains(body, "/") {
+			return bad("an adaptive limit is its clean interval alone: write PERIOD:%s, as in 30s:%s", modAdaptive, modAdaptive)
+		}
+		per, err := period(body)
+		if err != nil {
+			return bad("%v", err)
+		}
+		return throttle.Adaptive(per), nil
 	}
 	rateS, perS, ok := strings.Cut(body, "/")
 	if !ok {
@@ -93,9 +105,9 @@ func Parse(spec string) (throttle.Limit, error) {
 		}
 		l.Burst = b
 	case mod == "":
-		return bad("nothing after ':'; give one of :burst=N, :window, :inflight")
+		return bad("nothing after ':'; give one of :burst=N, :window, :inflight, :adaptive")
 	default:
-		return bad("%q after ':' is none of burst=N, window, inflight", mod)
+		return bad("%q after ':' is none of burst=N, window, inflight, adaptive", mod)
 	}
 	return l, nil
 }
@@ -147,6 +159,12 @@ func Format(l throttle.Limit) string {
 	switch l.Kind {
 	case throttle.KindInFlight:
 		return strconv.Itoa(l.Rate) + ":" + modInFlight
+	case throttle.KindAdaptive:
+		p := formatPeriod(l.Per)
+		if len(p) == 1 { // a named unit alone: "1m:adaptive", not "m:adaptive"
+			p = "1" + p
+		}
+		return p + ":" + modAdaptive
 	case throttle.KindWindow:
 		return strconv.Itoa(l.Rate) + "/" + formatPeriod(l.Per) + ":" + modWindow
 	}
@@ -189,10 +207,11 @@ const (
 	KindBucket   = "bucket"
 	KindWindow   = "window"
 	KindInFlight = "inflight"
+	KindAdaptive = "adaptive"
 )
 
 // KindName names a limit's kind for tables and JSON: "bucket", "window"
-// or "inflight" (as the modifier is written).
+// "inflight" or "adaptive" (as the modifier is written).
 func KindName(k throttle.Kind) string {
 	switch k {
 	case throttle.KindBucket:
@@ -201,6 +220,8 @@ func KindName(k throttle.Kind) string {
 		return KindWindow
 	case throttle.KindInFlight:
 		return KindInFlight
+	case throttle.KindAdaptive:
+		return KindAdaptive
 	}
 	return fmt.Sprintf("kind(%d)", int(k))
 }

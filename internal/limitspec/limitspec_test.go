@@ -39,6 +39,8 @@ func TestParse(t *testing.T) {
 
 		{"4:inflight", throttle.InFlight(4), ""},
 		{"1:inflight", throttle.InFlight(1), ""},
+		{"30s:adaptive", throttle.Adaptive(30 * time.Second), ""},
+		{"1m:adaptive", throttle.Adaptive(time.Minute), ""},
 		{"+2:inflight", throttle.InFlight(2), "2:inflight"},
 	} {
 		t.Run(tc.spec, func(t *testing.T) {
@@ -84,6 +86,8 @@ func TestParseErrors(t *testing.T) {
 		{"burst=20:10/s", `"burst=20" goes after the limit, as in 10/s:burst=20`},
 		{"4/s:inflight", `an in-flight limit has no period: write 4:inflight`},
 		{"0:inflight", `number of tasks in flight "0"`},
+		{"5/s:adaptive", `an adaptive limit is its clean interval alone`},
+		{"adaptive:30s", `"adaptive" goes after the limit`},
 		{"four:inflight", `number of tasks in flight "four"`},
 		{":inflight", `number of tasks in flight ""`},
 		{"ten/s:window", `rate "ten"`},
