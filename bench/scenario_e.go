@@ -49,32 +49,28 @@ type providerSpec struct {
 // reservations) is these three functions, one call per provider: switch them
 // to the new API when it lands.
 
-// oursLimits are the limits ours is given for p: the number from the docs.
-// Windows become throttle.Window(p.Quota, p.Window) when it exists; until
-// then the closest Limit, a bucket of Quota per Window with a burst of Quota
-// (which can admit close to 2 x Quota within one window).
+// oursLimits are the limits ours is given for p: the number from the docs,
+// in the provider's own terms: a token bucket for the bucket, a window
+// (throttle.Window) for the others.
 func oursLimits(p providerSpec) []throttle.Limit {
 	if p.Kind == kindBucket {
 		return []throttle.Limit{{Rate: p.Quota, Per: p.Window, Burst: p.Burst}}
 	}
-	return []throttle.Limit{{Rate: p.Quota, Per: p.Window}}
+	return []throttle.Limit{throttle.Window(p.Quota, p.Window)}
 }
 
-// oursOptions are the middleware options ours runs p with: headroom for
-// dispatch jitter when it exists (it is meant to be on by default, then this
-// stays empty); nothing today.
+// oursOptions are the middleware options ours runs p with: none, the
+// defaults (headroom for dispatch jitter is on by default).
 func oursOptions(p providerSpec) []throttle.Option {
 	return nil
 }
 
-// oursObserve is what ours's handler does with every response of p: today
-// throttle.FromResponse (a 429 suspends the key fleet-wide); with
-// throttle.Observe it learns from the headers as well (at least for the IETF
-// provider; the GitHub-like one sends X-RateLimit-*):
-//
-//	return func(ctx context.Context, resp *http.Response) error { return throttle.Observe(ctx, resp) }
+// oursObserve is what ours's handler does with every response of p:
+// throttle.Observe, which learns from the headers (a published quota
+// below the configured one, a remaining count, remaining 0 with a reset)
+// and returns RateLimited for a 429 (the key is suspended fleet-wide).
 func oursObserve(p providerSpec) func(ctx context.Context, resp *http.Response) error {
-	return func(_ context.Context, resp *http.Response) error { return throttle.FromResponse(resp) }
+	return throttle.Observe
 }
 
 // sleepLimit is sleep's redis_rate limit for p: the number from the docs,

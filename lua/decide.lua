@@ -313,11 +313,15 @@ end
 -- granule's delay would lose up to a granule per slot; paced, slots are
 -- exact instants and a holder back in the granule before its slot (or a
 -- little earlier: worker clocks) is admitted at the slot and waits for it.
+-- A window frees its calls a sub-window and the headroom after a whole
+-- period, never on a granule: on whole granules a backlog would lose up to
+-- a granule per period (half the quota of a one-second window), so windows
+-- are paced too.
 local paced = false
 if pace and granule > 0 then
   for _, t in ipairs(tiers) do
-    if t.kind == 'b' and (t.burst * t.e < granule or
-        (t.e >= granule and (t.burst - 1) * t.e - headroom < granule)) then
+    if t.kind == 'w' or (t.kind == 'b' and (t.burst * t.e < granule or
+        (t.e >= granule and (t.burst - 1) * t.e - headroom < granule))) then
       paced = true
     end
   end
@@ -350,13 +354,13 @@ local function decide(id, c)
   local function keep(at)
     if wins and at then
       for i, t in ipairs(tiers) do
-        if t.kind == 'w' then win_reserve(wins[i], at, c) end
+        if t.kind == 'w' then win_reserve(wins[i], t, at, c) end
       end
     end
   end
   if slot and wins then
     for i, t in ipairs(tiers) do
-      if t.kind == 'w' then win_unreserve(wins[i], slot, c) end
+      if t.kind == 'w' then win_unreserve(wins[i], t, slot, c) end
     end
     taken = true
   end
@@ -450,7 +454,7 @@ local function decide(id, c)
         if vt[i] > rel then vt[i] = vt[i] + c * t.e else vt[i] = rel + c * t.e end
         if granule == 0 and t.e > gap then gap = t.e end
       else
-        win_reserve(wins[i], slot_at, c)
+        win_reserve(wins[i], t, slot_at, c)
         taken = true
       end
     end
@@ -461,7 +465,7 @@ local function decide(id, c)
     -- boundary, say): run now rather than "retry in 0".
     if slot_at <= now and not suspended and short_tier == 0 and not book and not no_slot then
       for i, t in ipairs(tiers) do
-        if t.kind == 'w' then win_unreserve(wins[i], slot_at, c) end
+        if t.kind == 'w' then win_unreserve(wins[i], t, slot_at, c) end
       end
       return admit(slot, id, c, now)
     end

@@ -385,10 +385,12 @@ end
 -- headroom) hold fewer than N: any window of length per, whatever its
 -- phase, then sees at most N. Reserved slots not yet taken up count too.
 
--- win_load reads a window's state, dropping sub-windows and slots older
--- than anything a decision at now still looks at.
+-- win_load reads a window's state, dropping sub-windows older than
+-- anything a decision at now still looks at. Calls admitted (c) and calls
+-- reserved for a slot (r) are both counted per sub-window, keyed by minus
+-- its index.
 local function win_load(raw, t, now, headroom)
-  local w = {base = 0, c = {}, resv = {}}
+  local w = {c = {}, r = {}}
   local oldest = math.floor((now - t.p - headroom) / t.sub) - 1
   if raw then
     local base, counts, resv = string.match(raw, '^(%d+) ([%d,]*)|?(.*)$')
@@ -399,11 +401,11 @@ local function win_load(raw, t, now, headroom)
         if i >= oldest then w.c[-i] = tonumber(c) end
         i = i + 1
       end
-      for at, c in string.gmatch(resv or '', '(%d+):(%d+)') do
-        at = tonumber(at)
-        if at >= now - t.p - headroom - t.sub then
-          w.resv[#w.resv + 1] = {at, tonumber(c)}
-        end
+      for x, c in string.gmatch(resv or '', '(%d+):(%d+)') do
+        x = tonumber(x)
+        -- (An instant in microseconds, as an earlier version wrote them.)
+        if x > 1e13 then x = math.floor(x / t.sub) end
+        if x >= oldest then w.r[-x] = (w.r[-x] or 0) + tonumber(c) end
       end
     end
   end
@@ -411,44 +413,38 @@ local function win_load(raw, t, now, headroom)
 end
 
 -- win_count returns the calls a window holds for a decision at at: those
--- admitted in the sub-windows covering [at - per - headroom, at] and the
--- reserved slots in it.
+-- admitted and reserved in the sub-windows covering [at - per - headroom,
+-- at].
 local function win_count(w, t, at, headroom)
   local first = math.floor((at - t.p - headroom) / t.sub)
   local last = math.floor(at / t.sub)
   local n = 0
-  for i = first, last do n = n + (w.c[-i] or 0) end
-  for _, r in ipairs(w.resv) do
-    if r[1] >= at - t.p - headroom and r[1] <= at then n = n + r[2] end
-  end
+  local c, r = w.c, w.r
+  for i = first, last do n = n + (c[-i] or 0) + (r[-i] or 0) end
   return n
 end
 
 -- win_free returns the earliest time at or after at when the window has
 -- room for c more calls (counting everything it holds now), or nil when no
--- time within the horizon does.
+-- time up to limit does. It slides the window a sub-window at a time,
+-- keeping the sum of what it covers.
 local function win_free(w, t, at, c, headroom, limit)
-  for _ = 1, WINDOW_SLICES * 4 + #w.resv + 2 do
-    if win_count(w, t, at, headroom) + c <= t.n then return at end
-    -- Move to the next instant an entry leaves the span.
-    local next_at = nil
-    local first = math.floor((at - t.p - headroom) / t.sub)
-    for i = first, math.floor(at / t.sub) do
-      if (w.c[-i] or 0) > 0 then
-        next_at = (i + 1) * t.sub + t.p + headroom
-        break
-      end
-    end
-    for _, r in ipairs(w.resv) do
-      if r[1] >= at - t.p - headroom and r[1] <= at then
-        local leave = r[1] + t.p + headroom + 1
-        if next_at == nil or leave < next_at then next_at = leave end
-      end
-    end
-    if next_at == nil or next_at > limit then return nil end
-    at = math.ceil(next_at)
+  local cs, rs = w.c, w.r
+  local first = math.floor((at - t.p - headroom) / t.sub)
+  local last = math.floor(at / t.sub)
+  local n = 0
+  for i = first, last do n = n + (cs[-i] or 0) + (rs[-i] or 0) end
+  while true do
+    if n + c <= t.n then return at end
+    -- The next instant the oldest sub-window leaves the span.
+    at = math.ceil((first + 1) * t.sub + t.p + headroom)
+    if at > limit then return nil end
+    n = n - (cs[-first] or 0) - (rs[-first] or 0)
+    first = first + 1
+    local new_last = math.floor(at / t.sub)
+    for i = last + 1, new_last do n = n + (cs[-i] or 0) + (rs[-i] or 0) end
+    last = new_last
   end
-  return nil
 end
 
 -- win_add counts c calls admitted at at.
@@ -459,17 +455,14 @@ end
 
 -- win_reserve counts c calls reserved for slot at; win_unreserve takes
 -- them away again (the holder came, or lost its slot).
-local function win_reserve(w, at, c)
-  w.resv[#w.resv + 1] = {at, c}
+local function win_reserve(w, t, at, c)
+  local i = math.floor(at / t.sub)
+  w.r[-i] = (w.r[-i] or 0) + c
 end
-local function win_unreserve(w, at, c)
-  for i, r in ipairs(w.resv) do
-    if r[1] == at then
-      r[2] = r[2] - c
-      if r[2] <= 0 then table.remove(w.resv, i) end
-      return
-    end
-  end
+local function win_unreserve(w, t, at, c)
+  local i = math.floor(at / t.sub)
+  local v = (w.r[-i] or 0) - c
+  if v > 0 then w.r[-i] = v else w.r[-i] = nil end
 end
 
 -- win_write formats a window's state (false when it holds nothing), and
@@ -484,18 +477,24 @@ local function win_write(w, t, now, headroom)
     end
   end
   local parts, resv = {}, {}
-  local empty_at = 0
+  local last = nil
   if lo then
     for i = lo, hi do parts[#parts + 1] = string.format('%d', w.c[-i] or 0) end
-    empty_at = (hi + 1) * t.sub + t.p + headroom
+    last = hi
   end
-  for _, r in ipairs(w.resv) do
-    resv[#resv + 1] = string.format('%d:%d', r[1], r[2])
-    if r[1] + t.p + headroom > empty_at then empty_at = r[1] + t.p + headroom end
+  local idx = {}
+  for k, c in pairs(w.r) do
+    if c > 0 then idx[#idx + 1] = -k end
   end
-  if not lo and #resv == 0 then return false, 0 end
+  table.sort(idx)
+  for _, i in ipairs(idx) do
+    resv[#resv + 1] = string.format('%d:%d', i, w.r[-i])
+    if last == nil or i > last then last = i end
+  end
+  if not last then return false, 0 end
   local s = string.format('%d ', lo or 0) .. table.concat(parts, ',')
   if #resv > 0 then s = s .. '|' .. table.concat(resv, ' ') end
+  local empty_at = (last + 1) * t.sub + t.p + headroom
   return s, math.max(0, math.ceil(empty_at - now))
 end
 

@@ -7,9 +7,11 @@
 --   - a remaining count below a tier's tokens brings the tokens down to it
 --     (never up): the tier whose period is the remaining's window, or every
 --     rate tier when the window is not known;
---   - remaining 0 with a reset suspends the key until the reset (extending,
---     never shortening, a suspension), unless the caller says not to (a
---     429, which the caller suspends the key for itself).
+--   - remaining 0 with a reset: those tiers admit nothing until the reset;
+--     a reset 10 s or more away also suspends the key until then (tasks
+--     park rather than be decided again and again), extending, never
+--     shortening, a suspension, unless the caller says not to (a 429,
+--     which the caller suspends the key for itself).
 -- Reply: one string per change, for the caller to log.
 local key = KEYS[1]
 local policies  = ARGV[1]             -- "per_ms:quota ..." ('' none)
@@ -22,6 +24,7 @@ local max_susp  = tonumber(ARGV[7])
 local idle_us   = ARGV[8] * 1000
 local stop      = ARGV[9] == '1'      -- remaining 0 with a reset suspends
 local now = now_us()
+local SUSPEND_FROM = 10e6             -- us: a nearer reset is left to the tiers
 
 local h = redis.call('HMGET', key, 'L', 'T', 'O', 's')
 local src = h[1]
@@ -80,10 +83,15 @@ if remaining >= 0 then
     local t = tiers[i]
     if t.kind == 'b' then
       local has = tokens_at(t, owed[i])
-      if remaining < has then
-        owed[i] = (t.burst - remaining) * t.p
+      local want = (t.burst - remaining) * t.p
+      if remaining == 0 and reset_us > 0 then
+        -- None left until the reset: the bucket refills from empty then.
+        want = math.min(want + reset_us * t.rate, t.full + MAX_SKEW * t.rate)
+      end
+      if want > owed[i] + SLACK * t.rate then
+        owed[i] = want
         t_changed = true
-        changes[#changes + 1] = string.format('tokens %d %d %d', i - 1, math.floor(has), remaining)
+        changes[#changes + 1] = string.format('tokens %d %d %d', i - 1, math.max(math.floor(has), 0), remaining)
       end
     else
       local f = 'W' .. t.key
@@ -106,9 +114,11 @@ if remaining >= 0 then
   end
 end
 
--- Out of quota until the reset: the whole fleet waits for it.
+-- Out of quota until a reset far enough away for tasks to wait for it
+-- parked (a suspension) rather than be decided again and again: the
+-- whole fleet waits for it. A nearer reset is kept by the tiers above.
 local until_ = finite(h[4])
-if stop and remaining == 0 and reset_us > 0 then
+if stop and remaining == 0 and reset_us >= SUSPEND_FROM then
   local want = now + math.min(reset_us, max_susp)
   if not until_ or until_ < want or until_ - now > MAX_WAIT then
     until_ = want

@@ -166,3 +166,17 @@ func TestObserve_RemainingLeavesAtTheReset(t *testing.T) {
 	e.at(300*time.Millisecond + 50*time.Millisecond) // and the sub-window (50 ms)
 	assert.InDelta(t, 10, e.inspect().Tokens[0], 1e-9, "after the provider's reset")
 }
+
+// Remaining 0 with a near reset: the bucket admits nothing until the reset
+// (it refills from empty then), with no suspension.
+func TestObserve_NoneLeftUntilANearReset(t *testing.T) {
+	e := newEnv(t)
+	e.setLimits(Tier{Rate: 10, PerMS: 1000, Burst: 10})
+	assert.Equal(t, []string{"tokens 0 10 0"}, e.observe(ObserveArgs{Remaining: 0, Reset: 3 * time.Second, Stop: true}))
+	assert.Zero(t, e.inspect().Suspended, "a near reset is kept by the tier, not a suspension")
+	a := DecideArgs{IdleExpiry: time.Hour}
+	e.at(2900 * time.Millisecond)
+	assert.Equal(t, StatusDenied, e.decide(a).Status, "before the reset")
+	e.at(3100 * time.Millisecond)
+	assert.Equal(t, StatusAllowed, e.decide(a).Status, "a token after the reset")
+}
