@@ -97,9 +97,9 @@ func TestE2EObserveLearnsThePublishedQuota(t *testing.T) {
 	// account): only what the provider says keeps the fleet under it.
 	f.setLimits("crm", throttle.Window(100, time.Second))
 	start := time.Now()
-	f.enqueue("crm", "job", 60)
-	f.waitDone(60, 60*time.Second)
-	f.audit(60)
+	f.enqueue("crm", "job", 100)
+	f.waitDone(100, 60*time.Second)
+	f.audit(100)
 
 	st, err := throttle.NewLimiter(f.rdb).Inspect(context.Background(), "crm")
 	require.NoError(t, err)
@@ -116,7 +116,11 @@ func TestE2EObserveLearnsThePublishedQuota(t *testing.T) {
 			late++
 		}
 	}
-	t.Logf("provider: %d calls, %d 429s (%d after the first 2 s), drained in %v",
-		len(prov.calls), len(prov.denied), late, time.Since(start).Round(100*time.Millisecond))
+	perSecond := map[int]int{}
+	for _, c := range prov.calls {
+		perSecond[int(c.Sub(start)/time.Second)]++
+	}
+	t.Logf("provider: %d calls, %d 429s (%d after the first 2 s), drained in %v; calls per second %v",
+		len(prov.calls), len(prov.denied), late, time.Since(start).Round(100*time.Millisecond), perSecond)
 	assert.Zero(t, late, "429s once the quota was learned")
 }

@@ -37,6 +37,10 @@ type DecideArgs struct {
 	// slot itself, and tells it how long to wait for it (DecideReply.Wait):
 	// reserved slots are then exact instants, not whole granules.
 	Pace bool
+	// Probe marks a caller asking again for a slot in flight it waits for
+	// in its worker: it keeps its place among the waiters, taking no new
+	// one.
+	Probe bool
 	// Cost is what the caller takes from every tier (0 means 1).
 	Cost int
 	// SlotLease is how long a slot in flight is held without renewal
@@ -70,7 +74,7 @@ type DecideReply struct {
 //	ARGV[6] lease: tokens an admitted caller may take for its process (0 = 1)
 //	ARGV[7] default limits, "rate/per_ms/burst ..." ("" = none)
 //	ARGV[8] headroom, microseconds
-//	ARGV[9] flags: 1 book, 2 pace
+//	ARGV[9] flags: 1 book, 2 pace, 4 probe
 //	ARGV[10] slot lease, microseconds
 //	then n pairs: task ID ("" = no reservation), cost; one per decision
 //
@@ -117,6 +121,9 @@ func AppendDecideArgs(dst []any, m Mode, k Keys, a DecideArgs) []any {
 	}
 	if a.Pace {
 		flags |= 2
+	}
+	if a.Probe {
+		flags |= 4
 	}
 	return append(dst, verb, id, 3, k.Bucket, k.Reservations, k.Slots,
 		1, a.Granule.Microseconds(), a.Horizon.Microseconds(),

@@ -14,11 +14,12 @@ local idle_us  = ARGV[5] * 1000      -- inactivity expiry of the limits
 local lease    = ARGV[6] + 0         -- tokens a caller may take for its process, 0 = none
 local defaults = ARGV[7]             -- limits when the key has none in Redis ('' = none)
 local headroom = ARGV[8] + 0         -- us of dispatch jitter to keep room for
-local flags    = ARGV[9] + 0         -- 1: book (always reserve), 2: pace (admit at the slot)
+local flags    = ARGV[9] + 0         -- 1: book (always reserve), 2: pace (admit at the slot), 4: probe
 local slot_lease = ARGV[10] + 0      -- us a slot in flight is held without renewal
 local CALLERS_AT = 11                -- then (task ID, cost) per decision
 local book = flags % 2 == 1
 local pace = math.floor(flags / 2) % 2 == 1
+local probe = math.floor(flags / 4) % 2 == 1   -- a slot waiter asking again keeps its place
 
 local now = now_us()
 local h = redis.call('HMGET', key, 'L', 'T', 's', 'O')
@@ -179,7 +180,13 @@ local function slot_wait()
     lanes.avg = avg
   end
   -- The earliest lane goes to this caller; it is next free a run later.
+  -- (A probe was given its place before: it is told the earliest lane and
+  -- takes none.)
   local at = lanes[1]
+  if probe then
+    if lanes.guess and at > lanes.guess then at = lanes.guess end
+    return at
+  end
   lanes[1] = at + lanes.avg
   table.sort(lanes)
   if lanes.guess and at > lanes.guess then at = lanes.guess end

@@ -6,7 +6,12 @@ local lease = tonumber(ARGV[1])
 local now = now_us()
 local n = 0
 for i = 2, #ARGV do
-  n = n + redis.call('ZADD', slots_key, 'XX', 'GT', 'CH', now + lease, ARGV[i])
+  local ends = finite(redis.call('ZSCORE', slots_key, ARGV[i]))
+  -- (A lease that ended is over, swept by a decision or not; one that ends
+  -- this very microsecond still counts, as decide counts it.)
+  if ends and ends >= now then
+    n = n + redis.call('ZADD', slots_key, 'XX', 'GT', 'CH', now + lease, ARGV[i])
+  end
 end
 expire_in(slots_key, lease)
 return n

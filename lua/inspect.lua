@@ -27,7 +27,7 @@ local owed = bucket_owed(stored, ts, spec.tiers, now, 0)
 local queued = q - now
 if queued < 0 or queued > MAX_WAIT then queued = 0 end
 local in_flight = 0
-if spec.inflight then in_flight = redis.call('ZCOUNT', slots_key, '(' .. fmt(now), '+inf') end
+if spec.inflight then in_flight = redis.call('ZCOUNT', slots_key, fmt(now), '+inf') end
 local out = {1, fmt(suspended), reservations, fmt(queued), from_redis, #spec.tiers, spec.gen,
              in_flight, spec.inflight or 0, fmt(ceiling.adaptive or 0), adapt_ppm(ceiling, adapt, now)}
 for i, t in ipairs(spec.tiers) do

@@ -18,7 +18,9 @@ for i = 1, #ARGV do
     end
   end
 end
-if n > 0 then
+-- Learned only while the key's hash lives (its limits and state): a hash
+-- that expired meanwhile is not brought back holding R alone, with no TTL.
+if n > 0 and redis.call('EXISTS', key) == 1 then
   redis.call('HSET', key, 'R', string.format('%d %d', math.ceil(avg), count))
   -- Waiters' lanes were predicted before this release: predict again.
   redis.call('HDEL', key, 'FL')

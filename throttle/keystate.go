@@ -34,6 +34,7 @@ type variant struct {
 	lease            int
 	headroom         time.Duration
 	book, pace       bool
+	probe            bool // a slot waiter asking again (keeps its place)
 	mode             lua.Mode
 }
 

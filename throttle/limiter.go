@@ -337,7 +337,7 @@ func (l *Limiter) template(ks *keyState, key string, v variant) ([]any, error) {
 	t := &template{v: v, args: lua.AppendDecideArgs(nil, v.mode, keys, lua.DecideArgs{
 		Granule: v.granule, Horizon: v.horizon, Lapse: l.o.lapse,
 		IdleExpiry: l.o.idleExpiry, Defaults: l.defaults(key), Lease: v.lease,
-		Headroom: v.headroom, Book: v.book, Pace: v.pace, SlotLease: l.o.slotLease,
+		Headroom: v.headroom, Book: v.book, Pace: v.pace, Probe: v.probe, SlotLease: l.o.slotLease,
 	})}
 	if v == (variant{mode: v.mode}) {
 		ks.take.Store(t)

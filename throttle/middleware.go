@@ -185,13 +185,15 @@ func (m *middleware) process(ctx context.Context, t *asynq.Task, next asynq.Hand
 	// would bring the task back on the next whole second at the earliest,
 	// leaving the slot idle meanwhile.
 	for waited := time.Duration(0); err == nil && !d.Allowed && d.Reason == RefusedBySlots &&
-		waited+d.RetryAfter < maxSlotWait; {
+		waited+d.RetryAfter <= maxSlotWait; {
 		w := max(d.RetryAfter, minSlotPoll)
 		if serr := m.sleep(ctx, w); serr != nil {
 			return serr
 		}
 		waited += w
-		d, err = m.decide(ctx, key, t, id, 0, cost)
+		// Asking again keeps the task's place: it takes no new one among
+		// the waiters (a probe).
+		d, err = m.decideProbe(ctx, key, t, id, cost)
 	}
 	if err == nil {
 		m.saw(ks, d, now, asked)
@@ -340,7 +342,16 @@ func (m *middleware) run(ctx context.Context, t *asynq.Task, next asynq.Handler,
 // decide asks Redis for a decision on t, which costs cost; lease is how
 // many tokens it may take for this process (0: just its cost).
 func (m *middleware) decide(ctx context.Context, key string, t *asynq.Task, id string, lease, cost int) (Decision, error) {
-	v := variant{granule: Granule, lease: lease, headroom: m.l.o.headroom, pace: m.l.o.pacing}
+	return m.decideAs(ctx, key, t, id, cost, variant{granule: Granule, lease: lease, headroom: m.l.o.headroom, pace: m.l.o.pacing})
+}
+
+// decideProbe asks again for a task waiting in its worker for a slot in
+// flight: it keeps its place among the waiters.
+func (m *middleware) decideProbe(ctx context.Context, key string, t *asynq.Task, id string, cost int) (Decision, error) {
+	return m.decideAs(ctx, key, t, id, cost, variant{granule: Granule, headroom: m.l.o.headroom, pace: m.l.o.pacing, probe: true})
+}
+
+func (m *middleware) decideAs(ctx context.Context, key string, t *asynq.Task, id string, cost int, v variant) (Decision, error) {
 	if origin := t.Headers()[HeaderOrigin]; origin != "" {
 		id = origin
 	}
@@ -363,6 +374,11 @@ func (m *middleware) deferDecision(ctx context.Context, t *asynq.Task, ks *keySt
 		// A paced slot, inside a second: come back on the whole second
 		// before it; the worker then waits for the slot itself.
 		delay = max(d.Slot.Truncate(time.Second).Sub(m.now()), 0)
+	case d.Reason == RefusedBySlots && !d.Reserved:
+		// A slot expected free at now+RetryAfter: come back on the whole
+		// second before it; the worker waits for the slot from there
+		// (maxSlotWait) instead of leaving it idle until the next second.
+		delay = max(m.now().Add(d.RetryAfter).Truncate(time.Second).Sub(m.now()), 0)
 	case d.Reserved:
 		// Aim at the slot itself (a whole second of the Redis clock), not at
 		// now+RetryAfter: the reply's travel time would push the task past
