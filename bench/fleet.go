@@ -59,6 +59,11 @@ type fleetSpec struct {
 	sleepLimits    map[string]redis_rate.Limit
 	// throttleOptions are added to the middleware options of ours and naive.
 	throttleOptions []throttle.Option
+	// custom, when set, builds the middleware of a variant this file does
+	// not know (scenario F's naive and semaphore) for server i on rdb; it
+	// may change the server's config (IsFailure, RetryDelayFunc) and
+	// returns what to close when the fleet stops.
+	custom func(i int, rdb *redis.Client, cfg *asynq.Config) (asynq.MiddlewareFunc, func(), error)
 }
 
 // limitedFunc turns a provider 429 into the error the variant's mechanism
@@ -118,6 +123,7 @@ func (c *counters) observe(ev throttle.Event) {
 type fleet struct {
 	servers []*asynq.Server
 	clients []*redis.Client
+	closers []func()
 }
 
 // stop shuts every server down (in parallel) and closes their clients.
@@ -129,6 +135,9 @@ func (f *fleet) stop() {
 	wg.Wait()
 	for _, c := range f.clients {
 		_ = c.Close()
+	}
+	for _, c := range f.closers {
+		c()
 	}
 }
 
@@ -147,11 +156,23 @@ func startFleet(e *env, spec fleetSpec, c *counters) (*fleet, error) {
 		mux := asynq.NewServeMux()
 		var onLimited limitedFunc
 		var srv *asynq.Server
-		switch spec.variant {
-		case vAsynq:
+		switch {
+		case spec.custom != nil:
+			mw, closer, err := spec.custom(i, rdb, &cfg)
+			if err != nil {
+				f.stop()
+				return nil, fmt.Errorf("%s server %d: %w", spec.variant, i, err)
+			}
+			if closer != nil {
+				f.closers = append(f.closers, closer)
+			}
+			onLimited = func(resp *http.Response) error { return fmt.Errorf("provider: %s", resp.Status) }
+			mux.Use(mw)
+			srv = asynq.NewServerFromRedisClient(rdb, cfg)
+		case spec.variant == vAsynq:
 			onLimited = func(resp *http.Response) error { return fmt.Errorf("provider: %s", resp.Status) }
 			srv = asynq.NewServerFromRedisClient(rdb, cfg)
-		case vSleep:
+		case spec.variant == vSleep:
 			limits := map[string]redis_rate.Limit{}
 			for k, q := range spec.limits {
 				limits[k] = redis_rate.Limit{Rate: int(q.Rate), Burst: int(q.Burst), Period: time.Second}
@@ -164,7 +185,7 @@ func startFleet(e *env, spec fleetSpec, c *counters) (*fleet, error) {
 			}
 			mux.Use(sleepMiddleware(redis_rate.NewLimiter(rdb), spec.prefix, limits, c))
 			srv = asynq.NewServerFromRedisClient(rdb, cfg)
-		case vWiki:
+		case spec.variant == vWiki:
 			// Each process gets quota/servers, as the wiki's per-process
 			// limiter must to keep the fleet under the provider's quota.
 			lims := map[string]*rate.Limiter{}
@@ -177,7 +198,7 @@ func startFleet(e *env, spec fleetSpec, c *counters) (*fleet, error) {
 			cfg.IsFailure = func(err error) bool { return !IsRateLimitError(err) }
 			cfg.RetryDelayFunc = wikiRetryDelay
 			srv = asynq.NewServerFromRedisClient(rdb, cfg)
-		case vNaive, vOurs:
+		case spec.variant == vNaive, spec.variant == vOurs:
 			opts := []throttle.Option{
 				throttle.WithPrefix(spec.prefix),
 				throttle.WithObserver(c.observe),

@@ -2,15 +2,17 @@
 // one process run, on one Redis:
 //
 //	go run ./bench                 # all scenarios, on a redis-server it starts
-//	go run ./bench -scenario A     # one scenario (A to E; comma-separated)
+//	go run ./bench -scenario A     # one scenario (A to F; comma-separated)
 //	go run ./bench -quick          # a short smoke run
 //	go run ./bench -redis redis://127.0.0.1:6379/0
 //
-// Scenarios (see issues 5 and 13): A backlog drain, B head of line, C
-// decisions/s, D middleware overhead, E quota fidelity. Variants: sleep
-// (redis_rate Allow + sleep), wiki (asynq wiki's per-process x/time/rate +
-// RateLimitError), naive (ours without reservations), ours
-// (worker.NewServer + throttle.ByProvider).
+// Scenarios (see issues 5, 13 and 14): A backlog drain, B head of line, C
+// decisions/s, D middleware overhead, E quota fidelity, F slots in flight.
+// Variants: sleep (redis_rate Allow + sleep), wiki (asynq wiki's
+// per-process x/time/rate + RateLimitError), naive (ours without
+// reservations; in F, a leased semaphore with a blind backoff), semaphore
+// (F: asynq's x/rate.Semaphore), ours (worker.NewServer +
+// throttle.ByProvider).
 //
 // Tables go to stdout, progress to stderr. With a Redis the harness started
 // itself, it runs FLUSHALL between runs; with -redis it only deletes its own
@@ -26,6 +28,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -40,12 +43,17 @@ func main() {
 
 func run() int {
 	redisURL := flag.String("redis", "", "use this Redis (redis://...) instead of starting a redis-server")
-	scenarios := flag.String("scenario", "A,B,C,D,E", "scenarios to run, comma-separated: A, B, C, D, E")
+	scenarios := flag.String("scenario", "A,B,C,D,E,F", "scenarios to run, comma-separated: A, B, C, D, E, F")
 	quick := flag.Bool("quick", false, "short smoke run (fewer tasks, shorter measurements)")
 	jsonOut := flag.String("json", "", "also write the results as JSON to this file")
 	verbose := flag.Bool("v", false, "show asynq warnings and errors on stderr")
 	bRounds := flag.Int("b-rounds", defaultBRounds, "scenario B: rounds of one solo and one mixed run per variant (more rounds, less noise)")
 	eRounds := flag.Int("e-rounds", defaultERounds, "scenario E: rounds of one run per variant (-quick: 1 unless given)")
+	fShort := flag.Int("f-short", defaultFShort, "scenario F: tasks of 200 ms in the backlog (-quick: 60 unless given)")
+	fLong := flag.Int("f-long", defaultFLong, "scenario F: tasks of 3 s in the backlog (-quick: 8 unless given)")
+	fLongTime := flag.Duration("f-long-time", defaultFLongTime, "scenario F: run time of the long tasks (a whole number of seconds phase-locks a 1 s retry to the releases)")
+	fSemaRetry := flag.Duration("f-sema-retry", defaultFSemaRetry, "scenario F: how long the semaphore variant defers a task refused a slot")
+	fVars := flag.String("f-variants", strings.Join(fVariants, ","), "scenario F: variants to run, comma-separated")
 	flag.Parse()
 	if *bRounds < 1 {
 		fmt.Fprintf(os.Stderr, "bench: -b-rounds must be at least 1, got %d\n", *bRounds)
@@ -55,16 +63,44 @@ func run() int {
 		fmt.Fprintf(os.Stderr, "bench: -e-rounds must be at least 1, got %d\n", *eRounds)
 		return 2
 	}
-	eRoundsSet := false
-	flag.Visit(func(f *flag.Flag) { eRoundsSet = eRoundsSet || f.Name == "e-rounds" })
-	if *quick && !eRoundsSet {
+	if *fShort < 1 || *fLong < 1 {
+		fmt.Fprintf(os.Stderr, "bench: -f-short and -f-long must be at least 1, got %d and %d\n", *fShort, *fLong)
+		return 2
+	}
+	if *fLongTime < 100*time.Millisecond || *fLongTime > time.Minute {
+		fmt.Fprintf(os.Stderr, "bench: -f-long-time must be from 100ms to 1m, got %v\n", *fLongTime)
+		return 2
+	}
+	var fVarList []string
+	for _, v := range strings.Split(*fVars, ",") {
+		v = strings.ToLower(strings.TrimSpace(v))
+		if !slices.Contains(fVariants, v) {
+			fmt.Fprintf(os.Stderr, "bench: -f-variants: unknown variant %q (want %s)\n", v, strings.Join(fVariants, ", "))
+			return 2
+		}
+		fVarList = append(fVarList, v)
+	}
+	if *fSemaRetry < time.Second {
+		fmt.Fprintf(os.Stderr, "bench: -f-sema-retry must be at least 1s (asynq's resolution), got %v\n", *fSemaRetry)
+		return 2
+	}
+	set := map[string]bool{}
+	flag.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if *quick && !set["e-rounds"] {
 		*eRounds = 1
+	}
+	if *quick && !set["f-short"] {
+		*fShort = 60
+	}
+	if *quick && !set["f-long"] {
+		*fLong = 8
 	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	e := &env{quick: *quick, verbose: *verbose, bRounds: *bRounds, eRounds: *eRounds, runID: strconv.FormatInt(time.Now().Unix()%100000, 10)}
+	e := &env{quick: *quick, verbose: *verbose, bRounds: *bRounds, eRounds: *eRounds,
+		fShort: *fShort, fLong: *fLong, fLongTime: *fLongTime, fSemaRetry: *fSemaRetry, fVariants: fVarList, runID: strconv.FormatInt(time.Now().Unix()%100000, 10)}
 	if *redisURL != "" {
 		opts, err := redis.ParseURL(*redisURL)
 		if err != nil {
@@ -109,12 +145,13 @@ func run() int {
 		{"C", func(ctx context.Context, e *env, w io.Writer) (any, error) { return runC(ctx, e, w) }},
 		{"D", func(ctx context.Context, e *env, w io.Writer) (any, error) { return runD(ctx, e, w) }},
 		{"E", func(ctx context.Context, e *env, w io.Writer) (any, error) { return runE(ctx, e, w) }},
+		{"F", func(ctx context.Context, e *env, w io.Writer) (any, error) { return runF(ctx, e, w) }},
 	}
 	want := map[string]bool{}
 	for _, s := range strings.Split(*scenarios, ",") {
 		s = strings.ToUpper(strings.TrimSpace(s))
 		if find(all, func(sc scenario) bool { return sc.name == s }) == nil {
-			fmt.Fprintf(os.Stderr, "bench: unknown scenario %q (want A, B, C, D or E)\n", s)
+			fmt.Fprintf(os.Stderr, "bench: unknown scenario %q (want A, B, C, D, E or F)\n", s)
 			return 2
 		}
 		want[s] = true

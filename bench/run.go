@@ -26,8 +26,14 @@ type env struct {
 	verbose bool
 	bRounds int // scenario B's rounds (-b-rounds)
 	eRounds int // scenario E's rounds (-e-rounds)
-	runID   string
-	seq     int
+	// Scenario F's backlogs (-f-short, -f-long), the long case's run time
+	// (-f-long-time), the semaphore variant's retry delay (-f-sema-retry)
+	// and the variants to run (-f-variants).
+	fShort, fLong         int
+	fLongTime, fSemaRetry time.Duration
+	fVariants             []string
+	runID                 string
+	seq                   int
 }
 
 func (e *env) newClient(poolSize int) *redis.Client {
