@@ -88,8 +88,8 @@ type slotsRefTier struct {
 // slotsRefModel is the reference: buckets, windows, and the slots in flight
 // as the sorted set of holders scored by the end of their lease. Holders
 // whose lease ended are swept by the next decision on a key with an
-// InFlight limit; until then Extend can renew them (nobody else could take
-// their slot meanwhile). The set itself expires a whole number of
+// InFlight limit; Extend does not renew them (a lease that ended is over).
+// The set itself expires a whole number of
 // milliseconds after the last decision or renewal that saw a holder.
 type slotsRefModel struct {
 	now      int64
@@ -262,11 +262,12 @@ func (m *slotsRefModel) adjust(delta int64) {
 	}
 }
 
-// extend renews the holders still in the set; it returns how many moved.
+// extend renews the holders whose lease has not ended (one ending this
+// microsecond still counts); it returns how many moved.
 func (m *slotsRefModel) extend(holds []string) int {
 	n := 0
 	for _, h := range holds {
-		if end, ok := m.holders[h]; ok && m.now+m.lease > end {
+		if end, ok := m.holders[h]; ok && end >= m.now && m.now+m.lease > end {
 			m.holders[h] = m.now + m.lease
 			n++
 		}
@@ -286,14 +287,15 @@ func (m *slotsRefModel) release(holds []string) {
 	}
 }
 
-// inFlight is what Inspect counts: holders whose lease ends after now.
+// inFlight is what Inspect counts: holders whose lease has not ended (as
+// decide counts them: one ending this microsecond still holds its slot).
 func (m *slotsRefModel) inFlight() int {
 	if m.inflight == 0 {
 		return 0
 	}
 	n := 0
 	for _, end := range m.holders {
-		if end > m.now {
+		if end >= m.now {
 			n++
 		}
 	}
