@@ -122,15 +122,12 @@ func crmSpec() ProviderSpec {
 		Name:     "crm",
 		TaskType: "crm:sync_contacts",
 		Quota:    []throttle.Limit{throttle.PerSecond(10)},
-		Limits:   []throttle.Limit{throttle.PerSecond(crmDocumented)},
+		Limits:   []throttle.Limit{throttle.PerSecond(20)}, // what its docs say
 		Publish:  true,
 		Reject:   RetryAfterSeconds,
 		Latency:  [2]time.Duration{10 * time.Millisecond, 40 * time.Millisecond},
 	}
 }
-
-// crmDocumented is the per-second limit crm's (stale) docs give.
-const crmDocumented = 20
 
 // DefaultProviders returns the providers of a default run of jobs jobs per
 // provider.
