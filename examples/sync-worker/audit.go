@@ -5,12 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"time"
 
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
-
-	"github.com/asynq-throttle/asynq-throttle/throttle"
 )
 
 // audit checks every job against asynq (through the Inspector), the
@@ -36,6 +35,8 @@ func (m *monitor) audit(ctx context.Context, rdb redis.UniversalClient, queue st
 			Name:      name,
 			Quota:     formatLimits(p.Spec.Quota),
 			Limit:     formatLimits(rows[i].Limit),
+			InForce:   formatLimits(rows[i].InForce),
+			Learned:   !slices.Equal(rows[i].Limit, rows[i].InForce),
 			Jobs:      len(prod.ids[name]),
 			Served:    st.Served,
 			TooMany:   st.TooMany,
@@ -43,12 +44,6 @@ func (m *monitor) audit(ctx context.Context, rdb redis.UniversalClient, queue st
 			OverQuota: st.OverQuota,
 			LateShed:  st.LateShed,
 			Archived:  archivedByType[p.Spec.TaskType],
-		}
-		if p.Spec.HeaderLimit {
-			ps.Adopted = formatLimits([]throttle.Limit{headerLimit(p.Spec.Quota[0].Rate)})
-			if ps.Limit != ps.Adopted {
-				ps.Adopted = ""
-			}
 		}
 		ps.Deferred, ps.Suspended = rows[i].Deferred, rows[i].Suspended
 		for _, id := range prod.ids[name] {

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -19,15 +20,19 @@ import (
 
 // row is one provider's line of the progress display.
 type row struct {
-	Name      string
-	Done      int
-	Total     int
-	Rate      float64          // 200s per second over the last rateWindow
-	Finished  time.Duration    // since start, when Done reached Total
-	Limit     []throttle.Limit // in Redis now
-	Deferred  int64
-	Suspended int64
-	TooMany   int64
+	Name     string
+	Done     int
+	Total    int
+	Rate     float64          // 200s per second over the last rateWindow
+	Finished time.Duration    // since start, when Done reached Total
+	Limit    []throttle.Limit // in Redis now, as configured
+	InForce  []throttle.Limit // in force now: Limit, or what was learned
+	// LearnedFor is, per tier of Limit, how long a quota learned from the
+	// provider stays in force unconfirmed (0: none).
+	LearnedFor []time.Duration
+	Deferred   int64
+	Suspended  int64
+	TooMany    int64
 	// SuspendedFor is what is left of the key's suspension (Inspect).
 	SuspendedFor time.Duration
 	// Waiting counts, per worker, the tasks it deferred because the key
@@ -71,7 +76,7 @@ func (d *display) since() string {
 	return fmt.Sprintf("%5.1fs", time.Since(d.start).Seconds())
 }
 
-// event reports something that happened: a limit adopted, a provider's 429,
+// event reports something that happened: a quota learned, a provider's 429,
 // a worker process's log line.
 func (d *display) event(line string) {
 	prefix := d.since() + "  "
@@ -178,7 +183,7 @@ func (d *display) redraw(rows []row) {
 			rate = "in " + seconds(r.Finished)
 		}
 		cells[i] = []string{r.Name, bar(r.Done, r.Total, 5), fmt.Sprintf("%d/%d", r.Done, r.Total), rate,
-			formatLimitsShort(r.Limit), itoa(r.Deferred), itoa(r.Suspended), itoa(r.TooMany)}
+			limitCell(r), itoa(r.Deferred), itoa(r.Suspended), itoa(r.TooMany)}
 	}
 	writeAligned(&b, liveColumns, cells)
 	if len(d.events) > 0 {
@@ -206,7 +211,17 @@ func (d *display) redraw(rows []row) {
 
 var liveColumns = []column{
 	{title: "provider", left: true}, {title: "", left: true}, {title: "done"}, {title: "rate"},
-	{title: "our limit", left: true}, {title: "deferred"}, {title: "susp"}, {title: "429s"},
+	{title: "limit in force", left: true}, {title: "deferred"}, {title: "susp"}, {title: "429s"},
+}
+
+// limitCell is the limit in force, marked when it was learned from the
+// provider (below the configured one).
+func limitCell(r row) string {
+	s := formatLimitsShort(r.InForce)
+	if !slices.Equal(r.Limit, r.InForce) {
+		s += " learned"
+	}
+	return s
 }
 
 // seconds formats d as "12.3s", or "1234s" from 100 s on.

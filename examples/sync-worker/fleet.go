@@ -11,9 +11,7 @@ import (
 	"net/http"
 	"os"
 	"slices"
-	"strconv"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -41,14 +39,12 @@ type nodeSpec struct {
 	Endpoints []endpoint `json:"endpoints"`
 }
 
-// endpoint is what a worker knows of a provider: where it is, its task type,
-// and the limit to start from when the provider does not publish one.
+// endpoint is what a worker knows of a provider: its name (the throttle
+// key), its task type and where it is. Its limits are in Redis.
 type endpoint struct {
-	Name        string           `json:"name"`
-	TaskType    string           `json:"task_type"`
-	URL         string           `json:"url"`
-	Guess       []throttle.Limit `json:"guess,omitempty"`
-	HeaderLimit bool             `json:"header_limit,omitempty"`
+	Name     string `json:"name"`
+	TaskType string `json:"task_type"`
+	URL      string `json:"url"`
 }
 
 // Names of a run's things in Redis.
@@ -57,16 +53,9 @@ func limiterPrefix(run string) string { return "sync-worker:" + run + ":throttle
 func ledgerNS(run string) string      { return "sync-worker:{" + run + "}" }
 
 // limiterOptions are the options every process of a run builds its limiter
-// with: the run's prefix, and the guessed limit of every provider that does
-// not publish its own.
-func limiterOptions(run string, eps []endpoint) []throttle.Option {
-	opts := []throttle.Option{throttle.WithPrefix(limiterPrefix(run))}
-	for _, ep := range eps {
-		if len(ep.Guess) > 0 {
-			opts = append(opts, throttle.WithKeyLimits(ep.Name, ep.Guess...))
-		}
-	}
-	return opts
+// with: the run's prefix.
+func limiterOptions(run string) []throttle.Option {
+	return []throttle.Option{throttle.WithPrefix(limiterPrefix(run))}
 }
 
 // job is the payload of one sync task.
@@ -80,13 +69,11 @@ type job struct {
 // handlers call the providers over HTTP.
 type node struct {
 	spec    nodeSpec
-	limiter *throttle.Limiter
 	ledger  ledger
 	counts  *counters
 	log     *slog.Logger
 	http    *http.Client
 	byType  map[string]endpoint
-	adopted map[string]*atomic.Int64 // provider -> limit last read from its header
 	servers []*asynq.Server
 
 	stopFlush chan struct{}
@@ -110,18 +97,16 @@ func startNode(rdb redis.UniversalClient, spec nodeSpec, log *slog.Logger, also 
 			Transport: &http.Transport{MaxIdleConns: 256, MaxIdleConnsPerHost: 64, IdleConnTimeout: 30 * time.Second},
 		},
 		byType:    map[string]endpoint{},
-		adopted:   map[string]*atomic.Int64{},
 		stopFlush: make(chan struct{}),
 		flushed:   make(chan struct{}),
 	}
-	opts := limiterOptions(spec.Run, spec.Endpoints)
-	n.limiter = throttle.NewLimiter(rdb, opts...)
+	opts := limiterOptions(spec.Run)
 	for _, ep := range spec.Endpoints {
 		n.byType[ep.TaskType] = ep
-		n.adopted[ep.Name] = new(atomic.Int64)
 	}
 	// The middleware's suspension warnings would repeat the handlers' own
-	// 429 lines: only its errors are shown.
+	// 429 lines, and what Observe learns is shown by the monitor, read
+	// with Inspect: only the middleware's errors are shown.
 	opts = append(opts, throttle.WithLogger(slog.New(levelHandler{log.Handler(), slog.LevelError})))
 	go n.flushLoop()
 	for i := range spec.Servers {
@@ -194,9 +179,12 @@ func (n *node) flushLoop() {
 	}
 }
 
-// handle syncs one job: one call to the provider. A 429 is returned as
-// throttle.FromResponse's error, which makes the middleware suspend the
-// provider for the whole fleet and run the task again later.
+// handle syncs one job: one call to the provider, whose response goes
+// through throttle.Observe. Observe learns, for the whole fleet, what the
+// response says of the provider's quota (a lower published quota, calls
+// remaining, a reset), and returns a 429 as a *throttle.RateLimitedError,
+// which makes the middleware suspend the provider for the whole fleet and
+// run the task again later.
 func (n *node) handle(ctx context.Context, t *asynq.Task, worker string) error {
 	ep, ok := n.byType[t.Type()]
 	if !ok {
@@ -217,10 +205,7 @@ func (n *node) handle(ctx context.Context, t *asynq.Task, worker string) error {
 	defer resp.Body.Close()
 	_, _ = io.Copy(io.Discard, resp.Body)
 
-	if ep.HeaderLimit {
-		n.adoptHeaderLimit(ctx, ep, resp.Header)
-	}
-	if err := throttle.FromResponse(resp); err != nil {
+	if err := throttle.Observe(ctx, resp); err != nil {
 		retry := cmp.Or(resp.Header.Get("Retry-After"), "-")
 		if reset := resp.Header.Get("X-RateLimit-Reset"); reset != "" {
 			retry = "reset " + reset
@@ -233,40 +218,6 @@ func (n *node) handle(ctx context.Context, t *asynq.Task, worker string) error {
 	}
 	return n.ledger.markDone(ctx, ep.Name, j.ID, worker)
 }
-
-// adoptHeaderLimit reads the limit a provider publishes in X-RateLimit-Limit
-// (per second, for this provider) and makes it the fleet's limit with
-// SetLimits as soon as it differs from what this process last saw. Every
-// process of the fleet obeys it from its next decision.
-func (n *node) adoptHeaderLimit(ctx context.Context, ep endpoint, h http.Header) {
-	v, err := strconv.Atoi(h.Get("X-RateLimit-Limit"))
-	if err != nil || v <= 0 {
-		return
-	}
-	seen := n.adopted[ep.Name]
-	old := seen.Load()
-	if int64(v) == old || !seen.CompareAndSwap(old, int64(v)) {
-		return
-	}
-	want := headerLimit(v)
-	current, err := n.limiter.Limits(ctx, ep.Name)
-	if err == nil && len(current) == 1 && current[0] == want {
-		return // another worker adopted it already
-	}
-	if err := n.limiter.SetLimits(ctx, ep.Name, want); err != nil {
-		seen.CompareAndSwap(int64(v), old) // try again on the next response
-		n.log.Error("cannot adopt the published limit", "provider", ep.Name, "err", err)
-		return
-	}
-	n.log.Info(fmt.Sprintf("%s: X-RateLimit-Limit: %d; limit %s -> %s (SetLimits)",
-		ep.Name, v, formatLimits(current), formatLimits([]throttle.Limit{want})))
-}
-
-// headerLimit is the limit adopted from "X-RateLimit-Limit: n": n per second
-// (this provider's documented window) with a burst a little under n, the
-// margin every limit of the demo keeps (underQuota), spelled out as Limits
-// reads it back from Redis.
-func headerLimit(n int) throttle.Limit { return throttle.PerSecond(n).WithBurst(underQuota(n)) }
 
 // asynqLogger sends asynq's warnings and errors to the run's event log.
 type asynqLogger struct{ log *slog.Logger }

@@ -7,13 +7,16 @@
 // It needs no setup: the providers are simulated over HTTP on 127.0.0.1 by
 // the program itself (each enforces its quota and answers excess with 429),
 // Redis is an embedded miniredis, and the fleet is several asynq servers in
-// one process. Partway through, the Slack-like provider sheds load (429 with
-// Retry-After), and the fleet suspends it, every server at once. With -redis
-// it uses a real Redis or Redis Cluster, and with -procs it starts worker
-// processes of itself against it, to show the limits holding across
-// processes. It audits every task at the end and exits 1 if any job was
-// lost, archived, done twice or not done in time, and 3 if Redis stops
-// answering mid-run.
+// one process. The CRM-like provider is configured from stale docs at twice
+// its real quota, which it publishes in the IETF RateLimit-Policy field: the
+// handlers pass every response to throttle.Observe, and the fleet learns the
+// quota on the first responses. Partway through, the Slack-like provider
+// sheds load (429 with Retry-After), and the fleet suspends it, every server
+// at once. With -redis it uses a real Redis or Redis Cluster, and with
+// -procs it starts worker processes of itself against it, to show the
+// limits holding across processes. It audits every task at the end and
+// exits 1 if any job was lost, archived, done twice or not done in time,
+// and 3 if Redis stops answering mid-run.
 package main
 
 import (

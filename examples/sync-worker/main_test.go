@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -87,18 +88,27 @@ func TestPipelineDoesEveryJobOnceWithoutA429(t *testing.T) {
 	}
 	// The throttle did hold tasks back: 12 jobs are more than slack's burst.
 	assert.Positive(t, s.Providers[0].Deferred, "slack: deferred tasks")
+	crm := s.Providers[2]
+	require.Equal(t, "crm", crm.Name)
+	assert.True(t, crm.Learned, "crm: its published quota learned (in force %s, configured %s)", crm.InForce, crm.Limit)
 }
 
-func TestHeaderOnlyProviderLimitIsAdoptedAtRunTime(t *testing.T) {
-	const jobs = 12
+func TestPublishedQuotaIsLearnedBelowTheConfiguredLimit(t *testing.T) {
+	// crm is configured at its stale docs' 20/s and enforces 10/s: without
+	// what Observe learns from its RateLimit-Policy, three workers calling
+	// it back to back would draw 429s within half a second. With it, the
+	// first response brings the fleet down to 10/s: no 429 at all.
+	const jobs = 30
 	spec := crmSpec()
-	published := spec.Quota[0].Rate
-	require.Less(t, spec.Guess[0].Rate, published, "the guess must be below the published limit for this test to show anything")
+	require.Equal(t, []throttle.Limit{throttle.PerSecond(20)}, spec.Limits, "crm's configured limit")
+	require.Equal(t, []throttle.Limit{throttle.PerSecond(10)}, spec.Quota, "crm's quota")
+	require.True(t, spec.Publish, "crm publishes its quota")
 
 	// A Redis of the test's own, kept after the run, to read the limits back.
 	mr := miniredis.RunT(t)
 	var out bytes.Buffer
-	s, err := run(t.Context(), Config{Jobs: jobs, Providers: []ProviderSpec{spec}, RedisURL: "redis://" + mr.Addr(), Keep: true}, &out)
+	s, err := run(t.Context(), Config{Jobs: jobs, Servers: 3, Concurrency: 1, Providers: []ProviderSpec{spec},
+		RedisURL: "redis://" + mr.Addr(), Keep: true}, &out)
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		if t.Failed() {
@@ -107,58 +117,133 @@ func TestHeaderOnlyProviderLimitIsAdoptedAtRunTime(t *testing.T) {
 	})
 
 	assertEveryJobDoneOnce(t, s, jobs)
+	crm := s.Providers[0]
+	assert.Zero(t, crm.TooMany, "429s sent by crm (quota %s, configured %s, in force at the end %s)", crm.Quota, crm.Limit, crm.InForce)
+	assert.Zero(t, crm.Suspended, "crm: suspensions")
 
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 	t.Cleanup(func() { _ = rdb.Close() })
 	limiter := throttle.NewLimiter(rdb, throttle.WithPrefix(limiterPrefix(s.Run)))
-	limits, err := limiter.Limits(t.Context(), spec.Name)
-	require.NoError(t, err, "Limits(ctx, %q)", spec.Name)
-	// The published rate, with a burst a little under it: the margin every
-	// limit of the demo keeps under its provider's quota.
-	assert.Equal(t, []throttle.Limit{{Rate: published, Per: time.Second, Burst: published - 1}}, limits,
-		"Limits(ctx, %q) after the run: the X-RateLimit-Limit header's limit, burst one under", spec.Name)
-	assert.Equal(t, "10/s burst 9", s.Providers[0].Limit)
-	assert.NotEmpty(t, s.Providers[0].Adopted, "summary reports the adopted limit")
-	assert.Zero(t, s.Providers[0].TooMany, "429s sent by the provider whose limit was adopted")
-	assert.Contains(t, out.String(), "crm: X-RateLimit-Limit: 10; limit 2/s -> 10/s burst 9 (SetLimits)",
-		"the adoption is shown, from the guess to the published limit")
+	st, err := limiter.Inspect(t.Context(), spec.Name)
+	require.NoError(t, err, "Inspect(ctx, %q)", spec.Name)
+	assert.Equal(t, []throttle.Limit{{Rate: 20, Per: time.Second, Burst: 20}}, st.Limits,
+		"Inspect(ctx, %q).Limits after the run: the configured limit stays the ceiling", spec.Name)
+	assert.Equal(t, []throttle.Limit{{Rate: 10, Per: time.Second, Burst: 10}}, st.InForce,
+		"Inspect(ctx, %q).InForce after the run: the quota crm publishes", spec.Name)
+	assert.Equal(t, learnedLimits(spec), st.InForce, "learnedLimits(crm) against what the library learned")
+	require.Len(t, st.LearnedFor, 1)
+	assert.Greater(t, st.LearnedFor[0], 9*time.Minute, "the learned quota lasts WithLearnFor (10m) after crm last said it")
+
+	assert.Equal(t, "20/s", crm.Limit, "summary: configured")
+	assert.Equal(t, "10/s", crm.InForce, "summary: in force")
+	assert.True(t, crm.Learned, "summary: learned")
+	assert.Contains(t, out.String(), "crm: quota learned: 10/s in force fleet-wide for 10m (configured 20/s)",
+		"the learned quota is shown as it happens")
+	assert.Regexp(t, `\ncrm +10/s +10/s, learned \(configured 20/s\)\n`, out.String(), "the summary shows it")
 }
 
-func TestHeaderLimitKeepsTheMargin(t *testing.T) {
+func TestProviderPublishesItsQuotaInTheIETFFields(t *testing.T) {
+	// Per minute, so that the calls' own refill does not show: 10 left
+	// less each call, one token back every 6 s.
+	spec := ProviderSpec{Name: "p", Quota: []throttle.Limit{throttle.PerMinute(10)}, Publish: true}
+	p, err := StartProvider(spec)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = p.Close() })
+
+	for i, want := range []string{`"default";r=9;t=6`, `"default";r=8;t=12`} {
+		resp, err := http.Get(p.URL + "/sync/job-" + strconv.Itoa(i))
+		require.NoError(t, err)
+		_ = resp.Body.Close()
+		assert.Equal(t, http.StatusOK, resp.StatusCode)
+		assert.Equal(t, `"default";q=10;w=60`, resp.Header.Get("RateLimit-Policy"), "call %d", i+1)
+		assert.Equal(t, want, resp.Header.Get("RateLimit"), "call %d", i+1)
+	}
+
+	// Two tiers: one policy each, named.
+	two := ProviderSpec{Name: "two", Quota: []throttle.Limit{throttle.PerSecond(5), throttle.PerMinute(100).WithBurst(30)}, Publish: true}
+	p2, err := StartProvider(two)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = p2.Close() })
+	resp, err := http.Get(p2.URL + "/sync/x")
+	require.NoError(t, err)
+	_ = resp.Body.Close()
+	assert.Equal(t, `"tier1";q=5;w=1, "tier2";q=100;w=60`, resp.Header.Get("RateLimit-Policy"))
+	// tier2: 29 of 30 left, 1 token back in 0.6 s: full again within 1 s.
+	assert.Equal(t, `"tier1";r=4;t=1, "tier2";r=29;t=1`, resp.Header.Get("RateLimit"))
+
+	// Without Publish, none.
+	quiet, err := StartProvider(ProviderSpec{Name: "q", Quota: []throttle.Limit{throttle.PerSecond(10)}})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = quiet.Close() })
+	resp, err = http.Get(quiet.URL + "/sync/x")
+	require.NoError(t, err)
+	_ = resp.Body.Close()
+	assert.Empty(t, resp.Header.Get("RateLimit-Policy"))
+	assert.Empty(t, resp.Header.Get("RateLimit"))
+}
+
+func TestLearnedLimits(t *testing.T) {
 	for _, tc := range []struct {
-		published, burst int
+		name string
+		spec ProviderSpec
+		want []throttle.Limit
 	}{
-		{1, 1}, {2, 1}, {5, 4}, {10, 9}, {20, 18}, {100, 90},
+		{"crm: the published quota below the configured one", crmSpec(), []throttle.Limit{{Rate: 10, Per: time.Second, Burst: 10}}},
+		{"silent provider: as configured", slackSpec(), slackSpec().Limits},
+		{"published quota above: as configured",
+			ProviderSpec{Quota: []throttle.Limit{throttle.PerSecond(50)}, Limits: []throttle.Limit{throttle.PerSecond(20)}, Publish: true},
+			[]throttle.Limit{throttle.PerSecond(20)}},
+		{"burst kept when under the quota",
+			ProviderSpec{Quota: []throttle.Limit{throttle.PerSecond(10)}, Limits: []throttle.Limit{throttle.PerSecond(20).WithBurst(4)}, Publish: true},
+			[]throttle.Limit{{Rate: 10, Per: time.Second, Burst: 4}}},
+		{"only the tier of the same period",
+			ProviderSpec{Quota: []throttle.Limit{throttle.PerMinute(60)}, Limits: []throttle.Limit{throttle.PerSecond(20), throttle.PerMinute(600)}, Publish: true},
+			[]throttle.Limit{throttle.PerSecond(20), {Rate: 60, Per: time.Minute, Burst: 60}}},
 	} {
-		t.Run(strconv.Itoa(tc.published), func(t *testing.T) {
-			assert.Equal(t, throttle.PerSecond(tc.published).WithBurst(tc.burst), headerLimit(tc.published),
-				"headerLimit(%d)", tc.published)
+		t.Run(tc.name, func(t *testing.T) {
+			assert.Equal(t, tc.want, learnedLimits(tc.spec), "learnedLimits(%+v)", tc.spec)
 		})
 	}
-	// The configured providers keep the same margin.
+}
+
+func TestConfiguredLimitsKeepTheMargin(t *testing.T) {
+	// The providers whose quota we know keep a token or a tenth under it.
 	assert.Equal(t, underQuota(5), slackSpec().Limits[0].Burst, "slack's per-second burst")
 	assert.Equal(t, underQuota(20), githubSpec().Limits[0].Burst, "github's burst")
 }
 
 func TestA429SuspendsTheProviderAndLosesNothing(t *testing.T) {
 	// Limits set far above the provider's quota: the provider answers 429,
-	// the handler returns throttle.FromResponse, and the middleware suspends
-	// the key fleet-wide and defers the task, without spending its retries.
-	const jobs = 15
-	spec := ProviderSpec{
-		Name:     "eager",
-		TaskType: "eager:sync",
-		Quota:    []throttle.Limit{throttle.PerSecond(5)},
-		Limits:   []throttle.Limit{throttle.PerSecond(100)},
-		Reject:   RetryAfterSeconds,
-		Latency:  [2]time.Duration{5 * time.Millisecond, 10 * time.Millisecond},
-	}
-	s := runPipeline(t, Config{Jobs: jobs, Providers: []ProviderSpec{spec}})
+	// the handler returns throttle.Observe's error, and the middleware
+	// suspends the key fleet-wide and defers the task, without spending its
+	// retries. Both ways of saying when to come back: Retry-After (Slack)
+	// and X-RateLimit-Remaining: 0 with X-RateLimit-Reset (GitHub).
+	for _, tc := range []struct {
+		name   string
+		reject RejectStyle
+	}{
+		{"Retry-After", RetryAfterSeconds},
+		{"X-RateLimit-Reset", ResetUnixTime},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			const jobs = 15
+			spec := ProviderSpec{
+				Name:     "eager",
+				TaskType: "eager:sync",
+				Quota:    []throttle.Limit{throttle.PerSecond(5)},
+				Limits:   []throttle.Limit{throttle.PerSecond(100)},
+				Reject:   tc.reject,
+				Latency:  [2]time.Duration{5 * time.Millisecond, 10 * time.Millisecond},
+			}
+			s := runPipeline(t, Config{Jobs: jobs, Providers: []ProviderSpec{spec}})
 
-	assertEveryJobDoneOnce(t, s, jobs)
-	p := s.Providers[0]
-	assert.Positive(t, p.TooMany, "429s sent by a provider whose quota is below our limit")
-	assert.Equal(t, int64(p.TooMany), p.Suspended, "every 429 suspends the key (429s vs suspensions)")
+			assertEveryJobDoneOnce(t, s, jobs)
+			p := s.Providers[0]
+			assert.Positive(t, p.TooMany, "429s sent by a provider whose quota is below our limit")
+			assert.Equal(t, int64(p.TooMany), p.Suspended, "every 429 suspends the key (429s vs suspensions)")
+			assert.False(t, p.Learned, "a provider that publishes no quota teaches nothing: in force %s", p.InForce)
+		})
+	}
 }
 
 // runCLI runs the command line with args and returns its exit status,
@@ -248,6 +333,11 @@ func TestProcsShareTheLimitsAcrossProcesses(t *testing.T) {
 	assertNoStorm(t, s)
 	assert.Positive(t, s.ByWorker["w1"], "jobs done by worker process w1: %v", s.ByWorker)
 	assert.Positive(t, s.ByWorker["w2"], "jobs done by worker process w2: %v", s.ByWorker)
+	// What one process learned from crm's responses is in force for all.
+	crm := s.Providers[2]
+	require.Equal(t, "crm", crm.Name)
+	assert.True(t, crm.Learned, "crm: its published quota learned across processes")
+	assert.Equal(t, "10/s", crm.InForce, "crm: in force at the end")
 
 	// The run cleans up after itself in a shared Redis.
 	rdb := srv.Client(t)
@@ -293,6 +383,12 @@ func TestDefaultRun(t *testing.T) {
 	assert.Contains(t, text, "slack: suspended fleet-wide for", "the suspension is shown")
 	assert.Regexp(t, `slack: (\d/3 servers deferring its tasks|suspension over; \d/3 servers deferred its tasks)`, text,
 		"how far the suspension reached is shown")
+	assert.Contains(t, text, "crm: quota learned: 10/s in force fleet-wide for 10m (configured 20/s)",
+		"crm's published quota is learned, and shown")
+	crm := s.Providers[2]
+	require.Equal(t, "crm", crm.Name)
+	assert.True(t, crm.Learned, "crm: learned")
+	assert.Equal(t, "10/s", crm.InForce, "crm: in force at the end")
 	assert.Contains(t, text, "OK: 120/120 jobs done exactly once")
 	for i, line := range strings.Split(strings.TrimRight(text, "\n"), "\n") {
 		assert.LessOrEqual(t, utf8.RuneCountInString(line), 80, "line %d is wider than 80 columns: %q", i+1, line)
@@ -305,13 +401,9 @@ func TestLiveDisplayFitsIn80Columns(t *testing.T) {
 	// The widest figures a long run shows.
 	var rows []row
 	for _, p := range DefaultProviders() {
-		limits := p.Limits
-		if len(limits) == 0 {
-			limits = []throttle.Limit{headerLimit(p.Quota[0].Rate)}
-		}
 		// -jobs 10000 takes slack 83 minutes at 2/s.
 		rows = append(rows, row{Name: p.Name, Done: maxJobs, Total: maxJobs, Finished: 9999 * time.Second,
-			Limit: limits, Deferred: 9999999, Suspended: 9999, TooMany: 9999})
+			Limit: p.Limits, InForce: learnedLimits(p), Deferred: 9999999, Suspended: 9999, TooMany: 9999})
 	}
 	d.event("s1: an event line long enough to be cut at the edge of an 80-column terminal, and then some more")
 	d.update(rows)

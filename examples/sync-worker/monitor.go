@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -39,6 +40,8 @@ type monitor struct {
 	// waiting is, per provider, row.Waiting of the last read: the counts
 	// before a suspension seen in this read began.
 	waiting map[string]map[string]int64
+	// inForce is, per provider, the limits in force last told.
+	inForce map[string]string
 }
 
 // suspension is what the monitor knows of one provider's suspension.
@@ -51,7 +54,8 @@ type suspension struct {
 
 func newMonitor(l ledger, lim *throttle.Limiter, providers []*Provider, jobs, fleet int, start time.Time) *monitor {
 	return &monitor{ledger: l, limiter: lim, providers: providers, jobs: jobs, fleet: fleet, start: start,
-		susp: map[string]*suspension{}, ended: map[string]time.Time{}, waiting: map[string]map[string]int64{}}
+		susp: map[string]*suspension{}, ended: map[string]time.Time{}, waiting: map[string]map[string]int64{},
+		inForce: map[string]string{}}
 }
 
 // ending is why watch returned.
@@ -80,6 +84,7 @@ func (m *monitor) watch(ctx context.Context, disp *display, interval, timeout ti
 		switch {
 		case err == nil:
 			lastRead = time.Now()
+			m.tellLearned(disp, rows)
 			m.tellSuspensions(disp, rows)
 			disp.update(rows)
 			if allDone(rows) {
@@ -101,6 +106,39 @@ func (m *monitor) watch(ctx context.Context, disp *display, interval, timeout ti
 		case <-tick.C:
 		}
 	}
+}
+
+// tellLearned reports, as events, each change of a provider's limits in
+// force: a quota learned from its responses (throttle.Observe) below the
+// configured one, and the configured one back in force.
+func (m *monitor) tellLearned(disp *display, rows []row) {
+	for _, r := range rows {
+		if len(r.InForce) == 0 {
+			continue
+		}
+		now := formatLimits(r.InForce)
+		before, told := m.inForce[r.Name]
+		m.inForce[r.Name] = now
+		switch {
+		case told && now == before, !told && slices.Equal(r.InForce, r.Limit):
+		case slices.Equal(r.InForce, r.Limit):
+			disp.event(fmt.Sprintf("%s: %s in force again, as configured", r.Name, now))
+		default:
+			// A learned quota lasts while the provider keeps saying it,
+			// and WithLearnFor (10 minutes) after it last did.
+			lasts := slices.Max(append([]time.Duration{0}, r.LearnedFor...))
+			disp.event(fmt.Sprintf("%s: quota learned: %s in force fleet-wide for %s (configured %s)",
+				r.Name, now, roughly(lasts), formatLimits(r.Limit)))
+		}
+	}
+}
+
+// roughly formats d in whole minutes ("10m"), or whole seconds under one.
+func roughly(d time.Duration) string {
+	if d >= time.Minute {
+		return fmt.Sprintf("%.0fm", d.Minutes())
+	}
+	return fmt.Sprintf("%.0fs", d.Seconds())
 }
 
 // tellSuspensions reports, as events, each provider suspension as it
@@ -197,7 +235,7 @@ func (m *monitor) rows(ctx context.Context) ([]row, error) {
 		if err != nil && !errors.Is(err, throttle.ErrInvalidLimit) && !errors.Is(err, throttle.ErrNoLimits) {
 			return nil, err
 		}
-		r.Limit, r.SuspendedFor = status.Limits, status.Suspended
+		r.Limit, r.InForce, r.LearnedFor, r.SuspendedFor = status.Limits, status.InForce, status.LearnedFor, status.Suspended
 		rows[i] = r
 	}
 	return rows, nil

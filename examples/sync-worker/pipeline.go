@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"time"
 
@@ -146,8 +147,8 @@ func (c Config) validate() error {
 		return errors.New("no providers")
 	}
 	for _, p := range c.Providers {
-		if len(p.Limits) == 0 && len(p.Guess) == 0 {
-			return fmt.Errorf("provider %s has neither Limits nor a Guess", p.Name)
+		if len(p.Limits) == 0 {
+			return fmt.Errorf("provider %s has no Limits", p.Name)
 		}
 	}
 	return nil
@@ -192,13 +193,12 @@ func run(ctx context.Context, cfg Config, out io.Writer) (Summary, error) {
 		return Summary{}, err
 	}
 
-	// Limits live in Redis: set once here, obeyed by every worker process.
-	limiter := throttle.NewLimiter(rdb, limiterOptions(runID, eps)...)
+	// Limits live in Redis: set once here, obeyed by every worker process,
+	// and the ceiling of what the fleet learns from the providers.
+	limiter := throttle.NewLimiter(rdb, limiterOptions(runID)...)
 	for _, spec := range cfg.Providers {
-		if len(spec.Limits) > 0 {
-			if err := limiter.SetLimits(ctx, spec.Name, spec.Limits...); err != nil {
-				return Summary{}, err
-			}
+		if err := limiter.SetLimits(ctx, spec.Name, spec.Limits...); err != nil {
+			return Summary{}, err
 		}
 	}
 
@@ -293,7 +293,7 @@ func startProviders(specs []ProviderSpec) ([]*Provider, []endpoint, error) {
 			return providers, nil, err
 		}
 		providers = append(providers, p)
-		eps = append(eps, endpoint{Name: spec.Name, TaskType: spec.TaskType, URL: p.URL, Guess: spec.Guess, HeaderLimit: spec.HeaderLimit})
+		eps = append(eps, endpoint{Name: spec.Name, TaskType: spec.TaskType, URL: p.URL})
 	}
 	return providers, eps, nil
 }
@@ -358,16 +358,17 @@ func writeHeader(out io.Writer, cfg Config, s Summary) {
 	cells := make([][]string, len(cfg.Providers))
 	for i, p := range cfg.Providers {
 		quota, ours := formatLimits(p.Quota), formatLimits(p.Limits)
-		if p.HeaderLimit {
-			quota += " in X-RateLimit-Limit"
-		}
-		if len(p.Limits) == 0 {
-			ours = formatLimits(p.Guess) + " guessed, then from the header"
+		if p.Publish {
+			quota += " in RateLimit-Policy"
+			ours += " (stale docs)"
 		}
 		cells[i] = []string{p.Name, quota, ours}
 	}
 	writeAligned(out, []column{{"provider", true}, {"quota (enforced by the API)", true}, {"our limit (Limiter.SetLimits)", true}}, cells)
 	for _, p := range cfg.Providers {
+		if p.Publish {
+			fmt.Fprintf(out, "%s: says its quota in every response; the fleet learns it (Observe)\n", p.Name)
+		}
 		if st := p.Stream; st.Rate > 0 {
 			fmt.Fprintf(out, "%s: half its jobs arrive as events from %s on, %g/s\n", p.Name, st.From, st.Rate)
 		}
@@ -379,25 +380,38 @@ func writeHeader(out io.Writer, cfg Config, s Summary) {
 }
 
 // expectedDuration is how long jobs jobs per provider take at best: the
-// slowest provider's drain time under our limits (or, for a provider that
-// publishes its limit, the limit we will adopt), or the arrival of its last
-// streamed job if later, plus its load shedding.
+// slowest provider's drain time under our limits (for a provider that
+// publishes its quota, the limits the fleet learns), or the arrival of its
+// last streamed job if later, plus its load shedding.
 func expectedDuration(specs []ProviderSpec, jobs int) time.Duration {
 	var worst time.Duration
 	for _, p := range specs {
-		limits := p.Limits
-		if p.HeaderLimit {
-			limits = []throttle.Limit{headerLimit(p.Quota[0].Rate)}
-		} else if len(limits) == 0 {
-			limits = p.Guess
-		}
-		d := drainTime(limits, jobs)
+		d := drainTime(learnedLimits(p), jobs)
 		if st := p.Stream; st.Rate > 0 {
 			d = max(d, st.From+time.Duration(float64(streamed(p, jobs)-1)/st.Rate*float64(time.Second)))
 		}
 		worst = max(worst, d+p.Shed.For)
 	}
 	return worst
+}
+
+// learnedLimits are the limits in force once the fleet has learned what p
+// publishes, as throttle.Observe learns it: each tier of p.Limits lowered
+// to the published quota of the same period (its burst no higher than the
+// quota), never raised.
+func learnedLimits(p ProviderSpec) []throttle.Limit {
+	out := slices.Clone(p.Limits)
+	if !p.Publish {
+		return out
+	}
+	for i, l := range out {
+		for _, q := range p.Quota {
+			if q.Per == l.Per && q.Rate < l.Rate {
+				out[i] = throttle.Limit{Rate: q.Rate, Per: l.Per, Burst: min(burstOf(l), q.Rate)}
+			}
+		}
+	}
+	return out
 }
 
 // drainTime is how long n tasks take under limits, ideally: every tier

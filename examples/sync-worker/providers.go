@@ -26,15 +26,16 @@ type ProviderSpec struct {
 	TaskType string `json:"task_type"`
 	// Quota is what the provider enforces: token-bucket tiers, all or none.
 	Quota []throttle.Limit `json:"quota"`
-	// Limits is what the pipeline sets with Limiter.SetLimits before the run.
-	// Nil for a provider whose limit is learned from its response headers.
-	Limits []throttle.Limit `json:"limits,omitempty"`
-	// Guess is the conservative default every worker starts with
-	// (throttle.WithKeyLimits) when Limits is nil.
-	Guess []throttle.Limit `json:"guess,omitempty"`
-	// HeaderLimit makes the provider announce its per-second limit in an
-	// X-RateLimit-Limit header on every response, and nowhere else.
-	HeaderLimit bool `json:"header_limit,omitempty"`
+	// Limits is what the pipeline sets with Limiter.SetLimits before the run:
+	// the operator's numbers, the ceiling of what the fleet learns from the
+	// provider's responses (throttle.Observe).
+	Limits []throttle.Limit `json:"limits"`
+	// Publish makes the provider publish its quota on every response in the
+	// IETF fields (draft-ietf-httpapi-ratelimit-headers): one policy per
+	// tier of Quota in RateLimit-Policy ("default";q=10;w=1), and what is
+	// left of each in RateLimit ("default";r=7;t=1: 7 calls left, the tier
+	// full again in 1 s).
+	Publish bool `json:"publish,omitempty"`
 	// Reject is how a 429 says when to come back.
 	Reject RejectStyle `json:"reject"`
 	// Latency is the range of time a successful call takes.
@@ -112,17 +113,19 @@ func githubSpec() ProviderSpec {
 	}
 }
 
-// crmSpec is a provider that documents no limit: it shows it only in the
-// X-RateLimit-Limit header of its responses.
+// crmSpec is a provider whose docs are stale: they say 20/s, the operator
+// set that, but the provider enforces 10/s, and says so in the IETF
+// RateLimit-Policy and RateLimit fields of every response. The fleet learns
+// it from them (throttle.Observe) on the first responses.
 func crmSpec() ProviderSpec {
 	return ProviderSpec{
-		Name:        "crm",
-		TaskType:    "crm:sync_contacts",
-		Quota:       []throttle.Limit{throttle.PerSecond(10)},
-		Guess:       []throttle.Limit{throttle.PerSecond(2)},
-		HeaderLimit: true,
-		Reject:      RetryAfterSeconds,
-		Latency:     [2]time.Duration{10 * time.Millisecond, 40 * time.Millisecond},
+		Name:     "crm",
+		TaskType: "crm:sync_contacts",
+		Quota:    []throttle.Limit{throttle.PerSecond(10)},
+		Limits:   []throttle.Limit{throttle.PerSecond(20)}, // what its docs say
+		Publish:  true,
+		Reject:   RetryAfterSeconds,
+		Latency:  [2]time.Duration{10 * time.Millisecond, 40 * time.Millisecond},
 	}
 }
 
@@ -138,8 +141,8 @@ func crmSpec() ProviderSpec {
 // always the same few: two calls admitted 200 ms apart can arrive 190 ms
 // apart, and a bucket run exactly empty on both sides then answers the
 // second one with a 429. One token of slack absorbs rate × jitter
-// (5/s × 200 ms). The header-only provider's limit is adopted with the same
-// margin (headerLimit).
+// (5/s × 200 ms). The CRM is configured at the number of its stale docs,
+// above its quota: what keeps the fleet under it is what it publishes.
 //
 // Slack sheds load once, partway through: it answers 429 with Retry-After
 // for shedFor, whatever its quota, and the fleet must stop calling it,
@@ -273,13 +276,12 @@ func (p *Provider) ServedSince(t time.Time) int {
 
 // take spends one token of every tier, or none. When refused it returns how
 // long until every tier has a token again.
-func (p *Provider) take(now time.Time) (ok bool, wait time.Duration, remaining int) {
+func (p *Provider) take(now time.Time) (ok bool, wait time.Duration) {
 	elapsed := now.Sub(p.last).Seconds()
 	if elapsed < 0 {
 		elapsed = 0
 	}
 	p.last = now
-	remaining = math.MaxInt
 	var waitS float64
 	for i, q := range p.Spec.Quota {
 		t := math.Min(p.tokens[i]+elapsed*ratePerSecond(q), float64(burstOf(q)))
@@ -289,13 +291,12 @@ func (p *Provider) take(now time.Time) (ok bool, wait time.Duration, remaining i
 		}
 	}
 	if waitS > 0 {
-		return false, time.Duration(waitS * float64(time.Second)), 0
+		return false, time.Duration(waitS * float64(time.Second))
 	}
 	for i := range p.tokens {
 		p.tokens[i]--
-		remaining = min(remaining, int(p.tokens[i]))
 	}
-	return true, 0, remaining
+	return true, 0
 }
 
 // StartClock tells the provider when the run started: its load shedding
@@ -323,9 +324,8 @@ func (p *Provider) serveSync(w http.ResponseWriter, r *http.Request) {
 	p.mu.Lock()
 	shed, until := p.shedding(now)
 	var (
-		ok        bool
-		wait      time.Duration
-		remaining int
+		ok   bool
+		wait time.Duration
 	)
 	switch {
 	case shed:
@@ -339,7 +339,7 @@ func (p *Provider) serveSync(w http.ResponseWriter, r *http.Request) {
 		p.shed++
 		p.tooManyAt = append(p.tooManyAt, now)
 	default:
-		if ok, wait, remaining = p.take(now); !ok {
+		if ok, wait = p.take(now); !ok {
 			p.overQuota++
 			p.tooManyAt = append(p.tooManyAt, now)
 		}
@@ -348,13 +348,12 @@ func (p *Provider) serveSync(w http.ResponseWriter, r *http.Request) {
 	if spread := p.Spec.Latency[1] - p.Spec.Latency[0]; spread > 0 {
 		latency += time.Duration(p.rng.Int64N(int64(spread)))
 	}
+	h := w.Header()
+	if p.Spec.Publish {
+		p.publish(h)
+	}
 	p.mu.Unlock()
 
-	h := w.Header()
-	if p.Spec.HeaderLimit {
-		h.Set("X-RateLimit-Limit", strconv.Itoa(p.Spec.Quota[0].Rate))
-		h.Set("X-RateLimit-Remaining", strconv.Itoa(max(remaining, 0)))
-	}
 	if !ok {
 		// Round up: a client that comes back on the dot must find a token.
 		secs := int64(math.Ceil(wait.Seconds()))
@@ -380,6 +379,27 @@ func (p *Provider) serveSync(w http.ResponseWriter, r *http.Request) {
 	p.mu.Unlock()
 	h.Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(map[string]any{"ok": true, "job": job, "items": 1 + len(job)%7})
+}
+
+// publish sets the IETF RateLimit-Policy and RateLimit fields: each tier of
+// the quota as a policy, and what is left of it now (whole calls) with the
+// seconds until it is full again (rounded up, so that a client that waits
+// them finds it full). p.mu is held.
+func (p *Provider) publish(h http.Header) {
+	policies := make([]string, len(p.Spec.Quota))
+	left := make([]string, len(p.Spec.Quota))
+	for i, q := range p.Spec.Quota {
+		name := "default"
+		if len(p.Spec.Quota) > 1 {
+			name = fmt.Sprintf("tier%d", i+1)
+		}
+		tokens := max(p.tokens[i], 0)
+		full := math.Ceil((float64(burstOf(q)) - tokens) / ratePerSecond(q))
+		policies[i] = fmt.Sprintf("%q;q=%d;w=%d", name, q.Rate, int64(q.Per/time.Second))
+		left[i] = fmt.Sprintf("%q;r=%d;t=%d", name, int(tokens), int64(full))
+	}
+	h.Set("RateLimit-Policy", strings.Join(policies, ", "))
+	h.Set("RateLimit", strings.Join(left, ", "))
 }
 
 // burstOf is a limit's effective burst (0 means Rate, as in throttle.Limit).

@@ -49,11 +49,14 @@ type Summary struct {
 type ProviderSummary struct {
 	Name  string `json:"name"`
 	Quota string `json:"quota"`
-	// Limit is the throttle's limit in Redis at the end of the run.
+	// Limit is the throttle's limit in Redis at the end of the run, as
+	// configured (SetLimits).
 	Limit string `json:"limit"`
-	// Adopted is the limit read from X-RateLimit-Limit, for a provider that
-	// publishes it.
-	Adopted string `json:"adopted,omitempty"`
+	// InForce is the limit in force at the end of the run (Inspect): Limit,
+	// or below it what the fleet learned from the provider's responses.
+	InForce string `json:"in_force"`
+	// Learned: InForce is below Limit, learned from the provider.
+	Learned bool `json:"learned"`
 
 	Jobs int `json:"jobs"`
 	// Done counts jobs whose handler succeeded (once or more).
@@ -98,9 +101,9 @@ func writeTable(w io.Writer, s Summary) {
 		traffic = append(traffic, []string{p.Name, itoa(p.TooMany), itoa(p.Shed), itoa(p.OverQuota),
 			itoa(p.Suspended), itoa(p.Deferred),
 			fmt.Sprintf("%.1fs", p.Seconds), fmt.Sprintf("%.1f/s", p.Rate)})
-		limit := p.Limit
-		if p.Adopted != "" {
-			limit += " (from X-RateLimit-Limit)"
+		limit := p.InForce
+		if p.Learned {
+			limit += ", learned (configured " + p.Limit + ")"
 		}
 		limits[i] = []string{p.Name, p.Quota, limit}
 	}
