@@ -72,7 +72,8 @@ func run(ctx context.Context, url string, tasks int) error {
 			return err
 		}
 		defer resp.Body.Close()
-		if err := throttle.FromResponse(resp); err != nil {
+		// Learns the quota the response states (RateLimit, X-RateLimit-*), fleet-wide.
+		if err := throttle.Observe(ctx, resp); err != nil {
 			return err // 429 (or 503 + Retry-After): suspends "slack" fleet-wide
 		}
 		// ... or, from an SDK error: return throttle.RateLimited(30 * time.Second)
