@@ -40,7 +40,7 @@ func main() {
 
 func run() int {
 	redisURL := flag.String("redis", "", "use this Redis (redis://...) instead of starting a redis-server")
-	scenarios := flag.String("scenario", "A,B,C,D,E", "scenarios to run, comma-separated: A, B, C, D, E")
+	scenarios := flag.String("scenario", "A,B,C,D,E", "scenarios to run, comma-separated: A, B, C, D, E, G (many keys) and S (soak) run only when named")
 	quick := flag.Bool("quick", false, "short smoke run (fewer tasks, shorter measurements)")
 	jsonOut := flag.String("json", "", "also write the results as JSON to this file")
 	verbose := flag.Bool("v", false, "show asynq warnings and errors on stderr")
@@ -109,12 +109,14 @@ func run() int {
 		{"C", func(ctx context.Context, e *env, w io.Writer) (any, error) { return runC(ctx, e, w) }},
 		{"D", func(ctx context.Context, e *env, w io.Writer) (any, error) { return runD(ctx, e, w) }},
 		{"E", func(ctx context.Context, e *env, w io.Writer) (any, error) { return runE(ctx, e, w) }},
+		{"G", func(ctx context.Context, e *env, w io.Writer) (any, error) { return runG(ctx, e, w) }},
+		{"S", func(ctx context.Context, e *env, w io.Writer) (any, error) { return runS(ctx, e, w) }},
 	}
 	want := map[string]bool{}
 	for _, s := range strings.Split(*scenarios, ",") {
 		s = strings.ToUpper(strings.TrimSpace(s))
 		if find(all, func(sc scenario) bool { return sc.name == s }) == nil {
-			fmt.Fprintf(os.Stderr, "bench: unknown scenario %q (want A, B, C, D or E)\n", s)
+			fmt.Fprintf(os.Stderr, "bench: unknown scenario %q (want A, B, C, D, E, G or S)\n", s)
 			return 2
 		}
 		want[s] = true
