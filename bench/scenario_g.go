@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"runtime"
@@ -295,7 +296,17 @@ func runG(ctx context.Context, e *env, w io.Writer) (*scenarioG, error) {
 }
 
 // parallel runs fn(0..n-1) on g goroutines and returns the first error.
+// A call that times out (a shared machine under load) is tried again, up
+// to three times.
 func parallel(g, n int, fn func(i int) error) error {
+	once := fn
+	fn = func(i int) error {
+		err := once(i)
+		for try := 1; try < 3 && errors.Is(err, context.DeadlineExceeded); try++ {
+			err = once(i)
+		}
+		return err
+	}
 	var next atomic.Int64
 	var first atomic.Pointer[error]
 	var wg sync.WaitGroup

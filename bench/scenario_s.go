@@ -45,9 +45,16 @@ type scenarioS struct {
 	Events               []soakEvent
 	Admitted, Refused    int64
 	Errors               map[string]int64
-	InSuspension         int // admissions certainly inside the suspension
+	InSuspension         int // admissions inside the suspension
 	AdmittedPerPhase     []int
-	Tiers                []windowResult
+	Tiers                []windowResult // on the exact times
+	Brackets             []windowResult // on the callers' brackets
+	Replayed             int64          // admissions replayed from MONITOR
+	MonitorLines         int
+	StateWrites          int
+	Disagree             int
+	Changes              []float64  // the two SetLimits, exact (s since the start)
+	Suspended            [2]float64 // the suspension, exact
 	WidthP50, WidthP99   time.Duration
 	WidthMax             time.Duration
 	ScriptRuns, Decision int64
@@ -63,6 +70,16 @@ func runS(ctx context.Context, e *env, w io.Writer) (*scenarioS, error) {
 	_, prefix := e.names("s", "soak")
 	defer func() { _ = e.cleanup(context.Background(), "", prefix) }()
 	const key = "soak"
+	mon, err := startMonitor(ctx, e.opts, prefix+":{"+key+"}:b")
+	if err != nil {
+		return s, err
+	}
+	monitoring := true
+	defer func() {
+		if monitoring {
+			mon.stop()
+		}
+	}()
 	op := throttle.NewLimiter(e.ctl, throttle.WithPrefix(prefix))
 	if err := op.SetLimits(ctx, key, soakPhases[0]...); err != nil {
 		return s, err
@@ -79,6 +96,7 @@ func runS(ctx context.Context, e *env, w io.Writer) (*scenarioS, error) {
 	}
 
 	start := time.Now()
+	startUS := start.UnixMicro()
 	since := func(t time.Time) float64 { return t.Sub(start).Seconds() }
 	var (
 		mu        sync.Mutex
@@ -187,43 +205,70 @@ func runS(ctx context.Context, e *env, w io.Writer) (*scenarioS, error) {
 	s.Decision = decisions.Load()
 	s.Admitted, s.Refused = int64(len(adm)), refused.Load()
 	errKinds.Range(func(k, v any) bool { s.Errors[k.(string)] = v.(*atomic.Int64).Load(); return true })
+	writes, lines := mon.stop()
+	monitoring = false
+	rp, err := admissionsFromWrites(writes)
+	if err != nil {
+		return s, fmt.Errorf("replaying the state writes: %w", err)
+	}
+	s.MonitorLines, s.StateWrites, s.Disagree = lines, len(writes), rp.disagree
+	s.Replayed = int64(len(rp.admitted))
+	if len(rp.changes) != len(soakPhases) || len(rp.suspend) != 1 {
+		return s, fmt.Errorf("MONITOR saw %d SetLimits and %d suspensions, want %d and 1", len(rp.changes), len(rp.suspend), len(soakPhases))
+	}
+	rel := func(us int64) float64 { return float64(us-startUS) / 1e6 }
+	exact := make([]admission, len(rp.admitted))
+	for i, us := range rp.admitted {
+		exact[i] = admission{t: rel(us)}
+	}
+	s.Changes = []float64{rel(rp.changes[1]), rel(rp.changes[2])}
+	// The suspension began at the script's TIME: its end less its length.
+	s.Suspended = [2]float64{rel(rp.suspend[0][1] - s.Suspension.Microseconds()), rel(rp.suspend[0][1])}
 
-	// The check.
+	// The check, on the exact times; and on the callers' brackets, as a
+	// cross-check that needs no MONITOR.
 	ev := func(prefix string) soakEvent {
 		return *find(s.Events, func(e soakEvent) bool { return strings.HasPrefix(e.What, prefix) })
 	}
-	raise, lower, susp := ev("SetLimits "+limitsString(soakPhases[1])), ev("SetLimits "+limitsString(soakPhases[2])), ev("Suspend")
-	for tier := range 2 {
+	raise, lower := ev("SetLimits "+limitsString(soakPhases[1])), ev("SetLimits "+limitsString(soakPhases[2]))
+	schedule := func(tier int, exactTimes bool) tierSchedule {
 		sch := tierSchedule{name: fmt.Sprintf("tier %d (per %v)", tier+1, soakPhases[0][tier].Per)}
 		for k, phase := range soakPhases {
 			l := phase[tier]
 			step := tierStep{rate: float64(l.Rate) / l.Per.Seconds(), burst: float64(l.Burst)}
-			switch k {
-			case 1:
+			switch {
+			case k == 0:
+			case exactTimes:
+				step.at, step.late = s.Changes[k-1], s.Changes[k-1]
+			case k == 1:
 				step.at, step.late = raise.Sent, raise.Replied
-			case 2:
+			default:
 				step.at, step.late = lower.Sent, lower.Replied
 			}
 			sch.steps = append(sch.steps, step)
 		}
-		s.Tiers = append(s.Tiers, worstWindow(adm, sch))
+		return sch
 	}
-	// Admitted while certainly suspended: after the Suspend returned and
-	// before the earliest it could end.
-	widths := make([]float64, len(adm))
+	for tier := range 2 {
+		s.Tiers = append(s.Tiers, worstWindow(exact, schedule(tier, true)))
+		s.Brackets = append(s.Brackets, worstWindow(adm, schedule(tier, false)))
+	}
 	s.AdmittedPerPhase = make([]int, 3)
-	for i, a := range adm {
-		if a.t-a.w/2 > susp.Replied && a.t+a.w/2 < susp.Sent+s.Suspension.Seconds() {
+	for _, a := range exact {
+		if a.t > s.Suspended[0] && a.t < s.Suspended[1] {
 			s.InSuspension++
 		}
 		switch {
-		case a.t < raise.Sent:
+		case a.t < s.Changes[0]:
 			s.AdmittedPerPhase[0]++
-		case a.t < lower.Sent:
+		case a.t < s.Changes[1]:
 			s.AdmittedPerPhase[1]++
 		default:
 			s.AdmittedPerPhase[2]++
 		}
+	}
+	widths := make([]float64, len(adm))
+	for i, a := range adm {
 		widths[i] = a.w
 	}
 	slices.Sort(widths)
@@ -253,8 +298,12 @@ func (s *scenarioS) print(w io.Writer) {
 	for _, e := range s.Events {
 		fmt.Fprintf(w, "    %6.3f-%.3f  %s\n", e.Sent, e.Replied, e.What)
 	}
+	fmt.Fprintf(w, "  on the Redis clock (MONITOR): SetLimits at %.6f and %.6f, suspended %.6f to %.6f\n",
+		s.Changes[0], s.Changes[1], s.Suspended[0], s.Suspended[1])
 	fmt.Fprintf(w, "  decisions %d in %d script runs; admitted %d (%d / %d / %d in the three limit phases), refused %d\n",
 		s.Decision, s.ScriptRuns, s.Admitted, s.AdmittedPerPhase[0], s.AdmittedPerPhase[1], s.AdmittedPerPhase[2], s.Refused)
+	fmt.Fprintf(w, "  replayed from the bucket's state writes: %d admissions (callers counted %d), %d of %d writes with tiers disagreeing (target 0)\n",
+		s.Replayed, s.Admitted, s.Disagree, s.StateWrites)
 	errs := "none"
 	if len(s.Errors) > 0 {
 		var parts []string
@@ -265,19 +314,22 @@ func (s *scenarioS) print(w io.Writer) {
 		errs = strings.Join(parts, ", ")
 	}
 	fmt.Fprintf(w, "  errors (target none, through the flush too): %s\n", errs)
-	fmt.Fprintf(w, "  admitted while certainly suspended (target 0): %d\n", s.InSuspension)
-	fmt.Fprintf(w, "  decision brackets (sent to answered): p50 %v, p99 %v, max %v\n",
-		s.WidthP50.Round(time.Microsecond), s.WidthP99.Round(time.Microsecond), s.WidthMax.Round(time.Microsecond))
-	t := newTable("  tier", "worst window: admitted", "bound", "excess (<= 0 holds)", "its start", "its span", "excess, certain", "worst <= 1s window: admitted / bound")
+	fmt.Fprintf(w, "  admitted while suspended (target 0): %d\n", s.InSuspension)
+	t := newTable("  tier", "worst window: admitted", "bound", "excess (<= 0 holds)", "its start", "its span", "worst <= 1s window: admitted / bound")
 	for _, r := range s.Tiers {
 		t.row("  "+r.Tier, []string{fmt.Sprint(r.Count), fmt.Sprintf("%.2f", r.Bound), fmt.Sprintf("%+.2f", r.Excess),
-			fmt.Sprintf("%.3fs", r.Start), fmt.Sprintf("%.3fs", r.Span), fmt.Sprintf("%+.2f", r.Certain),
+			fmt.Sprintf("%.6fs", r.Start), fmt.Sprintf("%.6fs", r.Span),
 			fmt.Sprintf("%d / %.2f (%+.2f)", r.Count1s, r.Bound1s, r.Window1s)})
 	}
 	t.print(w)
-	fmt.Fprintln(w, "  notes: every window [t_i, t_j] between two admissions is checked; bound = burst at t_i + the tier's rate")
-	fmt.Fprintln(w, "         integrated over the window (across a change: each tier keeps its tokens, clamped to the new burst;")
-	fmt.Fprintln(w, "         a raise counts from the earliest moment the SetLimits call may have taken effect, a lowering from")
-	fmt.Fprintln(w, "         the latest). Times are the midpoints of each decision's bracket on this host's clock, which the")
-	fmt.Fprintln(w, "         harness's Redis shares; \"certain\" allows each admission anywhere in its bracket.")
+	fmt.Fprintf(w, "  cross-check on the callers' brackets (sent to answered: p50 %v, p99 %v, max %v):\n",
+		s.WidthP50.Round(time.Microsecond), s.WidthP99.Round(time.Microsecond), s.WidthMax.Round(time.Microsecond))
+	for _, r := range s.Brackets {
+		fmt.Fprintf(w, "    %s: worst excess %+.2f at the midpoints, %+.2f with each call anywhere in its bracket\n", r.Tier, r.Excess, r.Certain)
+	}
+	fmt.Fprintln(w, "  notes: each admission's time is its decision's Redis TIME, replayed from the bucket state the script writes")
+	fmt.Fprintln(w, "         (MONITOR): what a tier owes rises by per_us for each call admitted. Every window [t_i, t_j] between two")
+	fmt.Fprintln(w, "         admissions is checked; bound = burst at t_i + the tier's rate integrated over the window (across a")
+	fmt.Fprintln(w, "         change: each tier keeps its tokens, clamped to the new burst; a raise grants no sudden burst).")
+	fmt.Fprintln(w, "         The bracket cross-check uses the callers' clock (this host's, as the harness's Redis).")
 }
