@@ -2,12 +2,14 @@
 // one process run, on one Redis:
 //
 //	go run ./bench                 # all scenarios, on a redis-server it starts
-//	go run ./bench -scenario A     # one scenario (A to E; comma-separated)
+//	go run ./bench -scenario A     # one scenario (A to E, G, S; comma-separated)
 //	go run ./bench -quick          # a short smoke run
 //	go run ./bench -redis redis://127.0.0.1:6379/0
 //
 // Scenarios (see issues 5 and 13): A backlog drain, B head of line, C
-// decisions/s, D middleware overhead, E quota fidelity. Variants: sleep
+// decisions/s, D middleware overhead, E quota fidelity; and, only when
+// named, G many keys (issue 15: bytes per key, decisions/s against one key)
+// and S a 60 s soak checked window by window. Variants: sleep
 // (redis_rate Allow + sleep), wiki (asynq wiki's per-process x/time/rate +
 // RateLimitError), naive (ours without reservations), ours
 // (worker.NewServer + throttle.ByProvider).
