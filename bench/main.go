@@ -2,17 +2,18 @@
 // one process run, on one Redis:
 //
 //	go run ./bench                 # all scenarios, on a redis-server it starts
-//	go run ./bench -scenario A     # one scenario (A to F; comma-separated)
+//	go run ./bench -scenario A     # one scenario (A to G, S; comma-separated)
 //	go run ./bench -quick          # a short smoke run
 //	go run ./bench -redis redis://127.0.0.1:6379/0
 //
-// Scenarios (see issues 5, 13 and 14): A backlog drain, B head of line, C
-// decisions/s, D middleware overhead, E quota fidelity, F slots in flight.
-// Variants: sleep (redis_rate Allow + sleep), wiki (asynq wiki's
-// per-process x/time/rate + RateLimitError), naive (ours without
-// reservations; in F, a leased semaphore with a blind backoff), semaphore
-// (F: asynq's x/rate.Semaphore), ours (worker.NewServer +
-// throttle.ByProvider).
+// Scenarios (see issues 5 and 13 to 16): A backlog drain, B head of line, C
+// decisions/s, D middleware overhead, E quota fidelity, F slots in flight;
+// and, only when named, G many keys (bytes per key, decisions/s against
+// one key) and S a 60 s soak checked window by window. Variants: sleep
+// (redis_rate Allow + sleep), wiki (asynq wiki's per-process x/time/rate +
+// RateLimitError), naive (ours without reservations; in F, a leased
+// semaphore with a blind backoff), semaphore (F: asynq's x/rate.Semaphore),
+// ours (worker.NewServer + throttle.ByProvider).
 //
 // Tables go to stdout, progress to stderr. With a Redis the harness started
 // itself, it runs FLUSHALL between runs; with -redis it only deletes its own
@@ -43,7 +44,7 @@ func main() {
 
 func run() int {
 	redisURL := flag.String("redis", "", "use this Redis (redis://...) instead of starting a redis-server")
-	scenarios := flag.String("scenario", "A,B,C,D,E,F", "scenarios to run, comma-separated: A, B, C, D, E, F")
+	scenarios := flag.String("scenario", "A,B,C,D,E,F", "scenarios to run, comma-separated: A, B, C, D, E, F; G (many keys) and S (soak) run only when named")
 	quick := flag.Bool("quick", false, "short smoke run (fewer tasks, shorter measurements)")
 	jsonOut := flag.String("json", "", "also write the results as JSON to this file")
 	verbose := flag.Bool("v", false, "show asynq warnings and errors on stderr")
@@ -146,12 +147,14 @@ func run() int {
 		{"D", func(ctx context.Context, e *env, w io.Writer) (any, error) { return runD(ctx, e, w) }},
 		{"E", func(ctx context.Context, e *env, w io.Writer) (any, error) { return runE(ctx, e, w) }},
 		{"F", func(ctx context.Context, e *env, w io.Writer) (any, error) { return runF(ctx, e, w) }},
+		{"G", func(ctx context.Context, e *env, w io.Writer) (any, error) { return runG(ctx, e, w) }},
+		{"S", func(ctx context.Context, e *env, w io.Writer) (any, error) { return runS(ctx, e, w) }},
 	}
 	want := map[string]bool{}
 	for _, s := range strings.Split(*scenarios, ",") {
 		s = strings.ToUpper(strings.TrimSpace(s))
 		if find(all, func(sc scenario) bool { return sc.name == s }) == nil {
-			fmt.Fprintf(os.Stderr, "bench: unknown scenario %q (want A, B, C, D, E or F)\n", s)
+			fmt.Fprintf(os.Stderr, "bench: unknown scenario %q (want A, B, C, D, E, F, G or S)\n", s)
 			return 2
 		}
 		want[s] = true

@@ -1,0 +1,580 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/asynq-throttle/asynq-throttle/throttle"
+)
+
+// Scenario G, many keys: one key per tenant ("slack:T00042"), each with two
+// tiers, as WithKeyFunc makes them. It measures what a key costs in Redis
+// while it only has limits (idle) and once it has bucket state (active),
+// where those bytes go, how many decisions per second many keys get against
+// one key, and what a process keeps per key once the keys go idle.
+
+// gTenantLimits are every tenant key's limits.
+var gTenantLimits = []throttle.Limit{throttle.PerSecond(50), throttle.PerMinute(1000)}
+
+// gHotLimits never bind (the one-key and 32-key comparisons): every
+// decision is admitted, as the tenants' are.
+var gHotLimits = []throttle.Limit{throttle.PerSecond(cRate), throttle.PerMinute(60 * cRate)}
+
+// gRun is one decisions/s point of scenario G.
+type gRun struct {
+	Variant    string
+	Goroutines int
+	Decisions  int64
+	Errors     int64
+	Refused    int64
+	Elapsed    time.Duration
+	PerSec     float64
+	CPUPerDec  time.Duration // Redis CPU (INFO cpu) per decision
+	Migrations int64         // first-touch migrations during the runs (EXISTS calls)
+	ScriptRuns int64         // FCALL/EVALSHA/EVAL calls
+	ScriptUsec int64         // their Redis time (commandstats)
+}
+
+// memRow is one line of the byte breakdown.
+type memRow struct {
+	What   string
+	PerKey float64
+	Note   string
+}
+
+type scenarioG struct {
+	Keys    int
+	Prefix  string
+	Example string // one tenant key's Redis key
+
+	SetLimitsTime, TakeTime time.Duration
+
+	// Redis bytes per key: INFO used_memory delta / keys, and MEMORY USAGE
+	// (SAMPLES 0) averaged over a sample.
+	IdleInfo, IdleUsage     float64
+	ActiveInfo, ActiveUsage float64
+	BusyUsage               float64
+	IdleEnc, ActiveEnc      map[string]int
+	BusyEnc                 map[string]int
+	Sample, BusySample      int
+	IdleFields, ActiveField map[string]string // a sample key's hash
+	BusyT                   string
+	Breakdown               []memRow
+
+	Runs []gRun
+
+	// Process heap (runtime.MemStats.HeapAlloc after GC).
+	Heap0, HeapOp, HeapLive, HeapIdle uint64
+	IdleWait                          time.Duration
+	IdleSwept                         bool
+	IdleSkipped                       bool
+}
+
+func runG(ctx context.Context, e *env, w io.Writer) (*scenarioG, error) {
+	s := &scenarioG{Keys: 100_000, Sample: 1000, BusySample: 1000}
+	slice := 750 * time.Millisecond
+	if e.quick {
+		s.Keys, s.Sample, s.BusySample, slice = 10_000, 200, 200, 250*time.Millisecond
+		s.IdleSkipped = true
+	}
+	// Production key names on the harness's own Redis; a run prefix on a
+	// shared one (then the figures include the longer names).
+	_, s.Prefix = e.names("g", "keys")
+	if e.own {
+		s.Prefix = throttle.DefaultPrefix
+	}
+	fmt.Fprintf(w, "\n== G. many keys: %d tenant keys (slack:T00000 ...), each %v + %v, against one key and 32 keys (%v each, never binding); %v slices\n",
+		s.Keys, gTenantLimits[0], gTenantLimits[1], gHotLimits[0], slice)
+	defer func() { _ = e.cleanup(context.Background(), "", s.Prefix) }()
+
+	rdb := e.newClient(256)
+	defer rdb.Close()
+	names := make([]string, s.Keys)
+	for i := range names {
+		names[i] = fmt.Sprintf("slack:T%05d", i)
+	}
+	redisKey := func(name string) string { return s.Prefix + ":{" + name + "}:b" }
+	s.Example = redisKey(names[0])
+	hot := make([]string, 32)
+	for i := range hot {
+		hot[i] = fmt.Sprintf("hot-%02d", i)
+	}
+
+	// Two Limiters, as two processes would have: an operator's that sets the
+	// limits, a worker's that decides. Each warms up on a key of its own, so
+	// that the connection pool and buffers exist before the first heap
+	// figure.
+	op := throttle.NewLimiter(rdb, throttle.WithPrefix(s.Prefix))
+	lim := throttle.NewLimiter(rdb, throttle.WithPrefix(s.Prefix))
+	for _, k := range append([]string{"one"}, hot...) {
+		if err := op.SetLimits(ctx, k, gHotLimits...); err != nil {
+			return s, fmt.Errorf("SetLimits %s: %w", k, err)
+		}
+	}
+	if err := parallel(64, 20_000, func(i int) error {
+		_, err := lim.Take(ctx, hot[i%len(hot)])
+		return err
+	}); err != nil {
+		return s, err
+	}
+	s.Heap0 = heapAfterGC()
+
+	// Idle keys: limits only.
+	used0, err := usedMemory(ctx, rdb)
+	if err != nil {
+		return s, err
+	}
+	start := time.Now()
+	if err := parallel(64, s.Keys, func(i int) error { return op.SetLimits(ctx, names[i], gTenantLimits...) }); err != nil {
+		return s, fmt.Errorf("SetLimits: %w", err)
+	}
+	s.SetLimitsTime = time.Since(start)
+	s.HeapOp = heapAfterGC()
+	used1, err := usedMemory(ctx, rdb)
+	if err != nil {
+		return s, err
+	}
+	s.IdleInfo = float64(used1-used0) / float64(s.Keys)
+	s.IdleUsage, s.IdleEnc, err = memoryUsage(ctx, rdb, sampleKeys(names[:], s.Sample, redisKey))
+	if err != nil {
+		return s, err
+	}
+	if s.IdleFields, err = rdb.HGetAll(ctx, redisKey(names[0])).Result(); err != nil {
+		return s, err
+	}
+	progress("G: limits on %d keys in %v: %.0f B/key (INFO), %.0f B/key (MEMORY USAGE)", s.Keys, s.SetLimitsTime.Round(time.Millisecond), s.IdleInfo, s.IdleUsage)
+
+	// Active keys: one decision each writes the bucket state.
+	start = time.Now()
+	var refused atomic.Int64
+	if err := parallel(64, s.Keys, func(i int) error {
+		d, err := lim.Take(ctx, names[i])
+		if err == nil && !d.Allowed {
+			refused.Add(1)
+		}
+		return err
+	}); err != nil {
+		return s, fmt.Errorf("Take: %w", err)
+	}
+	s.TakeTime = time.Since(start)
+	if refused.Load() > 0 {
+		return s, fmt.Errorf("%d first decisions refused", refused.Load())
+	}
+	s.HeapLive = heapAfterGC()
+	used2, err := usedMemory(ctx, rdb)
+	if err != nil {
+		return s, err
+	}
+	s.ActiveInfo = float64(used2-used0) / float64(s.Keys)
+	s.ActiveUsage, s.ActiveEnc, err = memoryUsage(ctx, rdb, sampleKeys(names, s.Sample, redisKey))
+	if err != nil {
+		return s, err
+	}
+	if s.ActiveField, err = rdb.HGetAll(ctx, redisKey(names[0])).Result(); err != nil {
+		return s, err
+	}
+	progress("G: one decision on each key in %v: %.0f B/key (INFO), %.0f B/key (MEMORY USAGE)", s.TakeTime.Round(time.Millisecond), s.ActiveInfo, s.ActiveUsage)
+
+	// Decisions/s: one key, 32 keys (one per goroutine of 32), all keys in
+	// turn; alternating slices, so that outside load hits all alike. It runs
+	// within a minute of the decisions above, so the worker's Limiter still
+	// knows every key (a key it forgot costs one migration check again).
+	variants := []struct {
+		name string
+		key  func(g int, n int64) string
+	}{
+		{"one key", func(int, int64) string { return "one" }},
+		{"32 keys", func(g int, _ int64) string { return hot[g%len(hot)] }},
+		{fmt.Sprintf("%d keys", s.Keys), func(_ int, n int64) string { return names[n%int64(len(names))] }},
+	}
+	var next atomic.Int64
+	for _, g := range []int{1, 32} {
+		runs := make([]gRun, len(variants))
+		for round := range cRounds {
+			for i := range variants {
+				k := (i + round) % len(variants)
+				v := variants[k]
+				cpu0, err := redisCPU(ctx, e.ctl)
+				if err != nil {
+					return s, err
+				}
+				st0, err := commandStats(ctx, e.ctl)
+				if err != nil {
+					return s, err
+				}
+				r := measureKeyed(g, slice, func(g int) (bool, error) {
+					d, err := lim.Take(ctx, v.key(g, next.Add(1)))
+					return d.Allowed, err
+				})
+				cpu1, err := redisCPU(ctx, e.ctl)
+				if err != nil {
+					return s, err
+				}
+				st1, err := commandStats(ctx, e.ctl)
+				if err != nil {
+					return s, err
+				}
+				runs[k].Variant, runs[k].Goroutines = v.name, g
+				runs[k].Decisions += r.Decisions
+				runs[k].Errors += r.Errors
+				runs[k].Refused += r.Refused
+				runs[k].Elapsed += r.Elapsed
+				runs[k].CPUPerDec += time.Duration((cpu1 - cpu0) * float64(time.Second))
+				runs[k].Migrations += st1["exists"].calls - st0["exists"].calls
+				for _, c := range []string{"fcall", "evalsha", "eval"} {
+					runs[k].ScriptRuns += st1[c].calls - st0[c].calls
+					runs[k].ScriptUsec += st1[c].usec - st0[c].usec
+				}
+			}
+		}
+		for _, r := range runs {
+			r.PerSec = float64(r.Decisions) / r.Elapsed.Seconds()
+			if r.Decisions > 0 {
+				r.CPUPerDec /= time.Duration(r.Decisions)
+			}
+			s.Runs = append(s.Runs, r)
+			progress("G: %s, %d goroutines: %.0f decisions/s", r.Variant, r.Goroutines, r.PerSec)
+		}
+	}
+
+	// Busy keys: a key whose minute tier owes more writes a longer T.
+	busy := names[len(names)-s.BusySample:]
+	if err := parallel(64, len(busy), func(i int) error {
+		_, err := lim.TakeN(ctx, busy[i], 20)
+		return err
+	}); err != nil {
+		return s, fmt.Errorf("TakeN: %w", err)
+	}
+	s.BusyUsage, s.BusyEnc, err = memoryUsage(ctx, rdb, sampleKeys(busy, len(busy), redisKey))
+	if err != nil {
+		return s, err
+	}
+	if s.BusyT, err = rdb.HGet(ctx, redisKey(busy[0]), "T").Result(); err != nil {
+		return s, err
+	}
+
+	// Where the bytes go: the same key names and field values written by
+	// hand, one element at a time, on another database.
+	if s.Breakdown, err = breakdown(ctx, e, s, names, redisKey); err != nil {
+		return s, err
+	}
+
+	// Process memory once the keys go idle: a Limiter forgets a key a
+	// minute after its last use, at its next sweep (every minute).
+	if !s.IdleSkipped {
+		progress("G: waiting up to 150s for both Limiters to forget the idle keys")
+		start = time.Now()
+		target := s.Heap0 + (s.HeapLive-s.Heap0)/10
+		for {
+			s.HeapIdle = heapAfterGC()
+			if s.HeapIdle <= target {
+				s.IdleSwept = true
+				break
+			}
+			if time.Since(start) > 150*time.Second || ctx.Err() != nil {
+				break
+			}
+			time.Sleep(5 * time.Second)
+		}
+		s.IdleWait = time.Since(start)
+	}
+	runtime.KeepAlive(op)
+	runtime.KeepAlive(lim)
+	s.print(w)
+	return s, nil
+}
+
+// parallel runs fn(0..n-1) on g goroutines and returns the first error.
+// A call that times out (a shared machine under load) is tried again, up
+// to three times.
+func parallel(g, n int, fn func(i int) error) error {
+	once := fn
+	fn = func(i int) error {
+		err := once(i)
+		for try := 1; try < 3 && errors.Is(err, context.DeadlineExceeded); try++ {
+			err = once(i)
+		}
+		return err
+	}
+	var next atomic.Int64
+	var first atomic.Pointer[error]
+	var wg sync.WaitGroup
+	for range g {
+		wg.Go(func() {
+			for first.Load() == nil {
+				i := int(next.Add(1)) - 1
+				if i >= n {
+					return
+				}
+				if err := fn(i); err != nil {
+					first.CompareAndSwap(nil, &err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if err := first.Load(); err != nil {
+		return *err
+	}
+	return nil
+}
+
+// measureKeyed is measureDecisions with the goroutine's index passed to op.
+func measureKeyed(g int, d time.Duration, op func(g int) (bool, error)) gRun {
+	var n, refused, errs atomic.Int64
+	var stop atomic.Bool
+	var wg sync.WaitGroup
+	start := time.Now()
+	for i := range g {
+		wg.Go(func() {
+			for !stop.Load() {
+				ok, err := op(i)
+				switch {
+				case err != nil:
+					errs.Add(1)
+				case !ok:
+					refused.Add(1)
+				}
+				n.Add(1)
+			}
+		})
+	}
+	time.Sleep(d)
+	stop.Store(true)
+	wg.Wait()
+	return gRun{Goroutines: g, Decisions: n.Load(), Refused: refused.Load(), Errors: errs.Load(), Elapsed: time.Since(start)}
+}
+
+func heapAfterGC() uint64 {
+	runtime.GC()
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m.HeapAlloc
+}
+
+// usedMemory reads used_memory from INFO memory.
+func usedMemory(ctx context.Context, c *redis.Client) (int64, error) {
+	info, err := c.Info(ctx, "memory").Result()
+	if err != nil {
+		return 0, err
+	}
+	for line := range strings.Lines(info) {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "used_memory:"); ok {
+			return strconv.ParseInt(v, 10, 64)
+		}
+	}
+	return 0, fmt.Errorf("INFO memory without used_memory")
+}
+
+// sampleKeys picks n of names, evenly spread, as Redis keys.
+func sampleKeys(names []string, n int, redisKey func(string) string) []string {
+	n = min(n, len(names))
+	out := make([]string, n)
+	for i := range n {
+		out[i] = redisKey(names[i*len(names)/n])
+	}
+	return out
+}
+
+// memoryUsage averages MEMORY USAGE (SAMPLES 0: every element counted) over
+// keys and counts their OBJECT ENCODINGs.
+func memoryUsage(ctx context.Context, c *redis.Client, keys []string) (float64, map[string]int, error) {
+	pipe := c.Pipeline()
+	usage := make([]*redis.IntCmd, len(keys))
+	enc := make([]*redis.StringCmd, len(keys))
+	for i, k := range keys {
+		usage[i] = pipe.MemoryUsage(ctx, k, 0)
+		enc[i] = pipe.ObjectEncoding(ctx, k)
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return 0, nil, fmt.Errorf("MEMORY USAGE / OBJECT ENCODING: %w", err)
+	}
+	var sum int64
+	encs := map[string]int{}
+	for i := range keys {
+		sum += usage[i].Val()
+		encs[enc[i].Val()]++
+	}
+	return float64(sum) / float64(len(keys)), encs, nil
+}
+
+// breakdown writes the keys' elements by hand on another database, one
+// step at a time, and reports each step's used_memory delta per key.
+func breakdown(ctx context.Context, e *env, s *scenarioG, names []string, redisKey func(string) string) ([]memRow, error) {
+	o := *e.opts
+	o.DB = e.opts.DB + 1
+	o.PoolSize = 8
+	c := redis.NewClient(&o)
+	defer c.Close()
+	if n, err := c.DBSize(ctx).Result(); err != nil || n != 0 {
+		return nil, fmt.Errorf("breakdown needs an empty db %d (DBSIZE %d, %v)", o.DB, n, err)
+	}
+	defer c.FlushDB(context.Background())
+	n := len(names)
+	L, T, busyT := s.IdleFields["L"], s.ActiveField["T"], s.BusyT
+	short := func(name string) string { return "t:{" + name + "}:b" }
+	type step struct {
+		what, note string
+		cmd        func(p redis.Pipeliner, i int)
+	}
+	fresh := func(steps ...step) ([]memRow, error) {
+		if err := c.FlushDB(ctx).Err(); err != nil {
+			return nil, err
+		}
+		var rows []memRow
+		prev, err := usedMemory(ctx, c)
+		if err != nil {
+			return nil, err
+		}
+		for _, st := range steps {
+			for lo := 0; lo < n; lo += 1000 {
+				p := c.Pipeline()
+				for i := lo; i < min(lo+1000, n); i++ {
+					st.cmd(p, i)
+				}
+				if _, err := p.Exec(ctx); err != nil {
+					return nil, fmt.Errorf("%s: %w", st.what, err)
+				}
+			}
+			used, err := usedMemory(ctx, c)
+			if err != nil {
+				return nil, err
+			}
+			rows = append(rows, memRow{What: st.what, PerKey: float64(used-prev) / float64(n), Note: st.note})
+			prev = used
+		}
+		return rows, nil
+	}
+	ttl := 7 * 24 * time.Hour
+	rows, err := fresh(
+		step{"key: dict entry, name, a 1-byte string", fmt.Sprintf("%q (%d B)", redisKey(names[0]), len(redisKey(names[0]))),
+			func(p redis.Pipeliner, i int) { p.Set(ctx, redisKey(names[i]), "x", 0) }},
+		step{"  the string -> a hash holding L (listpack)", fmt.Sprintf("L = %q (%d B)", L, len(L)),
+			func(p redis.Pipeliner, i int) {
+				p.Del(ctx, redisKey(names[i]))
+				p.HSet(ctx, redisKey(names[i]), "L", L)
+			}},
+		step{"  + its TTL (expires dict entry)", "every key expires after WithIdleExpiry",
+			func(p redis.Pipeliner, i int) { p.Expire(ctx, redisKey(names[i]), ttl) }},
+		step{"  + T, the bucket state (active)", fmt.Sprintf("T = %q (%d B)", T, len(T)),
+			func(p redis.Pipeliner, i int) { p.HSet(ctx, redisKey(names[i]), "T", T) }},
+		step{"  T of a busier key (> 64 B: hashtable)", fmt.Sprintf("T = %q (%d B)", busyT, len(busyT)),
+			func(p redis.Pipeliner, i int) { p.HSet(ctx, redisKey(names[i]), "T", busyT) }},
+	)
+	if err != nil {
+		return nil, err
+	}
+	alt, err := fresh(
+		step{"the three steps above at once, shorter name", fmt.Sprintf("%q (%d B)", short(names[0]), len(short(names[0]))),
+			func(p redis.Pipeliner, i int) {
+				p.HSet(ctx, short(names[i]), "L", L)
+				p.Expire(ctx, short(names[i]), ttl)
+			}},
+		step{"  + T", "",
+			func(p redis.Pipeliner, i int) { p.HSet(ctx, short(names[i]), "T", T) }},
+	)
+	if err != nil {
+		return nil, err
+	}
+	noTTL, err := fresh(
+		step{"the first two steps at once (no TTL)", "", func(p redis.Pipeliner, i int) { p.HSet(ctx, redisKey(names[i]), "L", L) }},
+	)
+	if err != nil {
+		return nil, err
+	}
+	return slices.Concat(rows, alt, noTTL), nil
+}
+
+func (s *scenarioG) print(w io.Writer) {
+	perKey := func(a, b uint64) string {
+		if a < b {
+			return "0"
+		}
+		return fmt.Sprintf("%.0f", float64(a-b)/float64(s.Keys))
+	}
+	enc := func(m map[string]int) string {
+		var parts []string
+		for k, v := range m {
+			parts = append(parts, fmt.Sprintf("%s %d", k, v))
+		}
+		slices.Sort(parts)
+		return strings.Join(parts, ", ")
+	}
+	fmt.Fprintf(w, "  Redis memory per key (%s ...):\n", s.Example)
+	t := newTable("  key state", "INFO used_memory delta", "MEMORY USAGE (sample)", "target", "encodings (sample)")
+	t.row("  idle: limits only", []string{fmt.Sprintf("%.0f B", s.IdleInfo), fmt.Sprintf("%.0f B", s.IdleUsage), "< 200 B", enc(s.IdleEnc)})
+	t.row("  active: limits + state", []string{fmt.Sprintf("%.0f B", s.ActiveInfo), fmt.Sprintf("%.0f B", s.ActiveUsage), "< 350 B", enc(s.ActiveEnc)})
+	t.row(fmt.Sprintf("  busy: minute tier owing 21 (%d keys)", s.BusySample), []string{"-", fmt.Sprintf("%.0f B", s.BusyUsage), "< 350 B", enc(s.BusyEnc)})
+	t.print(w)
+	fmt.Fprintf(w, "  hash of an idle key: %s; active: %s\n", fields(s.IdleFields), fields(s.ActiveField))
+	fmt.Fprintf(w, "  SetLimits on %d keys: %v (64 goroutines); one Take on each: %v\n", s.Keys, s.SetLimitsTime.Round(time.Millisecond), s.TakeTime.Round(time.Millisecond))
+	fmt.Fprintln(w, "  where the bytes go (INFO used_memory delta per key, each step written by hand on another db):")
+	bt := newTable("    step", "B/key", "what")
+	for _, r := range s.Breakdown {
+		bt.row("    "+r.What, []string{fmt.Sprintf("%.0f", r.PerKey), r.Note})
+	}
+	bt.print(w)
+
+	fmt.Fprintln(w, "  decisions/s (Limiter.Take, every decision admitted):")
+	dt := newTable("  goroutines", "variant", "decisions/s", "vs one key", "Redis CPU/decision", "decisions/script run", "us/script run", "errors", "refused", "migration checks")
+	for _, r := range s.Runs {
+		one := find(s.Runs, func(o gRun) bool { return o.Goroutines == r.Goroutines && o.Variant == "one key" })
+		rel := "-"
+		if one != nil {
+			rel = ratio(r.PerSec, one.PerSec)
+		}
+		perRun, usec := "-", "-"
+		if r.ScriptRuns > 0 {
+			perRun = fmt.Sprintf("%.2f", float64(r.Decisions)/float64(r.ScriptRuns))
+			usec = fmt.Sprintf("%.1f", float64(r.ScriptUsec)/float64(r.ScriptRuns))
+		}
+		dt.row("  "+strconv.Itoa(r.Goroutines), []string{r.Variant, fmt.Sprintf("%.0f", r.PerSec), rel,
+			r.CPUPerDec.Round(100 * time.Nanosecond).String(), perRun, usec, strconv.FormatInt(r.Errors, 10),
+			strconv.FormatInt(r.Refused, 10), strconv.FormatInt(r.Migrations, 10)})
+	}
+	dt.print(w)
+	fmt.Fprintln(w, "  notes: one key: decisions in flight together share one script run; 32 keys, one per goroutine, and")
+	fmt.Fprintln(w, "         the tenant keys in turn never do (one script run each, pipelined): the second isolates what")
+	fmt.Fprintln(w, "         the number of keys costs from what sharing a run saves. Target: tenant keys within 10 % of one key.")
+	fmt.Fprintln(w, "         Redis CPU = used_cpu_user+sys delta (I/O included); us/script run = commandstats of FCALL (Lua only).")
+
+	fmt.Fprintln(w, "  process heap (HeapAlloc after GC), two Limiters (the operator's set the limits, the worker's decided):")
+	fmt.Fprintf(w, "    per key while in use: %s B (worker, after one Take), %s B (operator, after SetLimits)\n",
+		perKey(s.HeapLive, s.HeapOp), perKey(s.HeapOp, s.Heap0))
+	switch {
+	case s.IdleSkipped:
+		fmt.Fprintln(w, "    after the keys go idle: skipped (-quick); BenchmarkIdleKeysRetained measures it")
+	case s.IdleSwept:
+		fmt.Fprintf(w, "    after the keys go idle: %s B per key retained (both Limiters, %.1f MB in all), %v after the last decision\n",
+			perKey(s.HeapIdle, s.Heap0), float64(max(s.HeapIdle, s.Heap0)-s.Heap0)/1e6, s.IdleWait.Round(time.Second))
+	default:
+		fmt.Fprintf(w, "    after the keys go idle: NOT released within %v: %s B per key still held\n", s.IdleWait.Round(time.Second), perKey(s.HeapIdle, s.Heap0))
+	}
+}
+
+// fields formats a hash sorted by field.
+func fields(m map[string]string) string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	var parts []string
+	for _, k := range keys {
+		parts = append(parts, fmt.Sprintf("%s=%q", k, m[k]))
+	}
+	return "{" + strings.Join(parts, " ") + "}"
+}
