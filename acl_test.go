@@ -52,7 +52,7 @@ var aclScriptCommands = []string{"time", "hmget", "hget", "hgetall", "hset", "hd
 var aclOperatorScriptCommands = []string{"del", "hkeys"}
 
 // aclWorkerFunctions are the library's functions a worker calls.
-var aclWorkerFunctions = []string{"decide", "migrate", "inspect", "adjust", "release", "extend", "suspend"}
+var aclWorkerFunctions = []string{"decide", "migrate", "inspect", "adjust", "release", "extend", "suspend", "observe"}
 
 // aclAsynqCommands are what asynq v0.26 sends for a worker, a client and an
 // inspector (its scripts and its own calls, internal/rdb), on keys asynq:*
@@ -383,8 +383,6 @@ func TestACLWorkerAndOperator(t *testing.T) {
 	})
 
 	t.Run("a refused call leaves the worker deciding", func(t *testing.T) {
-		t.Skip("needs a core change (lua.IsNoFunctions): a NOPERM on FCALL or FUNCTION LOAD switches the Runner " +
-			"to EVALSHA for good, and every later decision of that Limiter fails with NOPERM; see notes/acl-readme.md")
 		w := throttle.NewLimiter(wRdb, throttle.WithLogger(quiet))
 		require.Error(t, w.SetLimits(ctx, "slack", throttle.PerSecond(1)))
 		_, err := w.Take(ctx, "slack")

@@ -27,6 +27,8 @@ local L = h[1]
 
 -- Suspension comes first.
 local until_ = finite(h[3])
+-- (An end beyond any honest wait is garbage, not a suspension.)
+if until_ and until_ - now > MAX_WAIT then until_ = nil end
 local suspended = until_ ~= nil and until_ > now
 
 -- Limits, validated; a decision never crashes on bad ones.

@@ -5,7 +5,8 @@ local now = now_us()
 local h = redis.call('HMGET', key, 'L', 's', 'T', 'O')
 local until_ = finite(h[2]) or 0
 local suspended = 0
-if until_ > now then suspended = math.min(until_ - now, MAX_WAIT) end
+-- (An end beyond any honest wait is garbage, not a suspension: as decide.)
+if until_ > now and until_ - now <= MAX_WAIT then suspended = until_ - now end
 local reservations = redis.call('ZCARD', resv_key)
 local src = h[1]
 if not src and defaults ~= '' then src = defaults end

@@ -183,14 +183,19 @@ func (r *Runner) run(ctx context.Context, s *Script, args []any) *redis.Cmd {
 // Recover looks at the error of a call of s whose command is args and, when
 // the call should run again, fixes args (its first two words) and reports
 // true: the library is loaded after "Function not found", the Runner
-// switches to EVALSHA when the server does not take functions, and a
-// NOSCRIPT is answered with EVAL. When the library cannot be loaded (a
-// Cluster node unreachable, say) the call runs with EVAL this time.
+// switches to EVALSHA for good when the server does not take functions
+// (Redis 6.2, miniredis) or the user may not call the decide function, and
+// a NOSCRIPT is answered with EVAL. When the library cannot be loaded (a
+// Cluster node unreachable, a user without FUNCTION LOAD) the call runs with
+// EVAL this time only, and an operator's function a user may not call
+// (NOPERM, an ACL that keeps workers from changing limits) is tried with
+// EVALSHA this time only: neither changes how later calls are sent, so a
+// refused call never breaks the decisions the user may make.
 func (r *Runner) Recover(ctx context.Context, s *Script, args []any, err error) bool {
 	switch {
 	case IsFunctionMissing(err):
 		if lerr := r.Load(ctx); lerr != nil {
-			if IsNoFunctions(lerr) {
+			if IsNoFunctions(lerr) && !isNoPerm(lerr) {
 				r.mode.Store(int32(ModeEval))
 				args[0], args[1] = s.Head(ModeEval)
 			} else {
@@ -199,7 +204,9 @@ func (r *Runner) Recover(ctx context.Context, s *Script, args []any, err error) 
 		}
 		return true
 	case IsNoFunctions(err):
-		r.mode.Store(int32(ModeEval))
+		if !isNoPerm(err) || s == decideScript {
+			r.mode.Store(int32(ModeEval))
+		}
 		args[0], args[1] = s.Head(ModeEval)
 		return true
 	case IsNoScript(err):
@@ -207,6 +214,12 @@ func (r *Runner) Recover(ctx context.Context, s *Script, args []any, err error) 
 		return true
 	}
 	return false
+}
+
+// isNoPerm reports a command the ACL refuses.
+func isNoPerm(err error) bool {
+	var re redis.Error
+	return errors.As(err, &re) && strings.HasPrefix(strings.ToLower(re.Error()), "noperm")
 }
 
 // Load loads the library of this version into the server (every master of

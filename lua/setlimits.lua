@@ -67,7 +67,7 @@ end
 
 local _, need = write_T(in_force.tiers, owed, now, 0, 0)
 local until_ = finite(h[4])
-if until_ and until_ - now > need then need = until_ - now end
+if until_ and until_ - now > need and until_ - now <= MAX_WAIT then need = until_ - now end
 local x, ttl = keep_alive(need, true, idle_us, 0, now)
 local fields = {'L', new_src .. ' #' .. string.format('%d', gen)}
 local t_field = write_T(in_force.tiers, owed, now, x, 0)

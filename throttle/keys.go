@@ -19,7 +19,7 @@ const DefaultPrefix = "throttle"
 // most MaxKeyLen bytes of valid UTF-8, printable, without '{' or '}' (which
 // would break the Redis Cluster hash tag). The error wraps ErrInvalidKey.
 func ValidateKey(name string) error {
-	bad := func(why string) error { return fmt.Errorf("%w: %q: %s", ErrInvalidKey, name, why) }
+	bad := func(why string) error { return fmt.Errorf("%w: %s: %s", ErrInvalidKey, quoteKey(name), why) }
 	switch {
 	case name == "":
 		return bad("must not be empty")
@@ -37,6 +37,16 @@ func ValidateKey(name string) error {
 		}
 	}
 	return nil
+}
+
+// quoteKey quotes a key name for an error: at most 64 bytes of it, and its
+// length when it is longer (a hostile name must not make a megabyte error).
+func quoteKey(name string) string {
+	const show = 64
+	if len(name) <= show {
+		return fmt.Sprintf("%q", name)
+	}
+	return fmt.Sprintf("%q... (%d bytes)", name[:show], len(name))
 }
 
 // redisKeys derives every Redis key of one limiter key. It is the only place
@@ -69,12 +79,12 @@ func allRedisKeys(k lua.Keys) []string {
 // escaped.
 func scanPattern(prefix string) string {
 	var b strings.Builder
-	for _, r := range prefix {
-		switch r {
+	for i := 0; i < len(prefix); i++ { // bytes: a prefix need not be UTF-8
+		switch c := prefix[i]; c {
 		case '*', '?', '[', ']', '\\', '^':
 			b.WriteByte('\\')
 		}
-		b.WriteRune(r)
+		b.WriteByte(prefix[i])
 	}
 	b.WriteString(":{*}:*")
 	return b.String()

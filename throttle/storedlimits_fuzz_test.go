@@ -336,6 +336,7 @@ func parseStoredLimits(s string) storedParse {
 		out      storedParse
 		n        int
 		inflight float64
+		adaptive float64
 		periods  = map[string]bool{}
 	)
 	tokens := strings.FieldsFunc(s, func(r rune) bool {
@@ -352,13 +353,29 @@ func parseStoredLimits(s string) storedParse {
 			continue
 		case 'f':
 			q, ok := digits(tok[1:])
+			if !ok { // not fN: read as a tier
+				break
+			}
 			switch {
-			case !ok, inflight > 0:
+			case inflight > 0:
 				return bad("limits")
 			case q < 1 || q > 1e6:
 				return bad("limits.InFlight")
 			}
 			inflight = q
+			continue
+		case 'a':
+			e, ok := digits(tok[1:])
+			if !ok { // not aN: read as a tier
+				break
+			}
+			switch {
+			case adaptive > 0:
+				return bad("limits")
+			case e < 1000 || e > maxPerMS:
+				return bad("limits.Adaptive")
+			}
+			adaptive = e
 			continue
 		}
 		n++
@@ -414,8 +431,14 @@ func parseStoredLimits(s string) storedParse {
 	if n == 0 && inflight == 0 {
 		return bad("limits")
 	}
+	if adaptive > 0 && n == 0 {
+		return bad("limits.Adaptive")
+	}
 	if inflight > 0 {
 		out.limits = append(out.limits, throttle.InFlight(int(inflight)))
+	}
+	if adaptive > 0 {
+		out.limits = append(out.limits, throttle.Adaptive(time.Duration(adaptive)*time.Millisecond))
 	}
 	return out
 }
