@@ -21,6 +21,14 @@ import (
 // with Limiter.Enqueue, the workers run ByProvider as in ours.
 const vOursEnqueue = "ours-enqueue"
 
+// vAsynqPaced is asynq alone with a producer that enqueues the tasks at the
+// limit's rate while the fleet runs: the same tasks at the same pace over
+// the same time as a throttled drain, with nothing throttling them. It
+// tells what a drain spread over 20 s costs Redis by itself (the fleet's
+// polling meanwhile, commands that no longer come in batches) from what
+// throttling adds.
+const vAsynqPaced = "asynq-paced"
+
 // drainResult is one variant's backlog drain (scenario A).
 type drainResult struct {
 	Variant        string
@@ -100,11 +108,11 @@ func runA(ctx context.Context, e *env, w io.Writer) (*scenarioA, error) {
 	}
 	s.Cases = []*drainCase{
 		{Name: "burst 100", Tasks: tasks, Rate: 100, Burst: 100,
-			Variants: []string{vAsynq, vSleep, vWiki, vNaive, vOurs, vOursEnqueue}},
+			Variants: []string{vAsynq, vAsynqPaced, vSleep, vWiki, vNaive, vOurs, vOursEnqueue}},
 		{Name: "burst 10 (paced)", Tasks: tasks, Rate: 100, Burst: 10,
 			Variants: []string{vOurs, vOursEnqueue}},
 	}
-	var base *drainResult
+	var base, paced *drainResult
 	for i, c := range s.Cases {
 		c.Ideal = time.Duration(float64(c.Tasks) / c.Rate * float64(time.Second))
 		fastest := time.Duration((float64(c.Tasks) - c.Burst) / c.Rate * float64(time.Second))
@@ -121,7 +129,10 @@ func runA(ctx context.Context, e *env, w io.Writer) (*scenarioA, error) {
 		if b := find(c.Results, func(r drainResult) bool { return r.Variant == vAsynq }); b != nil {
 			base = b
 		}
-		c.print(w, s, base, i == 0)
+		if b := find(c.Results, func(r drainResult) bool { return r.Variant == vAsynqPaced }); b != nil {
+			paced = b
+		}
+		c.print(w, s, base, paced, i == 0)
 	}
 	return s, nil
 }
@@ -133,8 +144,11 @@ func drainOnce(ctx context.Context, e *env, s *scenarioA, dc *drainCase, variant
 	set := newTaskSet(dc.Tasks)
 	c := newCounters()
 	fleetVariant := variant
-	if variant == vOursEnqueue {
+	switch variant {
+	case vOursEnqueue:
 		fleetVariant = vOurs
+	case vAsynqPaced:
+		fleetVariant = vAsynq
 	}
 	spec := fleetSpec{
 		variant: fleetVariant, servers: s.Servers, concurrency: s.Concurrency,
@@ -142,7 +156,7 @@ func drainOnce(ctx context.Context, e *env, s *scenarioA, dc *drainCase, variant
 		limits:   map[string]quota{key: {Rate: dc.Rate * headroom, Burst: math.Floor(dc.Burst * headroom)}},
 		handlers: map[string]func(limitedFunc) asynq.Handler{"api:call": providerHandler(e.prov, set, key)},
 	}
-	if variant == vAsynq {
+	if fleetVariant == vAsynq {
 		spec.limits = nil // asynq alone: nothing throttles, and the provider does not limit either
 	}
 	if err := setLimits(ctx, e, spec); err != nil {
@@ -157,7 +171,27 @@ func drainOnce(ctx context.Context, e *env, s *scenarioA, dc *drainCase, variant
 	spanStart := time.Now()
 	var f *fleet
 	var start time.Time
-	if variant == vOursEnqueue {
+	switch variant {
+	case vAsynqPaced:
+		// One producer, one task every 1/rate of the limit, while the fleet runs.
+		e.prov.reset(nil)
+		if f, err = startFleet(e, spec, c); err != nil {
+			return drainResult{}, err
+		}
+		client := asynq.NewClientFromRedisClient(e.ctl)
+		every := time.Duration(float64(time.Second) / (dc.Rate * headroom))
+		start = time.Now()
+		for i := range dc.Tasks {
+			if d := time.Until(start.Add(time.Duration(i) * every)); d > 0 {
+				time.Sleep(d)
+			}
+			if _, err = client.EnqueueContext(ctx, mk(i), asynq.Queue(queue)); err != nil {
+				f.stop()
+				return drainResult{}, fmt.Errorf("enqueue task %d: %w", i, err)
+			}
+		}
+		r.Enqueue = time.Since(start)
+	case vOursEnqueue:
 		// A producer enqueueing while the fleet runs, as in production:
 		// slots are reserved from the first Enqueue, so the clock starts
 		// there (the enqueue's own time counts against the drain).
@@ -181,7 +215,7 @@ func drainOnce(ctx context.Context, e *env, s *scenarioA, dc *drainCase, variant
 			f.stop()
 			return drainResult{}, err
 		}
-	} else {
+	default:
 		t0 := time.Now()
 		if err := enqueue(ctx, e, queue, dc.Tasks, mk); err != nil {
 			return drainResult{}, err
@@ -321,7 +355,7 @@ func isScriptCall(name string) bool {
 	return false
 }
 
-func (c *drainCase) print(w io.Writer, s *scenarioA, base *drainResult, first bool) {
+func (c *drainCase) print(w io.Writer, s *scenarioA, base, paced *drainResult, first bool) {
 	t := newTable("metric")
 	for _, r := range c.Results {
 		t.col(r.Variant)
@@ -344,7 +378,7 @@ func (c *drainCase) print(w io.Writer, s *scenarioA, base *drainResult, first bo
 	}))
 	t.row("provider calls", each(c.Results, func(r drainResult) string { return fmt.Sprint(r.ProviderCalls) }))
 	t.row("provider 429s (target 0)", each(c.Results, func(r drainResult) string {
-		if r.Variant == vAsynq {
+		if r.Variant == vAsynq || r.Variant == vAsynqPaced {
 			return "- (no quota)"
 		}
 		return fmt.Sprint(r.Provider429)
@@ -405,7 +439,18 @@ func (c *drainCase) print(w io.Writer, s *scenarioA, base *drainResult, first bo
 			return ratio(float64(r.CPUPerTask), float64(base.CPUPerTask))
 		}))
 		t.row("  the same, each less its fleet's idle rate", each(c.Results, func(r drainResult) string {
+			if r.NetCPUPerTask <= 0 {
+				return "- (not idle)"
+			}
 			return ratio(float64(r.NetCPUPerTask), float64(base.NetCPUPerTask))
+		}))
+	}
+	if paced != nil {
+		t.row("commands per task / asynq-paced", each(c.Results, func(r drainResult) string {
+			return ratio(r.CmdsPerTask, paced.CmdsPerTask)
+		}))
+		t.row("Redis CPU per task / asynq-paced", each(c.Results, func(r drainResult) string {
+			return ratio(float64(r.CPUPerTask), float64(paced.CPUPerTask))
 		}))
 	}
 	t.row("enqueue->run p50", each(c.Results, func(r drainResult) string { return secs(r.P50) }))
@@ -413,7 +458,7 @@ func (c *drainCase) print(w io.Writer, s *scenarioA, base *drainResult, first bo
 	t.row("left: pending/active/sched/retry/archived", each(c.Results, func(r drainResult) string { return r.Left.String() }))
 	t.print(w)
 
-	c.printCommands(w, base)
+	c.printCommands(w, base, paced)
 	if base != nil {
 		for _, tg := range []struct {
 			variant string
@@ -423,10 +468,15 @@ func (c *drainCase) print(w io.Writer, s *scenarioA, base *drainResult, first bo
 			if r == nil {
 				continue
 			}
-			fmt.Fprintf(w, "ratio %s/asynq alone  Redis cmds/task %s %s  Redis CPU/task %s %s  (targets <= %.1fx)\n", tg.variant,
+			fmt.Fprintf(w, "ratio %s/asynq alone  Redis cmds/task %s %s  Redis CPU/task %s %s  (targets <= %.1fx)", tg.variant,
 				ratio(r.CmdsPerTask, base.CmdsPerTask), verdict(r.CmdsPerTask/base.CmdsPerTask <= tg.target),
 				ratio(float64(r.CPUPerTask), float64(base.CPUPerTask)), verdict(float64(r.CPUPerTask)/float64(base.CPUPerTask) <= tg.target),
 				tg.target)
+			if paced != nil {
+				fmt.Fprintf(w, "; against asynq-paced: cmds %s, CPU %s", ratio(r.CmdsPerTask, paced.CmdsPerTask),
+					ratio(float64(r.CPUPerTask), float64(paced.CPUPerTask)))
+			}
+			fmt.Fprintln(w)
 		}
 	}
 	if c.Burst < c.Rate {
@@ -438,7 +488,7 @@ func (c *drainCase) print(w io.Writer, s *scenarioA, base *drainResult, first bo
 	}
 	if ours := find(c.Results, func(r drainResult) bool { return r.Variant == vOurs }); ours != nil {
 		for _, r := range c.Results {
-			if r.Variant == vOurs || r.Variant == vAsynq || r.Variant == vOursEnqueue {
+			if r.Variant == vOurs || r.Variant == vAsynq || r.Variant == vAsynqPaced || r.Variant == vOursEnqueue {
 				continue
 			}
 			fmt.Fprintf(w, "ratio ours/%-5s  completion %s  denials/task %s  Redis cmds/task %s  Redis CPU/task %s  p99 %s  429s %d vs %d\n",
@@ -453,7 +503,8 @@ func (c *drainCase) print(w io.Writer, s *scenarioA, base *drainResult, first bo
 	}
 	fmt.Fprintln(w, "notes: completion = fleet start to the last task's success (tasks are enqueued first; the provider's bucket starts full at fleet start);")
 	fmt.Fprintln(w, "       ours-enqueue: the fleet runs first and 16 producers call Limiter.Enqueue; completion counts from the first Enqueue.")
-	fmt.Fprintln(w, "       asynq alone: no limiter and a provider without quota, the reference of the Redis cost per task.")
+	fmt.Fprintln(w, "       asynq alone: no limiter and a provider without quota, the reference of the Redis cost per task (issue 16's targets);")
+	fmt.Fprintln(w, "       asynq-paced: the same, its producer enqueueing one task every 1/limit while the fleet runs: a drain as long as a throttled one, nothing throttling.")
 	fmt.Fprintln(w, "       denials: sleep = refused redis_rate Allow (one sleep each); wiki = RateLimitError from the local limiter; naive/ours = Deferred+Suspended events.")
 	fmt.Fprintln(w, "       wiki and asynq alone run on asynq's defaults (forwarder every 5 s); naive and ours on worker.NewServer (1 s).")
 	fmt.Fprintln(w, "       Redis commands = INFO commandstats delta over enqueue and drain, all clients (asynq's own traffic included, commands inside scripts counted);")
@@ -465,10 +516,12 @@ func (c *drainCase) print(w io.Writer, s *scenarioA, base *drainResult, first bo
 // Redis time per completed task by command name (commandstats; a script
 // call's time includes the commands it runs, which are counted again on
 // their own rows).
-func (c *drainCase) printCommands(w io.Writer, base *drainResult) {
+func (c *drainCase) printCommands(w io.Writer, base, paced *drainResult) {
 	rs := slices.Clone(c.Results)
-	if base != nil && find(rs, func(r drainResult) bool { return r.Variant == vAsynq }) == nil {
-		rs = append([]drainResult{*base}, rs...)
+	for _, b := range []*drainResult{paced, base} {
+		if b != nil && find(rs, func(r drainResult) bool { return r.Variant == b.Variant }) == nil {
+			rs = append([]drainResult{*b}, rs...)
+		}
 	}
 	// Only the variants the issue's targets name, and naive for scale.
 	rs = slices.DeleteFunc(rs, func(r drainResult) bool { return r.Variant == vSleep || r.Variant == vWiki })
