@@ -109,7 +109,7 @@ resv=(1 1000000 1000000000000 300000000 604800000 0 '' 20000 2 30000000 'id:__ra
 # Limiter.Enqueue: as resv, booking (flags 1|2): every caller gets a slot.
 book=(1 1000000 1000000000000 300000000 604800000 0 '' 20000 3 30000000 'id:__rand_int__' 1)
 
-declare -A result
+declare -A result dumpof
 # measure NAME COMMAND...: instructions per call over $n pipelined calls.
 measure() {
   local name=$1
@@ -123,6 +123,27 @@ measure() {
   dump=$(ls -t "$work"/cg.out.* | head -1)
   total=$(awk '/^summary:/{print $2; exit}' "$dump")
   result[$name]=$((total / n))
+  dumpof[$name]=$dump
+}
+
+# parts NAME LABEL: where the instructions of one case go, per call, from
+# callgrind_annotate's inclusive counts of Redis's (and libc's) functions.
+parts() {
+  local ann
+  ann=$(callgrind_annotate --inclusive=yes --threshold=100 "${dumpof[$1]}" 2>/dev/null)
+  inc() { # inc FUNC: the inclusive count of FUNC, per call
+    awk -v f=":$1 [" -v n="$n" 'index($0, f) { gsub(/,/, "", $1); printf "%d", $1 / n; found=1; exit } END { if (!found) printf "0" }' <<<"$ann"
+  }
+  local total=${result[$1]} call pcall sc pr sd pf
+  call=$(inc call) pcall=$(inc lua_pcall) sc=$(inc scriptCall) pr=$(inc parseReply) sd=$(inc strtod) pf=$(inc __printf_fp)
+  echo "$2, by part (instructions per call):"
+  printf '    %8d  outside the command: reading and parsing the request, writing the reply\n' $((total - call))
+  printf '    %8d  FCALL itself: looking up the function, the KEYS and ARGV tables, Lua GC steps\n' $((call - pcall))
+  printf '    %8d  the Lua of the decision, less what follows\n' $((pcall - sc - pr - sd - pf))
+  printf '    %8d  number parsing (strtod: tonumber of ARGV and stored fields)\n' "$sd"
+  printf '    %8d  float formatting (__printf_fp: string.format %%.17g)\n' "$pf"
+  printf '    %8d  redis.call: the commands run (scriptCall)\n' "$sc"
+  printf '    %8d  redis.call: their replies converted for Lua (parseReply)\n' "$pr"
 }
 # limits L: a fresh key with limits L (as SetLimits stores them).
 limits() { cli FLUSHALL >/dev/null; cli HSET 't:{c}:b' L "$1" >/dev/null; }
@@ -179,4 +200,6 @@ line io "floor: FCALL of TIME + HMGET + HSET of one field, same keys and ARGV"
 line rr "redis_rate's allowN, EVALSHA (1000000/s burst 1000000)"
 t1=${result[take1]} e=${result[empty]} io=${result[io]}
 echo "Take, 1 tier, by part: $e the call itself (empty function), $((io - e)) TIME + HMGET + HSET, $((t1 - io)) the decision's own Lua"
+parts take1 "FCALL Take, 1 tier"
+parts resv "FCALL reserving a slot"
 echo "EVALSHA against FCALL: Take $(awk -v a="${result[eval_take1]}" -v b="$t1" 'BEGIN{printf "+%d (%.2fx)", a-b, a/b}'), reserving $(awk -v a="${result[eval_resv]}" -v b="${result[resv]}" 'BEGIN{printf "+%d (%.2fx)", a-b, a/b}')"
