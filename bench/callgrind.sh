@@ -130,7 +130,7 @@ measure() {
   # run. Without it, the count repeats.
   local cron
   cron=$(callgrind_annotate --inclusive=yes --threshold=100 "$dump" 2>/dev/null |
-    awk 'index($0, ":serverCron [") { gsub(/,/, "", $1); print $1; found=1; exit } END { if (!found) print 0 }')
+    awk '!found && index($0, ":serverCron [") { gsub(/,/, "", $1); v = $1; found = 1 } END { print found ? v : 0 }')
   nocron[$name]=$(((total - cron) / n))
 }
 
