@@ -2,10 +2,14 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"math"
+	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -13,11 +17,25 @@ import (
 	"github.com/asynq-throttle/asynq-throttle/throttle"
 )
 
+// vOursEnqueue is ours with enqueue-time throttling: the producer enqueues
+// with Limiter.Enqueue, the workers run ByProvider as in ours.
+const vOursEnqueue = "ours-enqueue"
+
+// vAsynqPaced is asynq alone with a producer that enqueues the tasks at the
+// limit's rate while the fleet runs: the same tasks at the same pace over
+// the same time as a throttled drain, with nothing throttling them. It
+// tells what a drain spread over 20 s costs Redis by itself (the fleet's
+// polling meanwhile, commands that no longer come in batches) from what
+// throttling adds.
+const vAsynqPaced = "asynq-paced"
+
 // drainResult is one variant's backlog drain (scenario A).
 type drainResult struct {
 	Variant        string
 	Finished       bool
 	Elapsed        time.Duration
+	Enqueue        time.Duration // wall time of enqueueing the backlog
+	Scheduled      int64         // ours-enqueue: tasks enqueued for a slot ahead (ProcessIn)
 	Completed      int
 	Duplicates     int
 	ProviderCalls  int64
@@ -34,18 +52,40 @@ type drainResult struct {
 	RedisScripts   int64
 	CmdsPerTask    float64
 	ScriptsPerTask float64
-	P50, P99       time.Duration
-	Left           queueLeft
+	// RedisCPU is redis-server's used_cpu_user+sys over enqueue and drain;
+	// CPUPerTask that per completed task.
+	RedisCPU   time.Duration
+	CPUPerTask time.Duration
+	// ByCommand is the INFO commandstats delta by command name.
+	ByCommand map[string]cmdStat `json:"-"`
+	// Span is the wall time the Redis figures cover (enqueue and drain);
+	// IdleCmds and IdleCPU are the fleet's own Redis traffic per second
+	// with no task left (asynq's polling, heartbeats, forwarder), sampled
+	// for idleSample after the drain.
+	Span            time.Duration
+	IdleCmdsPerSec  float64
+	IdleCPUPerSec   time.Duration
+	NetCPUPerTask   time.Duration // CPUPerTask less the idle rate over Span
+	IdleCmdsPerTask float64       // the idle rate over Span, per task
+	P50, P99        time.Duration
+	Left            queueLeft
+}
+
+// drainCase is one quota of scenario A and the variants run under it.
+type drainCase struct {
+	Name        string
+	Tasks       int
+	Rate, Burst float64
+	Variants    []string
+	Ideal       time.Duration
+	Results     []drainResult
 }
 
 type scenarioA struct {
-	Tasks       int
-	Rate, Burst float64
 	Servers     int
 	Concurrency int
 	Cap         time.Duration
-	Ideal       time.Duration
-	Results     []drainResult
+	Cases       []*drainCase
 }
 
 // headroom is how far under the provider's quota every variant's limiter is
@@ -53,118 +93,297 @@ type scenarioA struct {
 // milliseconds after their decision, and a strict provider sees that jitter.
 const headroom = 0.98
 
+// Targets of issue 16, against asynq alone draining the same tasks.
+const (
+	targetEnqueueRatio    = 2.0  // ours-enqueue: Redis commands and CPU per task
+	targetMiddlewareRatio = 2.5  // ours (middleware only): the same
+	targetPacedDrain      = 1.15 // burst 10 at 100/s: completion / (tasks/rate)
+)
+
 func runA(ctx context.Context, e *env, w io.Writer) (*scenarioA, error) {
-	s := &scenarioA{Tasks: 2000, Rate: 100, Burst: 100, Servers: 4, Concurrency: 10, Cap: 40 * time.Second}
+	s := &scenarioA{Servers: 4, Concurrency: 10, Cap: 40 * time.Second}
+	tasks := 2000
 	if e.quick {
-		s.Tasks, s.Cap = 400, 30*time.Second
+		tasks, s.Cap = 400, 30*time.Second
 	}
-	s.Ideal = time.Duration(float64(s.Tasks) / s.Rate * float64(time.Second))
-	fastest := time.Duration((float64(s.Tasks) - s.Burst) / s.Rate * float64(time.Second))
-	fmt.Fprintf(w, "\n== A. backlog drain: %d tasks on one key, quota %.0f/s burst %.0f (every variant's limit %.0f/s burst %.0f), %d servers x concurrency %d\n   ideal %v = tasks/rate (a strict bucket allows %v = (tasks-burst)/rate); cap %v per variant\n",
-		s.Tasks, s.Rate, s.Burst, s.Rate*headroom, math.Floor(s.Burst*headroom), s.Servers, s.Concurrency, s.Ideal, fastest, s.Cap)
-	for _, v := range []string{vSleep, vWiki, vNaive, vOurs} {
-		r, err := drainOnce(ctx, e, s, v)
-		if err != nil {
-			return s, fmt.Errorf("A/%s: %w", v, err)
+	s.Cases = []*drainCase{
+		{Name: "burst 100", Tasks: tasks, Rate: 100, Burst: 100,
+			Variants: []string{vAsynq, vAsynqPaced, vSleep, vWiki, vNaive, vOurs, vOursEnqueue}},
+		{Name: "burst 10 (paced)", Tasks: tasks, Rate: 100, Burst: 10,
+			Variants: []string{vOurs, vOursEnqueue}},
+	}
+	var base, paced *drainResult
+	for i, c := range s.Cases {
+		c.Ideal = time.Duration(float64(c.Tasks) / c.Rate * float64(time.Second))
+		fastest := time.Duration((float64(c.Tasks) - c.Burst) / c.Rate * float64(time.Second))
+		fmt.Fprintf(w, "\n== A%d. backlog drain: %d tasks on one key, quota %.0f/s burst %.0f (every variant's limit %.0f/s burst %.0f), %d servers x concurrency %d\n   ideal %v = tasks/rate (a strict bucket allows %v = (tasks-burst)/rate); cap %v per variant\n",
+			i+1, c.Tasks, c.Rate, c.Burst, c.Rate*headroom, math.Floor(c.Burst*headroom), s.Servers, s.Concurrency, c.Ideal, fastest, s.Cap)
+		for _, v := range c.Variants {
+			r, err := drainOnce(ctx, e, s, c, v)
+			if err != nil {
+				return s, fmt.Errorf("A/%s/%s: %w", c.Name, v, err)
+			}
+			progress("A/%s/%s: %d/%d in %v", c.Name, v, r.Completed, c.Tasks, r.Elapsed.Round(time.Millisecond))
+			c.Results = append(c.Results, r)
 		}
-		progress("A/%s: %d/%d in %v", v, r.Completed, s.Tasks, r.Elapsed.Round(time.Millisecond))
-		s.Results = append(s.Results, r)
+		if b := find(c.Results, func(r drainResult) bool { return r.Variant == vAsynq }); b != nil {
+			base = b
+		}
+		if b := find(c.Results, func(r drainResult) bool { return r.Variant == vAsynqPaced }); b != nil {
+			paced = b
+		}
+		c.print(w, s, base, paced, i == 0)
 	}
-	s.print(w)
 	return s, nil
 }
 
-func drainOnce(ctx context.Context, e *env, s *scenarioA, variant string) (drainResult, error) {
+func drainOnce(ctx context.Context, e *env, s *scenarioA, dc *drainCase, variant string) (drainResult, error) {
 	const key = "api"
 	queue, prefix := e.names("a", variant)
 	defer func() { _ = e.cleanup(context.Background(), queue, prefix) }()
-	set := newTaskSet(s.Tasks)
+	set := newTaskSet(dc.Tasks)
 	c := newCounters()
+	fleetVariant := variant
+	switch variant {
+	case vOursEnqueue:
+		fleetVariant = vOurs
+	case vAsynqPaced:
+		fleetVariant = vAsynq
+	}
 	spec := fleetSpec{
-		variant: variant, servers: s.Servers, concurrency: s.Concurrency,
+		variant: fleetVariant, servers: s.Servers, concurrency: s.Concurrency,
 		queue: queue, prefix: prefix,
-		limits:   map[string]quota{key: {Rate: s.Rate * headroom, Burst: math.Floor(s.Burst * headroom)}},
+		limits:   map[string]quota{key: {Rate: dc.Rate * headroom, Burst: math.Floor(dc.Burst * headroom)}},
 		handlers: map[string]func(limitedFunc) asynq.Handler{"api:call": providerHandler(e.prov, set, key)},
+	}
+	if fleetVariant == vAsynq {
+		spec.limits = nil // asynq alone: nothing throttles, and the provider does not limit either
 	}
 	if err := setLimits(ctx, e, spec); err != nil {
 		return drainResult{}, err
 	}
-	err := enqueue(ctx, e, queue, s.Tasks, func(i int) *asynq.Task {
-		return throttle.NewTask("api:call", payload(i), throttle.Key(key))
-	})
+	mk := func(i int) *asynq.Task { return throttle.NewTask("api:call", payload(i), throttle.Key(key)) }
+	r := drainResult{Variant: variant}
+	before, err := redisStats(ctx, e)
 	if err != nil {
 		return drainResult{}, err
 	}
-	e.prov.reset(map[string]quota{key: {Rate: s.Rate, Burst: s.Burst}})
-	cmds0, scripts0, err := redisCalls(ctx, e.ctl)
-	if err != nil {
-		return drainResult{}, err
-	}
-	start := time.Now()
-	f, err := startFleet(e, spec, c)
-	if err != nil {
-		return drainResult{}, err
+	spanStart := time.Now()
+	var f *fleet
+	var start time.Time
+	switch variant {
+	case vAsynqPaced:
+		// One producer, one task every 1/rate of the limit, while the fleet runs.
+		e.prov.reset(nil)
+		if f, err = startFleet(e, spec, c); err != nil {
+			return drainResult{}, err
+		}
+		client := asynq.NewClientFromRedisClient(e.ctl)
+		every := time.Duration(float64(time.Second) / (dc.Rate * headroom))
+		start = time.Now()
+		for i := range dc.Tasks {
+			if d := time.Until(start.Add(time.Duration(i) * every)); d > 0 {
+				time.Sleep(d)
+			}
+			if _, err = client.EnqueueContext(ctx, mk(i), asynq.Queue(queue)); err != nil {
+				f.stop()
+				return drainResult{}, fmt.Errorf("enqueue task %d: %w", i, err)
+			}
+		}
+		r.Enqueue = time.Since(start)
+	case vOursEnqueue:
+		// A producer enqueueing while the fleet runs, as in production:
+		// slots are reserved from the first Enqueue, so the clock starts
+		// there (the enqueue's own time counts against the drain).
+		e.prov.reset(map[string]quota{key: {Rate: dc.Rate, Burst: dc.Burst}})
+		if f, err = startFleet(e, spec, c); err != nil {
+			return drainResult{}, err
+		}
+		start = time.Now()
+		lim := throttle.NewLimiter(e.ctl, throttle.WithPrefix(prefix))
+		client := asynq.NewClientFromRedisClient(e.ctl)
+		var scheduled atomic.Int64
+		err = enqueueWith(ctx, dc.Tasks, func(ctx context.Context, i int) error {
+			info, err := lim.Enqueue(ctx, client, mk(i), asynq.Queue(queue))
+			if err == nil && info.State == asynq.TaskStateScheduled {
+				scheduled.Add(1)
+			}
+			return err
+		})
+		r.Enqueue, r.Scheduled = time.Since(start), scheduled.Load()
+		if err != nil {
+			f.stop()
+			return drainResult{}, err
+		}
+	default:
+		t0 := time.Now()
+		if err := enqueue(ctx, e, queue, dc.Tasks, mk); err != nil {
+			return drainResult{}, err
+		}
+		r.Enqueue = time.Since(t0)
+		if variant == vAsynq {
+			e.prov.reset(nil)
+		} else {
+			e.prov.reset(map[string]quota{key: {Rate: dc.Rate, Burst: dc.Burst}})
+		}
+		start = time.Now()
+		if f, err = startFleet(e, spec, c); err != nil {
+			return drainResult{}, err
+		}
 	}
 	finished := waitFor(ctx, start.Add(s.Cap), set.finished)
-	cmds1, scripts1, err := redisCalls(ctx, e.ctl)
+	after, err := redisStats(ctx, e)
+	r.Span = time.Since(spanStart)
+	var idle0, idle1 redisSnapshot
+	if err == nil {
+		// The fleet with nothing left to do: what it costs Redis per second.
+		idle0, err = redisStats(ctx, e)
+		time.Sleep(idleSample)
+		if err == nil {
+			idle1, err = redisStats(ctx, e)
+		}
+	}
 	f.stop()
 	if err != nil {
 		return drainResult{}, err
 	}
+	idleCmds, _ := sumCalls(idle1.sub(idle0))
+	r.IdleCmdsPerSec = float64(idleCmds) / idleSample.Seconds()
+	r.IdleCPUPerSec = time.Duration((idle1.cpu - idle0.cpu) / idleSample.Seconds() * float64(time.Second))
 	ep := e.prov.endpoint(key)
-	r := drainResult{
-		Variant:       variant,
-		Finished:      finished,
-		Elapsed:       set.elapsed(start),
-		Completed:     int(set.done.Load()),
-		Duplicates:    set.duplicates(),
-		ProviderCalls: ep.calls.Load(),
-		Provider429:   ep.limited.Load(),
-		First429:      ep.firstLimited(),
-		Denials:       c.denials.Load(),
-		Suspensions:   c.suspensions.Load(),
-		Reserved:      c.reserved.Load(),
-		Copied:        c.copied.Load(),
-		Failed:        c.failed.Load(),
-		ByReason:      c.byReason,
-		RedisCmds:     cmds1 - cmds0,
-		RedisScripts:  scripts1 - scripts0,
-		Left:          inspectQueue(e, queue),
-	}
+	r.Finished = finished
+	r.Elapsed = set.elapsed(start)
+	r.Completed = int(set.done.Load())
+	r.Duplicates = set.duplicates()
+	r.ProviderCalls, r.Provider429, r.First429 = ep.calls.Load(), ep.limited.Load(), ep.firstLimited()
+	r.Denials, r.Suspensions, r.Reserved = c.denials.Load(), c.suspensions.Load(), c.reserved.Load()
+	r.Copied, r.Failed, r.ByReason = c.copied.Load(), c.failed.Load(), c.byReason
+	r.ByCommand = after.sub(before)
+	r.RedisCmds, r.RedisScripts = sumCalls(r.ByCommand)
+	r.RedisCPU = time.Duration((after.cpu - before.cpu) * float64(time.Second))
+	r.Left = inspectQueue(e, queue)
 	if !finished {
 		r.Elapsed = s.Cap
 	}
 	if r.Completed > 0 {
-		r.DenialsPerTask = float64(r.Denials) / float64(r.Completed)
-		r.CmdsPerTask = float64(r.RedisCmds) / float64(r.Completed)
-		r.ScriptsPerTask = float64(r.RedisScripts) / float64(r.Completed)
+		n := float64(r.Completed)
+		r.DenialsPerTask = float64(r.Denials) / n
+		r.CmdsPerTask = float64(r.RedisCmds) / n
+		r.ScriptsPerTask = float64(r.RedisScripts) / n
+		r.CPUPerTask = time.Duration(float64(r.RedisCPU) / n)
+		r.NetCPUPerTask = time.Duration((float64(r.RedisCPU) - float64(r.IdleCPUPerSec)*r.Span.Seconds()) / n)
+		r.IdleCmdsPerTask = r.IdleCmdsPerSec * r.Span.Seconds() / n
 	}
 	p := set.percentiles(0.5, 0.99)
 	r.P50, r.P99 = p[0], p[1]
 	return r, nil
 }
 
-func (s *scenarioA) print(w io.Writer) {
+// idleSample is how long scenario A samples a fleet's idle Redis traffic.
+const idleSample = time.Second
+
+// enqueueWith calls enq for tasks 0..n-1 from 16 goroutines and returns the
+// first error.
+func enqueueWith(ctx context.Context, n int, enq func(ctx context.Context, i int) error) error {
+	var next atomic.Int64
+	var mu sync.Mutex
+	var first error
+	var wg sync.WaitGroup
+	for range 16 {
+		wg.Go(func() {
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= n {
+					return
+				}
+				if err := enq(ctx, i); err != nil {
+					mu.Lock()
+					if first == nil {
+						first = fmt.Errorf("enqueue task %d: %w", i, err)
+					}
+					mu.Unlock()
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return first
+}
+
+// redisSnapshot is what scenario A reads from Redis before and after a run.
+type redisSnapshot struct {
+	cmds map[string]cmdStat
+	cpu  float64 // used_cpu_user + used_cpu_sys, seconds
+}
+
+func redisStats(ctx context.Context, e *env) (redisSnapshot, error) {
+	cmds, err1 := commandStats(ctx, e.ctl)
+	cpu, err2 := redisCPU(ctx, e.ctl)
+	return redisSnapshot{cmds, cpu}, errors.Join(err1, err2)
+}
+
+// sub returns the commandstats delta from before to s.
+func (s redisSnapshot) sub(before redisSnapshot) map[string]cmdStat {
+	d := map[string]cmdStat{}
+	for name, st := range s.cmds {
+		b := before.cmds[name]
+		if st.calls > b.calls {
+			d[name] = cmdStat{calls: st.calls - b.calls, usec: st.usec - b.usec}
+		}
+	}
+	return d
+}
+
+// sumCalls totals a commandstats delta (commands run inside scripts count,
+// as Redis counts them) and, separately, the script calls.
+func sumCalls(m map[string]cmdStat) (total, scripts int64) {
+	for name, st := range m {
+		total += st.calls
+		if isScriptCall(name) {
+			scripts += st.calls
+		}
+	}
+	return total, scripts
+}
+
+func isScriptCall(name string) bool {
+	switch name {
+	case "eval", "evalsha", "eval_ro", "evalsha_ro", "fcall", "fcall_ro":
+		return true
+	}
+	return false
+}
+
+func (c *drainCase) print(w io.Writer, s *scenarioA, base, paced *drainResult, first bool) {
 	t := newTable("metric")
-	for _, r := range s.Results {
+	for _, r := range c.Results {
 		t.col(r.Variant)
 	}
-	target := time.Duration(1.05*float64(s.Ideal)) + 2*time.Second
-	t.row(fmt.Sprintf("completion time (target <= %v)", target), each(s.Results, func(r drainResult) string {
+	target := time.Duration(1.05*float64(c.Ideal)) + 2*time.Second
+	if c.Burst < c.Rate {
+		target = time.Duration(targetPacedDrain * float64(c.Ideal))
+	}
+	t.row(fmt.Sprintf("completion time (target <= %v)", target), each(c.Results, func(r drainResult) string {
 		if !r.Finished {
 			return "DNF>" + secs(r.Elapsed)
 		}
 		return secs(r.Elapsed)
 	}))
-	t.row("completion / ideal", each(s.Results, func(r drainResult) string {
-		return fmt.Sprintf("%.2fx", r.Elapsed.Seconds()/s.Ideal.Seconds())
+	t.row("completion / ideal", each(c.Results, func(r drainResult) string {
+		return fmt.Sprintf("%.2fx", r.Elapsed.Seconds()/c.Ideal.Seconds())
 	}))
-	t.row(fmt.Sprintf("completed (of %d), exactly once", s.Tasks), each(s.Results, func(r drainResult) string {
-		return onceness(r.Completed, s.Tasks, r.Duplicates)
+	t.row(fmt.Sprintf("completed (of %d), exactly once", c.Tasks), each(c.Results, func(r drainResult) string {
+		return onceness(r.Completed, c.Tasks, r.Duplicates)
 	}))
-	t.row("provider calls", each(s.Results, func(r drainResult) string { return fmt.Sprint(r.ProviderCalls) }))
-	t.row("provider 429s (target 0)", each(s.Results, func(r drainResult) string { return fmt.Sprint(r.Provider429) }))
-	t.row("  first 429s at (s after start)", each(s.Results, func(r drainResult) string {
+	t.row("provider calls", each(c.Results, func(r drainResult) string { return fmt.Sprint(r.ProviderCalls) }))
+	t.row("provider 429s (target 0)", each(c.Results, func(r drainResult) string {
+		if r.Variant == vAsynq || r.Variant == vAsynqPaced {
+			return "- (no quota)"
+		}
+		return fmt.Sprint(r.Provider429)
+	}))
+	t.row("  first 429s at (s after start)", each(c.Results, func(r drainResult) string {
 		if len(r.First429) == 0 {
 			return "-"
 		}
@@ -174,51 +393,192 @@ func (s *scenarioA) print(w io.Writer) {
 		}
 		return strings.Join(l, " ")
 	}))
-	t.row("denials per completed task (target <= 1.2)", each(s.Results, func(r drainResult) string {
+	t.row("denials per completed task (target <= 1.2)", each(c.Results, func(r drainResult) string {
 		return fmt.Sprintf("%.2f", r.DenialsPerTask)
 	}))
-	t.row("  denials total", each(s.Results, func(r drainResult) string { return fmt.Sprint(r.Denials) }))
-	t.row("  of which with a reserved slot", each(s.Results, func(r drainResult) string {
+	t.row("  denials total", each(c.Results, func(r drainResult) string { return fmt.Sprint(r.Denials) }))
+	t.row("  of which with a reserved slot", each(c.Results, func(r drainResult) string {
 		return ifThrottle(r.Variant, fmt.Sprint(r.Reserved))
 	}))
-	t.row("  by reason", each(s.Results, func(r drainResult) string {
+	t.row("  by reason", each(c.Results, func(r drainResult) string {
 		return ifThrottle(r.Variant, reasons(r.ByReason))
 	}))
-	t.row("  suspensions (429 -> fleet pause)", each(s.Results, func(r drainResult) string {
+	t.row("  suspensions (429 -> fleet pause)", each(c.Results, func(r drainResult) string {
 		return ifThrottle(r.Variant, fmt.Sprint(r.Suspensions))
 	}))
-	t.row("Redis commands per completed task", each(s.Results, func(r drainResult) string {
+	t.row("  decisions Redis could not make", each(c.Results, func(r drainResult) string {
+		return ifThrottle(r.Variant, fmt.Sprint(r.Failed))
+	}))
+	t.row("enqueue wall time (16 producers)", each(c.Results, func(r drainResult) string { return secs(r.Enqueue) }))
+	t.row("  enqueued for a slot ahead (ProcessIn)", each(c.Results, func(r drainResult) string {
+		if r.Variant != vOursEnqueue {
+			return "-"
+		}
+		return fmt.Sprint(r.Scheduled)
+	}))
+	t.row("Redis commands per completed task", each(c.Results, func(r drainResult) string {
 		return fmt.Sprintf("%.1f", r.CmdsPerTask)
 	}))
-	t.row("  of which script calls", each(s.Results, func(r drainResult) string {
+	t.row("  of which script calls", each(c.Results, func(r drainResult) string {
 		return fmt.Sprintf("%.2f", r.ScriptsPerTask)
 	}))
-	t.row("enqueue->run p50", each(s.Results, func(r drainResult) string { return secs(r.P50) }))
-	t.row("enqueue->run p99", each(s.Results, func(r drainResult) string { return secs(r.P99) }))
-	t.row("left: pending/active/sched/retry/archived", each(s.Results, func(r drainResult) string { return r.Left.String() }))
+	t.row("Redis CPU per completed task", each(c.Results, func(r drainResult) string {
+		return micros(r.CPUPerTask)
+	}))
+	t.row("  fleet idle after the drain: commands/s, Redis CPU/s", each(c.Results, func(r drainResult) string {
+		return fmt.Sprintf("%.0f, %s", r.IdleCmdsPerSec, micros(r.IdleCPUPerSec))
+	}))
+	t.row("  idle rate over the run, per task: commands, CPU", each(c.Results, func(r drainResult) string {
+		return fmt.Sprintf("%.1f, %s", r.IdleCmdsPerTask, micros(r.CPUPerTask-r.NetCPUPerTask))
+	}))
+	if base != nil {
+		t.row("commands per task / asynq alone", each(c.Results, func(r drainResult) string {
+			return ratio(r.CmdsPerTask, base.CmdsPerTask)
+		}))
+		t.row("Redis CPU per task / asynq alone", each(c.Results, func(r drainResult) string {
+			return ratio(float64(r.CPUPerTask), float64(base.CPUPerTask))
+		}))
+		t.row("  the same, each less its fleet's idle rate", each(c.Results, func(r drainResult) string {
+			if r.NetCPUPerTask <= 0 {
+				return "- (not idle)"
+			}
+			return ratio(float64(r.NetCPUPerTask), float64(base.NetCPUPerTask))
+		}))
+	}
+	if paced != nil {
+		t.row("commands per task / asynq-paced", each(c.Results, func(r drainResult) string {
+			return ratio(r.CmdsPerTask, paced.CmdsPerTask)
+		}))
+		t.row("Redis CPU per task / asynq-paced", each(c.Results, func(r drainResult) string {
+			return ratio(float64(r.CPUPerTask), float64(paced.CPUPerTask))
+		}))
+	}
+	t.row("enqueue->run p50", each(c.Results, func(r drainResult) string { return secs(r.P50) }))
+	t.row("enqueue->run p99", each(c.Results, func(r drainResult) string { return secs(r.P99) }))
+	t.row("left: pending/active/sched/retry/archived", each(c.Results, func(r drainResult) string { return r.Left.String() }))
 	t.print(w)
 
-	ours := find(s.Results, func(r drainResult) bool { return r.Variant == vOurs })
-	if ours == nil {
+	c.printCommands(w, base, paced)
+	if base != nil {
+		for _, tg := range []struct {
+			variant string
+			target  float64
+		}{{vOursEnqueue, targetEnqueueRatio}, {vOurs, targetMiddlewareRatio}} {
+			r := find(c.Results, func(r drainResult) bool { return r.Variant == tg.variant })
+			if r == nil {
+				continue
+			}
+			fmt.Fprintf(w, "ratio %s/asynq alone  Redis cmds/task %s %s  Redis CPU/task %s %s  (targets <= %.1fx)", tg.variant,
+				ratio(r.CmdsPerTask, base.CmdsPerTask), verdict(r.CmdsPerTask/base.CmdsPerTask <= tg.target),
+				ratio(float64(r.CPUPerTask), float64(base.CPUPerTask)), verdict(float64(r.CPUPerTask)/float64(base.CPUPerTask) <= tg.target),
+				tg.target)
+			if paced != nil {
+				fmt.Fprintf(w, "; against asynq-paced: cmds %s, CPU %s", ratio(r.CmdsPerTask, paced.CmdsPerTask),
+					ratio(float64(r.CPUPerTask), float64(paced.CPUPerTask)))
+			}
+			fmt.Fprintln(w)
+		}
+	}
+	if c.Burst < c.Rate {
+		for _, r := range c.Results {
+			fmt.Fprintf(w, "drain %-12s %.2fx of tasks/rate %s (target <= %.2fx), %d 429s (target 0)\n", r.Variant,
+				r.Elapsed.Seconds()/c.Ideal.Seconds(), verdict(r.Finished && r.Elapsed.Seconds()/c.Ideal.Seconds() <= targetPacedDrain),
+				targetPacedDrain, r.Provider429)
+		}
+	}
+	if ours := find(c.Results, func(r drainResult) bool { return r.Variant == vOurs }); ours != nil {
+		for _, r := range c.Results {
+			if r.Variant == vOurs || r.Variant == vAsynq || r.Variant == vAsynqPaced || r.Variant == vOursEnqueue {
+				continue
+			}
+			fmt.Fprintf(w, "ratio ours/%-5s  completion %s  denials/task %s  Redis cmds/task %s  Redis CPU/task %s  p99 %s  429s %d vs %d\n",
+				r.Variant, ratio(ours.Elapsed.Seconds(), r.Elapsed.Seconds()),
+				ratio(ours.DenialsPerTask, r.DenialsPerTask), ratio(ours.CmdsPerTask, r.CmdsPerTask),
+				ratio(float64(ours.CPUPerTask), float64(r.CPUPerTask)),
+				ratio(ours.P99.Seconds(), r.P99.Seconds()), ours.Provider429, r.Provider429)
+		}
+	}
+	if !first {
 		return
 	}
-	for _, r := range s.Results {
-		if r.Variant == vOurs {
-			continue
-		}
-		fmt.Fprintf(w, "ratio ours/%-5s  completion %s  denials/task %s  Redis cmds/task %s  p99 %s  429s %d vs %d\n",
-			r.Variant, ratio(ours.Elapsed.Seconds(), r.Elapsed.Seconds()),
-			ratio(ours.DenialsPerTask, r.DenialsPerTask), ratio(ours.CmdsPerTask, r.CmdsPerTask),
-			ratio(ours.P99.Seconds(), r.P99.Seconds()), ours.Provider429, r.Provider429)
-	}
-	fmt.Fprintln(w, "notes: completion = fleet start to the last task's success (tasks are enqueued first; the provider's bucket starts full at fleet start).")
+	fmt.Fprintln(w, "notes: completion = fleet start to the last task's success (tasks are enqueued first; the provider's bucket starts full at fleet start);")
+	fmt.Fprintln(w, "       ours-enqueue: the fleet runs first and 16 producers call Limiter.Enqueue; completion counts from the first Enqueue.")
+	fmt.Fprintln(w, "       asynq alone: no limiter and a provider without quota, the reference of the Redis cost per task (issue 16's targets);")
+	fmt.Fprintln(w, "       asynq-paced: the same, its producer enqueueing one task every 1/limit while the fleet runs: a drain as long as a throttled one, nothing throttling.")
 	fmt.Fprintln(w, "       denials: sleep = refused redis_rate Allow (one sleep each); wiki = RateLimitError from the local limiter; naive/ours = Deferred+Suspended events.")
-	fmt.Fprintln(w, "       wiki runs on asynq's defaults (forwarder every 5 s); naive and ours on worker.NewServer (1 s).")
-	fmt.Fprintln(w, "       Redis commands = INFO commandstats delta during the drain, all clients (asynq's own traffic included, commands inside scripts counted).")
+	fmt.Fprintln(w, "       wiki and asynq alone run on asynq's defaults (forwarder every 5 s); naive and ours on worker.NewServer (1 s).")
+	fmt.Fprintln(w, "       Redis commands = INFO commandstats delta over enqueue and drain, all clients (asynq's own traffic included, commands inside scripts counted);")
+	fmt.Fprintln(w, "       Redis CPU = redis-server used_cpu_user+sys (INFO cpu) delta over the same span, per completed task (a longer drain also pays the fleet's polling meanwhile);")
+	fmt.Fprintf(w, "       fleet idle = the same two figures over %v after the last task, the fleet still running; \"less its idle rate\" subtracts that rate over the run's span.\n", idleSample)
+}
+
+// printCommands shows where each variant's Redis commands go: calls and
+// Redis time per completed task by command name (commandstats; a script
+// call's time includes the commands it runs, which are counted again on
+// their own rows).
+func (c *drainCase) printCommands(w io.Writer, base, paced *drainResult) {
+	rs := slices.Clone(c.Results)
+	for _, b := range []*drainResult{paced, base} {
+		if b != nil && find(rs, func(r drainResult) bool { return r.Variant == b.Variant }) == nil {
+			rs = append([]drainResult{*b}, rs...)
+		}
+	}
+	// Only the variants the issue's targets name, and naive for scale.
+	rs = slices.DeleteFunc(rs, func(r drainResult) bool { return r.Variant == vSleep || r.Variant == vWiki })
+	names := map[string]float64{}
+	for _, r := range rs {
+		for name, st := range r.ByCommand {
+			if r.Completed > 0 {
+				names[name] = max(names[name], float64(st.calls)/float64(r.Completed))
+			}
+		}
+	}
+	var order []string
+	for name, per := range names {
+		if per >= 0.05 {
+			order = append(order, name)
+		}
+	}
+	slices.SortFunc(order, func(a, b string) int {
+		if names[a] != names[b] {
+			if names[a] > names[b] {
+				return -1
+			}
+			return 1
+		}
+		return strings.Compare(a, b)
+	})
+	t := newTable("  commands per task (usec per task)")
+	for _, r := range rs {
+		t.col(r.Variant)
+	}
+	for _, name := range order {
+		t.row("  "+name, each(rs, func(r drainResult) string {
+			st := r.ByCommand[name]
+			if st.calls == 0 || r.Completed == 0 {
+				return "-"
+			}
+			n := float64(r.Completed)
+			return fmt.Sprintf("%.2f (%.1f)", float64(st.calls)/n, float64(st.usec)/n)
+		}))
+	}
+	fmt.Fprintln(w, "where the Redis commands go, by name, per completed task (INFO commandstats delta; usec of a script call includes the commands it runs):")
+	t.print(w)
+}
+
+func verdict(ok bool) string {
+	if ok {
+		return "met"
+	}
+	return "MISSED"
+}
+
+func micros(d time.Duration) string {
+	return fmt.Sprintf("%.1fus", float64(d)/float64(time.Microsecond))
 }
 
 func ifThrottle(variant, s string) string {
-	if variant == vOurs || variant == vNaive {
+	if variant == vOurs || variant == vNaive || variant == vOursEnqueue {
 		return s
 	}
 	return "-"

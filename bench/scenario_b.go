@@ -2,8 +2,11 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -28,7 +31,8 @@ type holRun struct {
 	SlowDup    int
 	Slow429    int64
 	Denials    int64
-	Cmds       int64 // Redis commands during the run(s)
+	Cmds       int64   // Redis commands during the run(s)
+	CPU        float64 // redis-server used_cpu_user+sys during the run(s), seconds
 }
 
 // add sums run into h; throughput is over the summed wall time.
@@ -43,6 +47,7 @@ func (h *holRun) add(run holRun) {
 	h.Slow429 += run.Slow429
 	h.Denials += run.Denials
 	h.Cmds += run.Cmds
+	h.CPU += run.CPU
 	if h.Elapsed > 0 {
 		h.Throughput = float64(h.FastDone) / h.Elapsed.Seconds()
 	}
@@ -52,7 +57,21 @@ type holResult struct {
 	Variant string
 	Solo    holRun
 	Mixed   holRun
+	// Rounds is fast tasks/s beside the throttled provider over fast
+	// tasks/s alone, in each round (its solo and its mixed run).
+	Rounds []float64
 }
+
+// minRound is the lowest of r's per-round ratios (0 without any).
+func (r holResult) minRound() float64 {
+	if len(r.Rounds) == 0 {
+		return 0
+	}
+	return slices.Min(r.Rounds)
+}
+
+// targetHOL is issue 16's target for B: beside / alone in every round.
+const targetHOL = 0.95
 
 type scenarioB struct {
 	FastTasks, SlowTasks int
@@ -70,13 +89,16 @@ func runB(ctx context.Context, e *env, w io.Writer) (*scenarioB, error) {
 	}
 	fmt.Fprintf(w, "\n== B. head of line: %d tasks of a provider throttled to %.0f/s beside %d tasks of an unthrottled provider (HTTP call each), %d servers x concurrency %d, one queue, interleaved (cap %v per run)\n",
 		s.SlowTasks, s.SlowRate, s.FastTasks, s.Servers, s.Concurrency, s.Cap)
-	for _, v := range []string{vSleep, vWiki, vNaive, vOurs} {
+	// asynq alone runs the fast tasks only: the reference of their Redis
+	// cost (it cannot throttle the other provider).
+	for _, v := range []string{vAsynq, vSleep, vWiki, vNaive, vOurs} {
 		r := holResult{Variant: v}
 		// Rounds of solo and mixed in alternating order, against drift in outside load;
 		// a mixed run that hit the cap is not repeated.
 		for round := range s.Rounds {
+			var solo, mixed float64
 			for _, withSlow := range []bool{round%2 == 1, round%2 == 0} {
-				if withSlow && r.Mixed.Runs > 0 && !r.Mixed.Finished {
+				if withSlow && (v == vAsynq || r.Mixed.Runs > 0 && !r.Mixed.Finished) {
 					continue
 				}
 				run, err := holOnce(ctx, e, s, v, withSlow)
@@ -85,12 +107,21 @@ func runB(ctx context.Context, e *env, w io.Writer) (*scenarioB, error) {
 				}
 				if withSlow {
 					r.Mixed.add(run)
+					mixed = run.Throughput
 				} else {
 					r.Solo.add(run)
+					solo = run.Throughput
 				}
 			}
+			if solo > 0 && mixed > 0 {
+				r.Rounds = append(r.Rounds, mixed/solo)
+			}
 		}
-		progress("B/%s: fast alone %.0f/s, beside the throttled provider %.0f/s", v, r.Solo.Throughput, r.Mixed.Throughput)
+		if r.Mixed.Runs > 0 {
+			progress("B/%s: fast alone %.0f/s, beside the throttled provider %.0f/s", v, r.Solo.Throughput, r.Mixed.Throughput)
+		} else {
+			progress("B/%s: fast alone %.0f/s", v, r.Solo.Throughput)
+		}
 		s.Results = append(s.Results, r)
 	}
 	s.print(w)
@@ -148,6 +179,10 @@ func holOnce(ctx context.Context, e *env, s *scenarioB, variant string, withSlow
 	if err != nil {
 		return holRun{}, err
 	}
+	cpu0, err := redisCPU(ctx, e.ctl)
+	if err != nil {
+		return holRun{}, err
+	}
 	start := time.Now()
 	f, err := startFleet(e, spec, c)
 	if err != nil {
@@ -155,8 +190,9 @@ func holOnce(ctx context.Context, e *env, s *scenarioB, variant string, withSlow
 	}
 	finished := waitFor(ctx, start.Add(s.Cap), fast.finished)
 	cmds1, _, err := redisCalls(ctx, e.ctl)
+	cpu1, err2 := redisCPU(ctx, e.ctl)
 	f.stop()
-	if err != nil {
+	if err := errors.Join(err, err2); err != nil {
 		return holRun{}, err
 	}
 	r := holRun{
@@ -167,6 +203,7 @@ func holOnce(ctx context.Context, e *env, s *scenarioB, variant string, withSlow
 		Denials:  c.denials.Load(),
 		Slow429:  e.prov.endpoint("slow").limited.Load(),
 		Cmds:     cmds1 - cmds0,
+		CPU:      cpu1 - cpu0,
 	}
 	if withSlow {
 		r.SlowDone, r.SlowDup = int(slowSet.done.Load()), slowSet.duplicates()
@@ -185,51 +222,128 @@ func (s *scenarioB) print(w io.Writer) {
 	for _, r := range s.Results {
 		t.col(r.Variant)
 	}
+	mixed := func(r holResult, f func(holResult) string) string {
+		if r.Mixed.Runs == 0 {
+			return "-"
+		}
+		return f(r)
+	}
+	perTask := func(h holRun) (cmds float64, cpu time.Duration) {
+		n := float64(max(h.FastDone+h.SlowDone, 1))
+		return float64(h.Cmds) / n, time.Duration(h.CPU / n * float64(time.Second))
+	}
 	t.row("fast alone: tasks/s", each(s.Results, func(r holResult) string { return fmt.Sprintf("%.0f", r.Solo.Throughput) }))
 	t.row(fmt.Sprintf("fast alone: runs x done (of %d)", s.FastTasks), each(s.Results, func(r holResult) string {
 		return fmt.Sprintf("%dx %s", r.Solo.Runs, onceness(r.Solo.FastDone, r.Solo.Runs*s.FastTasks, r.Solo.FastDup))
 	}))
 	t.row("fast alone: Redis commands per task", each(s.Results, func(r holResult) string {
-		return fmt.Sprintf("%.1f", float64(r.Solo.Cmds)/float64(max(r.Solo.FastDone, 1)))
+		c, _ := perTask(r.Solo)
+		return fmt.Sprintf("%.1f", c)
+	}))
+	t.row("fast alone: Redis CPU per task", each(s.Results, func(r holResult) string {
+		_, c := perTask(r.Solo)
+		return micros(c)
 	}))
 	t.row("fast beside throttled: tasks/s", each(s.Results, func(r holResult) string {
-		if !r.Mixed.Finished {
-			return fmt.Sprintf("DNF %.0f", r.Mixed.Throughput)
-		}
-		return fmt.Sprintf("%.0f", r.Mixed.Throughput)
+		return mixed(r, func(r holResult) string {
+			if !r.Mixed.Finished {
+				return fmt.Sprintf("DNF %.0f", r.Mixed.Throughput)
+			}
+			return fmt.Sprintf("%.0f", r.Mixed.Throughput)
+		})
 	}))
 	t.row(fmt.Sprintf("fast beside throttled: runs x done (of %d)", s.FastTasks), each(s.Results, func(r holResult) string {
-		return fmt.Sprintf("%dx %s", r.Mixed.Runs, onceness(r.Mixed.FastDone, r.Mixed.Runs*s.FastTasks, r.Mixed.FastDup))
+		return mixed(r, func(r holResult) string {
+			return fmt.Sprintf("%dx %s", r.Mixed.Runs, onceness(r.Mixed.FastDone, r.Mixed.Runs*s.FastTasks, r.Mixed.FastDup))
+		})
 	}))
-	t.row("beside / alone (target >= 0.90)", each(s.Results, func(r holResult) string {
-		return ratio(r.Mixed.Throughput, r.Solo.Throughput)
+	t.row("beside / alone, all rounds", each(s.Results, func(r holResult) string {
+		return mixed(r, func(r holResult) string { return ratio(r.Mixed.Throughput, r.Solo.Throughput) })
 	}))
-	t.row("fast wall time beside throttled, per run", each(s.Results, func(r holResult) string {
-		return secs(r.Mixed.Elapsed / time.Duration(max(r.Mixed.Runs, 1)))
-	}))
-	t.row("throttled tasks run meanwhile, all runs (dup)", each(s.Results, func(r holResult) string {
-		return fmt.Sprintf("%d (%d)", r.Mixed.SlowDone, r.Mixed.SlowDup)
-	}))
-	t.row("  Redis commands per throttled task (mixed - solo)", each(s.Results, func(r holResult) string {
-		if !r.Mixed.Finished || r.Mixed.Runs == 0 || r.Solo.Runs == 0 {
+	t.row(fmt.Sprintf("beside / alone, lowest round (target >= %.2f)", targetHOL), each(s.Results, func(r holResult) string {
+		if len(r.Rounds) == 0 {
 			return "-"
 		}
-		extra := float64(r.Mixed.Cmds)/float64(r.Mixed.Runs) - float64(r.Solo.Cmds)/float64(r.Solo.Runs)
-		return fmt.Sprintf("%.1f", extra/float64(s.SlowTasks))
+		return fmt.Sprintf("%.2fx", r.minRound())
 	}))
-	t.row("  throttled provider 429s", each(s.Results, func(r holResult) string { return fmt.Sprint(r.Mixed.Slow429) }))
-	t.row("  denials", each(s.Results, func(r holResult) string { return fmt.Sprint(r.Mixed.Denials) }))
+	t.row("fast wall time beside throttled, per run", each(s.Results, func(r holResult) string {
+		return mixed(r, func(r holResult) string { return secs(r.Mixed.Elapsed / time.Duration(max(r.Mixed.Runs, 1))) })
+	}))
+	t.row("throttled tasks run meanwhile, all runs (dup)", each(s.Results, func(r holResult) string {
+		return mixed(r, func(r holResult) string { return fmt.Sprintf("%d (%d)", r.Mixed.SlowDone, r.Mixed.SlowDup) })
+	}))
+	t.row("beside throttled: Redis commands per task run", each(s.Results, func(r holResult) string {
+		return mixed(r, func(r holResult) string {
+			c, _ := perTask(r.Mixed)
+			return fmt.Sprintf("%.1f", c)
+		})
+	}))
+	t.row("beside throttled: Redis CPU per task run", each(s.Results, func(r holResult) string {
+		return mixed(r, func(r holResult) string {
+			_, c := perTask(r.Mixed)
+			return micros(c)
+		})
+	}))
+	// What the throttled provider's tasks add to a run, per throttled task
+	// in the queue (each was decided, and most deferred, meanwhile).
+	extra := func(r holResult, f func(h holRun) float64) (float64, bool) {
+		if !r.Mixed.Finished || r.Mixed.Runs == 0 || r.Solo.Runs == 0 {
+			return 0, false
+		}
+		return (f(r.Mixed)/float64(r.Mixed.Runs) - f(r.Solo)/float64(r.Solo.Runs)) / float64(s.SlowTasks), true
+	}
+	t.row("  Redis commands per throttled task (mixed - solo)", each(s.Results, func(r holResult) string {
+		v, ok := extra(r, func(h holRun) float64 { return float64(h.Cmds) })
+		if !ok {
+			return "-"
+		}
+		return fmt.Sprintf("%.1f", v)
+	}))
+	t.row("  Redis CPU per throttled task (mixed - solo)", each(s.Results, func(r holResult) string {
+		v, ok := extra(r, func(h holRun) float64 { return h.CPU })
+		if !ok {
+			return "-"
+		}
+		return micros(time.Duration(v * float64(time.Second)))
+	}))
+	t.row("  throttled provider 429s", each(s.Results, func(r holResult) string {
+		return mixed(r, func(r holResult) string { return fmt.Sprint(r.Mixed.Slow429) })
+	}))
+	t.row("  denials", each(s.Results, func(r holResult) string {
+		return mixed(r, func(r holResult) string { return fmt.Sprint(r.Mixed.Denials) })
+	}))
 	t.print(w)
+	for _, r := range s.Results {
+		if len(r.Rounds) == 0 {
+			continue
+		}
+		l := make([]string, len(r.Rounds))
+		for i, x := range r.Rounds {
+			l[i] = fmt.Sprintf("%.2f", x)
+		}
+		fmt.Fprintf(w, "beside / alone per round, %-5s %s  min %.2fx", r.Variant, strings.Join(l, " "), r.minRound())
+		if r.Variant == vOurs {
+			fmt.Fprintf(w, " %s (target >= %.2fx in every round)", verdict(r.minRound() >= targetHOL), targetHOL)
+		}
+		fmt.Fprintln(w)
+	}
 	ours := find(s.Results, func(r holResult) bool { return r.Variant == vOurs })
 	if ours == nil {
 		return
 	}
 	for _, r := range s.Results {
-		if r.Variant != vOurs {
+		if r.Variant != vOurs && r.Mixed.Runs > 0 {
 			fmt.Fprintf(w, "ratio ours/%-5s  fast tasks/s beside throttled %s  (alone %s)\n", r.Variant,
 				ratio(ours.Mixed.Throughput, r.Mixed.Throughput), ratio(ours.Solo.Throughput, r.Solo.Throughput))
 		}
 	}
+	if a := find(s.Results, func(r holResult) bool { return r.Variant == vAsynq }); a != nil {
+		oc, ocpu := perTask(ours.Mixed)
+		ac, acpu := perTask(a.Solo)
+		fmt.Fprintf(w, "ratio ours beside throttled / asynq alone, per task run: Redis commands %s, Redis CPU %s\n",
+			ratio(oc, ac), ratio(float64(ocpu), float64(acpu)))
+	}
 	fmt.Fprintf(w, "notes: tasks/s = fast tasks done / (fleet start to the last fast task), summed over %d rounds of one solo and one mixed run, alternating which runs first;\n", s.Rounds)
-	fmt.Fprintln(w, "       each variant's own solo runs are its reference; a mixed run that hit the cap is not repeated.")
+	fmt.Fprintln(w, "       each variant's own solo runs are its reference, round by round; a mixed run that hit the cap is not repeated; asynq alone runs the fast tasks only.")
+	fmt.Fprintln(w, "       Redis commands and CPU (used_cpu_user+sys) are deltas over each run, per task run (fast and throttled).")
 }
