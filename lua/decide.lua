@@ -99,7 +99,9 @@ if n == 1 and not suspended and not spec.windows and not spec.inflight and vnext
     x, ttl = keep_alive(math.ceil(longest), L ~= nil, idle_us, x, now)
     local t_field
     if nt == 1 then
-      t_field = string.format('%d %d 0 %d:%d', now, x, tiers[1].per, owed[1])
+      local xr = 0
+      if x > now then xr = math.floor((x - now) / 1000) end
+      t_field = string.format('%d %d 0 %d:%d', now, xr, tiers[1].per, owed[1])
     else
       t_field = write_T(tiers, owed, now, x, 0)
     end
@@ -199,10 +201,9 @@ end
 -- one, a task that held a slot is decided like any other (it cannot jump a
 -- queue that is not there), so the common case reads no reservation at all.
 local queue_open = horizon > 0 and vnext > now
-if queue_open then
-  -- Reservations whose task never came back lapse.
-  redis.call('ZREMRANGEBYSCORE', resv_key, '-inf', '(' .. fmt(now - lapse))
-end
+-- Reservations whose task never came back lapse: a holder found with one is
+-- a fresh caller, and they are swept when a reservation is added.
+local swept = false
 local taken = false     -- bucket or window state changed
 local callers_in_run = 0
 
@@ -357,6 +358,10 @@ local function decide(id, c)
   local slot = nil
   if queue_open and id ~= '' then
     slot = finite(redis.call('ZSCORE', resv_key, id))
+    if slot and slot < now - lapse then
+      redis.call('ZREM', resv_key, id)
+      slot = nil
+    end
   end
   -- A holder's reserved calls leave the windows while it is decided, and
   -- go back where it ends up: admitted, on its slot again, or on a new one.
@@ -477,6 +482,10 @@ local function decide(id, c)
         if t.kind == 'w' then win_unreserve(wins[i], t, slot_at, c) end
       end
       return admit(slot, id, c, now)
+    end
+    if not swept then
+      redis.call('ZREMRANGEBYSCORE', resv_key, '-inf', '(' .. fmt(now - lapse))
+      swept = true
     end
     redis.call('ZADD', resv_key, slot_at, id)
     expire_in(resv_key, vnext - now + lapse)

@@ -304,7 +304,11 @@ local function read_T(T)
   if not T then return nil, 0, 0, {} end
   local ts, x, q, rest = string.match(T, '^(%d+) (%d+) (%d+)(.*)$')
   if not ts then return nil, 0, 0, {} end
-  return tonumber(ts), tonumber(x), tonumber(q), read_pairs(rest, ' (%d+):(%d+)')
+  ts, x = tonumber(ts), tonumber(x)
+  -- The expiry memo is kept in ms after ts (an earlier version wrote it in
+  -- us since the epoch), so that T stays within a compact hash's 64 bytes.
+  if x > 0 and x < 1e13 then x = ts + x * 1000 end
+  return ts, x, tonumber(q), read_pairs(rest, ' (%d+):(%d+)')
 end
 
 -- bucket_owed returns what each token bucket owes of its burst at now, in
@@ -364,7 +368,9 @@ local T_FMT = {[0] = '%d %d %d', '%d %d %d %d:%d', '%d %d %d %d:%d %d:%d',
 -- x and the queue's next free slot q (false when there is nothing to keep),
 -- and how long (us) until every bucket is full again.
 local function write_T(tiers, owed, now, x, q)
-  local a, k, longest = {now, x, q}, 3, 0
+  local xr = 0
+  if x > now then xr = math.floor((x - now) / 1000) end
+  local a, k, longest = {now, xr, q}, 3, 0
   for i, t in ipairs(tiers) do
     local v = owed[i]
     if t.kind == 'b' and v > 0 then

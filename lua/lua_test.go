@@ -842,3 +842,46 @@ func TestDecide_InFlight(t *testing.T) {
 	assert.Equal(t, StatusAllowed, e.decide(a).Status, "r2's lease ended: its slot is taken back")
 	assert.Equal(t, StatusDenied, e.decide(a).Status, "r3 still holds its slot")
 }
+
+// TestStateMemoIsCompact: the key's expiry memo in T is kept in ms after the
+// state's own timestamp, so that a busy two-tier key's T stays within the 64
+// bytes of a compact Redis hash, and a T written by the earlier layout (the
+// memo in us since the epoch) is still read as the same expiry.
+func TestStateMemoIsCompact(t *testing.T) {
+	tiers := []Tier{{Rate: 1000, PerMS: 1000, Burst: 1000}, {Rate: 100000, PerMS: 3_600_000, Burst: 100000}}
+	a := DecideArgs{IdleExpiry: time.Hour, Cost: 7}
+	fresh, old := newEnv(t), newEnv(t)
+	fresh.setLimits(tiers...)
+	old.setLimits(tiers...)
+	for i := 0; i < 5; i++ {
+		fresh.at(time.Duration(i) * 123457 * time.Microsecond)
+		old.at(time.Duration(i) * 123457 * time.Microsecond)
+		fresh.decide(a)
+		old.decide(a)
+	}
+	T := fresh.mr.HGet(fresh.k.Bucket, "T")
+	assert.Less(t, len(T), 64, "T of a busy two-tier key: %q", T)
+	var ts, x int64
+	_, err := fmt.Sscanf(T, "%d %d", &ts, &x)
+	require.NoError(t, err, "T = %q", T)
+	ttl := fresh.mr.TTL(fresh.k.Bucket)
+	require.Positive(t, ttl, "the key's TTL")
+	// (miniredis counts a TTL down only on FastForward: the TTL read is
+	// the one set at the first call, at testEpoch, which the memo renews
+	// no sooner than 1/8 of the idle expiry later.) Each write rounds the
+	// memo down to a ms: never later than the expiry, so a renewal is never
+	// skipped, at worst made early.
+	expiry := testEpoch().UnixMicro() + ttl.Microseconds()
+	assert.LessOrEqual(t, ts+x*1000, expiry, "the memo (T = %q) is not after the key's expiry", T)
+	assert.InDelta(t, expiry, ts+x*1000, 5*1000, "the memo (T = %q) is the key's expiry, within a ms per write", T)
+
+	// The same state written as the earlier layout did: the same decisions.
+	oldT := strings.Replace(T, fmt.Sprintf("%d %d ", ts, x), fmt.Sprintf("%d %d ", ts, ts+x*1000), 1)
+	old.mr.HSet(old.k.Bucket, "T", oldT)
+	for i := 5; i < 12; i++ {
+		fresh.at(time.Duration(i) * 123457 * time.Microsecond)
+		old.at(time.Duration(i) * 123457 * time.Microsecond)
+		assert.Equal(t, fresh.decide(a), old.decide(a), "decision %d after the earlier layout's T %q", i, oldT)
+	}
+	assert.Equal(t, fresh.mr.HGet(fresh.k.Bucket, "T"), old.mr.HGet(old.k.Bucket, "T"), "T once rewritten")
+}

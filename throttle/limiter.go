@@ -179,11 +179,22 @@ func (l *Limiter) TakeN(ctx context.Context, key string, n int, opts ...CallOpti
 	if n < 1 {
 		return Decision{}, fmt.Errorf("throttle: key %q: TakeN(%d): the cost must be at least 1", key, n)
 	}
-	var v variant
-	for _, o := range opts {
-		o(&v)
+	return l.decide(ctx, key, withCallOptions(variant{}, opts), "", n)
+}
+
+// withCallOptions returns v with opts applied. (Applied here, not in the
+// caller: a variant whose address is taken escapes to the heap, and a lone
+// Take without options must not allocate for it.)
+func withCallOptions(v variant, opts []CallOption) variant {
+	if len(opts) == 0 {
+		return v
 	}
-	return l.decide(ctx, key, v, "", n)
+	p := new(variant)
+	*p = v
+	for _, o := range opts {
+		o(p)
+	}
+	return *p
 }
 
 // Reserve is Take for a caller with a stable identity (a task ID). When it is
@@ -213,11 +224,7 @@ func (l *Limiter) ReserveN(ctx context.Context, key, id string, n int, horizon, 
 	if n < 1 {
 		return Decision{}, fmt.Errorf("throttle: key %q: ReserveN(%d): the cost must be at least 1", key, n)
 	}
-	v := variant{horizon: horizon, granule: granule}
-	for _, o := range opts {
-		o(&v)
-	}
-	return l.decide(ctx, key, v, id, n)
+	return l.decide(ctx, key, withCallOptions(variant{horizon: horizon, granule: granule}, opts), id, n)
 }
 
 func (l *Limiter) decide(ctx context.Context, key string, v variant, id string, cost int) (Decision, error) {
