@@ -885,3 +885,25 @@ func TestStateMemoIsCompact(t *testing.T) {
 	}
 	assert.Equal(t, fresh.mr.HGet(fresh.k.Bucket, "T"), old.mr.HGet(old.k.Bucket, "T"), "T once rewritten")
 }
+
+// TestDecide_WindowCountsCallsAdmittedAhead: a paced admission is counted at
+// the instant its worker was told to call, which may be after the instant a
+// later decision is made. That decision counts it: a window that holds both
+// instants must see at most N. (Found by scenario E: 30 admitted now beside
+// 3 paced ones 300 ms ahead drew 429s from a strict 30 per second window.)
+func TestDecide_WindowCountsCallsAdmittedAhead(t *testing.T) {
+	e := newEnv(t)
+	e.setLimits(Tier{Kind: KindWindow, Rate: 3, PerMS: 1000})
+	now := testEpoch().UnixMicro()
+	sub := int64(1_000_000 / 20)
+	// Three calls admitted for 500 ms from now (a paced admission's instant).
+	e.mr.HSet(e.k.Bucket, "Ww1000", fmt.Sprintf("%d 3", (now+500_000)/sub))
+	r := e.decide(DecideArgs{IdleExpiry: time.Hour})
+	assert.Equal(t, StatusDenied, r.Status, "a call now beside 3 admitted 500 ms ahead, at most 3 in any 1 s: %+v", r)
+	assert.Equal(t, "tier:1", r.RefusedBy)
+	// Its wait is until those three have left a window that holds now's
+	// successor: 1 s after their sub-window ends.
+	assert.GreaterOrEqual(t, r.RetryAfter, 1500*time.Millisecond, "wait")
+	e.at(r.RetryAfter)
+	assert.Equal(t, StatusAllowed, e.decide(DecideArgs{IdleExpiry: time.Hour}).Status, "once they have left the window")
+}
