@@ -247,9 +247,12 @@ local function admit(slot, id, c, at)
   -- A lease: more tokens for the caller's process to hand out itself, only
   -- while every tier keeps at least lease tokens behind, so leases never
   -- compete for the last tokens. They are taken here, so the bound holds
-  -- whatever the process does with them.
+  -- whatever the process does with them. Not on a key with a window: a
+  -- leased call the process does not make within the lease is lost for a
+  -- whole window there (a bucket has it back in 1/rate), and a fleet
+  -- starting on a fresh window of 100 lost half of it that way.
   local extra = 0
-  if lease > 1 and not slot and at == now and not slot_n then
+  if lease > 1 and not slot and at == now and not slot_n and not spec.windows then
     extra = math.floor(remaining) - lease
     if extra > lease - c then extra = lease - c end
     if extra > 0 then

@@ -418,28 +418,38 @@ local function win_load(raw, t, now, headroom)
   return w
 end
 
--- win_ahead returns the calls admitted for instants after at's sub-window
--- (a paced admission is counted at the instant its worker was told to
--- call): a window that holds at holds some of them too, so a call
--- admitted at at counts them, whatever the window's phase.
-local function win_ahead(w, last)
-  local n = 0
-  for k, v in pairs(w.c) do
-    if -k > last then n = n + v end
+-- win_peak returns the most calls any window holding sub-window last (and
+-- starting after first) holds, given n, what [first, last] holds: calls
+-- admitted for instants after last (a paced admission is counted at the
+-- instant its worker was told to call, which may be after a later
+-- decision's) count in the windows that reach them. Reservations after
+-- last are not counted: the queue keeps fresh callers off them.
+local function win_peak(w, first, last, n)
+  local cs, rs = w.c, w.r
+  local ahead = false
+  for k, v in pairs(cs) do
+    if -k > last and v > 0 then ahead = true break end
   end
-  return n
+  if not ahead then return n end
+  local peak = n
+  for k = 1, last - first do
+    n = n - (cs[-(first + k - 1)] or 0) - (rs[-(first + k - 1)] or 0) + (cs[-(last + k)] or 0)
+    if n > peak then peak = n end
+  end
+  return peak
 end
 
 -- win_count returns the calls a window holds for a decision at at: those
 -- admitted and reserved in the sub-windows covering [at - per - headroom,
--- at], and those admitted for instants after it.
+-- at], or, when calls were admitted for instants after it, the most any
+-- window holding at holds.
 local function win_count(w, t, at, headroom)
   local first = math.floor((at - t.p - headroom) / t.sub)
   local last = math.floor(at / t.sub)
   local n = 0
   local c, r = w.c, w.r
   for i = first, last do n = n + (c[-i] or 0) + (r[-i] or 0) end
-  return n + win_ahead(w, last)
+  return win_peak(w, first, last, n)
 end
 
 -- win_free returns the earliest time at or after at when the window has
@@ -452,19 +462,15 @@ local function win_free(w, t, at, c, headroom, limit)
   local last = math.floor(at / t.sub)
   local n = 0
   for i = first, last do n = n + (cs[-i] or 0) + (rs[-i] or 0) end
-  local ahead = win_ahead(w, last)
   while true do
-    if n + ahead + c <= t.n then return at end
+    if n + c <= t.n and win_peak(w, first, last, n) + c <= t.n then return at end
     -- The next instant the oldest sub-window leaves the span.
     at = math.ceil((first + 1) * t.sub + t.p + headroom)
     if at > limit then return nil end
     n = n - (cs[-first] or 0) - (rs[-first] or 0)
     first = first + 1
     local new_last = math.floor(at / t.sub)
-    for i = last + 1, new_last do
-      n = n + (cs[-i] or 0) + (rs[-i] or 0)
-      ahead = ahead - (cs[-i] or 0)
-    end
+    for i = last + 1, new_last do n = n + (cs[-i] or 0) + (rs[-i] or 0) end
     last = new_last
   end
 end

@@ -907,3 +907,22 @@ func TestDecide_WindowCountsCallsAdmittedAhead(t *testing.T) {
 	e.at(r.RetryAfter)
 	assert.Equal(t, StatusAllowed, e.decide(DecideArgs{IdleExpiry: time.Hour}).Status, "once they have left the window")
 }
+
+// TestDecideLease_NotOnAWindow: a key with a window tier grants no lease. A
+// leased call the process does not make in time is lost for a whole window
+// (a bucket has it back in 1/rate): scenario E's fleet, starting on a fresh
+// window of 100 per 2 s, made 46 calls in it and lost the rest to leases.
+func TestDecideLease_NotOnAWindow(t *testing.T) {
+	for _, tiers := range [][]Tier{
+		{{Kind: KindWindow, Rate: 100, PerMS: 2000}},
+		{{Rate: 1000, PerMS: 1000, Burst: 1000}, {Kind: KindWindow, Rate: 100000, PerMS: 60000}},
+	} {
+		e := newEnv(t)
+		e.setLimits(tiers...)
+		for i := range 10 {
+			r := e.decide(DecideArgs{IdleExpiry: time.Hour, Lease: 64})
+			require.Equal(t, StatusAllowed, r.Status, "decision %d on %+v", i, tiers)
+			assert.Zero(t, r.Lease, "tokens leased on %+v", tiers)
+		}
+	}
+}
