@@ -22,9 +22,7 @@ local pace = math.floor(flags / 2) % 2 == 1
 local probe = math.floor(flags / 4) % 2 == 1   -- a slot waiter asking again keeps its place
 
 local now = now_us()
--- (The queue's schedule, a and V, is read here too: a backlog has a queue
--- open at nearly every decision, and one HMGET costs less than two.)
-local h = redis.call('HMGET', key, 'L', 'T', 's', 'O', 'a', 'V')
+local h = redis.call('HMGET', key, 'L', 'T', 's', 'O')
 local L = h[1]
 
 -- Suspension comes first.
@@ -308,10 +306,11 @@ local va, vt = nil, nil
 local scheduled = false   -- the schedule changed
 local function schedule()
   if vt then return end
-  va = nil
-  if vnext > now then va = finite(h[5]) end
+  local h2 = nil
+  if vnext > now then h2 = redis.call('HMGET', key, 'a', 'V') end
+  va = h2 and finite(h2[1])
   local virt = {}
-  if va then virt = read_pairs(h[6], '(%d+):([^ ]+)') else va = now end
+  if va then virt = read_pairs(h2[2], '(%d+):([^ ]+)') else va = now end
   vt = {}
   for i, t in ipairs(tiers) do
     if t.kind == 'b' then
