@@ -288,7 +288,9 @@ const MaxLease = 1000
 // bucket was too low to grant one. The tokens are taken in Redis, so the
 // fleet-wide bound holds; near the limit no lease is granted and every task
 // asks. A lease trades a little precision (unused leased tokens are lost)
-// for far fewer Redis calls on a busy key. n of 0 or 1 turns it off.
+// for far fewer Redis calls on a busy key. n of 0 or 1 turns it off. A key
+// with a Window tier is never leased: an unused leased call would be lost
+// for a whole window there.
 func WithLease(n int, d time.Duration) Option {
 	return func(o *options) { o.lease, o.leaseFor = n, d }
 }
