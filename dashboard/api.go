@@ -48,8 +48,14 @@ type tierView struct {
 	Limit         string  `json:"limit"`
 	Rate          int     `json:"rate"` // per period; an in-flight limit: its slots
 	PeriodSeconds float64 `json:"period_seconds"`
-	Burst         int     `json:"burst"`  // a bucket's burst, a window's calls per window, the slots
+	Burst         int     `json:"burst"`  // a bucket's burst, a window's calls per window, the slots (in force)
 	Tokens        float64 `json:"tokens"` // a bucket's tokens, a window's calls left, the slots free
+	// InForce is the limit in force when it is below the configured one
+	// (learned from the provider's responses, or cut by adaptive mode).
+	InForce string `json:"in_force,omitempty"`
+	// LearnedSeconds is how long a quota learned from the provider stays in
+	// force unconfirmed.
+	LearnedSeconds float64 `json:"learned_seconds,omitempty"`
 }
 
 // slotsView is an in-flight limit's slots: held now, and the most.
@@ -75,6 +81,13 @@ func newKeyView(key string, st throttle.Status, err error) keyView {
 		t := tierView{Kind: limitspec.KindName(l.Kind), Limit: limitspec.Format(l), Rate: l.Rate, PeriodSeconds: l.Per.Seconds(), Burst: limitspec.Burst(l)}
 		if i < len(st.Tokens) {
 			t.Tokens = st.Tokens[i]
+		}
+		if i < len(st.InForce) && st.InForce[i] != l {
+			t.InForce = limitspec.Format(st.InForce[i])
+			t.Burst = limitspec.Burst(st.InForce[i])
+		}
+		if i < len(st.LearnedFor) && st.LearnedFor[i] > 0 {
+			t.LearnedSeconds = st.LearnedFor[i].Seconds()
 		}
 		if l.Kind == throttle.KindInFlight {
 			v.InFlight = &slotsView{Held: st.InFlight, Max: l.Rate}

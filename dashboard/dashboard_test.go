@@ -240,3 +240,32 @@ func TestActions(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, []throttle.Limit{throttle.Window(5000, time.Hour), throttle.InFlight(4)}, ls)
 }
+
+// TestAPIKeysInForce: a key cut by adaptive mode after a 429 shows the
+// limit in force beside the configured one, and its burst in force.
+func TestAPIKeysInForce(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Start(t).Client(t)
+	lim := throttle.NewLimiter(rdb)
+	require.NoError(t, lim.SetLimits(ctx, "crm", throttle.PerSecond(20), throttle.Adaptive(30*time.Second)))
+	require.NoError(t, lim.Suspend(ctx, "crm", time.Second))
+	srv := mount(t, dashboard.New(lim))
+	code, _, body := get(t, srv.URL+"/throttle/api/keys")
+	require.Equal(t, http.StatusOK, code, body)
+	var v struct {
+		Keys []struct {
+			Key    string `json:"key"`
+			Limits []struct {
+				Limit   string `json:"limit"`
+				InForce string `json:"in_force"`
+				Burst   int    `json:"burst"`
+			} `json:"limits"`
+		} `json:"keys"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(body), &v), body)
+	require.Len(t, v.Keys, 1, body)
+	require.NotEmpty(t, v.Keys[0].Limits, body)
+	assert.Equal(t, "20/s", v.Keys[0].Limits[0].Limit, "configured")
+	assert.Equal(t, "10/s", v.Keys[0].Limits[0].InForce, "halved by adaptive mode")
+	assert.Equal(t, 10, v.Keys[0].Limits[0].Burst, "the burst in force")
+}

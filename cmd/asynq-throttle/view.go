@@ -9,6 +9,7 @@ import (
 	"math"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/asynq-throttle/asynq-throttle/internal/limitspec"
 	"github.com/asynq-throttle/asynq-throttle/throttle"
@@ -40,6 +41,12 @@ type tierView struct {
 	PeriodSeconds float64 `json:"period_seconds"`
 	Burst         int     `json:"burst"`  // a bucket's burst, a window's calls per window, the slots
 	Tokens        float64 `json:"tokens"` // a bucket's tokens, a window's calls left, the slots free
+	// InForce is the limit in force when it is below the configured one
+	// (learned from the provider's responses, or cut by adaptive mode).
+	InForce string `json:"in_force,omitempty"`
+	// LearnedSeconds is how long a quota learned from the provider stays in
+	// force unconfirmed.
+	LearnedSeconds float64 `json:"learned_seconds,omitempty"`
 }
 
 // slotsView is an in-flight limit's slots: held now, and the most.
@@ -66,6 +73,13 @@ func newKeyView(key string, st throttle.Status, err error) keyView {
 		if i < len(st.Tokens) {
 			t.Tokens = st.Tokens[i]
 		}
+		if i < len(st.InForce) && st.InForce[i] != l {
+			t.InForce = formatLimit(st.InForce[i])
+			t.Burst = burstOf(st.InForce[i])
+		}
+		if i < len(st.LearnedFor) && st.LearnedFor[i] > 0 {
+			t.LearnedSeconds = st.LearnedFor[i].Seconds()
+		}
 		if l.Kind == throttle.KindInFlight {
 			v.InFlight = &slotsView{Held: st.InFlight, Max: l.Rate}
 		}
@@ -89,7 +103,7 @@ var keyColumns = []column{
 		if len(v.Limits) == 0 {
 			return "none (unthrottled)"
 		}
-		return formatLimits(v.st.Limits)
+		return formatLimits(v.st.Limits) + inForce(v)
 	}},
 	{"TOKENS", func(v keyView) string {
 		if s := rateTokens(v.st); s != "" {
@@ -114,6 +128,31 @@ var keyColumns = []column{
 	}},
 }
 
+// inForce is " (in force: 10/s, learned for 9m58s)" when a limit in force
+// is below the configured one: learned from the provider (Observe) or cut
+// by adaptive mode.
+func inForce(v keyView) string {
+	var parts []string
+	learned := time.Duration(0)
+	for i, t := range v.Limits {
+		if t.InForce == "" {
+			continue
+		}
+		parts = append(parts, t.InForce)
+		if d := v.st.LearnedFor; i < len(d) && d[i] > learned {
+			learned = d[i]
+		}
+	}
+	if len(parts) == 0 {
+		return ""
+	}
+	why := "adaptive"
+	if learned > 0 {
+		why = "learned for " + formatDur(learned)
+	}
+	return " (in force: " + strings.Join(parts, " ") + ", " + why + ")"
+}
+
 // rateTokens shows the tokens of a key's rate limits, in their order:
 // "8.0/8" for a bucket (tokens now/burst), "4990/5000" for a window (calls
 // it would still admit/calls per window). An in-flight limit is shown in
@@ -121,14 +160,20 @@ var keyColumns = []column{
 func rateTokens(st throttle.Status) string {
 	var parts []string
 	for i, l := range st.Limits {
-		if i >= len(st.Tokens) || l.Kind == throttle.KindInFlight {
+		if i >= len(st.Tokens) || l.Kind == throttle.KindInFlight || l.Kind == throttle.KindAdaptive {
 			continue
 		}
+		if i < len(st.InForce) {
+			l = st.InForce[i] // the burst in force
+		}
+		// A bucket in debt (none left until the provider's reset, or a
+		// charge above what was taken) shows 0: what it admits now.
+		tokens := max(st.Tokens[i], 0)
 		if l.Kind == throttle.KindWindow {
-			parts = append(parts, fmt.Sprintf("%.0f/%d", math.Floor(st.Tokens[i]), burstOf(l)))
+			parts = append(parts, fmt.Sprintf("%.0f/%d", math.Floor(tokens), burstOf(l)))
 			continue
 		}
-		parts = append(parts, fmt.Sprintf("%.1f/%d", st.Tokens[i], burstOf(l)))
+		parts = append(parts, fmt.Sprintf("%.1f/%d", tokens, burstOf(l)))
 	}
 	return strings.Join(parts, " ")
 }

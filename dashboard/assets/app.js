@@ -133,7 +133,9 @@
   function update(c, k, at) {
     c.data = k;
     c.at = at;
-    c.limits.textContent = k.limits.length ? k.limits.map((t) => t.limit).join('  ·  ') : 'no limits: unthrottled';
+    c.limits.textContent = k.limits.length ? k.limits.map((t) => t.in_force
+      ? t.limit + ' (in force: ' + t.in_force + (t.learned_seconds ? ', learned' : ', adaptive') + ')'
+      : t.limit).join('  ·  ') : 'no limits: unthrottled';
     c.error.textContent = k.error || '';
     c.gen.textContent = k.generation ? 'gen ' + k.generation : '';
     // One row per limit: its kind, a gauge, and what it has left.
