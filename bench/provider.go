@@ -65,8 +65,7 @@ func (s *endpointStats) firstLimited() []time.Duration {
 // endpoint with a quota answers 429 (with Retry-After in whole seconds, as
 // real APIs do) to every call its bucket cannot cover; others always 200.
 type provider struct {
-	srv    *httptest.Server
-	client *http.Client
+	loopback
 
 	mu      sync.Mutex
 	since   time.Time // last reset
@@ -77,21 +76,53 @@ type provider struct {
 func newProvider() *provider {
 	p := &provider{}
 	p.reset(nil)
-	p.srv = httptest.NewServer(http.HandlerFunc(p.serve))
-	p.client = &http.Client{
-		Timeout: 10 * time.Second,
-		Transport: &http.Transport{
-			MaxIdleConns:        1024,
-			MaxIdleConnsPerHost: 1024,
-			IdleConnTimeout:     time.Minute,
-		},
-	}
+	p.loopback = newLoopback(p.serve)
 	return p
 }
 
-func (p *provider) Close() {
-	p.client.CloseIdleConnections()
-	p.srv.Close()
+// loopback is a provider's HTTP server on loopback and the client that
+// calls it (enough idle connections for a whole fleet).
+type loopback struct {
+	srv    *httptest.Server
+	client *http.Client
+}
+
+func newLoopback(serve http.HandlerFunc) loopback {
+	return loopback{
+		srv: httptest.NewServer(serve),
+		client: &http.Client{
+			Timeout: 10 * time.Second,
+			Transport: &http.Transport{
+				MaxIdleConns:        1024,
+				MaxIdleConnsPerHost: 1024,
+				IdleConnTimeout:     time.Minute,
+			},
+		},
+	}
+}
+
+func (l loopback) Close() {
+	l.client.CloseIdleConnections()
+	l.srv.Close()
+}
+
+// get calls path on the server and drains the response; anything but 200
+// or 429 is an error.
+func (l loopback) get(ctx context.Context, path, name string) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, l.srv.URL+path, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := l.client.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	_ = resp.Body.Close()
+	if resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusTooManyRequests {
+		return nil, fmt.Errorf("provider %s: %s", name, resp.Status)
+	}
+	return resp, nil
 }
 
 // reset forgets all counts and gives each named endpoint a quota whose
@@ -157,18 +188,5 @@ func (p *provider) serve(w http.ResponseWriter, r *http.Request) {
 // call makes one request to endpoint name and returns the response (body
 // drained and closed).
 func (p *provider) call(ctx context.Context, name string) (*http.Response, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, p.srv.URL+"/call/"+name, nil)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := p.client.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	_, _ = io.Copy(io.Discard, resp.Body)
-	_ = resp.Body.Close()
-	if resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusTooManyRequests {
-		return nil, fmt.Errorf("provider %s: %s", name, resp.Status)
-	}
-	return resp, nil
+	return p.get(ctx, "/call/"+name, name)
 }

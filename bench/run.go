@@ -8,7 +8,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -219,30 +218,10 @@ func noopHandler(set *taskSet) func(limitedFunc) asynq.Handler {
 // carry their enqueue instant) on queue, from 16 goroutines.
 func enqueue(ctx context.Context, e *env, queue string, n int, mk func(i int) *asynq.Task) error {
 	client := asynq.NewClientFromRedisClient(e.ctl)
-	var next atomic.Int64
-	var mu sync.Mutex
-	var first error
-	var wg sync.WaitGroup
-	for range 16 {
-		wg.Go(func() {
-			for {
-				i := int(next.Add(1)) - 1
-				if i >= n {
-					return
-				}
-				if _, err := client.EnqueueContext(ctx, mk(i), asynq.Queue(queue)); err != nil {
-					mu.Lock()
-					if first == nil {
-						first = fmt.Errorf("enqueue task %d: %w", i, err)
-					}
-					mu.Unlock()
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
-	return first
+	return enqueueWith(ctx, n, func(ctx context.Context, i int) error {
+		_, err := client.EnqueueContext(ctx, mk(i), asynq.Queue(queue))
+		return err
+	})
 }
 
 // waitFor polls until cond holds or the deadline passes; it reports

@@ -178,14 +178,20 @@ func runC(ctx context.Context, e *env, w io.Writer) (*scenarioC, error) {
 
 // measureDecisions runs op from exactly g goroutines for d.
 func measureDecisions(op func() (bool, error), g int, d time.Duration) decRun {
+	return measureEach(g, d, func(int) (bool, error) { return op() })
+}
+
+// measureEach runs op from exactly g goroutines for d, passing each its
+// index.
+func measureEach(g int, d time.Duration, op func(g int) (bool, error)) decRun {
 	var n, refused, errs atomic.Int64
 	var stop atomic.Bool
 	var wg sync.WaitGroup
 	start := time.Now()
-	for range g {
+	for i := range g {
 		wg.Go(func() {
 			for !stop.Load() {
-				ok, err := op()
+				ok, err := op(i)
 				switch {
 				case err != nil:
 					errs.Add(1)

@@ -331,30 +331,10 @@ func parallel(g, n int, fn func(i int) error) error {
 	return nil
 }
 
-// measureKeyed is measureDecisions with the goroutine's index passed to op.
+// measureKeyed is measureEach as a gRun.
 func measureKeyed(g int, d time.Duration, op func(g int) (bool, error)) gRun {
-	var n, refused, errs atomic.Int64
-	var stop atomic.Bool
-	var wg sync.WaitGroup
-	start := time.Now()
-	for i := range g {
-		wg.Go(func() {
-			for !stop.Load() {
-				ok, err := op(i)
-				switch {
-				case err != nil:
-					errs.Add(1)
-				case !ok:
-					refused.Add(1)
-				}
-				n.Add(1)
-			}
-		})
-	}
-	time.Sleep(d)
-	stop.Store(true)
-	wg.Wait()
-	return gRun{Goroutines: g, Decisions: n.Load(), Refused: refused.Load(), Errors: errs.Load(), Elapsed: time.Since(start)}
+	r := measureEach(g, d, op)
+	return gRun{Goroutines: g, Decisions: r.Decisions, Refused: r.Refused, Errors: r.Errors, Elapsed: r.Elapsed}
 }
 
 func heapAfterGC() uint64 {

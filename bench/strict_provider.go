@@ -6,7 +6,6 @@ import (
 	"io"
 	"math"
 	"net/http"
-	"net/http/httptest"
 	"strconv"
 	"strings"
 	"sync"
@@ -124,8 +123,7 @@ type callRecord struct {
 // strictProvider serves GET /e/NAME on loopback, each name by its model, and
 // records every call.
 type strictProvider struct {
-	srv    *httptest.Server
-	client *http.Client
+	loopback
 
 	mu     sync.Mutex
 	models map[string]quotaModel
@@ -135,21 +133,8 @@ type strictProvider struct {
 func newStrictProvider() *strictProvider {
 	p := &strictProvider{}
 	p.reset(nil)
-	p.srv = httptest.NewServer(http.HandlerFunc(p.serve))
-	p.client = &http.Client{
-		Timeout: 10 * time.Second,
-		Transport: &http.Transport{
-			MaxIdleConns:        1024,
-			MaxIdleConnsPerHost: 1024,
-			IdleConnTimeout:     time.Minute,
-		},
-	}
+	p.loopback = newLoopback(p.serve)
 	return p
-}
-
-func (p *strictProvider) Close() {
-	p.client.CloseIdleConnections()
-	p.srv.Close()
 }
 
 // reset installs fresh models and forgets every call.
@@ -194,18 +179,5 @@ func (p *strictProvider) serve(w http.ResponseWriter, r *http.Request) {
 // call makes one request to endpoint name and returns the response (body
 // drained and closed).
 func (p *strictProvider) call(ctx context.Context, name string) (*http.Response, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, p.srv.URL+"/e/"+name, nil)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := p.client.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	_, _ = io.Copy(io.Discard, resp.Body)
-	_ = resp.Body.Close()
-	if resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusTooManyRequests {
-		return nil, fmt.Errorf("provider %s: %s", name, resp.Status)
-	}
-	return resp, nil
+	return p.get(ctx, "/e/"+name, name)
 }
