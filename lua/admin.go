@@ -210,7 +210,8 @@ type InspectReply struct {
 
 // Inspect runs inspect.lua; it writes nothing.
 //
-//	KEYS as Decide; ARGV[1] default limits ("" = none)
+//	KEYS as Decide; ARGV[1] default limits ("" = none), ARGV[2] lapse (us):
+//	reservations older than it are not counted (0: count all)
 //
 // Reply: {1, suspended_us, reservations, queued_us, from_redis (0/1), n,
 // generation, in_flight, in_flight_max, adaptive_every_us, adaptive_ppm,
@@ -218,8 +219,8 @@ type InspectReply struct {
 // burst, learned_for_us per tier};
 // {-2, suspended_us, reservations} without limits; {-1, field, reason} for
 // bad limits.
-func Inspect(ctx context.Context, r *Runner, k Keys, defaults []Tier) (InspectReply, error) {
-	v, err := r.Run(ctx, inspectScript, []string{k.Bucket, k.Reservations, k.Slots}, FormatTiers(defaults))
+func Inspect(ctx context.Context, r *Runner, k Keys, defaults []Tier, lapse time.Duration) (InspectReply, error) {
+	v, err := r.Run(ctx, inspectScript, []string{k.Bucket, k.Reservations, k.Slots}, FormatTiers(defaults), lapse.Microseconds())
 	if err != nil {
 		return InspectReply{}, err
 	}

@@ -7,7 +7,15 @@ local until_ = finite(h[2]) or 0
 local suspended = 0
 -- (An end beyond any honest wait is garbage, not a suspension: as decide.)
 if until_ > now and until_ - now <= MAX_WAIT then suspended = until_ - now end
-local reservations = redis.call('ZCARD', resv_key)
+-- Reservations whose task never came back (older than the lapse, ARGV[2]
+-- us, 0: count all) are swept only when one is added: not counted here.
+local lapse = tonumber(ARGV[2]) or 0
+local reservations
+if lapse > 0 then
+  reservations = redis.call('ZCOUNT', resv_key, fmt(now - lapse), '+inf')
+else
+  reservations = redis.call('ZCARD', resv_key)
+end
 local src = h[1]
 if not src and defaults ~= '' then src = defaults end
 if not src then return {-2, fmt(suspended), reservations} end

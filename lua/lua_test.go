@@ -352,11 +352,11 @@ func TestResume(t *testing.T) {
 
 func TestInspect(t *testing.T) {
 	e := newEnv(t)
-	r, err := Inspect(e.ctx, e.run, e.k, nil)
+	r, err := Inspect(e.ctx, e.run, e.k, nil, 0)
 	require.NoError(t, err, "Inspect without limits")
 	assert.Equal(t, InspectReply{Status: StatusNoLimits}, r, "Inspect without limits")
 
-	r, err = Inspect(e.ctx, e.run, e.k, []Tier{{Rate: 1, PerMS: 1000, Burst: 4}})
+	r, err = Inspect(e.ctx, e.run, e.k, []Tier{{Rate: 1, PerMS: 1000, Burst: 4}}, 0)
 	require.NoError(t, err, "Inspect with defaults")
 	assert.Equal(t, InspectReply{Status: StatusAllowed, Tiers: []Tier{{Rate: 1, PerMS: 1000, Burst: 4}}, Tokens: []float64{4},
 		Configured: []Tier{{Rate: 1, PerMS: 1000, Burst: 4}}, LearnedFor: []time.Duration{0}, AdaptiveFactor: 1}, r, "Inspect with defaults")
@@ -367,7 +367,7 @@ func TestInspect(t *testing.T) {
 	require.NoError(t, err, "Suspend")
 	e.decide(DecideArgs{TaskID: "a", Horizon: time.Minute, Lapse: time.Minute, IdleExpiry: time.Hour})
 	before := e.mr.Dump()
-	r, err = Inspect(e.ctx, e.run, e.k, nil)
+	r, err = Inspect(e.ctx, e.run, e.k, nil, 0)
 	require.NoError(t, err, "Inspect")
 	assert.Equal(t, InspectReply{
 		Status: StatusAllowed, Suspended: 5 * time.Second, Reservations: 1,
@@ -380,7 +380,7 @@ func TestInspect(t *testing.T) {
 	assert.Equal(t, before, e.mr.Dump(), "Inspect wrote to Redis")
 
 	e.mr.HSet(e.k.Bucket, "L", "10/1000/10 100/60000/NaN")
-	r, err = Inspect(e.ctx, e.run, e.k, nil)
+	r, err = Inspect(e.ctx, e.run, e.k, nil, 0)
 	require.NoError(t, err, "Inspect with a bad config")
 	assert.Equal(t, InspectReply{Status: StatusBadConfig, Field: "limits[1]", Reason: `want rate/per_ms/burst in whole numbers, got "100/60000/NaN"`}, r, "Inspect with a bad config")
 }
@@ -398,7 +398,7 @@ func TestScriptFlush(t *testing.T) {
 		{"Decide", func() error { _, err := Decide(e.ctx, e.run, e.k, DecideArgs{}); return err }},
 		{"Suspend", func() error { _, err := Suspend(e.ctx, e.run, e.k, time.Second, time.Hour); return err }},
 		{"Resume", func() error { _, err := Resume(e.ctx, e.run, e.k); return err }},
-		{"Inspect", func() error { _, err := Inspect(e.ctx, e.run, e.k, nil); return err }},
+		{"Inspect", func() error { _, err := Inspect(e.ctx, e.run, e.k, nil, 0); return err }},
 		{"Migrate", func() error { _, err := Migrate(e.ctx, e.run, e.k, time.Hour, nil); return err }},
 	}
 	for _, c := range calls {
@@ -453,7 +453,7 @@ func TestGarbageState(t *testing.T) {
 					assert.Positive(t, r.RetryAfter, "Decide(%+v) with %s: RetryAfter of a refusal (%+v)", a, tt.name, r)
 				}
 			}
-			_, err := Inspect(e.ctx, e.run, e.k, nil)
+			_, err := Inspect(e.ctx, e.run, e.k, nil, 0)
 			assert.NoError(t, err, "Inspect with %s", tt.name)
 			field, _, err := SetLimits(e.ctx, e.run, e.k, time.Hour, []Tier{tier}, nil)
 			assert.NoError(t, err, "SetLimits with %s", tt.name)
@@ -556,7 +556,7 @@ func TestDecideLease(t *testing.T) {
 	// 20 tokens: 1+7 (12 left), 1+3 (8 left), then one at a time.
 	assert.Equal(t, []int64{7, 3, 0, 0, 0, 0, 0, 0, 0, 0}, extras, "extra tokens per decision")
 	assert.Equal(t, int64(20), taken, "tokens taken from a burst of 20")
-	r, err := Inspect(e.ctx, e.run, e.k, nil)
+	r, err := Inspect(e.ctx, e.run, e.k, nil, 0)
 	require.NoError(t, err)
 	assert.InDelta(t, 0, r.Tokens[0], 1e-6, "tokens left")
 
@@ -585,7 +585,7 @@ func TestMigrate(t *testing.T) {
 	moved, err := Migrate(e.ctx, e.run, e.k, time.Hour, nil)
 	require.NoError(t, err)
 	assert.True(t, moved, "Migrate carried something over")
-	r, err := Inspect(e.ctx, e.run, e.k, nil)
+	r, err := Inspect(e.ctx, e.run, e.k, nil, 0)
 	require.NoError(t, err)
 	assert.Equal(t, []Tier{{Rate: 10, PerMS: 1000, Burst: 10}, {Rate: 100, PerMS: 3_600_000, Burst: 100}}, r.Tiers, "limits")
 	assert.True(t, r.FromRedis)
@@ -606,7 +606,7 @@ func TestMigrate(t *testing.T) {
 	moved, err = Migrate(e2.ctx, e2.run, e2.k, time.Hour, []Tier{{Rate: 5, PerMS: 1000, Burst: 5}})
 	require.NoError(t, err)
 	assert.True(t, moved)
-	r, err = Inspect(e2.ctx, e2.run, e2.k, []Tier{{Rate: 5, PerMS: 1000, Burst: 5}})
+	r, err = Inspect(e2.ctx, e2.run, e2.k, []Tier{{Rate: 5, PerMS: 1000, Burst: 5}}, 0)
 	require.NoError(t, err)
 	assert.False(t, r.FromRedis, "a key on defaults gets no limits in Redis")
 	assert.InDelta(t, 1, r.Tokens[0], 1e-6, "tokens of a key on defaults")
@@ -773,7 +773,7 @@ func TestAdjust(t *testing.T) {
 	e.decide(DecideArgs{IdleExpiry: time.Hour, Cost: 4})
 	tokens := func() []float64 {
 		t.Helper()
-		r, err := Inspect(e.ctx, e.run, e.k, nil)
+		r, err := Inspect(e.ctx, e.run, e.k, nil, 0)
 		require.NoError(t, err)
 		return r.Tokens
 	}
@@ -807,7 +807,7 @@ func TestDecide_InFlight(t *testing.T) {
 	assert.Equal(t, time.Second, r.RetryAfter, "no release seen yet")
 	r = e.decide(a)
 	assert.Equal(t, time.Second, r.RetryAfter, "the guess is not queued on")
-	insp, err := Inspect(e.ctx, e.run, e.k, nil)
+	insp, err := Inspect(e.ctx, e.run, e.k, nil, 0)
 	require.NoError(t, err)
 	assert.Equal(t, int64(2), insp.InFlight)
 	assert.Equal(t, int64(2), insp.InFlightMax)
@@ -925,4 +925,27 @@ func TestDecideLease_NotOnAWindow(t *testing.T) {
 			assert.Zero(t, r.Lease, "tokens leased on %+v", tiers)
 		}
 	}
+}
+
+// TestInspect_LapsedReservationsNotCounted: a reservation whose task never
+// came back lapses; it is swept only when the next one is added, and
+// Inspect, told the lapse, does not count it meanwhile.
+func TestInspect_LapsedReservationsNotCounted(t *testing.T) {
+	e := newEnv(t)
+	e.setLimits(Tier{Rate: 1, PerMS: 1000, Burst: 1})
+	a := DecideArgs{TaskID: "a", Horizon: time.Minute, Lapse: time.Minute, IdleExpiry: time.Hour}
+	require.Equal(t, StatusAllowed, e.decide(DecideArgs{IdleExpiry: time.Hour}).Status)
+	r := e.decide(a)
+	require.Equal(t, StatusDenied, r.Status)
+	require.False(t, r.Slot.IsZero(), "a reserves a slot: %+v", r)
+	count := func(lapse time.Duration) int64 {
+		t.Helper()
+		st, err := Inspect(e.ctx, e.run, e.k, nil, lapse)
+		require.NoError(t, err)
+		return st.Reservations
+	}
+	assert.Equal(t, int64(1), count(time.Minute), "outstanding")
+	e.at(2 * time.Minute) // a never came back: past its slot and the lapse
+	assert.Equal(t, int64(0), count(time.Minute), "lapsed, not yet swept")
+	assert.Equal(t, int64(1), count(0), "lapse 0 counts every entry")
 }

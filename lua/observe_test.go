@@ -26,7 +26,7 @@ func (e *env) observe(a ObserveArgs) []string {
 
 func (e *env) inspect() InspectReply {
 	e.t.Helper()
-	r, err := Inspect(e.ctx, e.run, e.k, nil)
+	r, err := Inspect(e.ctx, e.run, e.k, nil, 0)
 	require.NoError(e.t, err)
 	return r
 }

@@ -657,7 +657,7 @@ func (l *Limiter) Inspect(ctx context.Context, key string) (Status, error) {
 		return Status{}, err
 	}
 	r, err := bounded(l, ctx, func(ctx context.Context) (lua.InspectReply, error) {
-		return lua.Inspect(ctx, l.runner, keys, l.defaults(key))
+		return lua.Inspect(ctx, l.runner, keys, l.defaults(key), l.o.lapse)
 	})
 	if err != nil {
 		return Status{}, fmt.Errorf("throttle: key %q: inspect: %w", key, err)
