@@ -25,49 +25,27 @@ type stateView struct {
 }
 
 // keyView is one key on the page. A field added to throttle.Status goes
-// here and in newKeyView (and in app.js to show it).
+// here (or, per limit, in limitspec.Views, shared with the CLI) and in
+// newKeyView (and in app.js to show it).
 type keyView struct {
-	Key       string     `json:"key"`
-	Limits    []tierView `json:"limits"`
-	LimitSpec string     `json:"limit_spec"` // as the limits form takes it
+	Key       string               `json:"key"`
+	Limits    []limitspec.TierView `json:"limits"`
+	LimitSpec string               `json:"limit_spec"` // as the limits form takes it
 	// Generation counts the changes of the key's limits (SetLimits).
 	Generation int64 `json:"generation"`
 	// InFlight is the slots of the key's in-flight limit; absent without one.
-	InFlight         *slotsView        `json:"in_flight,omitempty"`
-	SuspendedSeconds float64           `json:"suspended_seconds"`
-	Reservations     int               `json:"reservations"`
-	QueuedSeconds    float64           `json:"queued_seconds"`
-	Error            string            `json:"error,omitempty"`
-	Decisions        map[string]uint64 `json:"decisions,omitempty"` // cumulative, by outcome
-	RateLimited      uint64            `json:"rate_limited"`
-}
-
-// tierView is one limit of a key with its state now.
-type tierView struct {
-	Kind          string  `json:"kind"` // bucket, window or inflight
-	Limit         string  `json:"limit"`
-	Rate          int     `json:"rate"` // per period; an in-flight limit: its slots
-	PeriodSeconds float64 `json:"period_seconds"`
-	Burst         int     `json:"burst"`  // a bucket's burst, a window's calls per window, the slots (in force)
-	Tokens        float64 `json:"tokens"` // a bucket's tokens, a window's calls left, the slots free
-	// InForce is the limit in force when it is below the configured one
-	// (learned from the provider's responses, or cut by adaptive mode).
-	InForce string `json:"in_force,omitempty"`
-	// LearnedSeconds is how long a quota learned from the provider stays in
-	// force unconfirmed.
-	LearnedSeconds float64 `json:"learned_seconds,omitempty"`
-}
-
-// slotsView is an in-flight limit's slots: held now, and the most.
-type slotsView struct {
-	Held int `json:"held"`
-	Max  int `json:"max"`
+	InFlight         *limitspec.SlotsView `json:"in_flight,omitempty"`
+	SuspendedSeconds float64              `json:"suspended_seconds"`
+	Reservations     int                  `json:"reservations"`
+	QueuedSeconds    float64              `json:"queued_seconds"`
+	Error            string               `json:"error,omitempty"`
+	Decisions        map[string]uint64    `json:"decisions,omitempty"` // cumulative, by outcome
+	RateLimited      uint64               `json:"rate_limited"`
 }
 
 func newKeyView(key string, st throttle.Status, err error) keyView {
 	v := keyView{
 		Key:              key,
-		Limits:           []tierView{},
 		LimitSpec:        limitspec.FormatAll(st.Limits),
 		Generation:       st.Generation,
 		SuspendedSeconds: st.Suspended.Seconds(),
@@ -77,23 +55,7 @@ func newKeyView(key string, st throttle.Status, err error) keyView {
 	if err != nil {
 		v.Error = err.Error()
 	}
-	for i, l := range st.Limits {
-		t := tierView{Kind: limitspec.KindName(l.Kind), Limit: limitspec.Format(l), Rate: l.Rate, PeriodSeconds: l.Per.Seconds(), Burst: limitspec.Burst(l)}
-		if i < len(st.Tokens) {
-			t.Tokens = st.Tokens[i]
-		}
-		if i < len(st.InForce) && st.InForce[i] != l {
-			t.InForce = limitspec.Format(st.InForce[i])
-			t.Burst = limitspec.Burst(st.InForce[i])
-		}
-		if i < len(st.LearnedFor) && st.LearnedFor[i] > 0 {
-			t.LearnedSeconds = st.LearnedFor[i].Seconds()
-		}
-		if l.Kind == throttle.KindInFlight {
-			v.InFlight = &slotsView{Held: st.InFlight, Max: l.Rate}
-		}
-		v.Limits = append(v.Limits, t)
-	}
+	v.Limits, v.InFlight = limitspec.Views(st)
 	return v
 }
 

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/asynq-throttle/asynq-throttle/internal/limitspec"
 	"github.com/asynq-throttle/asynq-throttle/internal/redistest"
 	"github.com/asynq-throttle/asynq-throttle/throttle"
 )
@@ -70,10 +71,10 @@ func TestSession(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(r.stdout), &v))
 	assert.Equal(t, int64(2), v.Generation, "set twice")
 	require.NotNil(t, v.InFlight)
-	assert.Equal(t, slotsView{Held: 2, Max: 3}, *v.InFlight, "the slots taken above are held across the change of limits")
+	assert.Equal(t, limitspec.SlotsView{Held: 2, Max: 3}, *v.InFlight, "the slots taken above are held across the change of limits")
 	require.Len(t, v.Limits, 2)
-	assert.Equal(t, tierView{Kind: "window", Limit: "100/m:window", Rate: 100, PeriodSeconds: 60, Burst: 100, Tokens: 98}, v.Limits[0])
-	assert.Equal(t, tierView{Kind: "inflight", Limit: "3:inflight", Rate: 3, Burst: 3, Tokens: 1}, v.Limits[1])
+	assert.Equal(t, limitspec.TierView{Kind: "window", Limit: "100/m:window", Rate: 100, PeriodSeconds: 60, Burst: 100, Tokens: 98}, v.Limits[0])
+	assert.Equal(t, limitspec.TierView{Kind: "inflight", Limit: "3:inflight", Rate: 3, Burst: 3, Tokens: 1}, v.Limits[1])
 }
 
 // --prefix selects another limiter's keys.

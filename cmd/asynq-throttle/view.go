@@ -16,49 +16,27 @@ import (
 )
 
 // keyView is what the CLI shows of one key, as a table row, a `get` block
-// or JSON. A field added to throttle.Status goes here, in newKeyView and in
+// or JSON. A field added to throttle.Status goes here (or, per limit, in
+// limitspec.Views, shared with the web view), in newKeyView and in
 // keyColumns.
 type keyView struct {
-	Key    string     `json:"key"`
-	Limits []tierView `json:"limits"`
+	Key    string               `json:"key"`
+	Limits []limitspec.TierView `json:"limits"`
 	// Generation counts the changes of the key's limits (every set bumps it).
 	Generation int64 `json:"generation"`
 	// InFlight is the slots of the key's in-flight limit; absent without one.
-	InFlight         *slotsView `json:"in_flight,omitempty"`
-	SuspendedSeconds float64    `json:"suspended_seconds"`
-	Reservations     int        `json:"reservations"`
-	QueuedSeconds    float64    `json:"queued_seconds"`
-	Error            string     `json:"error,omitempty"`
+	InFlight         *limitspec.SlotsView `json:"in_flight,omitempty"`
+	SuspendedSeconds float64              `json:"suspended_seconds"`
+	Reservations     int                  `json:"reservations"`
+	QueuedSeconds    float64              `json:"queued_seconds"`
+	Error            string               `json:"error,omitempty"`
 
 	st throttle.Status
-}
-
-// tierView is one of a key's limits with its state now.
-type tierView struct {
-	Kind          string  `json:"kind"`  // bucket, window or inflight
-	Limit         string  `json:"limit"` // as `set` takes it: 10/s:burst=20, 5000/h:window, 4:inflight
-	Rate          int     `json:"rate"`  // per period; an in-flight limit: the slots
-	PeriodSeconds float64 `json:"period_seconds"`
-	Burst         int     `json:"burst"`  // a bucket's burst, a window's calls per window, the slots
-	Tokens        float64 `json:"tokens"` // a bucket's tokens, a window's calls left, the slots free
-	// InForce is the limit in force when it is below the configured one
-	// (learned from the provider's responses, or cut by adaptive mode).
-	InForce string `json:"in_force,omitempty"`
-	// LearnedSeconds is how long a quota learned from the provider stays in
-	// force unconfirmed.
-	LearnedSeconds float64 `json:"learned_seconds,omitempty"`
-}
-
-// slotsView is an in-flight limit's slots: held now, and the most.
-type slotsView struct {
-	Held int `json:"held"`
-	Max  int `json:"max"`
 }
 
 func newKeyView(key string, st throttle.Status, err error) keyView {
 	v := keyView{
 		Key:              key,
-		Limits:           []tierView{},
 		Generation:       st.Generation,
 		SuspendedSeconds: st.Suspended.Seconds(),
 		Reservations:     st.Reservations,
@@ -68,23 +46,7 @@ func newKeyView(key string, st throttle.Status, err error) keyView {
 	if err != nil {
 		v.Error = err.Error()
 	}
-	for i, l := range st.Limits {
-		t := tierView{Kind: limitspec.KindName(l.Kind), Limit: formatLimit(l), Rate: l.Rate, PeriodSeconds: l.Per.Seconds(), Burst: burstOf(l)}
-		if i < len(st.Tokens) {
-			t.Tokens = st.Tokens[i]
-		}
-		if i < len(st.InForce) && st.InForce[i] != l {
-			t.InForce = formatLimit(st.InForce[i])
-			t.Burst = burstOf(st.InForce[i])
-		}
-		if i < len(st.LearnedFor) && st.LearnedFor[i] > 0 {
-			t.LearnedSeconds = st.LearnedFor[i].Seconds()
-		}
-		if l.Kind == throttle.KindInFlight {
-			v.InFlight = &slotsView{Held: st.InFlight, Max: l.Rate}
-		}
-		v.Limits = append(v.Limits, t)
-	}
+	v.Limits, v.InFlight = limitspec.Views(st)
 	return v
 }
 

@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/asynq-throttle/asynq-throttle/internal/deferral"
+	"github.com/asynq-throttle/asynq-throttle/internal/limitspec"
 	"github.com/asynq-throttle/asynq-throttle/throttle"
 )
 
@@ -36,9 +37,9 @@ type whyView struct {
 	Limit       string     `json:"limit,omitempty"` // that limit, as set takes it
 	Cost        int        `json:"cost,omitempty"`  // what the task takes of every rate limit
 	// Generation counts the changes of the key's limits (every set bumps it).
-	Generation int64      `json:"generation,omitempty"`
-	InFlight   *slotsView `json:"in_flight,omitempty"` // the key's in-flight slots now
-	Sentence   string     `json:"sentence"`
+	Generation int64                `json:"generation,omitempty"`
+	InFlight   *limitspec.SlotsView `json:"in_flight,omitempty"` // the key's in-flight slots now
+	Sentence   string               `json:"sentence"`
 }
 
 // Reasons of whyView.
@@ -176,11 +177,7 @@ func (a *app) explain(ctx context.Context, lim *throttle.Limiter, info *asynq.Ta
 	v.Throttled = st.Limits != nil
 	v.Generation = st.Generation
 	v.Cost = costOf(info)
-	for _, l := range st.Limits {
-		if l.Kind == throttle.KindInFlight {
-			v.InFlight = &slotsView{Held: st.InFlight, Max: l.Rate}
-		}
-	}
+	_, v.InFlight = limitspec.Views(st)
 	task = fmt.Sprintf("task %s (key %q)", info.ID, key)
 	refuses := func(i int) {
 		v.Tier, v.Limit = i, formatLimit(st.Limits[i-1])

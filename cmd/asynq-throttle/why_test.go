@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/asynq-throttle/asynq-throttle/internal/limitspec"
 	"github.com/asynq-throttle/asynq-throttle/internal/redistest"
 	"github.com/asynq-throttle/asynq-throttle/throttle"
 	"github.com/asynq-throttle/asynq-throttle/worker"
@@ -152,13 +153,13 @@ func TestWhy(t *testing.T) {
 	for _, tc := range []struct {
 		id, reason, limit string
 		tier, cost        int
-		slots             *slotsView
+		slots             *limitspec.SlotsView
 	}{
 		{"t-window", reasonTier, "2/h:window", 1, 1, nil},
-		{"t-slots-later", reasonSlots, "1:inflight", 2, 1, &slotsView{Held: 1, Max: 1}},
-		{"t-cost", reasonTier, "10/h", 1, 5, &slotsView{Held: 1, Max: 4}},
-		{"t-cost-too-high", reasonCostTooHigh, "10/h", 1, 50, &slotsView{Held: 1, Max: 4}},
-		{"t-cost-fits", reasonPending, "", 0, 2, &slotsView{Held: 1, Max: 4}},
+		{"t-slots-later", reasonSlots, "1:inflight", 2, 1, &limitspec.SlotsView{Held: 1, Max: 1}},
+		{"t-cost", reasonTier, "10/h", 1, 5, &limitspec.SlotsView{Held: 1, Max: 4}},
+		{"t-cost-too-high", reasonCostTooHigh, "10/h", 1, 50, &limitspec.SlotsView{Held: 1, Max: 4}},
+		{"t-cost-fits", reasonPending, "", 0, 2, &limitspec.SlotsView{Held: 1, Max: 4}},
 	} {
 		t.Run(tc.id, func(t *testing.T) {
 			r := cli(t, tr.redisURL, "why", tc.id, "-o", "json")
@@ -291,7 +292,7 @@ func TestWhyRefusedBySlots(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(r.stdout), &v))
 	assert.Equal(t, reasonSlots, v.Reason, v.Sentence)
 	assert.Equal(t, "in flight", v.DeferredFor)
-	assert.Equal(t, &slotsView{Held: 1, Max: 1}, v.InFlight)
+	assert.Equal(t, &limitspec.SlotsView{Held: 1, Max: 1}, v.InFlight)
 	assert.Equal(t, 2, v.Tier)
 	assert.Equal(t, "1:inflight", v.Limit)
 	assert.Contains(t, v.Sentence, `was refused by slots: the one in-flight slot of key "crm" is held (1 of 1 in flight), so it was deferred to when one is expected to free; asynq brings it back at `)

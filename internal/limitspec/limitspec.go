@@ -225,3 +225,51 @@ func KindName(k throttle.Kind) string {
 	}
 	return fmt.Sprintf("kind(%d)", int(k))
 }
+
+// TierView is one of a key's limits with its state now, as the CLI's -o json
+// and the web view's API show it.
+type TierView struct {
+	Kind          string  `json:"kind"`  // bucket, window, inflight or adaptive
+	Limit         string  `json:"limit"` // as `set` takes it: 10/s:burst=20, 5000/h:window, 4:inflight
+	Rate          int     `json:"rate"`  // per period; an in-flight limit: the slots
+	PeriodSeconds float64 `json:"period_seconds"`
+	Burst         int     `json:"burst"`  // in force: a bucket's burst, a window's calls per window, the slots
+	Tokens        float64 `json:"tokens"` // a bucket's tokens, a window's calls left, the slots free
+	// InForce is the limit in force when it is below the configured one
+	// (learned from the provider's responses, or cut by adaptive mode).
+	InForce string `json:"in_force,omitempty"`
+	// LearnedSeconds is how long a quota learned from the provider stays in
+	// force unconfirmed.
+	LearnedSeconds float64 `json:"learned_seconds,omitempty"`
+}
+
+// SlotsView is an in-flight limit's slots: held now, and the most.
+type SlotsView struct {
+	Held int `json:"held"`
+	Max  int `json:"max"`
+}
+
+// Views returns each of st's limits with its state, and its in-flight
+// slots (nil without an InFlight limit).
+func Views(st throttle.Status) ([]TierView, *SlotsView) {
+	tiers := []TierView{}
+	var slots *SlotsView
+	for i, l := range st.Limits {
+		t := TierView{Kind: KindName(l.Kind), Limit: Format(l), Rate: l.Rate, PeriodSeconds: l.Per.Seconds(), Burst: Burst(l)}
+		if i < len(st.Tokens) {
+			t.Tokens = st.Tokens[i]
+		}
+		if i < len(st.InForce) && st.InForce[i] != l {
+			t.InForce = Format(st.InForce[i])
+			t.Burst = Burst(st.InForce[i])
+		}
+		if i < len(st.LearnedFor) && st.LearnedFor[i] > 0 {
+			t.LearnedSeconds = st.LearnedFor[i].Seconds()
+		}
+		if l.Kind == throttle.KindInFlight {
+			slots = &SlotsView{Held: st.InFlight, Max: l.Rate}
+		}
+		tiers = append(tiers, t)
+	}
+	return tiers, slots
+}
