@@ -57,6 +57,12 @@ func TestLimitsInForce(t *testing.T) {
 	assert.Equal(t, 10, v.Limits[0].Burst, "the burst in force")
 	assert.InDelta(t, 600, v.Limits[0].LearnedSeconds, 10, "learned for WithLearnFor's 10 min")
 
+	// why explains a refusal by the limit in force: at 10/s, 0.5 tokens
+	// short of one call is 50 ms away (at the configured 20/s: 25 ms).
+	st0 := throttle.Status{Limits: []throttle.Limit{throttle.PerSecond(20)}, InForce: []throttle.Limit{throttle.PerSecond(10)}, Tokens: []float64{0.5}}
+	assert.Contains(t, tierSentence(st0, 1, "crm", 1), `tier 1 of key "crm" (20/s, in force 10/s)`)
+	assert.Contains(t, tierSentence(st0, 1, "crm", 1), "50ms")
+
 	// A bucket in debt shows 0 tokens, not a negative count.
 	st := throttle.Status{Limits: []throttle.Limit{throttle.PerSecond(18)}, InForce: []throttle.Limit{throttle.PerSecond(18)}, Tokens: []float64{-1.7}}
 	assert.Equal(t, "0.0/18", rateTokens(st))

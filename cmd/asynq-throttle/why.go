@@ -318,6 +318,12 @@ func costTooHigh(st throttle.Status, cost int) int {
 func tierSentence(st throttle.Status, tier int, key string, cost int) string {
 	l, t := st.Limits[tier-1], st.Tokens[tier-1]
 	name := fmt.Sprintf("tier %d of key %q (%s)", tier, key, formatLimit(l))
+	if tier <= len(st.InForce) && st.InForce[tier-1] != l {
+		// Below its configured limit (learned from the provider, or
+		// adaptive mode): the tokens come back at the rate in force.
+		name = fmt.Sprintf("tier %d of key %q (%s, in force %s)", tier, key, formatLimit(l), formatLimit(st.InForce[tier-1]))
+		l = st.InForce[tier-1]
+	}
 	if l.Kind == throttle.KindWindow {
 		left := max(int(math.Floor(t)), 0)
 		if left == 0 {
