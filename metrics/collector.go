@@ -143,10 +143,10 @@ var _ prometheus.Collector = (*Collector)(nil)
 
 // descs are the descriptors of the metrics built at Collect time.
 type descs struct {
-	decisions, deferrals, copies, rateLimited, leased, failurePolicy, redisErrors, folded *prometheus.Desc
-	limitRate, limitPeriod, limitBurst, tokens, suspended, reservations, queued           *prometheus.Desc
-	inFlight, inFlightLimit, generation                                                   *prometheus.Desc
-	stateUp, stateKeys, stateErrors, stateDuration                                        *prometheus.Desc
+	decisions, deferrals, copies, rateLimited, leased, failurePolicy, redisErrors, folded     *prometheus.Desc
+	limitRate, limitInForce, limitPeriod, limitBurst, tokens, suspended, reservations, queued *prometheus.Desc
+	inFlight, inFlightLimit, generation                                                       *prometheus.Desc
+	stateUp, stateKeys, stateErrors, stateDuration                                            *prometheus.Desc
 }
 
 func newDescs() descs {
@@ -164,6 +164,7 @@ func newDescs() descs {
 		folded:        d("keys_folded_total", "Events counted under key=\"_other\" because WithMaxKeys distinct keys were already exported."),
 
 		limitRate:     d("limit_rate", "Calls a tier of the key's limits allows per period (from Redis, on scrape); kind is bucket or window.", "key", "tier", "kind"),
+		limitInForce:  d("limit_rate_in_force", "Calls a tier allows per period now: below limit_rate while a quota learned from the provider (Observe) or adaptive mode's cut is in force.", "key", "tier", "kind"),
 		limitPeriod:   d("limit_period_seconds", "The period of a tier of the key's limits (a window's length).", "key", "tier", "kind"),
 		limitBurst:    d("limit_burst", "The most a tier holds at once: a bucket's burst, a window's calls per window.", "key", "tier", "kind"),
 		tokens:        d("tokens", "Room in a tier now: a bucket's tokens, a window's calls it would still admit.", "key", "tier", "kind"),
@@ -184,7 +185,7 @@ func newDescs() descs {
 func (d descs) all() []*prometheus.Desc {
 	return []*prometheus.Desc{
 		d.decisions, d.deferrals, d.copies, d.rateLimited, d.leased, d.failurePolicy, d.redisErrors, d.folded,
-		d.limitRate, d.limitPeriod, d.limitBurst, d.tokens, d.suspended, d.reservations, d.queued,
+		d.limitRate, d.limitInForce, d.limitPeriod, d.limitBurst, d.tokens, d.suspended, d.reservations, d.queued,
 		d.inFlight, d.inFlightLimit, d.generation,
 		d.stateUp, d.stateKeys, d.stateErrors, d.stateDuration,
 	}

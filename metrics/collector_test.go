@@ -301,13 +301,19 @@ func TestScrapeState(t *testing.T) {
 	require.NoError(t, err)
 	_, err = lim.Take(ctx, "stripe")
 	require.NoError(t, err)
+	// zendesk: adaptive, halved by a suspension.
+	require.NoError(t, lim.SetLimits(ctx, "zendesk", throttle.PerSecond(20), throttle.Adaptive(time.Minute)))
+	require.NoError(t, lim.Suspend(ctx, "zendesk", time.Millisecond))
 
 	g := gauges(t, metrics.New(lim))
 	assert.Equal(t, 1.0, g["asynq_throttle_state_up{}"])
-	assert.Equal(t, 3.0, g["asynq_throttle_state_keys{}"])
+	assert.Equal(t, 4.0, g["asynq_throttle_state_keys{}"])
 	assert.Equal(t, 0.0, g["asynq_throttle_state_key_errors{}"])
 	for name, want := range map[string]float64{
 		"limit_rate{key=slack,kind=bucket,tier=1}":            5,
+		"limit_rate_in_force{key=slack,kind=bucket,tier=1}":   5,
+		"limit_rate{key=zendesk,kind=bucket,tier=1}":          20,
+		"limit_rate_in_force{key=zendesk,kind=bucket,tier=1}": 10,
 		"limit_burst{key=slack,kind=bucket,tier=1}":           8,
 		"limit_period_seconds{key=slack,kind=bucket,tier=1}":  1,
 		"limit_rate{key=slack,kind=bucket,tier=2}":            100,
@@ -338,10 +344,11 @@ func TestScrapeState(t *testing.T) {
 	assert.Less(t, g["asynq_throttle_tokens{key=github,kind=bucket,tier=1}"], 0.01)
 	assert.NotContains(t, g, "asynq_throttle_in_flight{key=slack}", "only keys with an in-flight limit")
 	assert.NotContains(t, g, "asynq_throttle_limit_rate{key=stripe,kind=inflight,tier=2}", "an in-flight limit is not a tier")
+	assert.NotContains(t, g, "asynq_throttle_limit_rate{key=zendesk,kind=adaptive,tier=2}", "nor is an adaptive one")
 
 	// WithMaxKeys bounds the keys whose state is read.
 	g = gauges(t, metrics.New(lim, metrics.WithMaxKeys(1)))
-	assert.Equal(t, 3.0, g["asynq_throttle_state_keys{}"])
+	assert.Equal(t, 4.0, g["asynq_throttle_state_keys{}"])
 	assert.Contains(t, g, "asynq_throttle_reservations{key=github}")
 	assert.NotContains(t, g, "asynq_throttle_reservations{key=slack}")
 	assert.NotContains(t, g, "asynq_throttle_in_flight{key=stripe}")

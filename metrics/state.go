@@ -44,8 +44,16 @@ func (c *Collector) collectState(ctx context.Context, ch chan<- prometheus.Metri
 				gauge(c.descs.inFlightLimit, float64(l.Rate), key)
 				continue
 			}
+			if l.Kind == throttle.KindAdaptive {
+				continue // not a tier: it cuts the others (limit_rate_in_force)
+			}
 			tier, kind := tierLabel(i), limitspec.KindName(l.Kind)
 			gauge(c.descs.limitRate, float64(l.Rate), key, tier, kind)
+			inForce := l
+			if i < len(st.InForce) {
+				inForce = st.InForce[i]
+			}
+			gauge(c.descs.limitInForce, float64(inForce.Rate), key, tier, kind)
 			gauge(c.descs.limitPeriod, l.Per.Seconds(), key, tier, kind)
 			gauge(c.descs.limitBurst, float64(limitspec.Burst(l)), key, tier, kind)
 			if i < len(st.Tokens) {
