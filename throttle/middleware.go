@@ -84,6 +84,7 @@ type Event struct {
 	Err error
 
 	left int // tokens the task's decision left in Redis, -1 unknown (for Observe)
+	cost int // the task's cost (for Charge)
 }
 
 // ByProvider returns an asynq middleware that throttles every task by its key
@@ -159,6 +160,7 @@ func (m *middleware) process(ctx context.Context, t *asynq.Task, next asynq.Hand
 	if err != nil {
 		return err
 	}
+	ev.cost = cost
 	ks := m.l.keys.get(key)
 	now := m.now()
 	if ks.noLimits(now) {
@@ -298,8 +300,7 @@ func (m *middleware) run(ctx context.Context, t *asynq.Task, next asynq.Handler,
 	ev.Ran = true
 	m.observe(ev)
 	if ks != nil {
-		cost, _ := costOf(t)
-		ctx = context.WithValue(ctx, chargeKey{}, &taskCharge{l: m.l, ks: ks, key: ev.Key, cost: max(cost, 1), left: ev.left})
+		ctx = context.WithValue(ctx, chargeKey{}, &taskCharge{l: m.l, ks: ks, key: ev.Key, cost: max(ev.cost, 1), left: ev.left})
 	}
 	herr := next.ProcessTask(ctx, t)
 	var rl *RateLimitedError
