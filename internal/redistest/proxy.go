@@ -15,13 +15,12 @@ type Proxy struct {
 	// Addr is the "127.0.0.1:port" address clients dial.
 	Addr string
 
-	ln      net.Listener
-	mu      sync.Mutex
-	target  string
-	refuse  bool
-	conns   []net.Conn
-	closed  bool
-	accepts int
+	ln     net.Listener
+	mu     sync.Mutex
+	target string
+	refuse bool
+	conns  []net.Conn
+	closed bool
 }
 
 // StartProxy starts a proxy to target and registers t.Cleanup to close it
@@ -61,13 +60,6 @@ func (p *Proxy) Refuse(on bool) {
 	}
 }
 
-// Accepted returns how many connections the proxy forwarded.
-func (p *Proxy) Accepted() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.accepts
-}
-
 // Close stops the proxy and closes every connection through it.
 func (p *Proxy) Close() {
 	p.mu.Lock()
@@ -89,9 +81,6 @@ func (p *Proxy) serve() {
 		}
 		p.mu.Lock()
 		target, refuse, closed := p.target, p.refuse, p.closed
-		if !refuse && !closed {
-			p.accepts++
-		}
 		p.mu.Unlock()
 		if refuse || closed {
 			_ = c.Close()

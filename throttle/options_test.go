@@ -1,0 +1,66 @@
+package throttle_test
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/asynq-throttle/asynq-throttle/internal/redistest"
+	"github.com/asynq-throttle/asynq-throttle/throttle"
+)
+
+// TestHeadroomCallOption: Take takes the exact bucket unless asked for
+// headroom; with Headroom(d) it keeps back what the bucket refills in d.
+func TestHeadroomCallOption(t *testing.T) {
+	ctx := context.Background()
+	lim := throttle.NewLimiter(redistest.Start(t).Client(t), quietLog)
+	admitted := func(key string, opts ...throttle.CallOption) int {
+		t.Helper()
+		require.NoError(t, lim.SetLimits(ctx, key, throttle.PerSecond(10)))
+		n := 0
+		for range 10 {
+			d, err := lim.Take(ctx, key, opts...)
+			require.NoError(t, err)
+			if d.Allowed {
+				n++
+			}
+		}
+		return n
+	}
+	assert.Equal(t, 10, admitted("exact"), "PerSecond(10) admits 10 at once through Take")
+	// 200 ms of headroom at 10/s: two tokens stay in the bucket.
+	assert.Equal(t, 8, admitted("headroom", throttle.Headroom(200*time.Millisecond)))
+}
+
+// TestWithLearnFor: a quota learned from a response lasts WithLearnFor (at
+// least two of the tier's periods) unless the provider says it again, then
+// the key is back to its configured limits.
+func TestWithLearnFor(t *testing.T) {
+	ctx := context.Background()
+	lim := throttle.NewLimiter(redistest.Start(t).Client(t), quietLog, throttle.WithLease(0, 0), throttle.WithLearnFor(time.Second))
+	require.NoError(t, lim.SetLimits(ctx, "crm", throttle.PerSecond(20)))
+	rec := httptest.NewRecorder()
+	rec.Header().Set("RateLimit-Policy", `"default";q=10;w=1`)
+	rec.WriteHeader(http.StatusOK)
+	task := throttle.NewTask("crm:sync", nil, throttle.Key("crm"))
+	require.NoError(t, lim.Middleware()(asynq.HandlerFunc(func(ctx context.Context, _ *asynq.Task) error {
+		return throttle.Observe(ctx, rec.Result())
+	})).ProcessTask(ctx, task))
+
+	st, err := lim.Inspect(ctx, "crm")
+	require.NoError(t, err)
+	assert.Equal(t, []throttle.Limit{throttle.PerSecond(10).WithBurst(10)}, st.InForce, "learned")
+	require.Len(t, st.LearnedFor, 1)
+	assert.InDelta(t, 2*time.Second, st.LearnedFor[0], float64(200*time.Millisecond), "1 s asked, two periods of the 1 s tier at least")
+
+	time.Sleep(st.LearnedFor[0] + 100*time.Millisecond)
+	st, err = lim.Inspect(ctx, "crm")
+	require.NoError(t, err)
+	assert.Equal(t, []throttle.Limit{throttle.PerSecond(20).WithBurst(20)}, st.InForce, "back to the configured limit")
+}
