@@ -1,11 +1,28 @@
 -- adjust.lua: settle a cost after the fact (see admin.go): every tier of a
--- key takes delta more calls' worth as of now, or gives -delta back. A
--- bucket never holds more than its burst; a window gives back from its
--- latest calls and never counts below zero.
+-- key takes delta more calls' worth as of now, or gives -delta back.
+--
+-- A surcharge is taken as of now (a bucket may go into debt; a window
+-- counts it in the current sub-window). A refund is given back only as far
+-- as it can be without any tier admitting more real calls than it would
+-- have had the call cost that much less when it was admitted (at, under the
+-- limits of generation gen, charged units so far):
+--   a bucket gets back at most what is left of the call's own debit, which
+--   refills at the rate from at on (given back in full later, a bucket
+--   that refilled meanwhile would hold more than its burst of real calls);
+--   a window takes it back only from the sub-window where the call was
+--   counted (given back from a later one, the earlier one's calls would
+--   leave the window while the calls that replace them join the later
+--   ones), and nothing once that sub-window has left the window.
+-- Without at, or for a call admitted under other limits (another
+-- generation: its tier may not have counted it), a refund gives nothing
+-- back.
 local key = KEYS[1]
 local delta    = tonumber(ARGV[1])
 local idle_us  = ARGV[2] * 1000
 local defaults = ARGV[3]
+local at       = tonumber(ARGV[4]) or 0    -- us: when the call was admitted (0 unknown)
+local charged  = tonumber(ARGV[5]) or 0    -- what the call was charged so far
+local call_gen = tonumber(ARGV[6]) or -1   -- the limits' generation it was admitted under
 local now = now_us()
 local h = redis.call('HMGET', key, 'L', 'T', 'O')
 local src = h[1]
@@ -15,12 +32,19 @@ local spec = parse_limits(src)
 if not spec then return 0 end
 if h[3] then spec = apply_learned(spec, src, h[3], now) end
 local tiers = spec.tiers
+local refund = delta < 0 and at > 0 and call_gen == spec.gen
 local ts, x, q, stored = read_T(h[2])
 local owed = bucket_owed(stored, ts, tiers, now, 0)
 local fields, need = {}, 0
 for i, t in ipairs(tiers) do
   if t.kind == 'b' then
-    local v = owed[i] + delta * t.p
+    local v = owed[i]
+    if delta > 0 then
+      v = v + delta * t.p
+    elseif refund then
+      local back = math.min(-delta, charged) * t.p - math.max(0, now - at) * t.rate
+      if back > 0 then v = math.max(v - back, 0) end
+    end
     if v < 0 then v = 0 end
     owed[i] = v
   else
@@ -28,17 +52,11 @@ for i, t in ipairs(tiers) do
     local w = win_load(redis.call('HGET', key, f), t, now, 0)
     if delta > 0 then
       win_add(w, t, now, delta)
-    else
-      local back = -delta
-      for idx = math.floor(now / t.sub), math.floor((now - t.p) / t.sub) - 1, -1 do
-        local c = w.c[-idx] or 0
-        local take = math.min(c, back)
-        if take > 0 then
-          w.c[-idx] = c - take
-          back = back - take
-        end
-        if back == 0 then break end
-      end
+    elseif refund then
+      local idx = math.floor(at / t.sub)
+      local c = w.c[-idx] or 0
+      local take = math.min(c, -delta)
+      if take > 0 then w.c[-idx] = c - take end
     end
     local s, empty_in = win_write(w, t, now, 0)
     if s then

@@ -123,16 +123,31 @@ func Migrate(ctx context.Context, r *Runner, k Keys, idle time.Duration, default
 	return n == 1, nil
 }
 
+// Call identifies an admitted call whose cost is settled by Adjust.
+type Call struct {
+	At         time.Time // when it was admitted (DecideReply.At); zero: unknown
+	Charged    int       // what it was charged so far
+	Generation int64     // the limits' generation it was admitted under
+}
+
 // Adjust runs adjust.lua: every tier of the key takes delta more calls'
-// worth as of now (a negative delta gives them back).
+// worth as of now, or gives -delta back as far as it can without admitting
+// more real calls than had call cost that much less (see adjust.lua).
 //
 //	KEYS[1] bucket hash
 //	ARGV[1] delta, calls   ARGV[2] limits' inactivity expiry, milliseconds
 //	ARGV[3] default limits ("" = none)
+//	ARGV[4] when the call was admitted, microseconds of the Redis clock (0 unknown)
+//	ARGV[5] what the call was charged so far   ARGV[6] its limits' generation
 //
 // Reply: 1 when the key had limits, else 0.
-func Adjust(ctx context.Context, r *Runner, k Keys, delta int, idle time.Duration, defaults []Tier) error {
-	_, err := r.Run(ctx, adjustScript, []string{k.Bucket}, delta, idle.Milliseconds(), FormatTiers(defaults))
+func Adjust(ctx context.Context, r *Runner, k Keys, delta int, call Call, idle time.Duration, defaults []Tier) error {
+	var atUS int64
+	if !call.At.IsZero() {
+		atUS = call.At.UnixMicro()
+	}
+	_, err := r.Run(ctx, adjustScript, []string{k.Bucket}, delta, idle.Milliseconds(), FormatTiers(defaults),
+		atUS, call.Charged, call.Generation)
 	return err
 }
 

@@ -56,6 +56,7 @@ type DecideReply struct {
 	Remaining  int64         // when allowed: tokens left in the tightest tier
 	RefusedBy  string        // "tier:N", "suspended", "queue" or "reserved"
 	Slot       time.Time     // when denied with a reservation: the reserved slot (Redis clock)
+	At         time.Time     // when allowed: the instant it was admitted at (Redis clock)
 	Lease      int64         // when allowed: extra tokens taken for the caller's process
 	Generation int64         // the limits' generation (bumped by every SetLimits)
 	Hold       string        // when allowed on a key with an in-flight limit: the slot held, for Release
@@ -80,7 +81,8 @@ type DecideReply struct {
 //
 // Reply: the n decisions joined by ';', each one string (reading it costs no
 // allocation): "status|wait_us|remaining|refused_by|slot_us|extra|gen"
-// (status 1 allowed: wait_us until the slot it was admitted at, 0 now;
+// (status 1 allowed: wait_us until the slot it was admitted at, 0 now, and
+// slot_us that instant;
 // status 0 denied: wait_us the retry-after; extra: tokens leased to the
 // caller's process; on a key with an in-flight limit an allowed decision adds
 // "|hold", the slot it holds), "-1|field|reason" for bad limits, "-2"
@@ -191,7 +193,10 @@ func ParseDecide(s string) (DecideReply, error) {
 	} else {
 		r.RetryAfter = time.Duration(retry) * time.Microsecond
 	}
-	if slot > 0 {
+	switch {
+	case slot > 0 && r.Status == StatusAllowed:
+		r.At = time.UnixMicro(slot)
+	case slot > 0:
 		r.Slot = time.UnixMicro(slot)
 	}
 	return r, nil

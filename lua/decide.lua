@@ -112,7 +112,7 @@ if n == 1 and not suspended and not spec.windows and not spec.inflight and vnext
     end
     if ttl then expire_in(key, ttl) end
     if remaining < 0 then remaining = 0 end
-    return string.format('1|0|%d||0|%d|%d', math.floor(remaining), extra, gen)
+    return string.format('1|0|%d||%d|%d|%d', math.floor(remaining), now, extra, gen)
   end
 end
 
@@ -265,9 +265,9 @@ local function admit(slot, id, c, at)
   if remaining == math.huge then remaining = slot_n - held end
   if remaining < 0 then remaining = 0 end
   if slot_n then
-    return string.format('1|%d|%d||0|%d|%d|%s', math.ceil(at - now), math.floor(remaining), extra, gen, hold)
+    return string.format('1|%d|%d||%d|%d|%d|%s', math.ceil(at - now), math.floor(remaining), math.ceil(at), extra, gen, hold)
   end
-  return string.format('1|%d|%d||0|%d|%d', math.ceil(at - now), math.floor(remaining), extra, gen)
+  return string.format('1|%d|%d||%d|%d|%d', math.ceil(at - now), math.floor(remaining), math.ceil(at), extra, gen)
 end
 
 -- short returns the tier that refuses c calls at at (0: none) and how long
@@ -282,10 +282,36 @@ local function short(c, at, holder)
     local w
     if t.kind == 'b' then
       local v = owed[i]
-      if at > now then v = math.max(0, v - (at - now) * t.rate) end
+      -- At an instant ahead, the bucket owes less by the time between, down
+      -- to minus the headroom as bucket_owed reads a full bucket: a bucket
+      -- full for that long has room for the headroom, and a floor of 0
+      -- would refuse every holder of a burst equal to its cost ahead of now.
+      if at > now then v = math.max(-headroom * t.rate, v - (at - now) * t.rate) end
       w = wait_for(t, v, c, headroom)
     else
-      local free = win_free(wins[i], t, at, c, headroom, at + MAX_WAIT)
+      -- A holder does not wait for other holders' reservations whose
+      -- sub-window has passed: they are late (asynq brings a task back up
+      -- to a second after its slot) and take their turn when they come.
+      -- Counted, they kept a window's room idle while on their way, and a
+      -- window paired with a bucket drifted later every period until a
+      -- holder missed its turn.
+      local ws, stale = wins[i], nil
+      if holder then
+        local cur = math.floor(now / t.sub)
+        for k, v in pairs(ws.r) do
+          if -k < cur then
+            stale = stale or {}
+            stale[k] = v
+          end
+        end
+        if stale then
+          for k in pairs(stale) do ws.r[k] = nil end
+        end
+      end
+      local free = win_free(ws, t, at, c, headroom, at + MAX_WAIT)
+      if stale then
+        for k, v in pairs(stale) do ws.r[k] = v end
+      end
       w = free and free - at or MAX_WAIT
     end
     if w > wait and not (holder and w <= HOLDER_SLACK) then tier, wait = i, w end
@@ -333,7 +359,7 @@ end
 local paced = false
 if pace and granule > 0 then
   for _, t in ipairs(tiers) do
-    if t.kind == 'w' or (t.kind == 'b' and (t.burst * t.e < granule or
+    if t.kind == 'w' or (t.kind == 'b' and (t.burst * t.e - headroom < granule or
         (t.e >= granule and (t.burst - 1) * t.e - headroom < granule))) then
       paced = true
     end

@@ -159,7 +159,7 @@ func TestDecide(t *testing.T) {
 	e.setLimits(Tier{Rate: 2, PerMS: 1000, Burst: 2})
 	for i, want := range []int64{1, 0} {
 		r := e.decide(DecideArgs{IdleExpiry: time.Hour})
-		assert.Equal(t, DecideReply{Status: StatusAllowed, Remaining: want, Generation: 1}, r, "Decide #%d", i+1)
+		assert.Equal(t, DecideReply{Status: StatusAllowed, Remaining: want, At: testEpoch(), Generation: 1}, r, "Decide #%d", i+1)
 	}
 	r := e.decide(DecideArgs{IdleExpiry: time.Hour})
 	assert.Equal(t, DecideReply{Status: StatusDenied, RetryAfter: 500 * time.Millisecond, RefusedBy: "tier:1", Generation: 1}, r, "Decide #3")
@@ -173,7 +173,7 @@ func TestDecide(t *testing.T) {
 	assert.Equal(t, DecideReply{Status: StatusDenied, RetryAfter: time.Second, RefusedBy: "queue", Generation: 1}, r, "Decide behind the reservation")
 	e.at(500 * time.Millisecond)
 	r = e.decide(resv)
-	assert.Equal(t, DecideReply{Status: StatusAllowed, Remaining: 0, Generation: 1}, r, "Decide by the holder at its slot")
+	assert.Equal(t, DecideReply{Status: StatusAllowed, Remaining: 0, At: testEpoch().Add(500 * time.Millisecond), Generation: 1}, r, "Decide by the holder at its slot")
 
 	_, err := Suspend(e.ctx, e.run, e.k, 3*time.Second, time.Hour)
 	require.NoError(t, err, "Suspend")
@@ -188,7 +188,7 @@ func TestDecide_Defaults(t *testing.T) {
 		want     DecideReply
 	}{
 		{"none", nil, DecideReply{Status: StatusNoLimits}},
-		{"valid", []Tier{{Rate: 1, PerMS: 1000, Burst: 3}}, DecideReply{Status: StatusAllowed, Remaining: 2}},
+		{"valid", []Tier{{Rate: 1, PerMS: 1000, Burst: 3}}, DecideReply{Status: StatusAllowed, Remaining: 2, At: testEpoch()}},
 		{"rate 0", []Tier{{Rate: 0, PerMS: 1000, Burst: 3}}, DecideReply{Status: StatusBadConfig, Field: "default limits[0].Rate", Reason: "below minimum 1"}},
 		{"second per_ms 0", []Tier{{Rate: 1, PerMS: 1000, Burst: 1}, {Rate: 1, PerMS: 0, Burst: 1}}, DecideReply{Status: StatusBadConfig, Field: "default limits[1].Per", Reason: "below minimum 1 ms"}},
 		{"burst above 1e9", []Tier{{Rate: 1, PerMS: 1000, Burst: 1_000_000_001}}, DecideReply{Status: StatusBadConfig, Field: "default limits[0].Burst", Reason: "above maximum 1000000000"}},
@@ -522,7 +522,7 @@ func TestDecideManyEqualsOneByOne(t *testing.T) {
 				got = append(got, r)
 			}
 			assert.Equal(t, want, got, "one run for %d callers", len(ids))
-			assert.Contains(t, want, "1|0|0||0|0|1", "the limits never bound: the test proves little")
+			assert.Contains(t, want, fmt.Sprintf("1|0|0||%d|0|1", testEpoch().UnixMicro()), "the limits never bound: the test proves little")
 			// The expiry memo (x) may differ: one write sets it once.
 			noX := func(dump string) string {
 				var keep []string
@@ -699,7 +699,7 @@ func TestDecide_Cost(t *testing.T) {
 	e := newEnv(t)
 	e.setLimits(Tier{Rate: 10, PerMS: 1000, Burst: 10})
 	r := e.decide(DecideArgs{IdleExpiry: time.Hour, Cost: 7})
-	assert.Equal(t, DecideReply{Status: StatusAllowed, Remaining: 3, Generation: 1}, r)
+	assert.Equal(t, DecideReply{Status: StatusAllowed, Remaining: 3, At: testEpoch(), Generation: 1}, r)
 	r = e.decide(DecideArgs{IdleExpiry: time.Hour, Cost: 4})
 	assert.Equal(t, DecideReply{Status: StatusDenied, RetryAfter: 100 * time.Millisecond, RefusedBy: "tier:1", Generation: 1}, r, "4 of 3")
 	r = e.decide(DecideArgs{IdleExpiry: time.Hour, Cost: 11})
@@ -766,11 +766,15 @@ func TestDecide_Book(t *testing.T) {
 }
 
 // Adjust settles a cost after the fact: every tier takes or gives back the
-// difference, a bucket never above its burst, a window never below zero.
+// difference, a bucket never above its burst; a window counts a surcharge
+// at now, and takes a refund back only from the sub-window the call was
+// counted in (nothing without it), never below zero.
 func TestAdjust(t *testing.T) {
 	e := newEnv(t)
 	e.setLimits(Tier{Rate: 10, PerMS: 1000, Burst: 10}, Tier{Kind: KindWindow, Rate: 20, PerMS: 60000})
-	e.decide(DecideArgs{IdleExpiry: time.Hour, Cost: 4})
+	r := e.decide(DecideArgs{IdleExpiry: time.Hour, Cost: 4})
+	require.Equal(t, StatusAllowed, r.Status)
+	require.Equal(t, testEpoch(), r.At, "an admission says when it was admitted")
 	tokens := func() []float64 {
 		t.Helper()
 		r, err := Inspect(e.ctx, e.run, e.k, nil, 0)
@@ -778,12 +782,67 @@ func TestAdjust(t *testing.T) {
 		return r.Tokens
 	}
 	assert.Equal(t, []float64{6, 16}, tokens(), "after a cost of 4")
-	require.NoError(t, Adjust(e.ctx, e.run, e.k, 3, time.Hour, nil))
-	assert.Equal(t, []float64{3, 13}, tokens(), "charged 3 more")
-	require.NoError(t, Adjust(e.ctx, e.run, e.k, -5, time.Hour, nil))
-	assert.Equal(t, []float64{8, 18}, tokens(), "5 given back")
-	require.NoError(t, Adjust(e.ctx, e.run, e.k, -100, time.Hour, nil))
-	assert.Equal(t, []float64{10, 20}, tokens(), "never more than the burst, never fewer than no calls")
+	e.at(10 * time.Second) // the bucket is full again; the window is another sub-window on
+	require.NoError(t, Adjust(e.ctx, e.run, e.k, 3, Call{Generation: -1}, time.Hour, nil))
+	assert.Equal(t, []float64{7, 13}, tokens(), "charged 3 more")
+	require.NoError(t, Adjust(e.ctx, e.run, e.k, -5, Call{Generation: -1}, time.Hour, nil))
+	assert.Equal(t, []float64{7, 13}, tokens(), "a refund of no known call gives nothing back")
+	call := Call{At: r.At, Charged: 4, Generation: r.Generation}
+	require.NoError(t, Adjust(e.ctx, e.run, e.k, -3, call, time.Hour, nil))
+	assert.Equal(t, []float64{7, 16}, tokens(), "the call's debit was refilled 10 s ago; the window gives 3 back in the sub-window of the call")
+	require.NoError(t, Adjust(e.ctx, e.run, e.k, -3, Call{At: r.At, Charged: 4, Generation: r.Generation + 1}, time.Hour, nil))
+	assert.Equal(t, []float64{7, 16}, tokens(), "a call admitted under other limits: nothing back")
+
+	// A refund right after the call gives the bucket back what the refill
+	// has not paid yet of the call's own debit.
+	r = e.decide(DecideArgs{IdleExpiry: time.Hour, Cost: 5})
+	require.Equal(t, StatusAllowed, r.Status)
+	e.at(10*time.Second + 200*time.Millisecond) // 2 tokens refilled since
+	require.NoError(t, Adjust(e.ctx, e.run, e.k, -4, Call{At: r.At, Charged: 5, Generation: r.Generation}, time.Hour, nil))
+	assert.InDeltaSlice(t, []float64{6, 15}, tokens(), 1e-9, "4 of the 5 taken come back less the 2 refilled since: 2 to the bucket")
+}
+
+// A refund never lets a window hold more than N real calls: it comes out of
+// the sub-window where the refunded call was counted, not the latest one.
+// (Regression: on Window(10, 1s), 5 calls admitted at 0 ms whose real cost
+// was 0, 5 more at 902 ms, the refund at 954 ms, and at 1102 ms 10 more
+// were admitted: 15 real calls within 200 ms.)
+func TestAdjust_RefundComesOutOfTheCallsSubWindow(t *testing.T) {
+	e := newEnv(t)
+	e.setLimits(Tier{Kind: KindWindow, Rate: 10, PerMS: 1000})
+	a := DecideArgs{IdleExpiry: time.Hour}
+	var real []time.Duration // instants of the calls actually made
+	takeAt := func(at time.Duration, n int) int {
+		e.at(at)
+		allowed := 0
+		for range n {
+			if e.decide(a).Status == StatusAllowed {
+				allowed++
+				real = append(real, at)
+			}
+		}
+		return allowed
+	}
+	a.Cost = 5
+	refunded := e.decide(a)
+	require.Equal(t, StatusAllowed, refunded.Status, "5 at 0 ms")
+	a.Cost = 1
+	require.Equal(t, 5, takeAt(902*time.Millisecond, 5), "5 at 902 ms")
+	e.at(954 * time.Millisecond)
+	require.NoError(t, Adjust(e.ctx, e.run, e.k, -5, Call{At: refunded.At, Charged: 5, Generation: refunded.Generation}, time.Hour, nil), "the first call's real cost was 0")
+	takeAt(954*time.Millisecond, 20)
+	takeAt(1102*time.Millisecond, 20)
+	takeAt(1500*time.Millisecond, 20)
+	for i, x := range real {
+		n := 0
+		for _, y := range real[i:] {
+			if y-x < time.Second {
+				n++
+			}
+		}
+		assert.LessOrEqual(t, n, 10, "real calls in the second from %v (all: %v)", x, real)
+	}
+	assert.Len(t, real, 10, "the refund made room for 5 more, no more, within a second of 902 ms: %v", real)
 }
 
 // An in-flight limit is taken in the same decision as the tiers: a slot

@@ -8,6 +8,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/hibiken/asynq"
+
+	"github.com/asynq-throttle/asynq-throttle/lua"
 )
 
 // Enqueue enqueues task on client, throttled at enqueue time rather than
@@ -64,7 +66,7 @@ func (l *Limiter) Enqueue(ctx context.Context, client *asynq.Client, task *asynq
 		// the horizon: the middleware decides when the task runs.
 		return client.EnqueueContext(ctx, task, opts...)
 	}
-	if delay := l.slotDelay(d.Slot); delay > 0 {
+	if delay := l.slotDelay(d.Slot, time.Now()); delay > 0 {
 		opts = append(opts, asynq.ProcessIn(delay))
 	}
 	info, err := client.EnqueueContext(ctx, task, opts...)
@@ -79,8 +81,7 @@ func (l *Limiter) Enqueue(ctx context.Context, client *asynq.Client, task *asynq
 // in asynq: to the slot itself, rounded up to a whole second (asynq's
 // granularity), or, for a paced slot inside a second, to the whole second
 // before it (the middleware then waits for the slot).
-func (l *Limiter) slotDelay(slot time.Time) time.Duration {
-	now := time.Now()
+func (l *Limiter) slotDelay(slot, now time.Time) time.Duration {
 	if l.o.pacing && slot.Truncate(time.Second) != slot {
 		return max(slot.Truncate(time.Second).Sub(now), 0)
 	}
@@ -119,7 +120,9 @@ type taskCharge struct {
 	ks   *keyState
 	key  string
 	cost int
-	left int // tokens the decision left, -1 unknown
+	left int       // tokens the decision left, -1 unknown
+	at   time.Time // when the task was admitted (Redis clock; zero for a leased token)
+	gen  int64     // the limits' generation it was admitted under
 }
 
 type chargeKey struct{}
@@ -143,7 +146,7 @@ func Charge(ctx context.Context, actual int) error {
 	if actual == tc.cost {
 		return nil
 	}
-	delta := actual - tc.cost
+	charged := tc.cost
 	tc.cost = actual
-	return tc.l.Adjust(ctx, tc.key, delta)
+	return tc.l.adjust(ctx, tc.key, actual-charged, lua.Call{At: tc.at, Charged: charged, Generation: tc.gen})
 }

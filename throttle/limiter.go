@@ -146,7 +146,8 @@ type Decision struct {
 	// renew it with Extend if the call may outlast WithSlotLease).
 	Hold string
 
-	gen int64 // limits generation, for leases
+	gen int64     // limits generation, for leases
+	at  time.Time // when allowed: the instant it was admitted at (Redis clock), for refunds
 }
 
 // CallOption changes one call of Take, TakeN, Reserve or ReserveN.
@@ -267,6 +268,7 @@ func (l *Limiter) decide(ctx context.Context, key string, v variant, id string, 
 		Slot:       r.Slot,
 		Lease:      int(r.Lease),
 		gen:        r.Generation,
+		at:         r.At,
 	}
 	switch {
 	case d.Allowed:
@@ -555,12 +557,18 @@ func (l *Limiter) ResumeTasks(ctx context.Context, key string) (int, error) {
 	return n, nil
 }
 
-// Adjust makes every tier of key take delta more calls' worth as of now, or
-// give -delta back (a cost settled after the call: see Charge, the same for
-// a handler under the middleware). A bucket never holds more than its
-// burst; a window gives back from its latest calls. A key without limits
-// is left alone.
+// Adjust makes every tier of key take delta more calls' worth as of now (a
+// cost settled after the call: see Charge, the same for a handler under the
+// middleware). A negative delta gives nothing back: a refund is safe only
+// for a known call, from when it was admitted (see Charge).
 func (l *Limiter) Adjust(ctx context.Context, key string, delta int) error {
+	return l.adjust(ctx, key, delta, lua.Call{Generation: -1})
+}
+
+// adjust is Adjust for call: a refund is given back as far as it can be
+// without admitting more real calls than had the call cost that much less
+// (see lua.Adjust).
+func (l *Limiter) adjust(ctx context.Context, key string, delta int, call lua.Call) error {
 	keys, err := redisKeys(l.o.prefix, key)
 	if err != nil {
 		return err
@@ -569,7 +577,7 @@ func (l *Limiter) Adjust(ctx context.Context, key string, delta int) error {
 		return err
 	}
 	_, err = bounded(l, ctx, func(ctx context.Context) (struct{}, error) {
-		return struct{}{}, lua.Adjust(ctx, l.runner, keys, delta, l.o.idleExpiry, l.defaults(key))
+		return struct{}{}, lua.Adjust(ctx, l.runner, keys, delta, call, l.o.idleExpiry, l.defaults(key))
 	})
 	if err != nil {
 		return fmt.Errorf("throttle: key %q: adjust by %d: %w", key, delta, err)

@@ -83,8 +83,10 @@ type Event struct {
 	// deferred task from being re-enqueued.
 	Err error
 
-	left int // tokens the task's decision left in Redis, -1 unknown (for Observe)
-	cost int // the task's cost (for Charge)
+	left int       // tokens the task's decision left in Redis, -1 unknown (for Observe)
+	cost int       // the task's cost (for Charge)
+	at   time.Time // when its decision admitted it (Redis clock), for Charge's refunds
+	gen  int64     // the limits' generation of that decision
 }
 
 // ByProvider returns an asynq middleware that throttles every task by its key
@@ -248,7 +250,7 @@ func (m *middleware) process(ctx context.Context, t *asynq.Task, next asynq.Hand
 			return err
 		}
 	}
-	ev.Outcome, ev.left = Ran, d.Remaining
+	ev.Outcome, ev.left, ev.at, ev.gen = Ran, d.Remaining, d.at, d.gen
 	return m.run(ctx, t, next, ks, ev)
 }
 
@@ -300,7 +302,7 @@ func (m *middleware) run(ctx context.Context, t *asynq.Task, next asynq.Handler,
 	ev.Ran = true
 	m.observe(ev)
 	if ks != nil {
-		ctx = context.WithValue(ctx, chargeKey{}, &taskCharge{l: m.l, ks: ks, key: ev.Key, cost: max(ev.cost, 1), left: ev.left})
+		ctx = context.WithValue(ctx, chargeKey{}, &taskCharge{l: m.l, ks: ks, key: ev.Key, cost: max(ev.cost, 1), left: ev.left, at: ev.at, gen: ev.gen})
 	}
 	herr := next.ProcessTask(ctx, t)
 	var rl *RateLimitedError
@@ -364,30 +366,11 @@ func (m *middleware) decideAs(ctx context.Context, key string, t *asynq.Task, id
 	return m.l.decide(ctx, key, v, id, cost)
 }
 
-// deferDecision defers a refused task: a task with a reserved slot comes back
-// right after it; others get jitter so a crowd does not come back at once.
-// A task deferred on a cached suspension is remembered with it, to be
-// brought back if the suspension turns out to have ended early (Resume).
+// deferDecision defers a refused task by deferDelay. A task deferred on a
+// cached suspension is remembered with it, to be brought back if the
+// suspension turns out to have ended early (Resume).
 func (m *middleware) deferDecision(ctx context.Context, t *asynq.Task, ks *keyState, d Decision, ev Event, out Outcome) error {
-	var delay time.Duration
-	switch {
-	case d.Reserved && m.l.o.pacing && d.Slot.Truncate(time.Second) != d.Slot:
-		// A paced slot, inside a second: come back on the whole second
-		// before it; the worker then waits for the slot itself.
-		delay = max(d.Slot.Truncate(time.Second).Sub(m.now()), 0)
-	case d.Reason == RefusedBySlots && !d.Reserved:
-		// A slot expected free at now+RetryAfter: come back on the whole
-		// second before it; the worker waits for the slot from there
-		// (maxSlotWait) instead of leaving it idle until the next second.
-		delay = max(m.now().Add(d.RetryAfter).Truncate(time.Second).Sub(m.now()), 0)
-	case d.Reserved:
-		// Aim at the slot itself (a whole second of the Redis clock), not at
-		// now+RetryAfter: the reply's travel time would push the task past
-		// the boundary and cost it a whole second.
-		delay = m.until(d.Slot)
-	default:
-		delay = m.roundUp(m.jitter.Add(d.RetryAfter))
-	}
+	delay := m.deferDelay(d)
 	ev.Outcome, ev.Reason, ev.Delay, ev.Reserved = out, d.Reason, delay, d.Reserved
 	m.l.o.logger.Debug("throttle: task deferred", "key", ev.Key, "task_id", ev.TaskID, "reason", d.Reason, "retry_in", delay, "reserved", d.Reserved)
 	copied, waitingAs, err := m.deferTask(ctx, t, ev.Key, delay, d.Reason.String())
@@ -402,6 +385,32 @@ func (m *middleware) deferDecision(ctx context.Context, t *asynq.Task, ks *keySt
 	}
 	m.observe(ev)
 	return err
+}
+
+// deferDelay is how long a refused task waits in asynq before it is
+// dequeued again: a task with a reserved slot comes back right after it (or,
+// paced, on the whole second before it, its worker waiting for the slot);
+// others get jitter so a crowd does not come back at once.
+func (m *middleware) deferDelay(d Decision) time.Duration {
+	switch {
+	case d.Reason == RefusedBySlots:
+		// A slot in flight expected free at now+RetryAfter: come back on the
+		// whole second before it; the worker waits for the slot from there
+		// (maxSlotWait) instead of leaving it idle until the next second. A
+		// task holding a reservation keeps it, but its reserved time does not
+		// free a slot: it is told when one is expected.
+		return max(m.now().Add(d.RetryAfter).Truncate(time.Second).Sub(m.now()), 0)
+	case d.Reserved && m.l.o.pacing && d.Slot.Truncate(time.Second) != d.Slot:
+		// A paced slot, inside a second: come back on the whole second
+		// before it; the worker then waits for the slot itself.
+		return max(d.Slot.Truncate(time.Second).Sub(m.now()), 0)
+	case d.Reserved:
+		// Aim at the slot itself (a whole second of the Redis clock), not at
+		// now+RetryAfter: the reply's travel time would push the task past
+		// the boundary and cost it a whole second.
+		return m.until(d.Slot)
+	}
+	return m.roundUp(m.jitter.Add(d.RetryAfter))
 }
 
 // checkParked runs when a cached suspension that deferred tasks expires: if

@@ -300,10 +300,13 @@ func WithLease(n int, d time.Duration) Option {
 // would still admit it d later, so that calls reaching the provider up to d
 // apart from their decisions never find its quota short, and a limit set to
 // exactly the provider's published quota draws no 429 from it. It costs a
-// token bucket rate x d tokens of its burst (nothing of its rate once
-// Burst >= 1 + rate x d; a burst of 1 runs at 1/(1/rate + d)), and a window
-// d of its length. 0 turns it off. Limiter.Take keeps the exact bucket
-// unless asked (Headroom).
+// token bucket rate x d tokens of its burst, and a window d of its length;
+// a backlog still drains at the rate (a key whose burst cannot absorb a
+// second of its rate plus d is paced, see WithPacing), except where every
+// call needs the whole burst (a burst of 1, or a Cost equal to the burst):
+// each then waits d after the one before, 1/(1/rate + d) calls per second.
+// 0 turns it off. Limiter.Take keeps the exact bucket unless asked
+// (Headroom).
 func WithHeadroom(d time.Duration) Option { return func(o *options) { o.headroom = d } }
 
 // WithSlotLease sets how long a slot of an InFlight limit is held without

@@ -101,6 +101,7 @@ type slotsRefModel struct {
 	leaseTTL int64 // us the set lives after a touch: lease in whole ms, rounded up
 	holders  map[string]int64
 	expiry   int64 // when the set expires (us), 0: no set
+	gen      int64 // bumped by every setLimits, as the script's generation
 }
 
 func newSlotsRefModel(now, lease int64) *slotsRefModel {
@@ -128,6 +129,7 @@ func (m *slotsRefModel) advance(now int64) {
 func (m *slotsRefModel) setLimits(limits []throttle.Limit) {
 	buckets, windows := map[int64]*slotsRefBucket{}, map[int64]*slotsRefWindow{}
 	m.tiers, m.inflight = nil, 0
+	m.gen++
 	for _, l := range limits {
 		per := l.Per.Microseconds()
 		switch l.Kind {
@@ -238,28 +240,42 @@ func (m *slotsRefModel) take(c int64, hold func() string) slotsRefDecision {
 	return d
 }
 
-// adjust settles delta more calls' worth (or gives -delta back) in every
-// tier: a bucket never holds more than its burst, a window gives back from
-// its latest calls and never counts below zero.
-func (m *slotsRefModel) adjust(delta int64) {
-	if delta == 0 {
+// surcharge takes delta more calls' worth of every tier as of now.
+func (m *slotsRefModel) surcharge(delta int64) {
+	for _, b := range m.buckets {
+		b.owed += delta * b.perUS
+	}
+	for _, w := range m.windows {
+		w.counts[floorDiv(m.now, w.sub)] += delta
+	}
+}
+
+// refund gives back r units of call c, only under the limits it was
+// admitted under: a bucket what is left of the call's own debit after the
+// refill since it; a window from the sub-window the call was counted in.
+func (m *slotsRefModel) refund(r int64, c *takenCall) {
+	if c.gen != m.gen {
 		return
 	}
 	for _, b := range m.buckets {
-		b.owed = max(0, b.owed+delta*b.perUS)
+		if back := min(r, c.left)*b.perUS - max(0, m.now-c.at)*b.rate; back > 0 {
+			b.owed = max(0, b.owed-back)
+		}
 	}
 	for _, w := range m.windows {
-		if delta > 0 {
-			w.counts[floorDiv(m.now, w.sub)] += delta
-			continue
-		}
-		back := -delta
-		for i := floorDiv(m.now, w.sub); i >= floorDiv(m.now-w.perUS, w.sub)-1 && back > 0; i-- {
-			take := min(w.counts[i], back)
-			w.counts[i] -= take
-			back -= take
-		}
+		i := floorDiv(c.at, w.sub)
+		w.counts[i] -= min(w.counts[i], r)
 	}
+}
+
+// takenCall is an admission, for refunds: its decision, instant and what
+// of its cost was not refunded yet, and its place in each bound log.
+type takenCall struct {
+	d    throttle.Decision
+	at   int64
+	left int64
+	gen  int64 // the model's generation of limits when it was admitted
+	idx  map[*boundLog]int
 }
 
 // extend renews the holders whose lease has not ended (one ending this
@@ -428,6 +444,7 @@ func TestProperty_SlotsCostsTiers(t *testing.T) {
 		setLimits(t, "initial")
 
 		var holds, stale []string // slots taken and not released; released or lost
+		var calls []*takenCall    // admissions, for refunds
 		since := func() time.Duration { return time.Duration(m.now-start) * time.Microsecond }
 		setNow := func(us int64) {
 			d := time.Duration(us-m.now) * time.Microsecond
@@ -515,10 +532,13 @@ func TestProperty_SlotsCostsTiers(t *testing.T) {
 			} else {
 				require.Empty(t, got.Hold, "%s: no InFlight limit, no slot", call)
 			}
+			c := &takenCall{d: got, at: m.now, left: int64(cost), gen: m.gen, idx: map[*boundLog]int{}}
 			for _, l := range logs {
 				l.add(m.now, int64(cost))
 				l.check(t, call)
+				c.idx[l] = len(l.at) - 1
 			}
+			calls = append(calls, c)
 		}
 
 		t.Repeat(map[string]func(*rapid.T){
@@ -547,11 +567,26 @@ func TestProperty_SlotsCostsTiers(t *testing.T) {
 				require.Equal(t, m.extend(hs), n, "Extend(%v) at epoch+%v: renewed", hs, since())
 			},
 			"adjust": func(t *rapid.T) {
-				delta := rapid.IntRange(-4, 4).Draw(t, "delta")
-				require.NoError(t, lim.Adjust(ctx, "k", delta), "Adjust(%d)", delta)
-				m.adjust(int64(delta))
-				for _, l := range logs {
-					l.add(m.now, int64(delta))
+				// A surcharge, or a refund of what a call did not use (as
+				// Charge settles it: never more than the call cost).
+				delta := int64(rapid.IntRange(-4, 4).Draw(t, "delta"))
+				if delta < 0 && len(calls) > 0 && rapid.Bool().Draw(t, "ofACall") {
+					c := rapid.SampledFrom(calls).Draw(t, "call")
+					delta = -min(-delta, c.left)
+					require.NoError(t, throttle.AdjustCall(lim, ctx, "k", int(delta), c.d, int(c.left)), "refund %d of a call at epoch+%v", -delta, time.Duration(c.at-start)*time.Microsecond)
+					m.refund(-delta, c)
+					c.left += delta
+					for l, i := range c.idx {
+						l.units[i] += delta // the call's real cost, at its instant
+					}
+					return
+				}
+				require.NoError(t, lim.Adjust(ctx, "k", int(delta)), "Adjust(%d)", delta)
+				if delta > 0 {
+					m.surcharge(delta)
+					for _, l := range logs {
+						l.add(m.now, delta)
+					}
 				}
 			},
 			"advance": func(t *rapid.T) {

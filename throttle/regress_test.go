@@ -320,7 +320,20 @@ func TestCosts(t *testing.T) {
 	_, err = lim.TakeN(ctx, "gql", 11)
 	assert.ErrorIs(t, err, throttle.ErrCostTooHigh)
 	require.NoError(t, lim.Adjust(ctx, "gql", -3))
-	assert.InDelta(t, 3, tokens(), 0.01, "3 given back")
+	assert.InDelta(t, 0, tokens(), 0.01, "Adjust gives nothing back: no call is known to refund")
+
+	// Charge below the cost gives back what the call did not use, to a
+	// bucket and to the window's sub-window that counted it.
+	require.NoError(t, lim.SetLimits(ctx, "gql2", throttle.PerHour(10), throttle.Window(10, time.Hour)))
+	task := throttle.NewTask("gql:query", nil, throttle.Key("gql2"), throttle.Cost(4))
+	require.NoError(t, mw(asynq.HandlerFunc(func(ctx context.Context, _ *asynq.Task) error {
+		return throttle.Charge(ctx, 1)
+	})).ProcessTask(ctx, task))
+	st, err := lim.Inspect(ctx, "gql2")
+	require.NoError(t, err)
+	bucket0, window0 := 10.0, 10.0
+	assert.InDelta(t, bucket0-1, st.Tokens[0], 0.01, "the bucket got 3 of the 4 back")
+	assert.InDelta(t, window0-1, st.Tokens[1], 0.01, "the window got 3 of the 4 back")
 
 	// Through the middleware, a cost no tier can ever hold fails the task
 	// for good (asynq archives it) instead of retrying it forever.
