@@ -181,6 +181,8 @@ func TestUsageErrors(t *testing.T) {
 		{"--redis", "http://localhost:6379", "list"},
 		{"--redis", "redis+sentinel://127.0.0.1:26379", "list"},
 		{"--prefix", "a{b", "list"},
+		{"serve", "--allowed-hosts", "https://throttle.example.com"},
+		{"serve", "--allowed-hosts", "*.example.com"},
 	} {
 		r := tr.run(args...)
 		assert.Equal(t, exitUsage, r.code, "%v: %s", args, r.stderr)
