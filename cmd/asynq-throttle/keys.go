@@ -47,17 +47,31 @@ key's limits: every set bumps it.`,
 }
 
 func (a *app) getCmd() *cobra.Command {
-	return &cobra.Command{
+	var force bool
+	cmd := &cobra.Command{
 		Use:   "get KEY",
 		Short: "Show one key: limits, tokens per tier, slots in flight, suspension, reservations",
-		Args:  args(1, 1),
+		Long: `Show one key. A key with nothing in Redis (no limits, no state: list does
+not show it) is an error naming the closest key, unless --force.`,
+		Args: args(1, 1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := throttle.ValidateKey(args[0]); err != nil {
 				return usageError{err}
 			}
+			if !force {
+				lim, err := a.limiter(cmd.Context())
+				if err != nil {
+					return err
+				}
+				if err := a.requireKnown(cmd.Context(), lim, args[0], "shows it"); err != nil {
+					return err
+				}
+			}
 			return a.show(cmd, args[0])
 		},
 	}
+	forceFlag(cmd, &force, "show it")
+	return cmd
 }
 
 // show prints one key as get does (the write commands show the result).
@@ -121,12 +135,15 @@ and windows, and one in-flight limit.`,
 }
 
 func (a *app) suspendCmd() *cobra.Command {
-	return &cobra.Command{
+	var force bool
+	cmd := &cobra.Command{
 		Use:   "suspend KEY DURATION",
 		Short: "Stop every worker from running a key's tasks for DURATION (e.g. 30s, 5m)",
 		Long: fmt.Sprintf(`Suspend a key fleet-wide: every worker defers its tasks until the suspension
 ends. A suspension only ever grows: suspending for less than what is left
-changes nothing (resume first to shorten). At most %v.`, 24*time.Hour),
+changes nothing (resume first to shorten). At most %v. A key with nothing
+in Redis (no limits, no state) is refused as a likely typo, unless --force
+(a key limited only by the workers' default limits).`, 24*time.Hour),
 		Example: "  asynq-throttle suspend slack 30s",
 		Args:    args(2, 2),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -135,8 +152,11 @@ changes nothing (resume first to shorten). At most %v.`, 24*time.Hour),
 				return usageError{err}
 			}
 			d, err := time.ParseDuration(args[1])
-			if err != nil || d <= 0 {
+			if err != nil {
 				return usagef("duration %q: want a positive Go duration such as 30s, 5m, 1h30m", args[1])
+			}
+			if d <= 0 {
+				return usagef("suspend: duration %s must be > 0", args[1])
 			}
 			if d > a.maxSuspension {
 				return usagef("duration %v: at most %v", d, a.maxSuspension)
@@ -145,16 +165,26 @@ changes nothing (resume first to shorten). At most %v.`, 24*time.Hour),
 			if err != nil {
 				return err
 			}
+			if !force {
+				if err := a.requireKnown(cmd.Context(), lim, key, "suspends it"); err != nil {
+					return err
+				}
+			}
 			if err := lim.Suspend(cmd.Context(), key, d); err != nil {
 				return err
 			}
 			return a.show(cmd, key)
 		},
 	}
+	// suspend slack -5s: pflag takes -5s for flags.
+	cmd.SetFlagErrorFunc(negativeArgError("duration "))
+	forceFlag(cmd, &force, "suspend it")
+	return cmd
 }
 
 func (a *app) resumeCmd() *cobra.Command {
-	return &cobra.Command{
+	var force bool
+	cmd := &cobra.Command{
 		Use:   "resume KEY",
 		Short: "End a key's suspension now",
 		Args:  args(1, 1),
@@ -166,12 +196,19 @@ func (a *app) resumeCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if !force {
+				if err := a.requireKnown(cmd.Context(), lim, args[0], "resumes it"); err != nil {
+					return err
+				}
+			}
 			if err := lim.Resume(cmd.Context(), args[0]); err != nil {
 				return err
 			}
 			return a.show(cmd, args[0])
 		},
 	}
+	forceFlag(cmd, &force, "resume it")
+	return cmd
 }
 
 func (a *app) deleteCmd() *cobra.Command {

@@ -102,7 +102,7 @@ found, ...), 2 bad usage (unknown command or flag, bad argument).`,
 		SilenceErrors: true,
 		SilenceUsage:  true,
 	}
-	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	root.SetFlagErrorFunc(negativeArgError(""))
 	f := root.PersistentFlags()
 	f.StringVar(&a.redisURL, "redis", "", "Redis URL (default $REDIS_URL, else "+defaultURL+")")
 	f.StringVar(&a.prefix, "prefix", throttle.DefaultPrefix, "prefix of the limiter's Redis keys (throttle.WithPrefix)")
