@@ -28,7 +28,7 @@ func main() {
 	// go-redis logs every failed dial on its own; the CLI reports one line.
 	redis.SetLogger(&logging.VoidLogger{})
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
+	code := run(ctx, os.Args[1:], os.Getenv, os.Stdin, os.Stdout, os.Stderr)
 	stop()
 	os.Exit(code)
 }

@@ -40,18 +40,22 @@ type result struct {
 	code           int
 }
 
-// cli runs the command in-process against redisURL.
+// cli runs the command in-process against redisURL, with nothing on stdin.
 func cli(t *testing.T, redisURL string, args ...string) result {
 	t.Helper()
 	var out, errb bytes.Buffer
-	getenv := func(k string) string {
+	code := run(context.Background(), args, redisEnv(redisURL), nil, &out, &errb)
+	return result{out.String(), errb.String(), code}
+}
+
+// redisEnv is an environment with only REDIS_URL.
+func redisEnv(redisURL string) func(string) string {
+	return func(k string) string {
 		if k == "REDIS_URL" {
 			return redisURL
 		}
 		return ""
 	}
-	code := run(context.Background(), args, getenv, &out, &errb)
-	return result{out.String(), errb.String(), code}
 }
 
 // transcript records commands and their output like a terminal session.

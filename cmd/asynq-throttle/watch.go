@@ -119,12 +119,13 @@ func writeLogfmt(w io.Writer, now time.Time, views []keyView) error {
 	return err
 }
 
-// isTerminal reports whether w is a character device (a terminal).
-func isTerminal(w io.Writer) bool {
-	f, ok := w.(*os.File)
+// isTerminal reports whether f, a reader or writer, is a character device
+// (a terminal) as its Stat method says: *os.File's, or a test's.
+func isTerminal(f any) bool {
+	s, ok := f.(interface{ Stat() (os.FileInfo, error) })
 	if !ok {
 		return false
 	}
-	fi, err := f.Stat()
+	fi, err := s.Stat()
 	return err == nil && fi.Mode()&os.ModeCharDevice != 0
 }
