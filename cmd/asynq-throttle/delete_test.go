@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -18,7 +19,7 @@ import (
 )
 
 // terminal is stdin as a person at a terminal types it: isTerminal takes it
-// for one (its Stat is /dev/null's, a character device), and what is read
+// for one (its Stat is /dev/zero's, a character device), and what is read
 // is echoed to echo, if any, as a terminal shows it.
 type terminal struct {
 	r    io.Reader
@@ -33,7 +34,7 @@ func (t terminal) Read(p []byte) (int, error) {
 	return n, err
 }
 
-func (terminal) Stat() (os.FileInfo, error) { return os.Stat(os.DevNull) }
+func (terminal) Stat() (os.FileInfo, error) { return os.Stat("/dev/zero") }
 
 // noRead is stdin that must not be read.
 type noRead struct{ t *testing.T }
@@ -140,4 +141,19 @@ func TestDeleteQuestionEndsOnInterrupt(t *testing.T) {
 	}
 	r := cli(t, url, "get", "crm")
 	assert.Equal(t, exitOK, r.code, "crm kept: %s", r.stderr)
+}
+
+// Run as cron runs it, stdin the null device (a character device too),
+// delete refuses at once instead of asking.
+func TestDeleteRefusesWithStdinFromDevNull(t *testing.T) {
+	cmd := exec.Command(os.Args[0], "delete", "crm") // Stdin nil: os.DevNull
+	cmd.Env = append(os.Environ(), envRunMain+"=1", "REDIS_URL=redis://"+closedAddr(t))
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	var exit *exec.ExitError
+	require.ErrorAs(t, err, &exit, "stdout %q, stderr %q", out.String(), errb.String())
+	assert.Equal(t, exitUsage, exit.ExitCode())
+	assert.Contains(t, errb.String(), "no terminal on stdin to confirm on: pass --yes")
+	assert.Empty(t, out.String())
 }

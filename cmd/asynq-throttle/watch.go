@@ -120,12 +120,17 @@ func writeLogfmt(w io.Writer, now time.Time, views []keyView) error {
 }
 
 // isTerminal reports whether f, a reader or writer, is a character device
-// (a terminal) as its Stat method says: *os.File's, or a test's.
+// (a terminal) as its Stat method says: *os.File's, or a test's. The null
+// device is one too, and is what cron and CI give as stdin: it is not.
 func isTerminal(f any) bool {
 	s, ok := f.(interface{ Stat() (os.FileInfo, error) })
 	if !ok {
 		return false
 	}
 	fi, err := s.Stat()
-	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+	if err != nil || fi.Mode()&os.ModeCharDevice == 0 {
+		return false
+	}
+	null, err := os.Stat(os.DevNull)
+	return err != nil || !os.SameFile(fi, null)
 }
