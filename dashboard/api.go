@@ -140,6 +140,8 @@ func (d *dashboard) action(do func(ctx context.Context, req actionRequest) error
 			writeError(w, http.StatusForbidden, fmt.Errorf("missing header %s: actions are taken from the dashboard page only", actionHeader))
 			return
 		}
+		// ServeHTTP checked that Host is an allowed one, so an Origin
+		// equal to it is this dashboard's page, not a rebound name.
 		if o := r.Header.Get("Origin"); o != "" {
 			if u, err := url.Parse(o); err != nil || u.Host != r.Host {
 				writeError(w, http.StatusForbidden, fmt.Errorf("cross-origin request from %q refused", o))

@@ -4,7 +4,9 @@
 // a countdown, the reservation backlog as a forecast, decisions per second
 // and 429s) with actions to suspend, resume and change limits behind a
 // read-only switch that is on by default. Everything it serves is
-// embedded: no CDN, no network fetch.
+// embedded: no CDN, no network fetch. It answers only requests addressed to
+// localhost, an IP address or a host given to WithAllowedHosts, so that a
+// site rebinding its own name to this address can neither read nor act.
 //
 // It is an http.Handler that mounts under any prefix, beside asynqmon:
 //
@@ -14,8 +16,11 @@ package dashboard
 
 import (
 	"embed"
+	"fmt"
 	"io/fs"
+	"net"
 	"net/http"
+	"net/netip"
 	"path"
 	"strings"
 	"time"
@@ -44,6 +49,7 @@ type options struct {
 	maxKeys  int
 	poll     time.Duration
 	title    string
+	hosts    map[string]bool // allowed besides localhost and IP addresses
 }
 
 // WithReadOnly turns the actions (suspend, resume, change limits) off or on
@@ -68,6 +74,27 @@ func WithPollInterval(d time.Duration) Option { return func(o *options) { o.poll
 
 // WithTitle sets the page title (default "asynq-throttle").
 func WithTitle(s string) Option { return func(o *options) { o.title = s } }
+
+// WithAllowedHosts adds host names the dashboard answers to, besides
+// localhost and IP addresses (default: those only). A request whose Host
+// header names any other host, for the page and the API alike, is refused
+// with 403 Forbidden: a site that rebinds its own name to the dashboard's
+// address (DNS rebinding) would otherwise be same-origin with it. Names
+// match without case, a port or a final dot; "*.example.com" patterns are
+// not supported. Behind a reverse proxy that passes on the Host the
+// browser used, list that name.
+func WithAllowedHosts(hosts ...string) Option {
+	return func(o *options) {
+		if o.hosts == nil {
+			o.hosts = map[string]bool{}
+		}
+		for _, h := range hosts {
+			if h = canonicalHost(h); h != "" {
+				o.hosts[h] = true
+			}
+		}
+	}
+}
 
 // dashboard serves the page, its assets and its JSON API.
 type dashboard struct {
@@ -98,6 +125,14 @@ func New(lim *throttle.Limiter, opts ...Option) http.Handler {
 }
 
 func (d *dashboard) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.Header().Set("Content-Security-Policy", "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; connect-src 'self'; frame-ancestors 'self'")
+	if !d.o.hostAllowed(r.Host) {
+		// 403 as the other refusals: the request is well formed (400) and
+		// another connection would not help (421 makes browsers retry).
+		writeError(w, http.StatusForbidden, fmt.Errorf("host %q not allowed: the dashboard answers localhost, IP addresses and the hosts given to dashboard.WithAllowedHosts (asynq-throttle serve --allowed-hosts)", r.Host))
+		return
+	}
 	if r.URL.Path == "" {
 		// Mounted at /throttle/ and asked for /throttle: relative URLs
 		// need the trailing slash.
@@ -108,7 +143,34 @@ func (d *dashboard) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusMovedPermanently)
 		return
 	}
-	w.Header().Set("X-Content-Type-Options", "nosniff")
-	w.Header().Set("Content-Security-Policy", "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; connect-src 'self'; frame-ancestors 'self'")
 	d.mux.ServeHTTP(w, r)
+}
+
+// hostAllowed reports whether a request's Host (host[:port]) names the
+// dashboard: localhost, an IP address or a host of WithAllowedHosts. A
+// DNS-rebinding page reaches the dashboard under its own name, never under
+// an IP address (a browser does not resolve one) nor localhost (resolved
+// by the browser or /etc/hosts). Names under .localhost are not allowed by
+// default: not every resolver keeps them off the network.
+func (o options) hostAllowed(hostport string) bool {
+	h := canonicalHost(hostport)
+	if h == "" {
+		return false
+	}
+	if h == "localhost" || o.hosts[h] {
+		return true
+	}
+	_, err := netip.ParseAddr(h)
+	return err == nil
+}
+
+// canonicalHost is a host name as hostAllowed compares it: without port,
+// IPv6 brackets, case or a final dot.
+func canonicalHost(hostport string) string {
+	h := hostport
+	if host, _, err := net.SplitHostPort(hostport); err == nil {
+		h = host
+	}
+	h = strings.TrimSuffix(strings.TrimPrefix(h, "["), "]")
+	return strings.TrimSuffix(strings.ToLower(h), ".")
 }

@@ -43,7 +43,8 @@ func get(t *testing.T, url string) (int, http.Header, string) {
 	return resp.StatusCode, resp.Header, string(b)
 }
 
-// post sends an action as the page does (pageHeader) or not.
+// post sends an action as the page does (pageHeader) or not, with extra
+// headers as name, value pairs ("Host" sets the request's Host).
 func post(t *testing.T, url, body string, pageHeader bool, extra ...string) (int, map[string]any) {
 	t.Helper()
 	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
@@ -53,6 +54,10 @@ func post(t *testing.T, url, body string, pageHeader bool, extra ...string) (int
 		req.Header.Set("X-Asynq-Throttle", "1")
 	}
 	for i := 0; i+1 < len(extra); i += 2 {
+		if extra[i] == "Host" {
+			req.Host = extra[i+1]
+			continue
+		}
 		req.Header.Set(extra[i], extra[i+1])
 	}
 	resp, err := http.DefaultClient.Do(req)
@@ -73,8 +78,9 @@ func TestServesEmbeddedPage(t *testing.T) {
 	// that any outer prefix works (http.ServeMux redirects first when the
 	// pattern ends in '/'; other routers hand the request over).
 	rec := httptest.NewRecorder()
-	http.StripPrefix("/admin/throttle", dashboard.New(throttle.NewLimiter(rdb))).
-		ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/admin/throttle?x=1", nil))
+	req := httptest.NewRequest(http.MethodGet, "/admin/throttle?x=1", nil)
+	req.Host = "localhost:8080"
+	http.StripPrefix("/admin/throttle", dashboard.New(throttle.NewLimiter(rdb))).ServeHTTP(rec, req)
 	assert.Equal(t, http.StatusMovedPermanently, rec.Code)
 	assert.Equal(t, "throttle/", rec.Header().Get("Location"))
 
@@ -268,4 +274,105 @@ func TestAPIKeysInForce(t *testing.T) {
 	assert.Equal(t, "20/s", v.Keys[0].Limits[0].Limit, "configured")
 	assert.Equal(t, "10/s", v.Keys[0].Limits[0].InForce, "halved by adaptive mode")
 	assert.Equal(t, 10, v.Keys[0].Limits[0].Burst, "the burst in force")
+}
+
+// A site that rebinds its own name to the dashboard's address (DNS
+// rebinding) sends that name as Host and as Origin, so the same-origin
+// check passes: the Host check refuses it, for actions and reads alike.
+// Issue 20 (D4) observed this POST suspend the key for an hour.
+func TestRefusesRebindingHost(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Start(t).Client(t)
+	lim := throttle.NewLimiter(rdb)
+	require.NoError(t, lim.SetLimits(ctx, "slack", throttle.PerSecond(5)))
+	suspended := func() time.Duration {
+		st, err := lim.Inspect(ctx, "slack")
+		require.NoError(t, err)
+		return st.Suspended
+	}
+	srv := mount(t, dashboard.New(lim, dashboard.WithReadOnly(false), dashboard.WithAllowedHosts("ops.example.com")))
+	base := srv.URL + "/throttle/"
+
+	code, v := post(t, base+"api/suspend", `{"key":"slack","duration":"1h"}`, true,
+		"Host", "attacker.example", "Origin", "http://attacker.example")
+	assert.Equal(t, http.StatusForbidden, code, v)
+	assert.Contains(t, v["error"], `host "attacker.example" not allowed`)
+	assert.Zero(t, suspended(), "the rebinding POST suspended the key")
+
+	for _, path := range []string{"", "api/keys", "static/app.js"} {
+		req, err := http.NewRequest(http.MethodGet, base+path, nil)
+		require.NoError(t, err)
+		req.Host = "attacker.example:80"
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		b, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		require.NoError(t, err)
+		assert.Equal(t, http.StatusForbidden, resp.StatusCode, "GET %s", path)
+		assert.NotContains(t, string(b), "slack", "GET %s shows a key to a rebound host", path)
+	}
+
+	// Loopback names, IP addresses and the allowed host act as before.
+	for _, host := range []string{"localhost", "127.0.0.1", "[::1]", "ops.example.com"} {
+		code, v = post(t, base+"api/suspend", `{"key":"slack","duration":"30s"}`, true,
+			"Host", host+":8080", "Origin", "http://"+host+":8080")
+		require.Equal(t, http.StatusOK, code, "%s: %v", host, v)
+		assert.InDelta(t, 30, suspended().Seconds(), 2, host)
+		code, v = post(t, base+"api/resume", `{"key":"slack"}`, true, "Host", host+":8080")
+		require.Equal(t, http.StatusOK, code, "%s: %v", host, v)
+		assert.Zero(t, suspended(), host)
+	}
+}
+
+// The Host check: localhost and IP addresses by default, the names given
+// to WithAllowedHosts besides, compared without case, port or final dot;
+// nothing else, not even names under .localhost.
+func TestAllowedHosts(t *testing.T) {
+	lim := throttle.NewLimiter(redistest.Start(t).Client(t))
+	byDefault := dashboard.New(lim)
+	withOps := dashboard.New(lim, dashboard.WithAllowedHosts("ops.example.com", "Dash.Internal:8443"))
+	for _, tc := range []struct {
+		host             string
+		byDefault, byOps bool
+	}{
+		{"localhost", true, true},
+		{"localhost:8080", true, true},
+		{"LocalHost:8080", true, true},
+		{"localhost.:8080", true, true},
+		{"127.0.0.1:8080", true, true},
+		{"127.0.0.1", true, true},
+		{"[::1]:8080", true, true},
+		{"[::1]", true, true},
+		{"10.0.0.7:8080", true, true},
+		{"[fe80::1]:80", true, true},
+		{"ops.example.com", false, true},
+		{"OPS.Example.com:443", false, true},
+		{"ops.example.com.", false, true},
+		{"dash.internal", false, true},
+		{"attacker.example", false, false},
+		{"attacker.example:8080", false, false},
+		{"sub.ops.example.com", false, false},
+		{"example.com", false, false},
+		{"localhost.attacker.example", false, false},
+		{"attackerlocalhost", false, false},
+		{"x.localhost", false, false},
+		{"127.0.0.1.nip.io", false, false},
+		{"", false, false},
+	} {
+		for _, d := range []struct {
+			name  string
+			h     http.Handler
+			allow bool
+		}{{"default", byDefault, tc.byDefault}, {"WithAllowedHosts", withOps, tc.byOps}} {
+			req := httptest.NewRequest(http.MethodGet, "/static/style.css", nil)
+			req.Host = tc.host
+			rec := httptest.NewRecorder()
+			d.h.ServeHTTP(rec, req)
+			want := http.StatusForbidden
+			if d.allow {
+				want = http.StatusOK
+			}
+			assert.Equal(t, want, rec.Code, "%s: Host %q", d.name, tc.host)
+		}
+	}
 }

@@ -77,7 +77,7 @@ func serve(t *testing.T, redisURL string, flags ...string) string {
 	pr, pw := io.Pipe()
 	done := make(chan int, 1)
 	go func() {
-		done <- run(ctx, append([]string{"serve", "--addr", "127.0.0.1:0"}, flags...), func(string) string { return redisURL }, pw, pw)
+		done <- run(ctx, append([]string{"serve", "--addr", "127.0.0.1:0"}, flags...), func(string) string { return redisURL }, nil, pw, pw)
 		pw.Close()
 	}()
 	line, err := bufio.NewReader(pr).ReadString('\n')

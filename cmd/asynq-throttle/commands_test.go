@@ -43,7 +43,7 @@ func TestSession(t *testing.T) {
 	tr.run("get", "github", "-o", "json")
 	tr.run("list", "-o", "json")
 	tr.run("resume", "slack")
-	tr.run("delete", "crm")
+	tr.run("delete", "crm", "--yes")
 	tr.run("list")
 	tr.run("set", "slack", "1/s", "1/m", "1/h", "1/d", "1/s")
 	tr.run("set", "slack", "1:inflight", "2:inflight")
@@ -102,7 +102,7 @@ func TestCluster(t *testing.T) {
 	}
 	tr.run("set", "provider-05", "6/m:window", "2:inflight")
 	tr.run("suspend", "provider-03", "1m")
-	tr.run("delete", "provider-07")
+	tr.run("delete", "provider-07", "-y")
 	tr.run("list")
 	golden(t, "cluster", normalise(tr.b.String()))
 }
@@ -141,7 +141,7 @@ func TestWatchStopsOnCancel(t *testing.T) {
 	out := &firstWrite{seen: make(chan struct{})}
 	done := make(chan int, 1)
 	go func() {
-		done <- run(ctx, []string{"watch", "--interval", "10ms"}, func(string) string { return "redis://" + srv.Addr }, out, io.Discard)
+		done <- run(ctx, []string{"watch", "--interval", "10ms"}, func(string) string { return "redis://" + srv.Addr }, nil, out, io.Discard)
 	}()
 	select {
 	case <-out.seen:

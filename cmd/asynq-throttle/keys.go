@@ -1,7 +1,10 @@
 package main
 
 import (
+	"bufio"
+	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -47,17 +50,31 @@ key's limits: every set bumps it.`,
 }
 
 func (a *app) getCmd() *cobra.Command {
-	return &cobra.Command{
+	var force bool
+	cmd := &cobra.Command{
 		Use:   "get KEY",
 		Short: "Show one key: limits, tokens per tier, slots in flight, suspension, reservations",
-		Args:  args(1, 1),
+		Long: `Show one key. A key with nothing in Redis (no limits, no state: list does
+not show it) is an error naming the closest key, unless --force.`,
+		Args: args(1, 1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := throttle.ValidateKey(args[0]); err != nil {
 				return usageError{err}
 			}
+			if !force {
+				lim, err := a.limiter(cmd.Context())
+				if err != nil {
+					return err
+				}
+				if err := a.requireKnown(cmd.Context(), lim, args[0], "shows it"); err != nil {
+					return err
+				}
+			}
 			return a.show(cmd, args[0])
 		},
 	}
+	forceFlag(cmd, &force, "show it")
+	return cmd
 }
 
 // show prints one key as get does (the write commands show the result).
@@ -121,12 +138,15 @@ and windows, and one in-flight limit.`,
 }
 
 func (a *app) suspendCmd() *cobra.Command {
-	return &cobra.Command{
+	var force bool
+	cmd := &cobra.Command{
 		Use:   "suspend KEY DURATION",
 		Short: "Stop every worker from running a key's tasks for DURATION (e.g. 30s, 5m)",
 		Long: fmt.Sprintf(`Suspend a key fleet-wide: every worker defers its tasks until the suspension
 ends. A suspension only ever grows: suspending for less than what is left
-changes nothing (resume first to shorten). At most %v.`, 24*time.Hour),
+changes nothing (resume first to shorten). At most %v. A key with nothing
+in Redis (no limits, no state) is refused as a likely typo, unless --force
+(a key limited only by the workers' default limits).`, 24*time.Hour),
 		Example: "  asynq-throttle suspend slack 30s",
 		Args:    args(2, 2),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -135,8 +155,11 @@ changes nothing (resume first to shorten). At most %v.`, 24*time.Hour),
 				return usageError{err}
 			}
 			d, err := time.ParseDuration(args[1])
-			if err != nil || d <= 0 {
+			if err != nil {
 				return usagef("duration %q: want a positive Go duration such as 30s, 5m, 1h30m", args[1])
+			}
+			if d <= 0 {
+				return usagef("suspend: duration %s must be > 0", args[1])
 			}
 			if d > a.maxSuspension {
 				return usagef("duration %v: at most %v", d, a.maxSuspension)
@@ -145,16 +168,26 @@ changes nothing (resume first to shorten). At most %v.`, 24*time.Hour),
 			if err != nil {
 				return err
 			}
+			if !force {
+				if err := a.requireKnown(cmd.Context(), lim, key, "suspends it"); err != nil {
+					return err
+				}
+			}
 			if err := lim.Suspend(cmd.Context(), key, d); err != nil {
 				return err
 			}
 			return a.show(cmd, key)
 		},
 	}
+	// suspend slack -5s: pflag takes -5s for flags.
+	cmd.SetFlagErrorFunc(negativeArgError("duration "))
+	forceFlag(cmd, &force, "suspend it")
+	return cmd
 }
 
 func (a *app) resumeCmd() *cobra.Command {
-	return &cobra.Command{
+	var force bool
+	cmd := &cobra.Command{
 		Use:   "resume KEY",
 		Short: "End a key's suspension now",
 		Args:  args(1, 1),
@@ -166,37 +199,104 @@ func (a *app) resumeCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if !force {
+				if err := a.requireKnown(cmd.Context(), lim, args[0], "resumes it"); err != nil {
+					return err
+				}
+			}
 			if err := lim.Resume(cmd.Context(), args[0]); err != nil {
 				return err
 			}
 			return a.show(cmd, args[0])
 		},
 	}
+	forceFlag(cmd, &force, "resume it")
+	return cmd
 }
 
 func (a *app) deleteCmd() *cobra.Command {
-	return &cobra.Command{
+	var yes, force bool
+	cmd := &cobra.Command{
 		Use:   "delete KEY",
 		Short: "Remove everything of a key from Redis: limits, bucket, suspension, reservations",
 		Long: `Remove everything of a key from Redis. Its tasks then run under the workers'
-default limits for it, or unthrottled without any.`,
+default limits for it, or unthrottled without any. It shows the key and asks
+for confirmation (y or yes) on the terminal; --yes skips the question, and
+without a terminal on stdin it refuses unless --yes. A key with nothing in
+Redis is refused as a likely typo, unless --force.`,
+		Example: `  asynq-throttle delete slack
+  asynq-throttle delete slack --yes   # in a script`,
 		Args: args(1, 1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := throttle.ValidateKey(args[0]); err != nil {
+			key := args[0]
+			if err := throttle.ValidateKey(key); err != nil {
 				return usageError{err}
+			}
+			if !yes && !isTerminal(a.stdin) {
+				return usagef("delete: no terminal on stdin to confirm on: pass --yes to delete %s without confirmation", key)
 			}
 			lim, err := a.limiter(cmd.Context())
 			if err != nil {
 				return err
 			}
-			if err := lim.Delete(cmd.Context(), args[0]); err != nil {
+			if !force {
+				if err := a.requireKnown(cmd.Context(), lim, key, "deletes it"); err != nil {
+					return err
+				}
+			}
+			if !yes {
+				ok, err := a.confirmDelete(cmd.Context(), lim, key)
+				if err != nil {
+					return err
+				}
+				if !ok {
+					return fmt.Errorf("delete: not confirmed; %s is unchanged", key)
+				}
+			}
+			if err := lim.Delete(cmd.Context(), key); err != nil {
 				return err
 			}
 			if a.json() {
-				return writeJSON(a.stdout, map[string]any{"key": args[0], "deleted": true})
+				return writeJSON(a.stdout, map[string]any{"key": key, "deleted": true})
 			}
-			_, err = fmt.Fprintf(a.stdout, "deleted %s\n", args[0])
+			_, err = fmt.Fprintf(a.stdout, "deleted %s\n", key)
 			return err
 		},
+	}
+	cmd.Flags().BoolVarP(&yes, "yes", "y", false, "delete without asking for confirmation")
+	forceFlag(cmd, &force, "delete it")
+	return cmd
+}
+
+// confirmDelete shows key as get does and asks on stderr whether to delete
+// it; it reports whether the answer read from stdin is y or yes. An
+// interrupt ends the wait (the signal only cancels ctx).
+func (a *app) confirmDelete(ctx context.Context, lim *throttle.Limiter, key string) (bool, error) {
+	views, err := readKeys(ctx, lim, []string{key})
+	if err != nil {
+		return false, err
+	}
+	if err := writeBlock(a.stderr, views[0]); err != nil {
+		return false, err
+	}
+	fmt.Fprintf(a.stderr, "Delete %s from Redis: its limits, bucket, suspension and reservations? [y/N] ", key)
+	answer := make(chan string, 1)
+	go func() {
+		line, _ := bufio.NewReader(a.stdin).ReadString('\n')
+		answer <- line
+	}()
+	select {
+	case line := <-answer:
+		if !strings.HasSuffix(line, "\n") {
+			fmt.Fprintln(a.stderr) // stdin closed: end the prompt's line
+		}
+		switch strings.ToLower(strings.TrimSpace(line)) {
+		case "y", "yes":
+			return true, nil
+		}
+		return false, nil
+	case <-ctx.Done():
+		fmt.Fprintln(a.stderr)
+		return false, fmt.Errorf("delete: interrupted; %s is unchanged", key)
 	}
 }

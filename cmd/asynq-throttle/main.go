@@ -8,7 +8,7 @@
 //	asynq-throttle set stripe 25/s 4:inflight
 //	asynq-throttle suspend slack 30s
 //	asynq-throttle why 5f1c0e6a-... --queue default
-//	asynq-throttle serve --addr :8080
+//	asynq-throttle serve                  # on 127.0.0.1:8080
 //
 // Exit codes: 0 success, 1 the command failed (Redis unreachable, task not
 // found, ...), 2 bad usage (unknown command or flag, bad argument).
@@ -28,7 +28,7 @@ func main() {
 	// go-redis logs every failed dial on its own; the CLI reports one line.
 	redis.SetLogger(&logging.VoidLogger{})
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
+	code := run(ctx, os.Args[1:], os.Getenv, os.Stdin, os.Stdout, os.Stderr)
 	stop()
 	os.Exit(code)
 }

@@ -40,18 +40,22 @@ type result struct {
 	code           int
 }
 
-// cli runs the command in-process against redisURL.
+// cli runs the command in-process against redisURL, with nothing on stdin.
 func cli(t *testing.T, redisURL string, args ...string) result {
 	t.Helper()
 	var out, errb bytes.Buffer
-	getenv := func(k string) string {
+	code := run(context.Background(), args, redisEnv(redisURL), nil, &out, &errb)
+	return result{out.String(), errb.String(), code}
+}
+
+// redisEnv is an environment with only REDIS_URL.
+func redisEnv(redisURL string) func(string) string {
+	return func(k string) string {
 		if k == "REDIS_URL" {
 			return redisURL
 		}
 		return ""
 	}
-	code := run(context.Background(), args, getenv, &out, &errb)
-	return result{out.String(), errb.String(), code}
 }
 
 // transcript records commands and their output like a terminal session.
@@ -174,6 +178,11 @@ func TestUsageErrors(t *testing.T) {
 		{"get", "a{b}"},
 		{"suspend", "slack", "forever"},
 		{"suspend", "slack", "48h"},
+		{"suspend", "slack", "-5s"},
+		{"suspend", "slack", "-1h30m", "-o", "json"},
+		{"suspend", "slack", "0s"},
+		{"suspend", "slack", "--", "-5s"},
+		{"set", "slack", "-5/s"},
 		{"watch", "--interval", "0s"},
 		{"list", "-o", "yaml"},
 		{"list", "--nope"},
@@ -181,6 +190,8 @@ func TestUsageErrors(t *testing.T) {
 		{"--redis", "http://localhost:6379", "list"},
 		{"--redis", "redis+sentinel://127.0.0.1:26379", "list"},
 		{"--prefix", "a{b", "list"},
+		{"serve", "--allowed-hosts", "https://throttle.example.com"},
+		{"serve", "--allowed-hosts", "*.example.com"},
 	} {
 		r := tr.run(args...)
 		assert.Equal(t, exitUsage, r.code, "%v: %s", args, r.stderr)

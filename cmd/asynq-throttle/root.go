@@ -35,7 +35,9 @@ func usagef(format string, a ...any) error { return usageError{fmt.Errorf(format
 // command needs it, its Redis connection.
 type app struct {
 	getenv func(string) string
+	stdin  io.Reader // read by delete's confirmation only
 	stdout io.Writer
+	stderr io.Writer
 
 	redisURL string
 	prefix   string
@@ -49,8 +51,8 @@ type app struct {
 
 // run executes the command line args and returns the exit code. Errors go
 // to stderr as one line.
-func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
-	a := &app{getenv: getenv, stdout: stdout, maxSuspension: 24 * time.Hour}
+func run(ctx context.Context, args []string, getenv func(string) string, stdin io.Reader, stdout, stderr io.Writer) int {
+	a := &app{getenv: getenv, stdin: stdin, stdout: stdout, stderr: stderr, maxSuspension: 24 * time.Hour}
 	defer a.close()
 	root := a.rootCmd()
 	root.SetArgs(args)
@@ -102,7 +104,7 @@ found, ...), 2 bad usage (unknown command or flag, bad argument).`,
 		SilenceErrors: true,
 		SilenceUsage:  true,
 	}
-	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	root.SetFlagErrorFunc(negativeArgError(""))
 	f := root.PersistentFlags()
 	f.StringVar(&a.redisURL, "redis", "", "Redis URL (default $REDIS_URL, else "+defaultURL+")")
 	f.StringVar(&a.prefix, "prefix", throttle.DefaultPrefix, "prefix of the limiter's Redis keys (throttle.WithPrefix)")

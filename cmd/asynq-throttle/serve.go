@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"regexp"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -16,10 +17,19 @@ import (
 	"github.com/asynq-throttle/asynq-throttle/metrics"
 )
 
+// defaultServeAddr is serve's --addr: loopback only, since the dashboard
+// has no authentication of its own.
+const defaultServeAddr = "127.0.0.1:8080"
+
+// reHostName is a name --allowed-hosts takes, with an optional port (which
+// the dashboard ignores).
+var reHostName = regexp.MustCompile(`^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*\.?(:[0-9]+)?$`)
+
 func (a *app) serveCmd() *cobra.Command {
 	var (
-		addr     string
-		readOnly bool
+		addr         string
+		readOnly     bool
+		allowedHosts []string
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -28,11 +38,23 @@ func (a *app) serveCmd() *cobra.Command {
 when --read-only=false) on / and the keys' state in Redis as Prometheus
 metrics on /metrics. This process makes no decisions, so its metrics and
 page show the state in Redis; decisions and 429s are counted by the
-collector in each worker (package metrics).`,
-		Example: `  asynq-throttle serve --addr :8080
-  asynq-throttle serve --addr 127.0.0.1:8080 --read-only=false`,
+collector in each worker (package metrics).
+
+It listens on ` + defaultServeAddr + ` and has no authentication of its own: to
+reach it from elsewhere, put it behind a proxy that authenticates, and name
+the host the browser uses with --allowed-hosts. The dashboard refuses
+requests addressed to any host but localhost, an IP address or those
+(against DNS rebinding); /metrics answers any.`,
+		Example: `  asynq-throttle serve
+  asynq-throttle serve --read-only=false
+  asynq-throttle serve --allowed-hosts throttle.ops.example.com   # behind an authenticating proxy`,
 		Args: args(0, 0),
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			for _, h := range allowedHosts {
+				if !reHostName.MatchString(h) {
+					return usagef("--allowed-hosts %q: want a host name as the browser sends it, such as throttle.example.com (no scheme, path or wildcard)", h)
+				}
+			}
 			lim, err := a.limiter(cmd.Context())
 			if err != nil {
 				return err
@@ -41,7 +63,7 @@ collector in each worker (package metrics).`,
 			reg.MustRegister(metrics.New(lim))
 			mux := http.NewServeMux()
 			mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-			mux.Handle("/", dashboard.New(lim, dashboard.WithReadOnly(readOnly)))
+			mux.Handle("/", dashboard.New(lim, dashboard.WithReadOnly(readOnly), dashboard.WithAllowedHosts(allowedHosts...)))
 			ln, err := net.Listen("tcp", addr)
 			if err != nil {
 				return fmt.Errorf("--addr %s: %w", addr, err)
@@ -54,8 +76,9 @@ collector in each worker (package metrics).`,
 			return serveUntil(cmd.Context(), ln, mux)
 		},
 	}
-	cmd.Flags().StringVar(&addr, "addr", ":8080", "address to listen on")
+	cmd.Flags().StringVar(&addr, "addr", defaultServeAddr, "address to listen on (:8080 for every interface)")
 	cmd.Flags().BoolVar(&readOnly, "read-only", true, "refuse the dashboard's actions (suspend, resume, set limits); --read-only=false allows them")
+	cmd.Flags().StringSliceVar(&allowedHosts, "allowed-hosts", nil, "host names the dashboard answers to besides localhost and IP addresses (comma-separated or repeated), e.g. the name a proxy passes on")
 	return cmd
 }
 

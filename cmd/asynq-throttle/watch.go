@@ -119,12 +119,18 @@ func writeLogfmt(w io.Writer, now time.Time, views []keyView) error {
 	return err
 }
 
-// isTerminal reports whether w is a character device (a terminal).
-func isTerminal(w io.Writer) bool {
-	f, ok := w.(*os.File)
+// isTerminal reports whether f, a reader or writer, is a character device
+// (a terminal) as its Stat method says: *os.File's, or a test's. The null
+// device is one too, and is what cron and CI give as stdin: it is not.
+func isTerminal(f any) bool {
+	s, ok := f.(interface{ Stat() (os.FileInfo, error) })
 	if !ok {
 		return false
 	}
-	fi, err := f.Stat()
-	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+	fi, err := s.Stat()
+	if err != nil || fi.Mode()&os.ModeCharDevice == 0 {
+		return false
+	}
+	null, err := os.Stat(os.DevNull)
+	return err != nil || !os.SameFile(fi, null)
 }
