@@ -248,7 +248,7 @@ func TestACLWorkerAndOperator(t *testing.T) {
 			if i%2 == 1 {
 				retry = asynq.MaxRetry(0)
 			}
-			_, err := client.Enqueue(throttle.NewTask("sync:tasks", []byte(fmt.Sprint(i)), throttle.Key("tasks"), retry))
+			_, err := client.Enqueue(newTask(t, "sync:tasks", []byte(fmt.Sprint(i)), throttle.Key("tasks"), retry))
 			require.NoError(t, err, "Enqueue as the asynq user")
 		}
 		require.Eventually(t, func() bool { return done.Load() == n }, 60*time.Second, 50*time.Millisecond,

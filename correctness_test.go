@@ -49,7 +49,7 @@ func TestE2ECopyIDTakenByAnotherTask(t *testing.T) {
 
 	require.NoError(t, throttle.NewLimiter(f.rdb).Suspend(ctx, "crm", 2*time.Second))
 	for _, job := range []struct{ id, payload string }{{"sync-user-42", "job-42"}, {"sync-user-43", "job-43"}} {
-		_, err := f.client.Enqueue(throttle.NewTask("sync:crm", []byte(job.payload), throttle.Key("crm")), asynq.TaskID(job.id))
+		_, err := f.client.Enqueue(newTask(t, "sync:crm", []byte(job.payload), throttle.Key("crm")), asynq.TaskID(job.id))
 		require.NoError(t, err)
 	}
 	f.waitDone(2, 30*time.Second)
@@ -185,7 +185,7 @@ func TestE2EEnqueueTimeThrottling(t *testing.T) {
 	var ids []string
 	for i := range n {
 		job := fmt.Sprintf("job-%d", i)
-		info, err := lim.Enqueue(ctx, f.client, throttle.NewTask("sync:crm", []byte(job), throttle.Key("crm")), asynq.Retention(time.Hour))
+		info, err := lim.Enqueue(ctx, f.client, newTask(t, "sync:crm", []byte(job), throttle.Key("crm")), asynq.Retention(time.Hour))
 		require.NoError(t, err)
 		ids = append(ids, info.ID)
 		f.jobOfID.Store(info.ID, job)

@@ -145,7 +145,7 @@ func TestE2EInFlightSlotOfAKilledWorker(t *testing.T) {
 	require.NoError(t, lim.SetLimits(ctx, "crm", throttle.InFlight(1)))
 	client := asynq.NewClientFromRedisClient(rdb)
 	t.Cleanup(func() { _ = client.Close() })
-	_, err := client.Enqueue(throttle.NewTask("sync:crm", []byte("first"), throttle.Key("crm")))
+	_, err := client.Enqueue(newTask(t, "sync:crm", []byte("first"), throttle.Key("crm")))
 	require.NoError(t, err)
 
 	cmd := exec.Command(os.Args[0], "-test.run=^$")

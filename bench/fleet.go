@@ -377,3 +377,13 @@ func (l asynqLogger) Fatal(args ...any) {
 	fmt.Fprint(os.Stderr, append([]any{l.prefix, "FATAL "}, args...)...)
 	os.Exit(1)
 }
+
+// keyedTask is throttle.NewTask for the harness's own keys and costs, which
+// are valid: an error is the harness's bug.
+func keyedTask(typename string, payload []byte, opts ...asynq.Option) *asynq.Task {
+	t, err := throttle.NewTask(typename, payload, opts...)
+	if err != nil {
+		panic(err)
+	}
+	return t
+}

@@ -162,7 +162,7 @@ func drainOnce(ctx context.Context, e *env, s *scenarioA, dc *drainCase, variant
 	if err := setLimits(ctx, e, spec); err != nil {
 		return drainResult{}, err
 	}
-	mk := func(i int) *asynq.Task { return throttle.NewTask("api:call", payload(i), throttle.Key(key)) }
+	mk := func(i int) *asynq.Task { return keyedTask("api:call", payload(i), throttle.Key(key)) }
 	r := drainResult{Variant: variant}
 	before, err := redisStats(ctx, e)
 	if err != nil {

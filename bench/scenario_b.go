@@ -165,7 +165,7 @@ func holOnce(ctx context.Context, e *env, s *scenarioB, variant string, withSlow
 	}
 	err := enqueue(ctx, e, queue, total, func(i int) *asynq.Task {
 		if slow[i] {
-			return throttle.NewTask("slow:call", payload(idx[i]), throttle.Key("slow"))
+			return keyedTask("slow:call", payload(idx[i]), throttle.Key("slow"))
 		}
 		// The unthrottled provider's tasks carry no key, as a user would
 		// enqueue them; ours derives "fast" from the type, which has no limits.

@@ -97,7 +97,7 @@ func overheadOnce(ctx context.Context, e *env, s *scenarioD, variant string, con
 		return overheadRun{}, err
 	}
 	err := enqueue(ctx, e, queue, s.Tasks, func(i int) *asynq.Task {
-		return throttle.NewTask("d:noop", payload(i), throttle.Key("d"))
+		return keyedTask("d:noop", payload(i), throttle.Key("d"))
 	})
 	if err != nil {
 		return overheadRun{}, err

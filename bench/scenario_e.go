@@ -221,7 +221,7 @@ func eOnce(ctx context.Context, e *env, s *scenarioE, sp *strictProvider, varian
 		// A backlog the fleet cannot finish: 1.5 x what the quota allows.
 		n := int(1.5*(p.perSecond()*s.RunFor.Seconds())) + p.Quota + p.Burst
 		err := enqueue(ctx, e, queue, n, func(i int) *asynq.Task {
-			return throttle.NewTask("e:call", []byte(strconv.Itoa(i)), throttle.Key(p.Name))
+			return keyedTask("e:call", []byte(strconv.Itoa(i)), throttle.Key(p.Name))
 		})
 		if err != nil {
 			return nil, err

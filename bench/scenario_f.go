@@ -224,7 +224,7 @@ func slotsOnce(ctx context.Context, e *env, c fCase, variant string, semaRetry t
 		}
 	}
 	err := enqueue(ctx, e, queue, c.Tasks, func(i int) *asynq.Task {
-		return throttle.NewTask(fKey+":call", payload(i), throttle.Key(fKey))
+		return keyedTask(fKey+":call", payload(i), throttle.Key(fKey))
 	})
 	if err != nil {
 		return slotRun{}, err

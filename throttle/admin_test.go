@@ -112,10 +112,10 @@ func TestKeyOfTask(t *testing.T) {
 		want string
 		err  bool
 	}{
-		{"header", throttle.NewTask("slack:sync", nil, throttle.Key("crm")), "crm", false},
+		{"header", newTask(t, "slack:sync", nil, throttle.Key("crm")), "crm", false},
 		{"type prefix", asynq.NewTask("slack:sync", nil), "slack", false},
 		{"no prefix", asynq.NewTask("cleanup", nil), "", false},
-		{"bad header", throttle.NewTask("slack:sync", nil, throttle.Key("a{b}")), "", true},
+		{"bad header", asynq.NewTaskWithHeaders("slack:sync", nil, map[string]string{throttle.HeaderKey: "a{b}"}), "", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := throttle.KeyOfTask(tc.task)

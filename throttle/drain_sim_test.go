@@ -147,7 +147,8 @@ func (s *drainSim) run(key string, cost int) {
 		ev := heap.Pop(&s.events).(simEvent)
 		s.setClock(ev.at)
 		st := ev.task
-		task := NewTask("sim:job", nil, Key(key))
+		task, err := NewTask("sim:job", nil, Key(key))
+		require.NoError(s.t, err)
 		ks := s.l.keys.get(key)
 		o := &s.l.o
 		leasing := o.lease > 1 && o.leaseFor > 0 && cost < o.lease

@@ -141,10 +141,13 @@ func ExampleLimiter_Reserve() {
 }
 
 func ExampleNewTask() {
-	task := throttle.NewTask("slack:sync", []byte(`{"channel":"general"}`), throttle.Key("slack"))
-	fmt.Println(task.Type(), throttle.KeyOf(task))
+	task, err := throttle.NewTask("slack:sync", []byte(`{"channel":"general"}`), throttle.Key("slack"))
+	fmt.Println(task.Type(), throttle.KeyOf(task), err)
+	_, err = throttle.NewTask("slack:sync", nil, throttle.Key("slack"), throttle.Cost(0))
+	fmt.Println(err)
 	// Output:
-	// slack:sync slack
+	// slack:sync slack <nil>
+	// throttle: NewTask("slack:sync"): throttle.Cost(0): the cost must be from 1 to 1000000000
 }
 
 func ExampleValidateKey() {

@@ -125,7 +125,7 @@ func checkDerivedKeys(t *testing.T, prefix, name string) {
 func checkTaskHeader(t *testing.T, name string, valid bool) {
 	t.Helper()
 	var o options
-	k, err := o.keyOf(NewTask("sync", nil, Key(name)))
+	k, err := o.keyOf(asynq.NewTaskWithHeaders("sync", nil, map[string]string{HeaderKey: name}))
 	if valid {
 		require.NoError(t, err, "keyOf a task with header key %q", name)
 		require.Equal(t, name, k, "keyOf a task with header key %q", name)

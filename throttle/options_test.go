@@ -48,7 +48,7 @@ func TestWithLearnFor(t *testing.T) {
 	rec := httptest.NewRecorder()
 	rec.Header().Set("RateLimit-Policy", `"default";q=10;w=1`)
 	rec.WriteHeader(http.StatusOK)
-	task := throttle.NewTask("crm:sync", nil, throttle.Key("crm"))
+	task := newTask(t, "crm:sync", nil, throttle.Key("crm"))
 	require.NoError(t, lim.Middleware()(asynq.HandlerFunc(func(ctx context.Context, _ *asynq.Task) error {
 		return throttle.Observe(ctx, rec.Result())
 	})).ProcessTask(ctx, task))

@@ -76,23 +76,38 @@ func Cost(n int) asynq.Option { return costOption(n) }
 // type prefix instead (see WithKeyFunc).
 func Key(name string) asynq.Option { return keyOption(name) }
 
-// NewTask returns an asynq task whose headers carry the Key among opts; all
-// other options are kept on the task as asynq.NewTask would.
-func NewTask(typename string, payload []byte, opts ...asynq.Option) *asynq.Task {
+// NewTask returns an asynq task whose headers carry the Key and Cost among
+// opts; all other options are kept on the task as asynq.NewTask would. It
+// refuses what no worker could throttle, naming the option: a Key that
+// ValidateKey refuses (ErrInvalidKey), a Cost below 1 or above MaxBurst, and
+// a second Key or Cost.
+func NewTask(typename string, payload []byte, opts ...asynq.Option) (*asynq.Task, error) {
 	headers := map[string]string{}
 	rest := make([]asynq.Option, 0, len(opts))
 	for _, o := range opts {
 		switch o := o.(type) {
 		case keyOption:
+			if _, dup := headers[HeaderKey]; dup {
+				return nil, fmt.Errorf("throttle: NewTask(%q): %v: a second Key (the first was %q)", typename, o, headers[HeaderKey])
+			}
+			if err := ValidateKey(string(o)); err != nil {
+				return nil, fmt.Errorf("throttle: NewTask(%q): Key: %w", typename, err)
+			}
 			headers[HeaderKey] = string(o)
 			continue
 		case costOption:
+			if _, dup := headers[HeaderCost]; dup {
+				return nil, fmt.Errorf("throttle: NewTask(%q): %v: a second Cost", typename, o)
+			}
+			if o < 1 || o > MaxBurst {
+				return nil, fmt.Errorf("throttle: NewTask(%q): %v: the cost must be from 1 to %d", typename, o, MaxBurst)
+			}
 			headers[HeaderCost] = strconv.Itoa(int(o))
 			continue
 		}
 		rest = append(rest, o)
 	}
-	return asynq.NewTaskWithHeaders(typename, payload, headers, rest...)
+	return asynq.NewTaskWithHeaders(typename, payload, headers, rest...), nil
 }
 
 // KeyOf returns the key in t's headers ("" if none).
@@ -106,8 +121,8 @@ func costOf(t *asynq.Task) (int, error) {
 		return 1, nil
 	}
 	n, err := strconv.Atoi(s)
-	if err != nil || n < 1 {
-		return 0, fmt.Errorf("throttle: task type %q: header %s = %q: want a whole number from 1 up (Cost)", t.Type(), HeaderCost, s)
+	if err != nil || n < 1 || n > MaxBurst {
+		return 0, fmt.Errorf("throttle: task type %q: header %s = %q: want a whole number from 1 to %d (Cost)", t.Type(), HeaderCost, s, MaxBurst)
 	}
 	return n, nil
 }

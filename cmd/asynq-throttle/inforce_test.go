@@ -33,7 +33,7 @@ func TestLimitsInForce(t *testing.T) {
 	rec := httptest.NewRecorder()
 	rec.Header().Set("RateLimit-Policy", `"default";q=10;w=1`)
 	rec.WriteHeader(http.StatusOK)
-	task := throttle.NewTask("crm:sync", nil, throttle.Key("crm"))
+	task := mustTask(t, "crm:sync", nil, throttle.Key("crm"))
 	err := lim.Middleware()(asynq.HandlerFunc(func(ctx context.Context, _ *asynq.Task) error {
 		return throttle.Observe(ctx, rec.Result())
 	})).ProcessTask(ctx, task)

@@ -37,7 +37,7 @@ func TestWhy(t *testing.T) {
 	require.NoError(t, lim.SetLimits(ctx, "slack", throttle.PerHour(1)))
 	_, err := lim.Take(ctx, "slack")
 	require.NoError(t, err)
-	enqueue(throttle.NewTask("slack:sync", nil, throttle.Key("slack")), asynq.TaskID("t-reserved"), asynq.ProcessIn(90*time.Minute))
+	enqueue(mustTask(t, "slack:sync", nil, throttle.Key("slack")), asynq.TaskID("t-reserved"), asynq.ProcessIn(90*time.Minute))
 	d, err := lim.Reserve(ctx, "slack", "t-reserved", 3*time.Hour, time.Second)
 	require.NoError(t, err)
 	require.True(t, d.Reserved)
@@ -51,7 +51,7 @@ func TestWhy(t *testing.T) {
 	require.NoError(t, lim.SetLimits(ctx, "hubspot", throttle.PerMinute(1)))
 	_, err = lim.Take(ctx, "hubspot")
 	require.NoError(t, err)
-	enqueue(throttle.NewTask("hubspot:sync", nil, throttle.Key("hubspot")), asynq.TaskID("t-slot-in-suspension"), asynq.ProcessIn(time.Minute))
+	enqueue(mustTask(t, "hubspot:sync", nil, throttle.Key("hubspot")), asynq.TaskID("t-slot-in-suspension"), asynq.ProcessIn(time.Minute))
 	d, err = lim.Reserve(ctx, "hubspot", "t-slot-in-suspension", 3*time.Hour, time.Second)
 	require.NoError(t, err)
 	require.True(t, d.Reserved)
@@ -69,8 +69,8 @@ func TestWhy(t *testing.T) {
 		_, err := lim.Take(ctx, "crm")
 		require.NoError(t, err)
 	}
-	enqueue(throttle.NewTask("crm:sync", nil, throttle.Key("crm")), asynq.TaskID("t-tier"), asynq.ProcessIn(10*time.Second))
-	enqueue(throttle.NewTask("crm:sync", nil, throttle.Key("crm")), asynq.TaskID("t-pending-tier"))
+	enqueue(mustTask(t, "crm:sync", nil, throttle.Key("crm")), asynq.TaskID("t-tier"), asynq.ProcessIn(10*time.Second))
+	enqueue(mustTask(t, "crm:sync", nil, throttle.Key("crm")), asynq.TaskID("t-pending-tier"))
 
 	// stripe has tokens.
 	require.NoError(t, lim.SetLimits(ctx, "stripe", throttle.PerSecond(10)))
@@ -83,20 +83,20 @@ func TestWhy(t *testing.T) {
 	require.NoError(t, lim.SetLimits(ctx, "hubspot-api", throttle.Window(2, time.Hour)))
 	_, err = lim.TakeN(ctx, "hubspot-api", 2)
 	require.NoError(t, err)
-	enqueue(throttle.NewTask("hubspot-api:sync", nil, throttle.Key("hubspot-api")), asynq.TaskID("t-window"))
-	enqueue(throttle.NewTask("hubspot-api:sync", nil, throttle.Key("hubspot-api")), asynq.TaskID("t-window-later"), asynq.ProcessIn(time.Minute))
+	enqueue(mustTask(t, "hubspot-api:sync", nil, throttle.Key("hubspot-api")), asynq.TaskID("t-window"))
+	enqueue(mustTask(t, "hubspot-api:sync", nil, throttle.Key("hubspot-api")), asynq.TaskID("t-window-later"), asynq.ProcessIn(time.Minute))
 	require.NoError(t, lim.SetLimits(ctx, "stripe-api", throttle.Window(100, time.Hour), throttle.InFlight(1)))
 	d, err = lim.Take(ctx, "stripe-api")
 	require.NoError(t, err)
 	require.NotEmpty(t, d.Hold)
-	enqueue(throttle.NewTask("stripe-api:charge", nil, throttle.Key("stripe-api")), asynq.TaskID("t-slots-pending"))
-	enqueue(throttle.NewTask("stripe-api:charge", nil, throttle.Key("stripe-api")), asynq.TaskID("t-slots-later"), asynq.ProcessIn(time.Minute))
+	enqueue(mustTask(t, "stripe-api:charge", nil, throttle.Key("stripe-api")), asynq.TaskID("t-slots-pending"))
+	enqueue(mustTask(t, "stripe-api:charge", nil, throttle.Key("stripe-api")), asynq.TaskID("t-slots-later"), asynq.ProcessIn(time.Minute))
 	require.NoError(t, lim.SetLimits(ctx, "graph", throttle.Limit{Rate: 10, Per: time.Hour}, throttle.InFlight(4)))
 	_, err = lim.TakeN(ctx, "graph", 8)
 	require.NoError(t, err)
-	enqueue(throttle.NewTask("graph:query", nil, throttle.Key("graph"), throttle.Cost(5)), asynq.TaskID("t-cost"))
-	enqueue(throttle.NewTask("graph:query", nil, throttle.Key("graph"), throttle.Cost(50)), asynq.TaskID("t-cost-too-high"))
-	enqueue(throttle.NewTask("graph:query", nil, throttle.Key("graph"), throttle.Cost(2)), asynq.TaskID("t-cost-fits"))
+	enqueue(mustTask(t, "graph:query", nil, throttle.Key("graph"), throttle.Cost(5)), asynq.TaskID("t-cost"))
+	enqueue(mustTask(t, "graph:query", nil, throttle.Key("graph"), throttle.Cost(50)), asynq.TaskID("t-cost-too-high"))
+	enqueue(mustTask(t, "graph:query", nil, throttle.Key("graph"), throttle.Cost(2)), asynq.TaskID("t-cost-fits"))
 
 	// Not throttled: no key at all, a key without limits, a bad key header.
 	enqueue(asynq.NewTask("cleanup", nil), asynq.TaskID("t-plain"))
@@ -186,7 +186,7 @@ func TestWhyDeferredByWorkers(t *testing.T) {
 	client := asynq.NewClientFromRedisClient(rdb)
 	t.Cleanup(func() { client.Close() })
 	for _, id := range []string{"h1", "h2", "h3"} {
-		_, err := client.Enqueue(throttle.NewTask("hub:sync", nil, throttle.Key("hub")), asynq.TaskID(id), asynq.Retention(time.Hour))
+		_, err := client.Enqueue(mustTask(t, "hub:sync", nil, throttle.Key("hub")), asynq.TaskID(id), asynq.Retention(time.Hour))
 		require.NoError(t, err)
 	}
 	quiet := slog.New(slog.DiscardHandler)
@@ -247,7 +247,7 @@ func TestWhyRefusedBySlots(t *testing.T) {
 	require.NoError(t, lim.SetLimits(ctx, "crm", throttle.PerSecond(100), throttle.InFlight(1)))
 	client := asynq.NewClientFromRedisClient(rdb)
 	t.Cleanup(func() { client.Close() })
-	_, err := client.Enqueue(throttle.NewTask("crm:sync", nil, throttle.Key("crm")), asynq.TaskID("runs"), asynq.Retention(time.Hour))
+	_, err := client.Enqueue(mustTask(t, "crm:sync", nil, throttle.Key("crm")), asynq.TaskID("runs"), asynq.Retention(time.Hour))
 	require.NoError(t, err)
 
 	release := make(chan struct{})
@@ -276,7 +276,7 @@ func TestWhyRefusedBySlots(t *testing.T) {
 	case <-time.After(15 * time.Second):
 		t.Fatal("the first task did not start")
 	}
-	_, err = client.Enqueue(throttle.NewTask("crm:sync", nil, throttle.Key("crm")), asynq.TaskID("waits"), asynq.Retention(time.Hour))
+	_, err = client.Enqueue(mustTask(t, "crm:sync", nil, throttle.Key("crm")), asynq.TaskID("waits"), asynq.Retention(time.Hour))
 	require.NoError(t, err)
 
 	insp := asynq.NewInspectorFromRedisClient(rdb)
@@ -307,4 +307,12 @@ func TestWhyRefusedBySlots(t *testing.T) {
 	}, 30*time.Second, 50*time.Millisecond, "the deferred task runs once the slot is free")
 	r = cli(t, url, "list")
 	assert.Regexp(t, `crm +100/s 1:inflight +\S+ +0/1 `, r.stdout, "every slot given back")
+}
+
+// mustTask is throttle.NewTask for options a test knows are valid.
+func mustTask(t testing.TB, typename string, payload []byte, opts ...asynq.Option) *asynq.Task {
+	t.Helper()
+	task, err := throttle.NewTask(typename, payload, opts...)
+	require.NoError(t, err, "NewTask(%q)", typename)
+	return task
 }

@@ -46,7 +46,10 @@ func run(ctx context.Context, url string, tasks int) error {
 	// Producers: the key travels in the task headers.
 	client := asynq.NewClientFromRedisClient(rdb)
 	for i := range tasks {
-		task := throttle.NewTask("slack:sync_users", []byte(strconv.Itoa(i)), throttle.Key("slack"), asynq.MaxRetry(5))
+		task, err := throttle.NewTask("slack:sync_users", []byte(strconv.Itoa(i)), throttle.Key("slack"), asynq.MaxRetry(5))
+		if err != nil {
+			return err
+		}
 		if _, err := client.EnqueueContext(ctx, task); err != nil {
 			return err
 		}

@@ -112,7 +112,10 @@ func (p *producer) enqueue(ctx context.Context, spec ProviderSpec, id string) er
 	if err != nil {
 		return err
 	}
-	t := throttle.NewTask(spec.TaskType, payload, throttle.Key(spec.Name))
+	t, err := throttle.NewTask(spec.TaskType, payload, throttle.Key(spec.Name))
+	if err != nil {
+		return err
+	}
 	if _, err := p.client.EnqueueContext(ctx, t,
 		asynq.Queue(queueName(p.run)), asynq.TaskID(id), asynq.Retention(ledgerTTL)); err != nil {
 		return fmt.Errorf("enqueue %s: %w", id, err)
