@@ -239,7 +239,7 @@ func (f *fleet) enqueue(key, prefix string, n int, opts ...asynq.Option) []strin
 	for i := range n {
 		job := fmt.Sprintf("%s-%d", prefix, i)
 		o := append([]asynq.Option{throttle.Key(key), asynq.Retention(time.Hour)}, opts...)
-		info, err := f.client.Enqueue(throttle.NewTask("sync:"+key, []byte(job), o...))
+		info, err := f.client.Enqueue(newTask(f.t, "sync:"+key, []byte(job), o...))
 		require.NoError(f.t, err)
 		ids[i] = info.ID
 		f.jobOfID.Store(info.ID, job)
@@ -438,6 +438,44 @@ func TestE2ESetLimitsMidRun(t *testing.T) {
 	assert.Greater(t, before, 40, "the old limit (50/s) was not in force before the change")
 	assert.LessOrEqual(t, after, 5+5*4+1, "runs after lowering to 5/s burst 5")
 	assert.Positive(t, after, "nothing ran after the change")
+}
+
+// A raised limit reaches the backlog already deferred: the tasks waiting
+// for slots spaced under the old limit are brought back and decided under
+// the new one. (Regression: after raising 4/s to 8/s mid-drain, about 150
+// deferred tasks kept their old times and the drain stayed at 4/s.)
+func TestE2ERaisedLimitReachesTheDeferredBacklog(t *testing.T) {
+	t.Parallel()
+	f := startFleet(t, fleetConfig{})
+	f.setLimits("crm", throttle.PerSecond(4))
+	f.enqueue("crm", "job", 60)
+	require.Eventually(t, func() bool { return f.rec.count() >= 8 }, 20*time.Second, 10*time.Millisecond)
+	lim := throttle.NewLimiter(f.rdb)
+	st, err := lim.Inspect(context.Background(), "crm")
+	require.NoError(t, err)
+	require.Greater(t, st.Reservations, 30, "the backlog holds reservations at 4/s")
+	f.setLimits("crm", throttle.PerSecond(30))
+	changed := time.Now()
+	left := 60 - f.rec.count()
+	f.waitDone(60, 30*time.Second)
+	took := time.Since(changed)
+	t.Logf("%d tasks left at the change ran in %v (at 4/s: %v)", left, took, time.Duration(left)*time.Second/4)
+	assert.Less(t, took, time.Duration(left)*time.Second/4/2, "the rest of the backlog drained at the raised limit")
+	f.audit(60)
+	// Limits set again as they are change nothing: not the queue.
+	f.enqueue("crm", "more", 60)
+	require.Eventually(t, func() bool {
+		st, err := lim.Inspect(context.Background(), "crm")
+		return err == nil && st.Reservations > 10
+	}, 10*time.Second, 10*time.Millisecond)
+	st, err = lim.Inspect(context.Background(), "crm")
+	require.NoError(t, err)
+	f.setLimits("crm", throttle.PerSecond(30))
+	again, err := lim.Inspect(context.Background(), "crm")
+	require.NoError(t, err)
+	assert.Equal(t, st.Generation, again.Generation, "the generation of limits set as they are")
+	assert.Positive(t, again.Reservations, "the reservation queue of limits set as they are")
+	f.waitDone(120, 30*time.Second)
 }
 
 // The user's IsFailure, RetryDelayFunc and ErrorHandler still apply to
@@ -643,4 +681,12 @@ func TestE2ELeaseSavesDecisions(t *testing.T) {
 	t.Logf("300 tasks, %d script runs in Redis, %.0f tokens taken", calls, used)
 	assert.Less(t, calls, 150, "script runs for 300 tasks far from the limit")
 	assert.GreaterOrEqual(t, used, 300.0, "every task's token was taken in Redis")
+}
+
+// newTask is throttle.NewTask for options a test knows are valid.
+func newTask(t testing.TB, typename string, payload []byte, opts ...asynq.Option) *asynq.Task {
+	t.Helper()
+	task, err := throttle.NewTask(typename, payload, opts...)
+	require.NoError(t, err, "NewTask(%q)", typename)
+	return task
 }

@@ -8,34 +8,60 @@ import (
 	"time"
 )
 
+// SetLimitsReply is what SetLimits did.
+type SetLimitsReply struct {
+	// Field and Reason name a tier out of range (nothing was set).
+	Field, Reason string
+	// Changed reports that the limits differ from those in force: they were
+	// set, and the reservation queue dropped.
+	Changed bool
+	// Reserved are the tasks that held a reservation in the queue dropped
+	// (at most 100,000).
+	Reserved []string
+}
+
 // SetLimits runs setlimits.lua: each new tier takes over the tokens of the
 // old tier with the same period (brought up to date under the old limits:
 // the ones in Redis, else the defaults the buckets were computed under,
 // else defaults), clamped to its burst; the reservation queue is dropped,
-// then the limits are replaced and their generation bumped.
+// then the limits are replaced and their generation bumped. Limits equal to
+// those in force change nothing.
 //
 //	KEYS[1] bucket hash  KEYS[2] reservations
 //	ARGV[1] limits' inactivity expiry, milliseconds
 //	ARGV[2] the new limits, "rate/per_ms/burst ..."
 //	ARGV[3] default limits, same form ("" = none)
 //
-// Reply: {1, generation}, or {-1, field, reason} when a tier is out of range.
-func SetLimits(ctx context.Context, r *Runner, k Keys, idle time.Duration, tiers, defaults []Tier) (field, reason string, err error) {
+// Reply: {1, generation, changed (0/1), the tasks that held a reservation...},
+// or {-1, field, reason} when a tier is out of range.
+func SetLimits(ctx context.Context, r *Runner, k Keys, idle time.Duration, tiers, defaults []Tier) (SetLimitsReply, error) {
 	v, err := r.Run(ctx, setLimitsScript, []string{k.Bucket, k.Reservations},
 		idle.Milliseconds(), FormatTiers(tiers), FormatTiers(defaults))
 	if err != nil {
-		return "", "", err
+		return SetLimitsReply{}, err
 	}
 	a, ok := v.([]any)
-	switch {
-	case ok && len(a) == 3:
-		field, _ = a[0+1].(string)
-		reason, _ = a[2].(string)
-		return field, reason, nil
-	case ok && len(a) == 2:
-		return "", "", nil
+	if !ok || len(a) < 3 {
+		return SetLimitsReply{}, errBadReply("setlimits", v)
 	}
-	return "", "", errBadReply("setlimits", v)
+	if status, _ := a[0].(int64); status == StatusBadConfig {
+		field, _ := a[1].(string)
+		reason, _ := a[2].(string)
+		return SetLimitsReply{Field: field, Reason: reason}, nil
+	}
+	changed, ok := a[2].(int64)
+	if !ok {
+		return SetLimitsReply{}, errBadReply("setlimits", v)
+	}
+	out := SetLimitsReply{Changed: changed == 1}
+	for _, e := range a[3:] {
+		id, ok := e.(string)
+		if !ok {
+			return SetLimitsReply{}, errBadReply("setlimits", v)
+		}
+		out.Reserved = append(out.Reserved, id)
+	}
+	return out, nil
 }
 
 // Suspend runs suspend.lua: the key is suspended until now+d (d capped at

@@ -171,11 +171,22 @@ local function slot_wait()
     end
     if #lanes ~= slot_n or lanes[1] < now then
       -- Fresh lanes: each holder is expected to hold its slot for the
-      -- average; free slots are free now.
+      -- average, and one that has held it longer, as long again as it is
+      -- over (at least 50 ms); while no average is known, as long again as
+      -- it has held it (at least the guess). Predicted free "now", a
+      -- waiter would ask again and again while a slow holder runs: tasks
+      -- behind a slot held 12 s were deferred 60 times. Free slots are
+      -- free now.
       local fresh = {guess = lanes.guess}
       for _, m in ipairs(holders) do
         local st = slot_start(m) or now
-        fresh[#fresh + 1] = math.max(st + avg, now + 50000)
+        local ends = st + avg
+        if lanes.guess then
+          ends = now + math.max(now - st, 1e6)
+        elseif ends < now + 50000 then
+          ends = now + math.max(now - ends, 50000)
+        end
+        fresh[#fresh + 1] = ends
       end
       while #fresh < slot_n do fresh[#fresh + 1] = now end
       table.sort(fresh)
@@ -385,7 +396,15 @@ local function decide(id, c)
     end
   end
   local slot = nil
-  if queue_open and id ~= '' then
+  if book and id ~= '' then
+    -- A booking under an ID that holds a reservation is another task's
+    -- (an enqueue of an ID in use, which asynq will refuse): it changes
+    -- nothing, neither the reservation nor any tier.
+    local held = finite(redis.call('ZSCORE', resv_key, id))
+    if held and held >= now - lapse then
+      return string.format('0|0|0|booked|0|0|%d', gen)
+    end
+  elseif queue_open and id ~= '' then
     slot = finite(redis.call('ZSCORE', resv_key, id))
     if slot and slot < now - lapse then
       redis.call('ZREM', resv_key, id)

@@ -56,9 +56,9 @@ func (e *env) decide(a DecideArgs) DecideReply {
 
 func (e *env) setLimits(tiers ...Tier) {
 	e.t.Helper()
-	field, reason, err := SetLimits(e.ctx, e.run, e.k, time.Hour, tiers, nil)
+	r, err := SetLimits(e.ctx, e.run, e.k, time.Hour, tiers, nil)
 	require.NoError(e.t, err, "SetLimits(%+v)", tiers)
-	require.Empty(e.t, field, "SetLimits(%+v): field (reason %q)", tiers, reason)
+	require.Empty(e.t, r.Field, "SetLimits(%+v): field (reason %q)", tiers, r.Reason)
 }
 
 func (e *env) at(d time.Duration) { e.mr.SetTime(testEpoch().Add(d)) }
@@ -223,10 +223,10 @@ func TestSetLimits_Validation(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			e := newEnv(t)
-			field, reason, err := SetLimits(e.ctx, e.run, e.k, time.Hour, tt.tiers, nil)
+			r, err := SetLimits(e.ctx, e.run, e.k, time.Hour, tt.tiers, nil)
 			require.NoError(t, err, "SetLimits(%+v)", tt.tiers)
-			assert.Equal(t, tt.field, field, "SetLimits(%+v): field", tt.tiers)
-			assert.Equal(t, tt.reason, reason, "SetLimits(%+v): reason", tt.tiers)
+			assert.Equal(t, tt.field, r.Field, "SetLimits(%+v): field", tt.tiers)
+			assert.Equal(t, tt.reason, r.Reason, "SetLimits(%+v): reason", tt.tiers)
 			assert.Empty(t, e.mr.Keys(), "SetLimits(%+v) wrote to Redis", tt.tiers)
 		})
 	}
@@ -285,9 +285,9 @@ func TestSetLimits_KeyOnOtherDefaults(t *testing.T) {
 	for range 10 {
 		require.Equal(t, StatusAllowed, e.decide(DecideArgs{Defaults: defaults, IdleExpiry: time.Hour}).Status)
 	}
-	field, _, err := SetLimits(e.ctx, e.run, e.k, time.Hour, []Tier{{Rate: 1, PerMS: 60000, Burst: 1}}, nil)
+	sr, err := SetLimits(e.ctx, e.run, e.k, time.Hour, []Tier{{Rate: 1, PerMS: 60000, Burst: 1}}, nil)
 	require.NoError(t, err)
-	require.Empty(t, field)
+	require.Empty(t, sr.Field)
 	assert.Equal(t, time.Hour, e.mr.TTL(e.k.Bucket), "TTL: the idle expiry")
 	e.at(2 * time.Second)
 	r := e.decide(DecideArgs{IdleExpiry: time.Hour})
@@ -392,7 +392,7 @@ func TestScriptFlush(t *testing.T) {
 		run  func() error
 	}{
 		{"SetLimits", func() error {
-			_, _, err := SetLimits(e.ctx, e.run, e.k, time.Hour, []Tier{{Rate: 1, PerMS: 1000, Burst: 1}}, nil)
+			_, err := SetLimits(e.ctx, e.run, e.k, time.Hour, []Tier{{Rate: 1, PerMS: 1000, Burst: 1}}, nil)
 			return err
 		}},
 		{"Decide", func() error { _, err := Decide(e.ctx, e.run, e.k, DecideArgs{}); return err }},
@@ -455,9 +455,9 @@ func TestGarbageState(t *testing.T) {
 			}
 			_, err := Inspect(e.ctx, e.run, e.k, nil, 0)
 			assert.NoError(t, err, "Inspect with %s", tt.name)
-			field, _, err := SetLimits(e.ctx, e.run, e.k, time.Hour, []Tier{tier}, nil)
+			r, err := SetLimits(e.ctx, e.run, e.k, time.Hour, []Tier{tier}, nil)
 			assert.NoError(t, err, "SetLimits with %s", tt.name)
-			assert.Empty(t, field)
+			assert.Empty(t, r.Field)
 			_, err = Suspend(e.ctx, e.run, e.k, time.Second, time.Hour)
 			assert.NoError(t, err, "Suspend with %s", tt.name)
 		})

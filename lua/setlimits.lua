@@ -6,9 +6,11 @@
 -- burst; a window keeps the calls it counted. A raise grants no sudden
 -- burst, a lowered burst bites at once, and a tier whose period is new
 -- starts full. The generation is bumped. The reservation queue is dropped:
--- its slots were spaced for the old limits; tasks that held one come back
--- when they were told to and are decided anew.
+-- its slots were spaced for the old limits; the reply names the tasks that
+-- held one, for the caller to bring back to be decided anew. Limits equal
+-- to those in force change nothing.
 local key, resv_key = KEYS[1], KEYS[2]
+local MAX_BACK = 100000
 local idle_us  = ARGV[1] * 1000
 local new_src  = ARGV[2]
 local defaults = ARGV[3]
@@ -18,6 +20,11 @@ if not new then return {-1, field, why} end
 
 local now = now_us()
 local h = redis.call('HMGET', key, 'L', 'T', 'D', 's', 'O')
+-- The limits already in force: nothing changes, not even the queue (every
+-- worker of a fleet may set its limits when it starts).
+if h[1] and string.gsub(h[1], '%s*#%d+', '') == new_src then
+  return {1, new.gen, 0}
+end
 local old = nil
 for _, src in ipairs({h[1] or '', h[3] or '', defaults}) do
   if src ~= '' then
@@ -91,5 +98,10 @@ end
 redis.call('HDEL', key, unpack(drop))
 redis.call('HSET', key, unpack(fields))
 expire_in(key, ttl)
+-- The tasks that held a reservation (the caller brings them back to be
+-- decided under the new limits; at most MAX_BACK of them).
+local held = redis.call('ZRANGE', resv_key, 0, MAX_BACK - 1)
 redis.call('DEL', resv_key)
-return {1, gen}
+local out = {1, gen, 1}
+for i = 1, #held do out[3 + i] = held[i] end
+return out

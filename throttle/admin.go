@@ -70,10 +70,13 @@ func (l *Limiter) Keys(ctx context.Context) ([]string, error) {
 	return keys, nil
 }
 
-// Delete removes everything key has in Redis: its limits, bucket state,
+// Delete removes what key has in Redis: its limits, bucket state,
 // suspension and reservations. Tasks of the key then run under the
 // limiter's defaults, or unthrottled without any; a task that held a
-// reservation contends again. Deleting a key that has nothing is not an error.
+// reservation contends again. The slots in flight of handlers still running
+// are kept (each until its holder gives it back or its lease ends), so
+// limits set again with an InFlight count them. Deleting a key that has
+// nothing is not an error.
 func (l *Limiter) Delete(ctx context.Context, key string) error {
 	keys, err := redisKeys(l.o.prefix, key)
 	if err != nil {
@@ -81,7 +84,7 @@ func (l *Limiter) Delete(ctx context.Context, key string) error {
 	}
 	// One DEL: all keys share the hash tag, so one slot on a Cluster.
 	_, err = bounded(l, ctx, func(ctx context.Context) (int64, error) {
-		return l.rdb.Del(ctx, allRedisKeys(keys)...).Result()
+		return l.rdb.Del(ctx, deletableRedisKeys(keys)...).Result()
 	})
 	if err != nil {
 		return fmt.Errorf("throttle: key %q: delete: %w", key, err)

@@ -62,8 +62,11 @@ func (l *Limiter) Enqueue(ctx context.Context, client *asynq.Client, task *asynq
 	case errors.Is(err, ErrCostTooHigh):
 		return nil, err
 	case err != nil || !d.Reserved:
-		// Redis cannot decide, the key has no limits, or the slot is beyond
-		// the horizon: the middleware decides when the task runs.
+		// Redis cannot decide, the key has no limits, the slot is beyond
+		// the horizon, or the ID holds a reservation already (another
+		// task's, which asynq refuses to enqueue again, or this task's
+		// left from an enqueue that failed): the middleware decides when
+		// the task runs.
 		return client.EnqueueContext(ctx, task, opts...)
 	}
 	if delay := l.slotDelay(d.Slot, time.Now()); delay > 0 {

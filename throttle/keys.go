@@ -68,10 +68,16 @@ func redisKeys(prefix, name string) (lua.Keys, error) {
 	}, nil
 }
 
-// allRedisKeys lists every Redis key of one limiter key, for Delete. It must
-// name every field of lua.Keys (TestAllRedisKeysCoversLayout checks).
+// allRedisKeys lists every Redis key of one limiter key. It must name every
+// field of lua.Keys (TestAllRedisKeysCoversLayout checks).
 func allRedisKeys(k lua.Keys) []string {
-	return []string{k.Bucket, k.Reservations, k.Slots, k.OldConfig, k.OldState, k.OldSuspend, k.OldReservations}
+	return append(deletableRedisKeys(k), k.Slots)
+}
+
+// deletableRedisKeys lists what Delete removes: every Redis key of one
+// limiter key but its slots in flight, which running handlers hold.
+func deletableRedisKeys(k lua.Keys) []string {
+	return []string{k.Bucket, k.Reservations, k.OldConfig, k.OldState, k.OldSuspend, k.OldReservations}
 }
 
 // scanPattern is the SCAN MATCH pattern of every Redis key redisKeys can

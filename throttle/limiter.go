@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/asynq-throttle/asynq-throttle/lua"
@@ -146,8 +147,9 @@ type Decision struct {
 	// renew it with Extend if the call may outlast WithSlotLease).
 	Hold string
 
-	gen int64     // limits generation, for leases
-	at  time.Time // when allowed: the instant it was admitted at (Redis clock), for refunds
+	gen    int64     // limits generation, for leases
+	at     time.Time // when allowed: the instant it was admitted at (Redis clock), for refunds
+	booked bool      // a booking refused: the ID holds a reservation already
 }
 
 // CallOption changes one call of Take, TakeN, Reserve or ReserveN.
@@ -280,6 +282,8 @@ func (l *Limiter) decide(ctx context.Context, key string, v variant, id string, 
 		d.Reason = RefusedBeforeSlot
 	case r.RefusedBy == "inflight":
 		d.Reason = RefusedBySlots
+	case r.RefusedBy == "booked":
+		d.Reason, d.booked = RefusedBeforeSlot, true
 	default:
 		d.Reason = RefusedByTier
 		d.Tier, _ = strconv.Atoi(strings.TrimPrefix(r.RefusedBy, "tier:"))
@@ -449,19 +453,31 @@ func (l *Limiter) SetLimits(ctx context.Context, key string, limits ...Limit) er
 	if err != nil {
 		return err
 	}
-	type outcome struct{ field, reason string }
-	out, err := bounded(l, ctx, func(ctx context.Context) (outcome, error) {
-		f, r, err := lua.SetLimits(ctx, l.runner, keys, l.o.idleExpiry, tiers, l.defaults(key))
-		return outcome{f, r}, err
+	r, err := bounded(l, ctx, func(ctx context.Context) (lua.SetLimitsReply, error) {
+		return lua.SetLimits(ctx, l.runner, keys, l.o.idleExpiry, tiers, l.defaults(key))
 	})
-	field, reason := out.field, out.reason
 	ks.lease.drop()
 	ks.forgetNoLimits()
 	if err != nil {
 		return fmt.Errorf("throttle: key %q: set limits: %w", key, err)
 	}
-	if field != "" {
-		return fmt.Errorf("%w: key %q: %s: %s", ErrInvalidLimit, key, field, reason)
+	if r.Field != "" {
+		return fmt.Errorf("%w: key %q: %s: %s", ErrInvalidLimit, key, r.Field, r.Reason)
+	}
+	if !r.Changed {
+		return nil
+	}
+	// The tasks waiting for slots spaced under the old limits, or deferred
+	// under them, are decided anew now: a raised limit reaches the backlog
+	// already deferred, and the queue shows it again.
+	reserved := make(map[string]bool, len(r.Reserved))
+	for _, id := range r.Reserved {
+		reserved[id] = true
+	}
+	if _, err := l.tasks.bringBack(ctx, func(info *asynq.TaskInfo) bool {
+		return reserved[info.ID] || (info.Headers[HeaderOrigin] != "" && reserved[info.Headers[HeaderOrigin]]) || deferredBy(info, key, "")
+	}); err != nil {
+		return fmt.Errorf("throttle: key %q: limits set, but the tasks deferred under the old ones wait for their time: %w", key, err)
 	}
 	return nil
 }
@@ -550,7 +566,9 @@ func (l *Limiter) ResumeTasks(ctx context.Context, key string) (int, error) {
 		return 0, fmt.Errorf("throttle: key %q: resume: %w", key, err)
 	}
 	ks.forgetSuspension()
-	n, err := l.tasks.bringBack(ctx, key)
+	n, err := l.tasks.bringBack(ctx, func(info *asynq.TaskInfo) bool {
+		return deferredBy(info, key, RefusedBySuspension.String())
+	})
 	if err != nil {
 		return n, fmt.Errorf("throttle: key %q: resumed, but deferred tasks wait for their old time: %w", key, err)
 	}

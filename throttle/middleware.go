@@ -12,6 +12,7 @@ import (
 
 	"github.com/asynq-throttle/asynq-throttle/internal/deferral"
 	"github.com/asynq-throttle/asynq-throttle/internal/jitter"
+	"github.com/asynq-throttle/asynq-throttle/lua"
 )
 
 // Outcome is what the middleware did with one task.
@@ -31,6 +32,10 @@ const (
 	// Failed: Redis could not decide; the failure policy applied (Event.Ran
 	// tells whether the handler ran).
 	Failed
+	// Rejected: the task can never be throttled (an invalid key or cost in
+	// its headers, a cost above what a tier of its key can ever admit); it
+	// failed for good (asynq.SkipRetry), and asynq archived it.
+	Rejected
 )
 
 // String names the outcome for logs.
@@ -46,6 +51,8 @@ func (o Outcome) String() string {
 		return "unthrottled"
 	case Failed:
 		return "failed"
+	case Rejected:
+		return "rejected"
 	}
 	return "Outcome(" + strconv.Itoa(int(o)) + ")"
 }
@@ -148,11 +155,11 @@ const maxParked = 10_000
 
 func (m *middleware) process(ctx context.Context, t *asynq.Task, next asynq.Handler) error {
 	o := &m.l.o
+	id, _ := asynq.GetTaskID(ctx)
 	key, err := o.keyOf(t)
 	if err != nil {
-		return err
+		return m.badTask(ctx, t, id, key, err)
 	}
-	id, _ := asynq.GetTaskID(ctx)
 	ev := Event{Key: key, TaskID: id, TaskType: t.Type(), left: -1}
 	if key == "" {
 		ev.Outcome = Unthrottled
@@ -160,7 +167,7 @@ func (m *middleware) process(ctx context.Context, t *asynq.Task, next asynq.Hand
 	}
 	cost, err := costOf(t)
 	if err != nil {
-		return err
+		return m.badTask(ctx, t, id, key, err)
 	}
 	ev.cost = cost
 	ks := m.l.keys.get(key)
@@ -178,30 +185,11 @@ func (m *middleware) process(ctx context.Context, t *asynq.Task, next asynq.Hand
 		ev.Outcome, ev.Leased = Ran, true
 		return m.run(ctx, t, next, ks, ev)
 	}
-
 	asked := 0
 	if leasing {
 		asked = ks.lease.request(o.lease)
 	}
-	d, err := m.decide(ctx, key, t, id, asked, cost)
-	ev.Latency = m.now().Sub(now)
-	// A slot expected free within a granule is waited for here: a deferral
-	// would bring the task back on the next whole second at the earliest,
-	// leaving the slot idle meanwhile.
-	for waited := time.Duration(0); err == nil && !d.Allowed && d.Reason == RefusedBySlots &&
-		waited+d.RetryAfter <= maxSlotWait; {
-		w := max(d.RetryAfter, minSlotPoll)
-		if serr := m.sleep(ctx, w); serr != nil {
-			return serr
-		}
-		waited += w
-		// Asking again keeps the task's place: it takes no new one among
-		// the waiters (a probe).
-		d, err = m.decideProbe(ctx, key, t, id, cost)
-	}
-	if err == nil {
-		m.saw(ks, d, now, asked)
-	}
+	d, err := m.decideAndWait(ctx, key, t, id, asked, cost, ks, &ev)
 	switch {
 	case errors.Is(err, ErrNoLimits):
 		ks.setNoLimits(m.now().Add(noLimitsCacheFor))
@@ -212,32 +200,19 @@ func (m *middleware) process(ctx context.Context, t *asynq.Task, next asynq.Hand
 		ev.Outcome = Unthrottled
 		return m.run(ctx, t, next, ks, ev)
 	case errors.Is(err, ErrCostTooHigh):
-		// It can never run under these limits: fail it for good (asynq
-		// archives it, from where it can be run again once the limits or
-		// its cost change) rather than retry it forever.
-		ev.Outcome, ev.Err = Failed, err
-		m.observe(ev)
-		o.logger.Error("throttle: task costs more than a tier of its key can ever admit; archiving it (raise the tier's burst or lower the task's Cost, then run it again from the archive)",
-			"key", key, "task_id", id, "task_type", t.Type(), "cost", cost, "err", err)
-		return fmt.Errorf("%w: %w", err, asynq.SkipRetry)
+		return m.badTask(ctx, t, id, key, err)
 	case err != nil:
-		ev.Outcome, ev.Err = Failed, err
-		if o.failure == FailOpen {
-			o.logger.Error("throttle: cannot decide, running task unthrottled (fail open)", "key", key, "task_id", id, "err", err)
-			return m.run(ctx, t, next, ks, ev)
-		}
-		delay := m.roundUp(m.jitter.Add(o.failureDelay))
-		o.logger.Error("throttle: cannot decide, deferring task (fail closed)", "key", key, "task_id", id, "retry_in", delay, "err", err)
-		ev.Delay = delay
-		var derr error
-		ev.Copied, _, derr = m.deferTask(ctx, t, key, delay, "redis unavailable")
-		if derr != nil && !isDeferral(derr) {
-			ev.Err = derr
-		}
-		m.observe(ev)
-		return derr
+		return m.cannotDecide(ctx, t, ks, next, ev, err)
 	case !d.Allowed:
 		return m.deferDecision(ctx, t, ks, d, ev, Deferred)
+	}
+	if d.Wait > 0 && d.Wait > m.waitBudget(ctx, 0)/2 {
+		// Admitted at a paced slot further ahead than the task's deadline
+		// lets it wait and leaves its handler at least as long: give the
+		// admission back and defer the task to it (it comes back with its
+		// whole timeout).
+		m.giveBack(ctx, key, d, cost)
+		return m.deferDecision(ctx, t, ks, Decision{RetryAfter: d.Wait, Reason: RefusedByQueue}, ev, Deferred)
 	}
 	if d.Hold != "" {
 		release := m.l.holdSlot(key, d.Hold)
@@ -252,6 +227,105 @@ func (m *middleware) process(ctx context.Context, t *asynq.Task, next asynq.Hand
 	}
 	ev.Outcome, ev.left, ev.at, ev.gen = Ran, d.Remaining, d.at, d.gen
 	return m.run(ctx, t, next, ks, ev)
+}
+
+// decideAndWait decides on task t, and waits in its worker for a slot in
+// flight expected free within a granule (a deferral would bring the task
+// back on the next whole second at the earliest, leaving the slot idle
+// meanwhile), asking again with its place among the waiters kept (a
+// probe). No wait runs into the time the task needs before its deadline
+// to be deferred after all (see waitBudget).
+func (m *middleware) decideAndWait(ctx context.Context, key string, t *asynq.Task, id string, asked, cost int, ks *keyState, ev *Event) (Decision, error) {
+	if dl, ok := ctx.Deadline(); ok && m.l.o.timeout > 0 && dl.Sub(m.now()) < m.l.o.timeout+deferReserve {
+		// The decision gives up in time for the task to be deferred.
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, dl.Add(-deferReserve))
+		defer cancel()
+	}
+	sent := m.now()
+	d, err := m.decide(ctx, key, t, id, asked, cost)
+	ev.Latency = m.now().Sub(sent)
+	for waited := time.Duration(0); err == nil && !d.Allowed && d.Reason == RefusedBySlots; {
+		w := max(d.RetryAfter, minSlotPoll)
+		if waited+w > maxSlotWait || w > m.waitBudget(ctx, m.l.o.timeout) {
+			break
+		}
+		if serr := m.sleep(ctx, w); serr != nil {
+			return d, serr
+		}
+		waited += w
+		d, err = m.decideProbe(ctx, key, t, id, cost)
+	}
+	if err == nil {
+		m.saw(ks, d, sent, asked)
+	}
+	return d, err
+}
+
+// deferReserve is what a task keeps of its time before its deadline, beyond
+// any Redis call still to come, to be deferred: asynq counts a task whose
+// deadline passes as failed, whatever its handler returns afterwards.
+const deferReserve = 100 * time.Millisecond
+
+// waitBudget is how long the task of ctx may still wait in its worker
+// before calls taking up to then more (a decision: WithTimeout) and its
+// deferral, all before its deadline. A task without a deadline may wait.
+func (m *middleware) waitBudget(ctx context.Context, then time.Duration) time.Duration {
+	dl, ok := ctx.Deadline()
+	if !ok {
+		return maxPaceWait + maxSlotWait
+	}
+	return dl.Sub(m.now()) - then - deferReserve
+}
+
+// giveBack undoes the admission d of a task that will not run now: its slot
+// in flight and its cost go back to the key.
+func (m *middleware) giveBack(ctx context.Context, key string, d Decision, cost int) {
+	ctx = context.WithoutCancel(ctx)
+	if d.Hold != "" {
+		if err := m.l.Release(ctx, key, d.Hold); err != nil {
+			m.l.o.logger.Warn("throttle: cannot give back a slot in flight; it frees when its lease ends",
+				"key", key, "slot", d.Hold, "lease", m.l.o.slotLease, "err", err)
+		}
+	}
+	if err := m.l.adjust(ctx, key, -cost, lua.Call{At: d.at, Charged: cost, Generation: d.gen}); err != nil {
+		m.l.o.logger.Warn("throttle: cannot give back the tokens of a task that did not run", "key", key, "cost", cost, "err", err)
+	}
+}
+
+// badTask fails a task that no worker can ever throttle (an invalid key or
+// cost in its headers, or a cost above what a tier of its key can ever
+// admit) for good: asynq archives it at once (asynq.SkipRetry), where it
+// can be run again once its limits change, instead of retrying it until its
+// retries run out. The enqueuer's bug, logged at Error.
+func (m *middleware) badTask(ctx context.Context, t *asynq.Task, id, key string, err error) error {
+	m.observe(Event{Key: key, TaskID: id, TaskType: t.Type(), Outcome: Rejected, Err: err})
+	msg := "throttle: task can never be throttled; archiving it (asynq.SkipRetry): fix how it is enqueued, then run it again from the archive"
+	if errors.Is(err, ErrCostTooHigh) {
+		msg = "throttle: task costs more than a tier of its key can ever admit; archiving it (raise the tier's burst or lower the task's Cost, then run it again from the archive)"
+	}
+	m.l.o.logger.Error(msg, "key", key, "task_id", id, "task_type", t.Type(), "err", err)
+	return fmt.Errorf("%w: %w", err, asynq.SkipRetry)
+}
+
+// cannotDecide applies the failure policy to a task Redis could not decide.
+func (m *middleware) cannotDecide(ctx context.Context, t *asynq.Task, ks *keyState, next asynq.Handler, ev Event, err error) error {
+	o := &m.l.o
+	ev.Outcome, ev.Err = Failed, err
+	if o.failure == FailOpen {
+		o.logger.Error("throttle: cannot decide, running task unthrottled (fail open)", "key", ev.Key, "task_id", ev.TaskID, "err", err)
+		return m.run(ctx, t, next, ks, ev)
+	}
+	delay := m.roundUp(m.jitter.Add(o.failureDelay))
+	o.logger.Error("throttle: cannot decide, deferring task (fail closed)", "key", ev.Key, "task_id", ev.TaskID, "retry_in", delay, "err", err)
+	ev.Delay = delay
+	var derr error
+	ev.Copied, _, derr = m.deferTask(ctx, t, ev.Key, delay, "redis unavailable")
+	if derr != nil && !isDeferral(derr) {
+		ev.Err = derr
+	}
+	m.observe(ev)
+	return derr
 }
 
 // maxPaceWait bounds the wait for a paced slot: one granule and the
@@ -328,14 +402,21 @@ func (m *middleware) run(ctx context.Context, t *asynq.Task, next asynq.Handler,
 	}
 	// This process stops at once, even when Redis could not be told.
 	ks.cacheSuspension(m.now(), left, err != nil)
+	cost := max(ev.cost, 1)
 	ev = Event{Key: key, TaskID: ev.TaskID, TaskType: ev.TaskType}
 	d := Decision{RetryAfter: left, Reason: RefusedBySuspension}
 	if err == nil {
 		// A slot after the suspension, so the deferred crowd comes back
-		// spread out.
+		// spread out. A suspension short enough to be over already admits
+		// the task: that admission is given back, the task deferred anyway
+		// (the provider refused its call).
 		id, _ := asynq.GetTaskID(ctx)
-		cost, _ := costOf(t)
-		if rd, derr := m.decide(ctx, key, t, id, 0, max(cost, 1)); derr == nil && !rd.Allowed && rd.Reason == RefusedBySuspension {
+		rd, derr := m.decide(ctx, key, t, id, 0, cost)
+		switch {
+		case derr != nil:
+		case rd.Allowed:
+			m.giveBack(ctx, key, rd, cost)
+		case rd.Reason == RefusedBySuspension:
 			d = rd
 		}
 	}
@@ -435,7 +516,7 @@ func (m *middleware) checkParked(key string, ks *keyState, s *suspension) {
 	if st.Suspended > 0 && time.Now().Add(st.Suspended).After(s.retryAt.Add(-Granule)) {
 		return // still suspended as long as the tasks were told
 	}
-	n := m.l.tasks.run(key, parked)
+	n := m.l.tasks.run(parked, func(info *asynq.TaskInfo) bool { return deferredBy(info, key, RefusedBySuspension.String()) })
 	m.l.o.logger.Info("throttle: suspension ended early (Resume); tasks deferred from this process's cache run now", "key", key, "tasks", n)
 }
 

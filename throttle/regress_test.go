@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -294,7 +295,7 @@ func TestCosts(t *testing.T) {
 	mw := lim.Middleware()
 	var ran atomic.Int64
 	run := func(cost int, h func(ctx context.Context) error) error {
-		task := throttle.NewTask("gql:query", nil, throttle.Key("gql"), throttle.Cost(cost))
+		task := newTask(t, "gql:query", nil, throttle.Key("gql"), throttle.Cost(cost))
 		return mw(asynq.HandlerFunc(func(ctx context.Context, _ *asynq.Task) error {
 			ran.Add(1)
 			return h(ctx)
@@ -325,7 +326,7 @@ func TestCosts(t *testing.T) {
 	// Charge below the cost gives back what the call did not use, to a
 	// bucket and to the window's sub-window that counted it.
 	require.NoError(t, lim.SetLimits(ctx, "gql2", throttle.PerHour(10), throttle.Window(10, time.Hour)))
-	task := throttle.NewTask("gql:query", nil, throttle.Key("gql2"), throttle.Cost(4))
+	task := newTask(t, "gql:query", nil, throttle.Key("gql2"), throttle.Cost(4))
 	require.NoError(t, mw(asynq.HandlerFunc(func(ctx context.Context, _ *asynq.Task) error {
 		return throttle.Charge(ctx, 1)
 	})).ProcessTask(ctx, task))
@@ -363,7 +364,7 @@ func TestObserveThroughTheMiddleware(t *testing.T) {
 		return rec.Result()
 	}
 	run := func(resp *http.Response) error {
-		task := throttle.NewTask("gh:sync", nil, throttle.Key("gh"))
+		task := newTask(t, "gh:sync", nil, throttle.Key("gh"))
 		var got error
 		err := mw(asynq.HandlerFunc(func(ctx context.Context, _ *asynq.Task) error {
 			got = throttle.Observe(ctx, resp)
@@ -416,4 +417,99 @@ func TestObserveThroughTheMiddleware(t *testing.T) {
 	st, err = lim.Inspect(ctx, "gh")
 	require.NoError(t, err)
 	assert.Equal(t, before.InForce, st.InForce, "nothing learned without the middleware's context")
+}
+
+// A handler that reports a rate limit so short that it is over by the
+// follow-up decision leaks nothing: the admission that decision makes is
+// given back, slot in flight and tokens. (Regression: with InFlight(2) and
+// RateLimited(1µs), one slot stayed held with no handler running for the
+// whole slot lease.)
+func TestRateLimitedTooShortToLastLeaksNoSlot(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Start(t).Client(t)
+	lim := throttle.NewLimiter(rdb, quietLog, throttle.WithLease(0, 0), throttle.WithHeadroom(0))
+	require.NoError(t, lim.SetLimits(ctx, "crm", throttle.PerHour(100), throttle.InFlight(2)))
+	mw := lim.Middleware()
+	task := newTask(t, "crm:sync", nil, throttle.Key("crm"))
+	err := mw(asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
+		return throttle.RateLimited(time.Microsecond)
+	})).ProcessTask(ctx, task)
+	require.NoError(t, err, "the task is deferred by copy (no asynq server here)")
+	st, err := lim.Inspect(ctx, "crm")
+	require.NoError(t, err)
+	assert.Zero(t, st.InFlight, "slots in flight with no handler running")
+	assert.InDelta(t, 99, st.Tokens[0], 0.01, "tokens: the task's call, not the follow-up decision's")
+}
+
+// Limiter.Enqueue of a task under an ID another task holds a reservation
+// with fails (asynq refuses the ID) and leaves that reservation, the tokens
+// and the slots in flight as they were. (Regression: the failed enqueue
+// removed the live task's reservation, or, when it was due, admitted it:
+// tokens 1 -> 0 and a slot in flight held with no handler.)
+func TestEnqueueOfAnIDInUseChangesNothing(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Start(t).Client(t)
+	lim := throttle.NewLimiter(rdb, quietLog)
+	client := asynq.NewClientFromRedisClient(rdb)
+	for _, tc := range []struct {
+		name string
+		take bool // the token taken first: the reservation is ahead, else due now
+	}{{"reservation ahead", true}, {"reservation due", false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			key := "crm-" + strings.ReplaceAll(tc.name, " ", "-")
+			require.NoError(t, lim.SetLimits(ctx, key, throttle.PerSecond(1), throttle.InFlight(2)))
+			if tc.take {
+				d, err := lim.Take(ctx, key)
+				require.NoError(t, err)
+				require.True(t, d.Allowed)
+				require.NoError(t, lim.Release(ctx, key, d.Hold))
+			}
+			id := "t1-" + key
+			_, err := lim.Enqueue(ctx, client, newTask(t, "crm:sync", []byte("first"), throttle.Key(key)), asynq.TaskID(id))
+			require.NoError(t, err)
+			slot, ok, err := lim.Reservation(ctx, key, id)
+			require.NoError(t, err)
+			require.True(t, ok, "the first task holds a reservation")
+			before, err := lim.Inspect(ctx, key)
+			require.NoError(t, err)
+
+			_, err = lim.Enqueue(ctx, client, newTask(t, "crm:sync", []byte("second"), throttle.Key(key)), asynq.TaskID(id))
+			require.ErrorIs(t, err, asynq.ErrTaskIDConflict)
+			after, err := lim.Inspect(ctx, key)
+			require.NoError(t, err)
+			got, ok, err := lim.Reservation(ctx, key, id)
+			require.NoError(t, err)
+			assert.True(t, ok, "the first task's reservation is kept")
+			assert.Equal(t, slot, got, "the first task's slot")
+			assert.Zero(t, after.InFlight, "slots in flight")
+			assert.InDelta(t, before.Tokens[0], after.Tokens[0], 0.05, "tokens")
+			assert.Equal(t, before.Reservations, after.Reservations, "reservations")
+		})
+	}
+}
+
+// Delete keeps the slots in flight of handlers still running: limits set
+// again with an InFlight count them. (Regression: under InFlight(1), a
+// second task was admitted while the first ran.)
+func TestDeleteKeepsTheSlotsOfRunningHandlers(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Start(t).Client(t)
+	lim := throttle.NewLimiter(rdb, quietLog)
+	require.NoError(t, lim.SetLimits(ctx, "crm", throttle.PerSecond(10), throttle.InFlight(1)))
+	running, err := lim.Take(ctx, "crm")
+	require.NoError(t, err)
+	require.True(t, running.Allowed)
+	require.NoError(t, lim.Delete(ctx, "crm"))
+	st, err := lim.Inspect(ctx, "crm")
+	require.NoError(t, err)
+	assert.Nil(t, st.Limits, "the limits are gone")
+	require.NoError(t, lim.SetLimits(ctx, "crm", throttle.PerSecond(10), throttle.InFlight(1)))
+	d, err := lim.Take(ctx, "crm")
+	require.NoError(t, err)
+	assert.False(t, d.Allowed, "a second task while the first still holds the only slot")
+	assert.Equal(t, throttle.RefusedBySlots, d.Reason)
+	require.NoError(t, lim.Release(ctx, "crm", running.Hold))
+	d, err = lim.Take(ctx, "crm")
+	require.NoError(t, err)
+	assert.True(t, d.Allowed, "once the first gave its slot back")
 }

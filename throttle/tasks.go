@@ -190,14 +190,15 @@ type parkedTask struct{ queue, id string }
 const soonest = 2 * time.Second
 
 // run brings tasks back to pending now when they still wait in asynq's retry
-// or scheduled set, deferred because key was suspended, and not about to
-// come back by themselves. It returns how many it brought back.
-func (s *taskStore) run(key string, tasks []parkedTask) int {
+// or scheduled set and match (as they did when they were found), and are not
+// about to come back by themselves. It returns how many it brought back.
+func (s *taskStore) run(tasks []parkedTask, match func(*asynq.TaskInfo) bool) int {
 	s.init()
 	n := 0
 	for _, p := range tasks {
 		info, err := s.insp.GetTaskInfo(p.queue, p.id)
-		if err != nil || !deferredBySuspension(info, key) || time.Until(info.NextProcessAt) < soonest {
+		if err != nil || (info.State != asynq.TaskStateRetry && info.State != asynq.TaskStateScheduled) ||
+			!match(info) || time.Until(info.NextProcessAt) < soonest {
 			continue
 		}
 		if err := s.insp.RunTask(p.queue, p.id); err == nil {
@@ -210,11 +211,10 @@ func (s *taskStore) run(key string, tasks []parkedTask) int {
 // listPage is how many tasks bringBack reads at once.
 const listPage = 500
 
-// bringBack finds the tasks deferred because key was suspended (waiting in
-// asynq's retry set with a deferral as their last error, or in its
-// scheduled set as copies) in every queue, and runs them now. It returns
-// how many it brought back.
-func (s *taskStore) bringBack(ctx context.Context, key string) (int, error) {
+// bringBack finds the tasks that match among those waiting in asynq's retry
+// and scheduled sets of every queue, and runs them now. It returns how many
+// it brought back.
+func (s *taskStore) bringBack(ctx context.Context, match func(*asynq.TaskInfo) bool) (int, error) {
 	s.init()
 	queues, err := s.insp.Queues()
 	if err != nil {
@@ -225,14 +225,14 @@ func (s *taskStore) bringBack(ctx context.Context, key string) (int, error) {
 		for _, list := range []func(string, ...asynq.ListOption) ([]*asynq.TaskInfo, error){s.insp.ListRetryTasks, s.insp.ListScheduledTasks} {
 			for page := 1; ; page++ {
 				if err := ctx.Err(); err != nil {
-					return s.run(key, found), err
+					return s.run(found, match), err
 				}
 				infos, err := list(q, asynq.PageSize(listPage), asynq.Page(page))
 				if err != nil {
-					return s.run(key, found), err
+					return s.run(found, match), err
 				}
 				for _, info := range infos {
-					if deferredBySuspension(info, key) && time.Until(info.NextProcessAt) >= soonest {
+					if match(info) && time.Until(info.NextProcessAt) >= soonest {
 						found = append(found, parkedTask{queue: q, id: info.ID})
 					}
 				}
@@ -242,19 +242,19 @@ func (s *taskStore) bringBack(ctx context.Context, key string) (int, error) {
 			}
 		}
 	}
-	return s.run(key, found), nil
+	return s.run(found, match), nil
 }
 
-// deferredBySuspension reports whether a task waits in asynq's retry or
-// scheduled set because key was suspended: deferred on the retry path (its
-// last error is the deferral), or a copy made for it.
-func deferredBySuspension(info *asynq.TaskInfo, key string) bool {
+// deferredBy reports whether a task waits in asynq's retry or scheduled set
+// because the middleware deferred it on key, for reason ("": any): on the
+// retry path (its last error is the deferral), or as a copy made for it.
+func deferredBy(info *asynq.TaskInfo, key, reason string) bool {
 	switch info.State {
 	case asynq.TaskStateScheduled:
-		return info.Headers[HeaderDeferredKey] == key && info.Headers[HeaderDeferredReason] == RefusedBySuspension.String()
+		return info.Headers[HeaderDeferredKey] == key && (reason == "" || info.Headers[HeaderDeferredReason] == reason)
 	case asynq.TaskStateRetry:
-		k, reason, ok := deferral.Parse(info.LastErr)
-		return ok && k == key && reason == RefusedBySuspension.String()
+		k, r, ok := deferral.Parse(info.LastErr)
+		return ok && k == key && (reason == "" || r == reason)
 	}
 	return false
 }
