@@ -154,7 +154,7 @@ func newDescs() descs {
 		return prometheus.NewDesc(namespace+"_"+name, help, labels, nil)
 	}
 	return descs{
-		decisions:     d("decisions_total", "Middleware decisions by key and outcome (ran, deferred, suspended, unthrottled, failed).", "key", "outcome"),
+		decisions:     d("decisions_total", "Middleware decisions by key and outcome (ran, deferred, suspended, unthrottled, failed, rejected).", "key", "outcome"),
 		deferrals:     d("deferrals_total", "Tasks deferred by key, reason (tier, in_flight, suspended, queued, before_slot, failure_policy) and whether they hold a reserved slot.", "key", "reason", "reserved"),
 		copies:        d("deferral_copies_total", "Deferrals that re-enqueued a copy of the task (plain asynq.Server, or a task's last attempt).", "key"),
 		rateLimited:   d("rate_limited_total", "Handlers that reported a rate limit (429 or RateLimited); each suspends the key fleet-wide.", "key"),

@@ -110,7 +110,8 @@ func InFlight(n int) Limit { return Limit{Kind: KindInFlight, Rate: n} }
 //	lim.SetLimits(ctx, "crm", throttle.PerSecond(20), throttle.Adaptive(30*time.Second))
 func Adaptive(clean time.Duration) Limit { return Limit{Kind: KindAdaptive, Per: clean} }
 
-// WithBurst returns a copy of l whose burst is b.
+// WithBurst returns a copy of l whose burst is b; 0 means the burst equals
+// the rate, as for a Limit whose Burst is left 0.
 func (l Limit) WithBurst(b int) Limit {
 	l.Burst = b
 	return l

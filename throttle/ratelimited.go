@@ -27,7 +27,8 @@ func (e *RateLimitedError) Error() string {
 
 // RateLimited returns the error a handler returns (or wraps) when its
 // provider rate-limited it: every worker in the fleet stops calling that key
-// for retryAfter (0: unknown, see WithDefaultSuspension).
+// for retryAfter. A retryAfter of 0 or less means the provider did not say:
+// the middleware suspends for WithDefaultSuspension's duration.
 func RateLimited(retryAfter time.Duration) error {
 	if retryAfter < 0 {
 		retryAfter = 0

@@ -67,3 +67,16 @@ func TestLimitsInForce(t *testing.T) {
 	st := throttle.Status{Limits: []throttle.Limit{throttle.PerSecond(18)}, InForce: []throttle.Limit{throttle.PerSecond(18)}, Tokens: []float64{-1.7}}
 	assert.Equal(t, "0.0/18", rateTokens(st))
 }
+
+// A key with a reservation queue shows its tokens as the queue's: a full
+// bucket next to 188 reserved tasks read as a contradiction.
+func TestTokensOfAQueueSayWhoseTheyAre(t *testing.T) {
+	st := throttle.Status{Limits: []throttle.Limit{throttle.PerSecond(5)}, InForce: []throttle.Limit{throttle.PerSecond(5)},
+		Tokens: []float64{5}, Reservations: 188, QueuedFor: 37 * time.Second}
+	v := newKeyView("slack", st, nil)
+	tokens := keyColumns[2]
+	require.Equal(t, "TOKENS", tokens.name)
+	assert.Equal(t, "5.0/5 (for the queue)", tokens.value(v))
+	st.Reservations, st.QueuedFor = 0, 0
+	assert.Equal(t, "5.0/5", tokens.value(newKeyView("slack", st, nil)))
+}

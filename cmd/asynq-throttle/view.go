@@ -68,10 +68,16 @@ var keyColumns = []column{
 		return formatLimits(v.st.Limits) + inForce(v)
 	}},
 	{"TOKENS", func(v keyView) string {
-		if s := rateTokens(v.st); s != "" {
-			return s
+		s := rateTokens(v.st)
+		if s == "" {
+			return "-"
 		}
-		return "-"
+		if v.st.QueuedFor > 0 {
+			// Promised to the reserved tasks: a task without a reservation
+			// waits behind them, however many tokens the bucket holds.
+			s += " (for the queue)"
+		}
+		return s
 	}},
 	{"IN FLIGHT", func(v keyView) string {
 		if v.InFlight == nil {
