@@ -50,6 +50,8 @@ func run() int {
 	verbose := flag.Bool("v", false, "show asynq warnings and errors on stderr")
 	bRounds := flag.Int("b-rounds", defaultBRounds, "scenario B: rounds of one solo and one mixed run per variant (more rounds, less noise)")
 	eRounds := flag.Int("e-rounds", defaultERounds, "scenario E: rounds of one run per variant (-quick: 1 unless given)")
+	eVars := flag.String("e-variants", strings.Join(eVariants, ","), "scenario E: variants to run, comma-separated")
+	eTrace := flag.String("e-trace", "", "scenario E: write each run's calls, decisions and key state (every 100 ms), one file per run and provider, into this directory")
 	fShort := flag.Int("f-short", defaultFShort, "scenario F: tasks of 200 ms in the backlog (-quick: 60 unless given)")
 	fLong := flag.Int("f-long", defaultFLong, "scenario F: tasks of 3 s in the backlog (-quick: 8 unless given)")
 	fLongTime := flag.Duration("f-long-time", defaultFLongTime, "scenario F: run time of the long tasks (a whole number of seconds phase-locks a 1 s retry to the releases)")
@@ -71,6 +73,15 @@ func run() int {
 	if *fLongTime < 100*time.Millisecond || *fLongTime > time.Minute {
 		fmt.Fprintf(os.Stderr, "bench: -f-long-time must be from 100ms to 1m, got %v\n", *fLongTime)
 		return 2
+	}
+	var eVarList []string
+	for _, v := range strings.Split(*eVars, ",") {
+		v = strings.ToLower(strings.TrimSpace(v))
+		if !slices.Contains(eVariants, v) {
+			fmt.Fprintf(os.Stderr, "bench: -e-variants: unknown variant %q (want %s)\n", v, strings.Join(eVariants, ", "))
+			return 2
+		}
+		eVarList = append(eVarList, v)
 	}
 	var fVarList []string
 	for _, v := range strings.Split(*fVars, ",") {
@@ -100,7 +111,7 @@ func run() int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	e := &env{quick: *quick, verbose: *verbose, bRounds: *bRounds, eRounds: *eRounds,
+	e := &env{quick: *quick, verbose: *verbose, bRounds: *bRounds, eRounds: *eRounds, eVariants: eVarList, eTrace: *eTrace,
 		fShort: *fShort, fLong: *fLong, fLongTime: *fLongTime, fSemaRetry: *fSemaRetry, fVariants: fVarList, runID: strconv.FormatInt(time.Now().Unix()%100000, 10)}
 	if *redisURL != "" {
 		opts, err := redis.ParseURL(*redisURL)

@@ -25,6 +25,10 @@ type env struct {
 	verbose bool
 	bRounds int // scenario B's rounds (-b-rounds)
 	eRounds int // scenario E's rounds (-e-rounds)
+	// Scenario E's variants (-e-variants) and where its per-run traces go
+	// (-e-trace, "" none).
+	eVariants []string
+	eTrace    string
 	// Scenario F's backlogs (-f-short, -f-long), the long case's run time
 	// (-f-long-time), the semaphore variant's retry delay (-f-sema-retry)
 	// and the variants to run (-f-variants).
