@@ -51,6 +51,7 @@ func run() int {
 	bRounds := flag.Int("b-rounds", defaultBRounds, "scenario B: rounds of one solo and one mixed run per variant (more rounds, less noise)")
 	eRounds := flag.Int("e-rounds", defaultERounds, "scenario E: rounds of one run per variant (-quick: 1 unless given)")
 	eVars := flag.String("e-variants", strings.Join(eVariants, ","), "scenario E: variants to run, comma-separated")
+	ePhase := flag.Float64("e-phase", -1, "scenario E: start each run at this fraction of a wall-clock second (0 to 1; -1: whenever), to reproduce a phase of asynq's forwarder ticks and the providers' windows")
 	eTrace := flag.String("e-trace", "", "scenario E: write each run's calls, decisions and key state (every 100 ms), one file per run and provider, into this directory")
 	fShort := flag.Int("f-short", defaultFShort, "scenario F: tasks of 200 ms in the backlog (-quick: 60 unless given)")
 	fLong := flag.Int("f-long", defaultFLong, "scenario F: tasks of 3 s in the backlog (-quick: 8 unless given)")
@@ -72,6 +73,10 @@ func run() int {
 	}
 	if *fLongTime < 100*time.Millisecond || *fLongTime > time.Minute {
 		fmt.Fprintf(os.Stderr, "bench: -f-long-time must be from 100ms to 1m, got %v\n", *fLongTime)
+		return 2
+	}
+	if *ePhase != -1 && (*ePhase < 0 || *ePhase >= 1) {
+		fmt.Fprintf(os.Stderr, "bench: -e-phase must be from 0 to 1 (or -1), got %v\n", *ePhase)
 		return 2
 	}
 	var eVarList []string
@@ -111,7 +116,7 @@ func run() int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	e := &env{quick: *quick, verbose: *verbose, bRounds: *bRounds, eRounds: *eRounds, eVariants: eVarList, eTrace: *eTrace,
+	e := &env{quick: *quick, verbose: *verbose, bRounds: *bRounds, eRounds: *eRounds, eVariants: eVarList, eTrace: *eTrace, ePhase: *ePhase,
 		fShort: *fShort, fLong: *fLong, fLongTime: *fLongTime, fSemaRetry: *fSemaRetry, fVariants: fVarList, runID: strconv.FormatInt(time.Now().Unix()%100000, 10)}
 	if *redisURL != "" {
 		opts, err := redis.ParseURL(*redisURL)

@@ -271,6 +271,17 @@ func eOnce(ctx context.Context, e *env, s *scenarioE, sp *strictProvider, varian
 			return nil, err
 		}
 	}
+	if e.ePhase >= 0 {
+		// Start at this fraction of a second: where asynq's one-second
+		// forwarder ticks fall (the servers start together) and where the
+		// first calls fall in the providers' windows.
+		now := time.Now()
+		at := now.Truncate(time.Second).Add(time.Duration(e.ePhase * float64(time.Second)))
+		if at.Before(now) {
+			at = at.Add(time.Second)
+		}
+		time.Sleep(time.Until(at))
+	}
 	start := time.Now()
 	models := map[string]quotaModel{}
 	halvedAt := map[string]time.Time{}
