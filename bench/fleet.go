@@ -83,6 +83,8 @@ type counters struct {
 	mu          sync.Mutex
 	byReason    map[string]int64
 	failedErrs  map[string]int64 // ours/naive: Failed decisions by error
+	// trace, when set, records every event (scenario E's -e-trace).
+	trace *runTrace
 }
 
 func newCounters() *counters {
@@ -90,6 +92,7 @@ func newCounters() *counters {
 }
 
 func (c *counters) observe(ev throttle.Event) {
+	c.trace.event(ev)
 	switch ev.Outcome {
 	case throttle.Deferred, throttle.Suspended:
 		c.denials.Add(1)
@@ -209,6 +212,11 @@ func startFleet(e *env, spec fleetSpec, c *counters) (*fleet, error) {
 				opts = append(opts, throttle.WithReservations(0))
 			}
 			onLimited = func(resp *http.Response) error { return throttle.FromResponse(resp) }
+			if c.trace != nil {
+				// Outermost: when asynq handed the task over, before any
+				// decision or pacing wait.
+				mux.Use(c.trace.dequeued)
+			}
 			mux.Use(throttle.ByProvider(rdb, opts...))
 			srv = worker.NewServer(rdb, cfg)
 		default:

@@ -2,7 +2,7 @@
 // one process run, on one Redis:
 //
 //	go run ./bench                 # all scenarios, on a redis-server it starts
-//	go run ./bench -scenario A     # one scenario (A to G, S; comma-separated)
+//	go run ./bench -scenario A     # one scenario (A to G, S; comma-separated; A3 alone)
 //	go run ./bench -quick          # a short smoke run
 //	go run ./bench -redis redis://127.0.0.1:6379/0
 //
@@ -44,12 +44,15 @@ func main() {
 
 func run() int {
 	redisURL := flag.String("redis", "", "use this Redis (redis://...) instead of starting a redis-server")
-	scenarios := flag.String("scenario", "A,B,C,D,E,F", "scenarios to run, comma-separated: A, B, C, D, E, F; G (many keys) and S (soak) run only when named")
+	scenarios := flag.String("scenario", "A,B,C,D,E,F", "scenarios to run, comma-separated: A, B, C, D, E, F; G (many keys) and S (soak) run only when named; A3 alone (small rates, part of A) when named")
 	quick := flag.Bool("quick", false, "short smoke run (fewer tasks, shorter measurements)")
 	jsonOut := flag.String("json", "", "also write the results as JSON to this file")
 	verbose := flag.Bool("v", false, "show asynq warnings and errors on stderr")
 	bRounds := flag.Int("b-rounds", defaultBRounds, "scenario B: rounds of one solo and one mixed run per variant (more rounds, less noise)")
 	eRounds := flag.Int("e-rounds", defaultERounds, "scenario E: rounds of one run per variant (-quick: 1 unless given)")
+	eVars := flag.String("e-variants", strings.Join(eVariants, ","), "scenario E: variants to run, comma-separated")
+	ePhase := flag.Float64("e-phase", -1, "scenario E: start each run at this fraction of a wall-clock second (0 to 1; -1: whenever), to reproduce a phase of asynq's forwarder ticks and the providers' windows")
+	eTrace := flag.String("e-trace", "", "scenario E: write each run's calls, decisions and key state (every 100 ms), one file per run and provider, into this directory")
 	fShort := flag.Int("f-short", defaultFShort, "scenario F: tasks of 200 ms in the backlog (-quick: 60 unless given)")
 	fLong := flag.Int("f-long", defaultFLong, "scenario F: tasks of 3 s in the backlog (-quick: 8 unless given)")
 	fLongTime := flag.Duration("f-long-time", defaultFLongTime, "scenario F: run time of the long tasks (a whole number of seconds phase-locks a 1 s retry to the releases)")
@@ -71,6 +74,19 @@ func run() int {
 	if *fLongTime < 100*time.Millisecond || *fLongTime > time.Minute {
 		fmt.Fprintf(os.Stderr, "bench: -f-long-time must be from 100ms to 1m, got %v\n", *fLongTime)
 		return 2
+	}
+	if *ePhase != -1 && (*ePhase < 0 || *ePhase >= 1) {
+		fmt.Fprintf(os.Stderr, "bench: -e-phase must be from 0 to 1 (or -1), got %v\n", *ePhase)
+		return 2
+	}
+	var eVarList []string
+	for _, v := range strings.Split(*eVars, ",") {
+		v = strings.ToLower(strings.TrimSpace(v))
+		if !slices.Contains(eVariants, v) {
+			fmt.Fprintf(os.Stderr, "bench: -e-variants: unknown variant %q (want %s)\n", v, strings.Join(eVariants, ", "))
+			return 2
+		}
+		eVarList = append(eVarList, v)
 	}
 	var fVarList []string
 	for _, v := range strings.Split(*fVars, ",") {
@@ -100,7 +116,7 @@ func run() int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	e := &env{quick: *quick, verbose: *verbose, bRounds: *bRounds, eRounds: *eRounds,
+	e := &env{quick: *quick, verbose: *verbose, bRounds: *bRounds, eRounds: *eRounds, eVariants: eVarList, eTrace: *eTrace, ePhase: *ePhase,
 		fShort: *fShort, fLong: *fLong, fLongTime: *fLongTime, fSemaRetry: *fSemaRetry, fVariants: fVarList, runID: strconv.FormatInt(time.Now().Unix()%100000, 10)}
 	if *redisURL != "" {
 		opts, err := redis.ParseURL(*redisURL)
@@ -142,6 +158,11 @@ func run() int {
 	}
 	all := []scenario{
 		{"A", func(ctx context.Context, e *env, w io.Writer) (any, error) { return runA(ctx, e, w) }},
+		{"A3", func(ctx context.Context, e *env, w io.Writer) (any, error) {
+			small, err := runA3(ctx, e)
+			printA3(w, small)
+			return small, err
+		}},
 		{"B", func(ctx context.Context, e *env, w io.Writer) (any, error) { return runB(ctx, e, w) }},
 		{"C", func(ctx context.Context, e *env, w io.Writer) (any, error) { return runC(ctx, e, w) }},
 		{"D", func(ctx context.Context, e *env, w io.Writer) (any, error) { return runD(ctx, e, w) }},
@@ -154,7 +175,7 @@ func run() int {
 	for _, s := range strings.Split(*scenarios, ",") {
 		s = strings.ToUpper(strings.TrimSpace(s))
 		if find(all, func(sc scenario) bool { return sc.name == s }) == nil {
-			fmt.Fprintf(os.Stderr, "bench: unknown scenario %q (want A, B, C, D, E, F, G or S)\n", s)
+			fmt.Fprintf(os.Stderr, "bench: unknown scenario %q (want A, A3, B, C, D, E, F, G or S)\n", s)
 			return 2
 		}
 		want[s] = true

@@ -34,15 +34,21 @@ const tokenEps = 1e-9
 // take reports whether a call is admitted at now, and otherwise how long
 // until a token is there.
 func (b *bucket) take(now time.Time) (bool, time.Duration) {
-	if el := now.Sub(b.last).Seconds(); el > 0 {
-		b.tokens = math.Min(b.q.Burst, b.tokens+el*b.q.Rate)
-		b.last = now
-	}
+	b.refill(now)
 	if b.tokens >= 1-tokenEps {
 		b.tokens--
 		return true, 0
 	}
 	return false, time.Duration((1 - b.tokens) / b.q.Rate * float64(time.Second))
+}
+
+// refill adds the tokens the rate gave since the last call, up to the
+// burst.
+func (b *bucket) refill(now time.Time) {
+	if el := now.Sub(b.last).Seconds(); el > 0 {
+		b.tokens = math.Min(b.q.Burst, b.tokens+el*b.q.Rate)
+		b.last = now
+	}
 }
 
 // endpointStats counts what one provider endpoint saw.

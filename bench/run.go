@@ -25,6 +25,11 @@ type env struct {
 	verbose bool
 	bRounds int // scenario B's rounds (-b-rounds)
 	eRounds int // scenario E's rounds (-e-rounds)
+	// Scenario E's variants (-e-variants), where its per-run traces go
+	// (-e-trace, "" none) and the phase its runs start at (-e-phase).
+	eVariants []string
+	eTrace    string
+	ePhase    float64 // -e-phase: start each run at this fraction of a second, -1 any
 	// Scenario F's backlogs (-f-short, -f-long), the long case's run time
 	// (-f-long-time), the semaphore variant's retry delay (-f-sema-retry)
 	// and the variants to run (-f-variants).

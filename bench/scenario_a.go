@@ -86,6 +86,8 @@ type scenarioA struct {
 	Concurrency int
 	Cap         time.Duration
 	Cases       []*drainCase
+	// Small are A3's drains: small rates at the default burst.
+	Small []*smallCase
 }
 
 // headroom is how far under the provider's quota every variant's limiter is
@@ -133,6 +135,12 @@ func runA(ctx context.Context, e *env, w io.Writer) (*scenarioA, error) {
 			paced = b
 		}
 		c.print(w, s, base, paced, i == 0)
+	}
+	small, err := runA3(ctx, e)
+	s.Small = small
+	printA3(w, small)
+	if err != nil {
+		return s, fmt.Errorf("A3: %w", err)
 	}
 	return s, nil
 }

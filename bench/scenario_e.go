@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -43,6 +44,39 @@ type providerSpec struct {
 	// Target is the least throughput, as a share of the quota, a limiter
 	// configured with the documented quota should reach.
 	Target float64
+}
+
+// eRunFloor is the least share of the quota any single run may have (the
+// share before the halving for the IETF provider). A run that loses one
+// whole window (a third to a half of the measured span) or one second of
+// the bucket's six falls below it: a mean can hide such a run, so every
+// run is judged.
+const eRunFloor = 0.85
+
+// judged is the share of a run that eRunFloor applies to.
+func (p providerSpec) judged(r eRun) float64 {
+	if p.Kind == kindIETF {
+		return r.ShareBefore
+	}
+	return r.Share
+}
+
+// lockedReasons formats c's deferrals by reason under its lock.
+func lockedReasons(c *counters) string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return reasons(c.byReason)
+}
+
+// perSecond counts the calls admitted in each second from start to end.
+func perSecond(calls []callRecord, start, end time.Time) []int {
+	out := make([]int, int(end.Sub(start)/time.Second)+1)
+	for _, c := range calls {
+		if i := int(c.at.Sub(start) / time.Second); c.ok && i >= 0 && i < len(out) && !c.at.After(end) {
+			out[i]++
+		}
+	}
+	return out
 }
 
 // The configuration of "ours" (and of naive, which is ours without
@@ -119,6 +153,9 @@ type eRun struct {
 	ShareBefore, ShareAfter     float64
 	Obeyed                      bool
 	ObeyAfter                   time.Duration // from the halving to its last 429
+	// PerSecond is the calls the provider admitted in each second since
+	// the fleet started.
+	PerSecond []int
 }
 
 // eResult is one provider and variant over every round.
@@ -132,6 +169,7 @@ type scenarioE struct {
 	Providers            []providerSpec
 	Servers, Concurrency int
 	Rounds               int
+	Variants             []string
 	RunFor               time.Duration
 	Warmup               time.Duration
 	Results              []eResult
@@ -151,7 +189,8 @@ func runE(ctx context.Context, e *env, w io.Writer) (*scenarioE, error) {
 		s.RunFor = 6 * time.Second
 		s.Providers[3].HalveAfter = 3 * time.Second
 	}
-	variants := []string{vSleep, vNaive, vOurs}
+	variants := e.eVariants
+	s.Variants = variants
 	fmt.Fprintf(w, "\n== E. quota fidelity: 4 strict providers at once, each with its own fleet (%d servers x concurrency %d) and backlog, every limiter set to the documented quota; %s of %v runs per variant\n",
 		s.Servers, s.Concurrency, plural(s.Rounds, "round"), s.RunFor)
 	for _, p := range s.Providers {
@@ -168,7 +207,7 @@ func runE(ctx context.Context, e *env, w io.Writer) (*scenarioE, error) {
 		// Rotate the order of the variants, against drift in outside load.
 		for i := range variants {
 			v := variants[(i+round)%len(variants)]
-			runs, err := eOnce(ctx, e, s, sp, v)
+			runs, err := eOnce(ctx, e, s, sp, v, round)
 			if err != nil {
 				return s, fmt.Errorf("E/%s: %w", v, err)
 			}
@@ -176,7 +215,11 @@ func runE(ctx context.Context, e *env, w io.Writer) (*scenarioE, error) {
 			for _, p := range s.Providers {
 				r := find(s.Results, func(r eResult) bool { return r.Provider == p.Name && r.Variant == v })
 				r.Runs = append(r.Runs, runs[p.Name])
-				l = append(l, fmt.Sprintf("%s %d 429s %.2f", p.Name, runs[p.Name].Limited, runs[p.Name].Share))
+				flag := ""
+				if p.judged(runs[p.Name]) < eRunFloor {
+					flag = fmt.Sprintf(" BELOW %.2f (admitted per second: %s)", eRunFloor, ints(runs[p.Name].PerSecond))
+				}
+				l = append(l, fmt.Sprintf("%s %d 429s %.2f%s", p.Name, runs[p.Name].Limited, runs[p.Name].Share, flag))
 			}
 			progress("E/%s round %d: %s", v, round+1, strings.Join(l, ", "))
 		}
@@ -191,11 +234,12 @@ type eFleet struct {
 	queue, prefix string
 	c             *counters
 	f             *fleet
+	trace         *runTrace // -e-trace only
 }
 
 // eOnce runs the four providers at once, each with its own fleet of
 // variant, for s.RunFor, and returns each provider's figures.
-func eOnce(ctx context.Context, e *env, s *scenarioE, sp *strictProvider, variant string) (map[string]eRun, error) {
+func eOnce(ctx context.Context, e *env, s *scenarioE, sp *strictProvider, variant string, round int) (map[string]eRun, error) {
 	var fleets []*eFleet
 	defer func() {
 		stopAll(fleets)
@@ -210,7 +254,7 @@ func eOnce(ctx context.Context, e *env, s *scenarioE, sp *strictProvider, varian
 		fleets = append(fleets, ef)
 		specs[i] = fleetSpec{
 			variant: variant, servers: s.Servers, concurrency: s.Concurrency, queue: queue, prefix: prefix,
-			handlers:        map[string]func(limitedFunc) asynq.Handler{"e:call": eHandler(sp, p, variant)},
+			handlers:        map[string]func(limitedFunc) asynq.Handler{"e:call": eHandler(sp, p, variant, &ef.trace)},
 			throttleLimits:  map[string][]throttle.Limit{p.Name: oursLimits(p)},
 			throttleOptions: oursOptions(p),
 			sleepLimits:     map[string]redis_rate.Limit{p.Name: sleepLimit(p)},
@@ -227,12 +271,40 @@ func eOnce(ctx context.Context, e *env, s *scenarioE, sp *strictProvider, varian
 			return nil, err
 		}
 	}
+	if e.ePhase >= 0 {
+		// Start at this fraction of a second: where asynq's one-second
+		// forwarder ticks fall (the servers start together) and where the
+		// first calls fall in the providers' windows.
+		now := time.Now()
+		at := now.Truncate(time.Second).Add(time.Duration(e.ePhase * float64(time.Second)))
+		if at.Before(now) {
+			at = at.Add(time.Second)
+		}
+		time.Sleep(time.Until(at))
+	}
 	start := time.Now()
 	models := map[string]quotaModel{}
 	halvedAt := map[string]time.Time{}
 	for _, p := range s.Providers {
 		models[p.Name], halvedAt[p.Name] = p.model(start)
 	}
+	var stopSampling []func()
+	if e.eTrace != "" {
+		for _, ef := range fleets {
+			ef.trace = newRunTrace(start)
+			ef.c.trace = ef.trace
+			if variant == vOurs || variant == vNaive {
+				l := throttle.NewLimiter(e.ctl, throttle.WithPrefix(ef.prefix))
+				base := ef.prefix + ":{" + ef.p.Name + "}:"
+				stopSampling = append(stopSampling, ef.trace.sample(l, e.ctl, ef.p.Name, base+"b", base+"r"))
+			}
+		}
+	}
+	defer func() {
+		for _, stop := range stopSampling {
+			stop()
+		}
+	}()
 	sp.reset(models)
 	health := watchHealth(e)
 	for i, ef := range fleets {
@@ -251,13 +323,31 @@ func eOnce(ctx context.Context, e *env, s *scenarioE, sp *strictProvider, varian
 	}
 	end := time.Now()
 	tickGap, slowestPing := health()
+	for _, stop := range stopSampling {
+		stop()
+	}
+	stopSampling = nil
 	out := map[string]eRun{}
 	for _, ef := range fleets {
 		calls := sp.snapshot(ef.p.Name)
 		r := analyzeE(ef.p, calls, start, end, s.Warmup, halvedAt[ef.p.Name])
 		r.Suspensions, r.Failed = ef.c.suspensions.Load(), ef.c.failed.Load()
 		r.TickGap, r.SlowestPing = tickGap, slowestPing
+		r.PerSecond = perSecond(calls, start, end)
 		out[ef.p.Name] = r
+		if ef.trace != nil {
+			name := fmt.Sprintf("E-r%02d-%s-%s.log", round+1, variant, ef.p.Name)
+			header := []string{
+				fmt.Sprintf("scenario E round %d, variant %s, provider %s (%s); started %s", round+1, variant, ef.p.Name, ef.p.Doc, start.Format(time.RFC3339Nano)),
+				fmt.Sprintf("share %.2f (measured from +%v); 429s %d; suspensions %d; failed decisions %d; harness: longest tick gap %v, slowest PING %v",
+					r.Share, s.Warmup, r.Limited, r.Suspensions, r.Failed, tickGap.Round(time.Millisecond), slowestPing.Round(time.Millisecond)),
+				"provider admitted/refused per second since the start: " + timeline(calls, start, end),
+				"deferrals by reason: " + lockedReasons(ef.c),
+			}
+			if err := ef.trace.write(e.eTrace, name, header); err != nil {
+				progress("E: -e-trace: %v", err)
+			}
+		}
 		if e.verbose {
 			progress("E/%s %s: admitted/refused per second since the start: %s; deferrals %s, failed decisions %d; queue pending/active/sched/retry/archived %s; harness: longest tick gap %v, slowest PING %v",
 				variant, ef.p.Name, timeline(calls, start, end), reasons(ef.c.byReason), ef.c.failed.Load(), inspectQueue(e, ef.queue),
@@ -350,7 +440,7 @@ func stopAll(fleets []*eFleet) {
 
 // eHandler calls p's endpoint once per task. Ours and naive hand every
 // response to oursObserve; sleep turns a 429 into its own error, as in A.
-func eHandler(sp *strictProvider, p providerSpec, variant string) func(limitedFunc) asynq.Handler {
+func eHandler(sp *strictProvider, p providerSpec, variant string, trace **runTrace) func(limitedFunc) asynq.Handler {
 	return func(onLimited limitedFunc) asynq.Handler {
 		observe := func(_ context.Context, resp *http.Response) error {
 			if resp.StatusCode == http.StatusTooManyRequests {
@@ -363,6 +453,15 @@ func eHandler(sp *strictProvider, p providerSpec, variant string) func(limitedFu
 		}
 		return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
 			resp, err := sp.call(ctx, p.Name)
+			if tr := *trace; tr != nil {
+				id, _ := asynq.GetTaskID(ctx)
+				switch {
+				case err != nil:
+					tr.add("call task=%s error %v", id, err)
+				default:
+					tr.add("call task=%s %d", id, resp.StatusCode)
+				}
+			}
 			if err != nil {
 				return err
 			}
@@ -376,12 +475,10 @@ func eHandler(sp *strictProvider, p providerSpec, variant string) func(limitedFu
 // the fleet's start-up: deferred tasks come back on asynq's one-second
 // ticks) over whole windows: aligned to the provider's clock for fixed
 // windows, any whole number of windows for the sliding log. For the bucket
-// it is the rate over the rest of the run, from the first time the fleet
-// empties the provider's bucket if it does (so that tokens saved in a slow
-// start do not count as throughput); a fleet that keeps the bucket from
-// emptying at exactly the rate scores 1. The
-// halving provider is measured before the halving, and after it from one
-// window after the halving, against the halved quota.
+// it is the rate over the rest of the run, less any tokens saved before
+// start+warmup and spent in it (see bucketShare). The halving provider is
+// measured before the halving, and after it from one window after the
+// halving, against the halved quota.
 func analyzeE(p providerSpec, calls []callRecord, start, end time.Time, warmup time.Duration, halved time.Time) eRun {
 	var r eRun
 	for _, c := range calls {
@@ -398,7 +495,7 @@ func analyzeE(p providerSpec, calls []callRecord, start, end time.Time, warmup t
 	from := start.Add(warmup)
 	switch p.Kind {
 	case kindBucket:
-		r.Share = share(calls, bucketDrained(p, calls, start, from), end, p.perSecond())
+		r.Share = bucketShare(p, calls, start, from, end)
 	case kindSliding:
 		n := end.Sub(from) / p.Window
 		r.Share = share(calls, from, from.Add(n*p.Window), p.perSecond())
@@ -464,27 +561,52 @@ func admitted(calls []callRecord, from, to time.Time) int {
 	return n
 }
 
-// bucketDrained replays the admitted calls through bucket p, full at start,
-// and returns the first instant from on at which the fleet has emptied it
-// (just after the call that left it below one token), or from if it never
-// does: from there on, calls admitted are calls the rate allowed, not the
-// burst saved earlier.
-func bucketDrained(p providerSpec, calls []callRecord, start, from time.Time) time.Time {
+// bucketShare is the share of bucket p's rate the fleet used in [from,
+// end): the calls admitted in it, less the tokens it spent from what the
+// bucket held at from (saved in a slow start: burst, not throughput), over
+// rate x (end - from). The bucket is the provider's own, full at start,
+// replayed through the admitted calls. A fleet that keeps the bucket
+// empty scores 1; one that stalls for a second of six scores about 0.83,
+// whenever in the span the stall falls.
+//
+// (It used to be measured from the first instant the fleet emptied the
+// bucket after from. A fleet that saved tokens during the warm-up and then
+// ran just under the rate emptied it only near the end, or never, and was
+// judged on the last moments of the run: 0.49 and 0.00 for runs at 0.97.)
+func bucketShare(p providerSpec, calls []callRecord, start, from, end time.Time) float64 {
+	span := end.Sub(from).Seconds()
+	if span <= 0 {
+		return 0
+	}
 	b := bucket{q: quota{Rate: p.perSecond(), Burst: float64(p.Burst)}, tokens: float64(p.Burst), last: start}
+	tokensAt := func(at time.Time) float64 {
+		c := b
+		c.refill(at)
+		return c.tokens
+	}
+	atFrom := -1.0
+	n := 0
 	for _, c := range calls {
-		if !c.ok {
+		if !c.ok || !c.at.Before(end) {
 			continue
 		}
+		if atFrom < 0 && !c.at.Before(from) {
+			atFrom = tokensAt(from)
+		}
 		b.take(c.at)
-		if !c.at.Before(from) && b.tokens < 1 {
-			return c.at.Add(time.Nanosecond)
+		if !c.at.Before(from) {
+			n++
 		}
 	}
-	return from
+	if atFrom < 0 {
+		atFrom = tokensAt(from)
+	}
+	spent := max(atFrom-tokensAt(end), 0)
+	return (float64(n) - spent) / (p.perSecond() * span)
 }
 
 func (s *scenarioE) print(w io.Writer) {
-	variants := []string{vSleep, vNaive, vOurs}
+	variants := s.Variants
 	t := newTable("provider / metric", variants...)
 	res := func(p, v string) eResult {
 		return *find(s.Results, func(r eResult) bool { return r.Provider == p && r.Variant == v })
@@ -502,12 +624,18 @@ func (s *scenarioE) print(w io.Writer) {
 			row(fmt.Sprintf("  throughput / quota, mean (min) (target >= %.2f)", p.Target), p, func(r eResult) string {
 				return meanMin(r.Runs, func(x eRun) float64 { return x.Share })
 			})
+			row("  throughput / quota, per run", p, func(r eResult) string {
+				return shares(r.Runs, func(x eRun) float64 { return x.Share })
+			})
 		} else {
 			row("  provider 429s before the halving, per run (target 0)", p, func(r eResult) string {
 				return perRun(r.Runs, func(x eRun) int { return x.LimitedBefore })
 			})
 			row(fmt.Sprintf("  throughput / quota before the halving (target >= %.2f)", p.Target), p, func(r eResult) string {
 				return meanMin(r.Runs, func(x eRun) float64 { return x.ShareBefore })
+			})
+			row("  throughput / quota before the halving, per run", p, func(r eResult) string {
+				return shares(r.Runs, func(x eRun) float64 { return x.ShareBefore })
 			})
 			row("  halved at (s after start), per run", p, func(r eResult) string {
 				return strings.Join(each(r.Runs, func(x eRun) string { return fmt.Sprintf("%.1f", x.HalvedAt.Seconds()) }), " ")
@@ -527,6 +655,9 @@ func (s *scenarioE) print(w io.Writer) {
 				return meanMin(r.Runs, func(x eRun) float64 { return x.ShareAfter })
 			})
 		}
+		row(fmt.Sprintf("  runs below %.2f of the quota (a lost window; target none)", eRunFloor), p, func(r eResult) string {
+			return below(r.Runs, p.judged)
+		})
 		row("  suspensions (429 -> fleet pause), all runs", p, func(r eResult) string {
 			if r.Variant == vSleep {
 				return "-"
@@ -549,7 +680,24 @@ func (s *scenarioE) print(w io.Writer) {
 		return strings.Join(each(r.Runs, func(x eRun) string { return fmt.Sprintf("%.2f", x.SlowestPing.Seconds()) }), " ")
 	})
 	t.print(w)
+	for _, v := range variants {
+		var bad []string
+		for _, p := range s.Providers {
+			r := res(p.Name, v)
+			if n := countBelow(r.Runs, p.judged); n > 0 {
+				bad = append(bad, fmt.Sprintf("%s %d of %d (%s)", p.Name, n, len(r.Runs), below(r.Runs, p.judged)))
+			}
+		}
+		verdict := fmt.Sprintf("every run of every provider at >= %.2f of its quota", eRunFloor)
+		if len(bad) > 0 {
+			verdict = fmt.Sprintf("RUNS BELOW %.2f of the quota: %s", eRunFloor, strings.Join(bad, "; "))
+		}
+		fmt.Fprintf(w, "per run, %-5s  %s\n", v+":", verdict)
+	}
 	for _, other := range []string{vSleep, vNaive} {
+		if !slices.Contains(variants, other) || !slices.Contains(variants, vOurs) {
+			continue
+		}
 		var parts []string
 		for _, p := range s.Providers {
 			o, b := res(p.Name, vOurs), res(p.Name, other)
@@ -570,6 +718,7 @@ func (s *scenarioE) print(w io.Writer) {
 	fmt.Fprintf(w, "notes: every limiter is set to the quota the provider documents (ours and naive: oursLimits, a bucket of quota per window until throttle.Window; sleep: redis_rate, the same).\n")
 	fmt.Fprintf(w, "       throughput / quota = calls the provider admitted in the measured span / what its quota allows in it; measured from %v after the start, over whole windows (aligned to the provider's clock for fixed windows).\n", s.Warmup)
 	fmt.Fprintln(w, "       429s count every call the provider refused during the run; obeying = from the halving to the provider's last 429 (none in the run's last 2 windows).")
+	fmt.Fprintf(w, "       every run is judged, not only the mean: a run below %.2f of the quota (the IETF provider's before its halving) lost a whole window or more; -e-trace DIR keeps each run's calls, decisions and key state.\n", eRunFloor)
 	fmt.Fprintln(w, "       a run whose harness paused for 0.5 s or more (a busy machine) can fail decisions (1 s WithTimeout); ours and naive then fail closed, deferring tasks 5 s: a throughput dip that is the machine's.")
 }
 
@@ -614,6 +763,42 @@ func mean(runs []eRun, f func(eRun) float64) float64 {
 	return sum / float64(len(runs))
 }
 
+// shares lists f of each run: "0.98 0.97 1.00".
+func shares(runs []eRun, f func(eRun) float64) string {
+	return strings.Join(each(runs, func(x eRun) string { return fmt.Sprintf("%.2f", f(x)) }), " ")
+}
+
+// countBelow counts the runs whose f is below eRunFloor.
+func countBelow(runs []eRun, f func(eRun) float64) int {
+	n := 0
+	for _, x := range runs {
+		if f(x) < eRunFloor {
+			n++
+		}
+	}
+	return n
+}
+
+// below lists the runs whose f is below eRunFloor: "none", or
+// "r3 0.50, r5 0.00".
+func below(runs []eRun, f func(eRun) float64) string {
+	var l []string
+	for i, x := range runs {
+		if f(x) < eRunFloor {
+			l = append(l, fmt.Sprintf("r%d %.2f", i+1, f(x)))
+		}
+	}
+	if len(l) == 0 {
+		return "none"
+	}
+	return strings.Join(l, ", ")
+}
+
+// ints formats counts: "50 49 0 0".
+func ints(l []int) string {
+	return strings.Join(each(l, func(n int) string { return strconv.Itoa(n) }), " ")
+}
+
 // meanMin formats the mean of f over the runs and its least value.
 func meanMin(runs []eRun, f func(eRun) float64) string {
 	if len(runs) == 0 {
@@ -625,3 +810,7 @@ func meanMin(runs []eRun, f func(eRun) float64) string {
 	}
 	return fmt.Sprintf("%.2f (%.2f)", mean(runs, f), low)
 }
+
+// eVariants are scenario E's variants, in the order the first round runs
+// them.
+var eVariants = []string{vSleep, vNaive, vOurs}

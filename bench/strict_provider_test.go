@@ -109,11 +109,28 @@ func TestAnalyzeE(t *testing.T) {
 	cs := append(calls(time.Nanosecond, 0, 50), calls(20*time.Millisecond, 0, 8*time.Second)...)
 	r = analyzeE(bucket, cs, at, end, 2*time.Second, time.Time{})
 	assert.InDelta(t, 1.0, r.Share, 0.01)
-	// Nothing until 3 s, then the saved burst at once and 25/s: the burst
-	// does not count as throughput.
+	// Nothing until 3 s, then the burst saved since 2 s at once and 25/s:
+	// 175 calls in the 6 s measured, a second's tokens wasted while full.
 	cs = append(calls(time.Nanosecond, 3*time.Second, 3*time.Second+50), calls(40*time.Millisecond, 3*time.Second, 8*time.Second)...)
 	r = analyzeE(bucket, cs, at, end, 2*time.Second, time.Time{})
-	assert.InDelta(t, 0.5, r.Share, 0.02, "half the rate once the saved burst is spent")
+	assert.InDelta(t, 175.0/300, r.Share, 0.01, "the calls made in the span")
+	// Full when the span starts (a slow warm-up), its burst spent at once,
+	// then the rate: the burst saved before the span does not count.
+	cs = append(calls(time.Nanosecond, 2*time.Second, 2*time.Second+50), calls(20*time.Millisecond, 2*time.Second, 8*time.Second)...)
+	r = analyzeE(bucket, cs, at, end, 2*time.Second, time.Time{})
+	assert.InDelta(t, 1.0, r.Share, 0.01, "the rate, not the rate and the saved burst")
+	// A stall of the warm-up's second second, then just under the rate
+	// (49/s): the fleet never empties the bucket again. (Measured from the
+	// first emptying, such a run scored 0.49, and 0.00 when the bucket
+	// emptied in the run's last moments.)
+	cs = append(calls(time.Second/50, 0, time.Second), calls(time.Second/49, 2*time.Second, 8*time.Second)...)
+	r = analyzeE(bucket, cs, at, end, 2*time.Second, time.Time{})
+	assert.InDelta(t, 0.98, r.Share, 0.01, "49/s of 50/s")
+	// The rate, but no call for one second in the middle of the span.
+	cs = append(calls(20*time.Millisecond, 0, 4*time.Second), calls(20*time.Millisecond, 5*time.Second, 8*time.Second)...)
+	r = analyzeE(bucket, cs, at, end, 2*time.Second, time.Time{})
+	assert.InDelta(t, 5.0/6, r.Share, 0.01, "a lost second of six")
+	assert.Less(t, r.Share, eRunFloor, "a lost second is below the floor")
 
 	ietf := providerSpec{Kind: kindIETF, Quota: 60, Window: time.Second}
 	halved := at.Add(4 * time.Second)

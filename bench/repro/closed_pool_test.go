@@ -1,0 +1,56 @@
+//go:build repro
+
+package throttle_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/asynq-throttle/asynq-throttle/throttle"
+)
+
+// logCapture collects what go-redis logs.
+type logCapture struct {
+	mu    sync.Mutex
+	lines []string
+}
+
+func (l *logCapture) Printf(_ context.Context, format string, v ...any) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.lines = append(l.lines, fmt.Sprintf(format, v...))
+}
+
+// TestNoLogAfterClientClosed: a program that stops using a Limiter (as a
+// worker does at shutdown: ByProvider gives it no Close) and then closes
+// its Redis client must not make go-redis log anything. Today the flight's
+// idle timer gives its kept connection back 250 ms after the last lone
+// decision, into the closed pool, and go-redis logs "Unexpected conn[N]
+// state changed by hook to CLOSED, closing it" (32 times in one run of
+// bench scenarios B and C).
+func TestNoLogAfterClientClosed(t *testing.T) {
+	logs := &logCapture{}
+	redis.SetLogger(logs)
+	mr := miniredis.RunT(t)
+	// As a production client: context deadlines honoured, a pool >= 8.
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true, PoolSize: 10})
+	lim := throttle.NewLimiter(rdb) // what ByProvider makes
+	ctx := context.Background()
+	require.NoError(t, lim.SetLimits(ctx, "slack", throttle.PerSecond(10)))
+	_, err := lim.Take(ctx, "slack") // a lone decision: the flight keeps a connection
+	require.NoError(t, err)
+	require.NoError(t, rdb.Close())    // the program shuts down within 250 ms
+	time.Sleep(400 * time.Millisecond) // the idle timer gives the connection back
+	logs.mu.Lock()
+	defer logs.mu.Unlock()
+	assert.Empty(t, logs.lines, "go-redis logged:\n%s", strings.Join(logs.lines, "\n"))
+}

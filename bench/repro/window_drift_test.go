@@ -1,0 +1,67 @@
+//go:build repro
+
+// Reproductions for issue 20 that fail on main today, to drop into throttle/
+// once the library is fixed (they use only the public API):
+//
+//	go test -tags repro ./bench/repro/
+//
+// See e-diagnosis.md at the root of the fix-bench branch.
+package throttle_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/asynq-throttle/asynq-throttle/throttle"
+)
+
+// TestWindowBacklogKeepsPhase: a backlog on Window(n, w) that comes back
+// exactly when told must get n calls in every aligned window of w, as a
+// provider's fixed windows count them. Today a window frees its calls at
+// the end of their sub-window (w/20) plus w, so the backlog's batches come
+// every 1.05 s, drift a sub-window later in each provider window, and
+// every 20th provider window gets no call at all (window 20 here). No
+// headroom, no asynq: the drift is the window's own.
+func TestWindowBacklogKeepsPhase(t *testing.T) {
+	const n, windows = 60, 40
+	w := time.Second
+	mr := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	t.Cleanup(func() { _ = rdb.Close() })
+	lim := throttle.NewLimiter(rdb)
+	ctx := context.Background()
+	epoch := time.Unix(1_700_000_000, 0)
+	now := epoch
+	mr.SetTime(now)
+	require.NoError(t, lim.SetLimits(ctx, "p", throttle.Window(n, w)))
+
+	perWindow := make([]int, windows)
+	var batches []time.Duration
+	for now.Sub(epoch) < windows*w {
+		d, err := lim.Take(ctx, "p")
+		require.NoError(t, err)
+		if d.Allowed {
+			i := int(now.Sub(epoch) / w)
+			if len(batches) == 0 || batches[len(batches)-1] != now.Sub(epoch) {
+				batches = append(batches, now.Sub(epoch))
+			}
+			perWindow[i]++
+			continue
+		}
+		require.Positive(t, d.RetryAfter)
+		now = now.Add(d.RetryAfter)
+		mr.SetTime(now)
+		mr.FastForward(d.RetryAfter)
+	}
+	t.Logf("batches at %v", batches)
+	for i, got := range perWindow {
+		if got != n {
+			t.Errorf("aligned window %d [%v, %v): %d calls, want %d", i, time.Duration(i)*w, time.Duration(i+1)*w, got, n)
+		}
+	}
+}
