@@ -154,7 +154,7 @@ func runA3(ctx context.Context, e *env) ([]*smallCase, error) {
 		if err := setLimits(ctx, e, spec); err != nil {
 			return cases, err
 		}
-		mk := func(i int) *asynq.Task { return throttle.NewTask("api:call", payload(i), throttle.Key(key)) }
+		mk := func(i int) *asynq.Task { return keyedTask("api:call", payload(i), throttle.Key(key)) }
 		client := asynq.NewClientFromRedisClient(e.ctl)
 		if d.c.Path == pathMiddleware {
 			// The backlog first, in order, from one producer.
@@ -180,7 +180,7 @@ func runA3(ctx context.Context, e *env) ([]*smallCase, error) {
 		client := asynq.NewClientFromRedisClient(e.ctl)
 		d.start = time.Now()
 		for i := range d.c.Tasks {
-			task := throttle.NewTask("api:call", payload(i), throttle.Key(key))
+			task := keyedTask("api:call", payload(i), throttle.Key(key))
 			if _, err := lim.Enqueue(ctx, client, task, asynq.Queue(d.queue)); err != nil {
 				_ = lim.Close()
 				return cases, fmt.Errorf("Limiter.Enqueue task %d: %w", i, err)
