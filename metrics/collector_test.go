@@ -53,7 +53,7 @@ func TestObserveScripted(t *testing.T) {
 		c.Observe(ev)
 	}
 	want := `
-# HELP asynq_throttle_decisions_total Middleware decisions by key and outcome (ran, deferred, suspended, unthrottled, failed).
+# HELP asynq_throttle_decisions_total Middleware decisions by key and outcome (ran, deferred, suspended, unthrottled, failed, rejected).
 # TYPE asynq_throttle_decisions_total counter
 asynq_throttle_decisions_total{key="_none",outcome="unthrottled"} 1
 asynq_throttle_decisions_total{key="_other",outcome="deferred"} 1
@@ -164,7 +164,7 @@ func TestMiddlewareFeedsCollector(t *testing.T) {
 	require.NoError(t, runTask(deadMW, asynq.NewTask("slack:sync", nil), ok))
 
 	want := `
-# HELP asynq_throttle_decisions_total Middleware decisions by key and outcome (ran, deferred, suspended, unthrottled, failed).
+# HELP asynq_throttle_decisions_total Middleware decisions by key and outcome (ran, deferred, suspended, unthrottled, failed, rejected).
 # TYPE asynq_throttle_decisions_total counter
 asynq_throttle_decisions_total{key="_none",outcome="unthrottled"} 1
 asynq_throttle_decisions_total{key="crm",outcome="unthrottled"} 1
@@ -395,7 +395,7 @@ func TestMiddlewareRefusedBySlots(t *testing.T) {
 	require.NoError(t, <-first)
 
 	want := `
-# HELP asynq_throttle_decisions_total Middleware decisions by key and outcome (ran, deferred, suspended, unthrottled, failed).
+# HELP asynq_throttle_decisions_total Middleware decisions by key and outcome (ran, deferred, suspended, unthrottled, failed, rejected).
 # TYPE asynq_throttle_decisions_total counter
 asynq_throttle_decisions_total{key="crm",outcome="deferred"} 1
 asynq_throttle_decisions_total{key="crm",outcome="ran"} 1
