@@ -549,7 +549,7 @@ func (m *middleware) deferTask(ctx context.Context, t *asynq.Task, key string, d
 	maxRetry, hasMax := asynq.GetMaxRetry(ctx)
 	if deferral.Marked(ctx) && hasMax && retried < maxRetry {
 		// asynq's retry path: atomic, same task ID, retry count untouched.
-		return false, id, &deferral.Error{Key: key, Reason: why, Delay: delay}
+		return false, id, &deferral.Error{Key: key, Reason: why, Delay: delay, Until: m.now().Add(delay)}
 	}
 	copyID, err := m.l.tasks.enqueueCopy(ctx, t, key, why, delay)
 	if err != nil {
