@@ -180,3 +180,27 @@ func TestObserve_NoneLeftUntilANearReset(t *testing.T) {
 	e.at(3100 * time.Millisecond)
 	assert.Equal(t, StatusAllowed, e.decide(a).Status, "a token after the reset")
 }
+
+// ObserveKey also tells the key's tiers, in force and configured, whatever
+// was sent: what lets a process send only the quotas that change something.
+func TestObserveKey_TellsTheTiers(t *testing.T) {
+	e := newEnv(t)
+	args := ObserveArgs{Remaining: -1, LearnFor: time.Minute, MaxSuspension: time.Hour, IdleExpiry: time.Hour,
+		Policies: []Policy{{Quota: 60, PerMS: 60_000}, {Quota: 7, PerMS: 3_000}}}
+	o, err := ObserveKey(e.ctx, e.run, e.k, args)
+	require.NoError(t, err)
+	assert.Equal(t, Observed{}, o, "a key without limits: nothing changes, no tiers")
+
+	e.setLimits(Tier{Rate: 100, PerMS: 60_000, Burst: 100}, Tier{Kind: KindWindow, Rate: 10, PerMS: 1000, Burst: 10})
+	o, err = ObserveKey(e.ctx, e.run, e.k, args)
+	require.NoError(t, err)
+	assert.Equal(t, Observed{
+		Changes: []string{"learned 0 60 100 60000", "unmatched 3000 7"},
+		Tiers:   []ObservedTier{{PerMS: 60_000, InForce: 60, Configured: 100}, {PerMS: 1000, InForce: 10, Configured: 10}},
+	}, o)
+	o, err = ObserveKey(e.ctx, e.run, e.k, ObserveArgs{Remaining: -1, LearnFor: time.Minute, MaxSuspension: time.Hour, IdleExpiry: time.Hour})
+	require.NoError(t, err)
+	assert.Equal(t, []ObservedTier{{PerMS: 60_000, InForce: 60, Configured: 100}, {PerMS: 1000, InForce: 10, Configured: 10}}, o.Tiers,
+		"told with nothing sent")
+	assert.Empty(t, o.Changes)
+}
