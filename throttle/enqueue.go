@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -122,10 +123,14 @@ type taskCharge struct {
 	l    *Limiter
 	ks   *keyState
 	key  string
-	cost int
 	left int       // tokens the decision left, -1 unknown
 	at   time.Time // when the task was admitted (Redis clock; zero for a leased token)
 	gen  int64     // the limits' generation it was admitted under
+
+	// A handler may Charge from several goroutines: one settles at a time,
+	// so that each tells Redis what the task was charged before it.
+	mu   sync.Mutex
+	cost int // what the task is charged in Redis so far
 }
 
 type chargeKey struct{}
@@ -146,10 +151,15 @@ func Charge(ctx context.Context, actual int) error {
 	if actual < 0 {
 		return fmt.Errorf("throttle: key %q: Charge(%d): the actual cost must be >= 0", tc.key, actual)
 	}
+	tc.mu.Lock()
+	defer tc.mu.Unlock()
 	if actual == tc.cost {
 		return nil
 	}
 	charged := tc.cost
+	if err := tc.l.adjust(ctx, tc.key, actual-charged, lua.Call{At: tc.at, Charged: charged, Generation: tc.gen}); err != nil {
+		return err // not charged: the next Charge settles it
+	}
 	tc.cost = actual
-	return tc.l.adjust(ctx, tc.key, actual-charged, lua.Call{At: tc.at, Charged: charged, Generation: tc.gen})
+	return nil
 }
