@@ -26,9 +26,10 @@ import (
 // always, so limits changed after enqueue, a suspension, or a reservation
 // that lapsed are obeyed then (the task is refused and deferred like any
 // other). A task whose slot lies beyond the reservation horizon
-// (WithReservations), one already given ProcessAt or ProcessIn, one
-// without a key, and any task when Redis cannot decide now, is enqueued
-// as is: the middleware throttles it at run time. Enqueue gives the task
+// (WithReservations), one already given ProcessAt or ProcessIn, a grouped
+// one (asynq.Group: only the task its group is aggregated into runs, under
+// its own ID), one without a key, and any task when Redis cannot decide
+// now, is enqueued as is: the middleware throttles it at run time. Enqueue gives the task
 // an ID (asynq.TaskID) when opts have none: its reservation is held under
 // it. Use Enqueue with the same Limiter options as the workers' middleware
 // (key function, horizon, headroom, pacing).
@@ -42,6 +43,8 @@ func (l *Limiter) Enqueue(ctx context.Context, client *asynq.Client, task *asynq
 		switch o.Type() {
 		case asynq.ProcessAtOpt, asynq.ProcessInOpt:
 			key = "" // scheduled by the caller: decided when it runs
+		case asynq.GroupOpt:
+			key = "" // runs only as part of the aggregated task, under its ID
 		case asynq.TaskIDOpt:
 			id, _ = o.Value().(string)
 		}
