@@ -35,7 +35,6 @@ type Limiter struct {
 	keys   keyStates
 	tasks  taskStore // the asynq side: copies, and tasks to bring back
 	slots  slotBook  // slots in flight held by this process's handlers
-	warned onceSet   // warnings logged once per process
 }
 
 // NewLimiter returns a Limiter on rdb (a *redis.Client, *redis.ClusterClient

@@ -201,7 +201,7 @@ func (l *Limiter) logChanges(key string, ks *keyState, q quotaInfo, changes []st
 		case f[0] == "unmatched" && len(f) == 3:
 			// Once per key, whatever the period: a provider whose window
 			// changes on every response must not flood the log.
-			if l.warned.first("unmatched", key) {
+			if l.o.warned.first("unmatched", key) {
 				log.Warn("throttle: the provider publishes a quota for a period the key has no tier for; add one to SetLimits to follow it (logged once per key)",
 					"key", key, "quota", n[2], "per", time.Duration(n[1])*time.Millisecond, "source", q.PolicySource)
 			}

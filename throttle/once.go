@@ -17,8 +17,12 @@ type onceSet struct {
 const maxOnce = 10_000
 
 // first reports whether warning kind about subject is asked for the first
-// time, and remembers it.
+// time, and remembers it. A nil set (options not made by newOptions, as
+// KeyOfTask's) logs nothing: it always reports false.
 func (s *onceSet) first(kind, subject string) bool {
+	if s == nil {
+		return false
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	k := [2]string{kind, subject}

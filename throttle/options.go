@@ -115,6 +115,8 @@ type options struct {
 	deferralClient *asynq.Client
 
 	err error // the first invalid option
+
+	warned *onceSet // warnings logged once per process (per Limiter)
 }
 
 func newOptions(opts []Option) options {
@@ -138,6 +140,7 @@ func newOptions(opts []Option) options {
 		slotLease:      DefaultSlotLease,
 		learnFor:       DefaultLearnFor,
 		logger:         slog.Default(),
+		warned:         &onceSet{},
 	}
 	for _, opt := range opts {
 		opt(&o)
@@ -252,7 +255,9 @@ func WithKeyLimits(key string, limits ...Limit) Option {
 
 // WithKeyFunc sets how the middleware finds the key of a task that has no Key
 // header (default: the task type up to its first ':', so "slack:sync" is
-// throttled as "slack"). Return "" to run the task unthrottled.
+// throttled as "slack"). Return "" to run the task unthrottled. A key
+// that is not valid (see ValidateKey) is a bug the middleware reports by
+// failing the task without retry (asynq.SkipRetry), logged at Error.
 func WithKeyFunc(f func(*asynq.Task) string) Option { return func(o *options) { o.keyFunc = f } }
 
 // WithReservations sets how far ahead the middleware reserves a run slot for a
