@@ -128,6 +128,13 @@ if stop and remaining == 0 and reset_us >= SUSPEND_FROM then
     fields[#fields + 1] = 's'
     fields[#fields + 1] = string.format('%d', until_)
     changes[#changes + 1] = string.format('suspended %d', want - now)
+    -- Adaptive's clean intervals count from the end of a suspension,
+    -- none while the key is still suspended (the factor in force now is
+    -- kept).
+    if ceiling.adaptive and adapt and adapt[2] < until_ and adapt_ppm(ceiling, adapt, now) < 1e6 then
+      adapt = {adapt_ppm(ceiling, adapt, now), until_}
+      O = write_O(learned, adapt, now)
+    end
   end
 end
 
