@@ -35,6 +35,7 @@ type flight struct {
 	// inline: the client itself bounds I/O by timeout, so a lone decision
 	// can fly on its caller's goroutine without a handoff.
 	inline bool
+	reach  *reach // why Redis does not answer, when it does not
 
 	// A connection kept for lone decisions (see processAlone). It is only
 	// touched by the one lone decision in the air (flying guards it), and
@@ -95,10 +96,14 @@ func putCall(c *call) {
 // deadline covers everything the client may wait on: a pool connection, a
 // dial and its retries, the reply.
 func (f *flight) sendAlone(ctx context.Context, c *call) {
-	var deadline time.Time
+	// end is when the call must have ended; the client gets until
+	// deadline, less the reserve in which a failed call finds out why
+	// (see reach).
+	var deadline, end time.Time
 	if f.timeout > 0 {
-		deadline = time.Now().Add(f.timeout)
-		if d, ok := ctx.Deadline(); !ok || d.After(deadline) {
+		end = time.Now().Add(f.timeout)
+		deadline = end.Add(-f.reach.reserve(f.timeout))
+		if d, ok := ctx.Deadline(); !ok || d.After(end) {
 			if ctx.Done() == nil {
 				c.dctx.start(ctx, deadline)
 				ctx = &c.dctx
@@ -109,7 +114,7 @@ func (f *flight) sendAlone(ctx context.Context, c *call) {
 				defer cancel()
 			}
 		} else {
-			deadline = time.Time{}
+			deadline, end = time.Time{}, d
 		}
 	}
 	c.one[0] = c
@@ -124,6 +129,9 @@ func (f *flight) sendAlone(ctx context.Context, c *call) {
 	if c.err != nil && !deadline.IsZero() && !time.Now().Before(deadline) && !errors.Is(c.err, context.DeadlineExceeded) {
 		// The socket deadline fired: say so as the waiting path does.
 		c.err = fmt.Errorf("%w: no answer within %v (WithTimeout): %v", context.DeadlineExceeded, f.timeout, c.err)
+	}
+	if c.err != nil {
+		c.err = f.reach.explain(c.err, end)
 	}
 	clear(c.args)
 	c.one[0], c.alone = nil, run{}
@@ -269,6 +277,14 @@ type run struct {
 // do runs c in a flight and waits for it until ctx ends or the flight
 // timeout passes. It returns the reply, and always consumes c.
 func (f *flight) do(ctx context.Context, c *call) (string, error) {
+	var end time.Time
+	if f.timeout > 0 {
+		end = time.Now().Add(f.timeout)
+		if err := f.reach.before(end); err != nil {
+			putCall(c)
+			return "", err
+		}
+	}
 	f.mu.Lock()
 	if len(f.queue) >= maxQueued {
 		f.mu.Unlock()
@@ -305,7 +321,7 @@ func (f *flight) do(ctx context.Context, c *call) (string, error) {
 
 	var timeout <-chan time.Time
 	if f.timeout > 0 {
-		c.timer.Reset(f.timeout)
+		c.timer.Reset(f.timeout - f.reach.reserve(f.timeout))
 		timeout = c.timer.C
 	}
 	select {
@@ -313,6 +329,9 @@ func (f *flight) do(ctx context.Context, c *call) (string, error) {
 		c.timer.Stop()
 		reply, err := c.reply, c.err
 		putCall(c)
+		if err != nil {
+			err = f.reach.explain(err, end)
+		}
 		return reply, err
 	case <-ctx.Done():
 		c.abandoned.Store(true)
@@ -320,7 +339,7 @@ func (f *flight) do(ctx context.Context, c *call) (string, error) {
 		return "", ctx.Err()
 	case <-timeout:
 		c.abandoned.Store(true)
-		return "", fmt.Errorf("%w: no answer within %v (WithTimeout)", context.DeadlineExceeded, f.timeout)
+		return "", f.reach.explain(fmt.Errorf("%w: no answer within %v (WithTimeout)", context.DeadlineExceeded, f.timeout), end)
 	}
 }
 
