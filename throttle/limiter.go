@@ -52,7 +52,7 @@ func NewLimiter(rdb redis.UniversalClient, opts ...Option) *Limiter {
 	}
 	l := &Limiter{rdb: rdb, runner: lua.NewRunner(rdb), o: o, reach: newReach(rdb)}
 	l.keys = keyStates{idle: stateIdle, now: time.Now}
-	l.flight = flight{rdb: rdb, runner: l.runner, timeout: o.timeout, inline: boundsIO(rdb, o.timeout), reach: l.reach}
+	l.flight = flight{rdb: rdb, runner: l.runner, timeout: o.timeout, inline: boundsIO(rdb, o.timeout), reach: l.reach, giveBack: l.giveBack}
 	if c, ok := rdb.(*redis.Client); ok && c.Options().PoolSize >= minPoolForOwn {
 		l.flight.owner, l.flight.renew = c, ownRenew
 	}
@@ -244,7 +244,7 @@ func (l *Limiter) decide(ctx context.Context, key string, v variant, id string, 
 		return Decision{}, err
 	}
 	c := getCall()
-	c.tmpl, c.id, c.cost = tmpl, id, cost
+	c.tmpl, c.key, c.id, c.cost = tmpl, key, id, cost
 	reply, err := l.flight.do(ctx, c)
 	if err != nil {
 		return Decision{}, fmt.Errorf("throttle: key %q: decide: %w", key, err)
