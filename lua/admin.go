@@ -369,8 +369,29 @@ type Policy struct{ Quota, PerMS int64 }
 //
 // Reply: one line per change: "learned i quota configured per_ms",
 // "ceiling i configured per_ms", "tokens i from to", "suspended us",
-// "unmatched per_ms quota".
+// "unmatched per_ms quota" (see ObserveKey for the tiers it also tells).
 func Observe(ctx context.Context, r *Runner, k Keys, a ObserveArgs) ([]string, error) {
+	o, err := ObserveKey(ctx, r, k, a)
+	return o.Changes, err
+}
+
+// Observed is what ObserveKey did and saw.
+type Observed struct {
+	// Changes are the changes made, as Observe returns them.
+	Changes []string
+	// Tiers are the key's tiers (none without limits): their periods and
+	// quotas, in force after the call and configured.
+	Tiers []ObservedTier
+}
+
+// ObservedTier is one tier of a key as ObserveKey saw it.
+type ObservedTier struct {
+	PerMS, InForce, Configured int64
+}
+
+// ObserveKey is Observe, also telling the key's tiers (observe.lua's last
+// reply line, "tiers per_ms:in_force:configured ...").
+func ObserveKey(ctx context.Context, r *Runner, k Keys, a ObserveArgs) (Observed, error) {
 	var pol strings.Builder
 	for i, p := range a.Policies {
 		if i > 0 {
@@ -382,19 +403,30 @@ func Observe(ctx context.Context, r *Runner, k Keys, a ObserveArgs) ([]string, e
 		a.Reset.Microseconds(), a.LearnFor.Microseconds(), FormatTiers(a.Defaults), a.MaxSuspension.Microseconds(),
 		a.IdleExpiry.Milliseconds(), boolArg(a.Stop))
 	if err != nil {
-		return nil, err
+		return Observed{}, err
 	}
 	list, ok := v.([]any)
 	if !ok {
-		return nil, errBadReply("observe", v)
+		return Observed{}, errBadReply("observe", v)
 	}
-	out := make([]string, 0, len(list))
+	var out Observed
 	for _, e := range list {
 		s, ok := e.(string)
 		if !ok {
-			return nil, errBadReply("observe", v)
+			return Observed{}, errBadReply("observe", v)
 		}
-		out = append(out, s)
+		rest, isTiers := strings.CutPrefix(s, "tiers ")
+		if !isTiers {
+			out.Changes = append(out.Changes, s)
+			continue
+		}
+		for _, f := range strings.Fields(rest) {
+			var t ObservedTier
+			if n, err := fmt.Sscanf(f, "%d:%d:%d", &t.PerMS, &t.InForce, &t.Configured); n != 3 || err != nil {
+				return Observed{}, errBadReply("observe", v)
+			}
+			out.Tiers = append(out.Tiers, t)
+		}
 	}
 	return out, nil
 }

@@ -12,7 +12,10 @@
 --     park rather than be decided again and again), extending, never
 --     shortening, a suspension, unless the caller says not to (a 429,
 --     which the caller suspends the key for itself).
--- Reply: one string per change, for the caller to log.
+-- Reply: one string per change, for the caller to log, and last, when the
+-- key has limits, "tiers per_ms:in_force:configured ..." (each tier's
+-- period and quota), which tells the caller which published quotas could
+-- change anything, so that it sends only those.
 local key = KEYS[1]
 local policies  = ARGV[1]             -- "per_ms:quota ..." ('' none)
 local remaining = tonumber(ARGV[2])   -- -1: not said
@@ -125,6 +128,13 @@ if stop and remaining == 0 and reset_us >= SUSPEND_FROM then
     fields[#fields + 1] = 's'
     fields[#fields + 1] = string.format('%d', until_)
     changes[#changes + 1] = string.format('suspended %d', want - now)
+    -- Adaptive's clean intervals count from the end of a suspension,
+    -- none while the key is still suspended (the factor in force now is
+    -- kept).
+    if ceiling.adaptive and adapt and adapt[2] < until_ and adapt_ppm(ceiling, adapt, now) < 1e6 then
+      adapt = {adapt_ppm(ceiling, adapt, now), until_}
+      O = write_O(learned, adapt, now)
+    end
   end
 end
 
@@ -163,4 +173,9 @@ if #fields > 0 then
   local pttl = redis.call('PTTL', key)
   if pttl < 0 or pttl * 1000 < longest then expire_in(key, longest) end
 end
+local in_force = {}
+for i, t in ipairs(ceiling.tiers) do
+  in_force[i] = string.format('%d:%d:%d', t.per, tier_quota(tiers[i]), tier_quota(t))
+end
+changes[#changes + 1] = 'tiers ' .. table.concat(in_force, ' ')
 return changes

@@ -180,3 +180,62 @@ func TestObserve_NoneLeftUntilANearReset(t *testing.T) {
 	e.at(3100 * time.Millisecond)
 	assert.Equal(t, StatusAllowed, e.decide(a).Status, "a token after the reset")
 }
+
+// ObserveKey also tells the key's tiers, in force and configured, whatever
+// was sent: what lets a process send only the quotas that change something.
+func TestObserveKey_TellsTheTiers(t *testing.T) {
+	e := newEnv(t)
+	args := ObserveArgs{Remaining: -1, LearnFor: time.Minute, MaxSuspension: time.Hour, IdleExpiry: time.Hour,
+		Policies: []Policy{{Quota: 60, PerMS: 60_000}, {Quota: 7, PerMS: 3_000}}}
+	o, err := ObserveKey(e.ctx, e.run, e.k, args)
+	require.NoError(t, err)
+	assert.Equal(t, Observed{}, o, "a key without limits: nothing changes, no tiers")
+
+	e.setLimits(Tier{Rate: 100, PerMS: 60_000, Burst: 100}, Tier{Kind: KindWindow, Rate: 10, PerMS: 1000, Burst: 10})
+	o, err = ObserveKey(e.ctx, e.run, e.k, args)
+	require.NoError(t, err)
+	assert.Equal(t, Observed{
+		Changes: []string{"learned 0 60 100 60000", "unmatched 3000 7"},
+		Tiers:   []ObservedTier{{PerMS: 60_000, InForce: 60, Configured: 100}, {PerMS: 1000, InForce: 10, Configured: 10}},
+	}, o)
+	o, err = ObserveKey(e.ctx, e.run, e.k, ObserveArgs{Remaining: -1, LearnFor: time.Minute, MaxSuspension: time.Hour, IdleExpiry: time.Hour})
+	require.NoError(t, err)
+	assert.Equal(t, []ObservedTier{{PerMS: 60_000, InForce: 60, Configured: 100}, {PerMS: 1000, InForce: 10, Configured: 10}}, o.Tiers,
+		"told with nothing sent")
+	assert.Empty(t, o.Changes)
+}
+
+// Adaptive's clean intervals count from the end of the suspension that
+// cut the rate, and an extended suspension (another 429 while it lasts, or
+// a provider's far reset) moves that end: no interval is clean while the
+// key is still suspended.
+func TestAdaptive_ExtendedSuspensionMovesTheCleanStart(t *testing.T) {
+	extend := map[string]func(e *env){
+		"Suspend": func(e *env) {
+			s, err := SuspendKey(e.ctx, e.run, e.k, 60*time.Second, time.Hour)
+			require.NoError(e.t, err)
+			assert.False(e.t, s.Adapted, "an extension cuts nothing more")
+		},
+		"Observe": func(e *env) {
+			e.observe(ObserveArgs{Remaining: 0, Reset: 60 * time.Second, Stop: true})
+		},
+	}
+	for name, ext := range extend {
+		t.Run(name, func(t *testing.T) {
+			e := newEnv(t)
+			e.setLimits(Tier{Rate: 100, PerMS: 1000, Burst: 100}, Tier{Kind: KindAdaptive, PerMS: 10_000})
+			s, err := SuspendKey(e.ctx, e.run, e.k, 2*time.Second, time.Hour)
+			require.NoError(t, err)
+			require.InDelta(t, 0.5, s.Factor, 1e-9)
+			e.at(time.Second)
+			ext(e) // suspended until 61 s
+			require.Equal(t, 60*time.Second, e.inspect().Suspended)
+
+			e.at(45 * time.Second)
+			assert.InDelta(t, 0.5, e.inspect().AdaptiveFactor, 1e-9, "still suspended: no clean interval yet")
+			e.at(61*time.Second + 10*time.Second)
+			assert.InDelta(t, 0.6, e.inspect().AdaptiveFactor, 1e-9, "one clean interval after the extended end")
+			assert.Equal(t, int64(60), e.inspect().Tiers[0].Rate)
+		})
+	}
+}

@@ -1,7 +1,9 @@
 -- suspend.lua: suspend a key fleet-wide, extending and never shortening an
 -- existing suspension (see admin.go for the contract). With adaptive limits
 -- (an 'a' token in L), a new suspension (not one extending the last) also
--- cuts the rate tiers to ADAPT_CUT of what was in force, fleet-wide, once.
+-- cuts the rate tiers to ADAPT_CUT of what was in force, fleet-wide, once;
+-- one that extends the last moves the start of the clean intervals to its
+-- new end.
 local key = KEYS[1]
 local d, max = tonumber(ARGV[1]), tonumber(ARGV[2])
 if d > max then d = max end
@@ -14,17 +16,21 @@ local fresh = not cur or cur <= now
 if cur and cur > until_ and cur - now <= MAX_WAIT then until_ = cur end
 local fields = {'s', string.format('%d', until_)}
 local ppm = -1
-if fresh and h[2] then
-  local spec = parse_limits(h[2])
-  if spec and spec.adaptive then
-    local learned, adapt = read_O(h[3])
+local spec = h[2] and parse_limits(h[2])
+if spec and spec.adaptive then
+  local learned, adapt = read_O(h[3])
+  if fresh then
     ppm = math.max(ADAPT_FLOOR, math.floor(adapt_ppm(spec, adapt, now) * ADAPT_CUT))
     -- Clean intervals count from the end of the suspension.
-    local o = write_O(learned, {ppm, until_}, now)
     fields[#fields + 1] = 'O'
-    fields[#fields + 1] = o
+    fields[#fields + 1] = write_O(learned, {ppm, until_}, now)
     fields[#fields + 1] = 'L'
     fields[#fields + 1] = bump_gen(h[2])
+  elseif adapt and adapt[2] < until_ and adapt_ppm(spec, adapt, now) < 1e6 then
+    -- Extended: clean intervals count from the new end, none while the
+    -- key is still suspended (the factor in force now is kept).
+    fields[#fields + 1] = 'O'
+    fields[#fields + 1] = write_O(learned, {adapt_ppm(spec, adapt, now), until_}, now)
   end
 end
 redis.call('HSET', key, unpack(fields))

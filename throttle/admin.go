@@ -30,13 +30,22 @@ func (l *Limiter) Keys(ctx context.Context) ([]string, error) {
 		found = map[string]struct{}{}
 	)
 	pattern := scanPattern(l.o.prefix)
+	type page struct {
+		keys []string
+		next uint64
+	}
 	scan := func(ctx context.Context, c redis.Cmdable) error {
 		var cursor uint64
 		for {
-			batch, next, err := c.Scan(ctx, cursor, pattern, scanCount).Result()
+			// Each SCAN call within WithTimeout (the walk may take longer).
+			p, err := bounded(l, ctx, func(ctx context.Context) (page, error) {
+				batch, next, err := c.Scan(ctx, cursor, pattern, scanCount).Result()
+				return page{batch, next}, err
+			})
 			if err != nil {
 				return err
 			}
+			batch, next := p.keys, p.next
 			mu.Lock()
 			for _, k := range batch {
 				if name, ok := nameOfRedisKey(l.o.prefix, k); ok {

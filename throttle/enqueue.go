@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -25,9 +26,10 @@ import (
 // always, so limits changed after enqueue, a suspension, or a reservation
 // that lapsed are obeyed then (the task is refused and deferred like any
 // other). A task whose slot lies beyond the reservation horizon
-// (WithReservations), one already given ProcessAt or ProcessIn, one
-// without a key, and any task when Redis cannot decide now, is enqueued
-// as is: the middleware throttles it at run time. Enqueue gives the task
+// (WithReservations), one already given ProcessAt or ProcessIn, a grouped
+// one (asynq.Group: only the task its group is aggregated into runs, under
+// its own ID), one without a key, and any task when Redis cannot decide
+// now, is enqueued as is: the middleware throttles it at run time. Enqueue gives the task
 // an ID (asynq.TaskID) when opts have none: its reservation is held under
 // it. Use Enqueue with the same Limiter options as the workers' middleware
 // (key function, horizon, headroom, pacing).
@@ -41,6 +43,8 @@ func (l *Limiter) Enqueue(ctx context.Context, client *asynq.Client, task *asynq
 		switch o.Type() {
 		case asynq.ProcessAtOpt, asynq.ProcessInOpt:
 			key = "" // scheduled by the caller: decided when it runs
+		case asynq.GroupOpt:
+			key = "" // runs only as part of the aggregated task, under its ID
 		case asynq.TaskIDOpt:
 			id, _ = o.Value().(string)
 		}
@@ -122,10 +126,14 @@ type taskCharge struct {
 	l    *Limiter
 	ks   *keyState
 	key  string
-	cost int
 	left int       // tokens the decision left, -1 unknown
 	at   time.Time // when the task was admitted (Redis clock; zero for a leased token)
 	gen  int64     // the limits' generation it was admitted under
+
+	// A handler may Charge from several goroutines: one settles at a time,
+	// so that each tells Redis what the task was charged before it.
+	mu   sync.Mutex
+	cost int // what the task is charged in Redis so far
 }
 
 type chargeKey struct{}
@@ -146,10 +154,15 @@ func Charge(ctx context.Context, actual int) error {
 	if actual < 0 {
 		return fmt.Errorf("throttle: key %q: Charge(%d): the actual cost must be >= 0", tc.key, actual)
 	}
+	tc.mu.Lock()
+	defer tc.mu.Unlock()
 	if actual == tc.cost {
 		return nil
 	}
 	charged := tc.cost
+	if err := tc.l.adjust(ctx, tc.key, actual-charged, lua.Call{At: tc.at, Charged: charged, Generation: tc.gen}); err != nil {
+		return err // not charged: the next Charge settles it
+	}
 	tc.cost = actual
-	return tc.l.adjust(ctx, tc.key, actual-charged, lua.Call{At: tc.at, Charged: charged, Generation: tc.gen})
+	return nil
 }

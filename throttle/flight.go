@@ -35,6 +35,10 @@ type flight struct {
 	// inline: the client itself bounds I/O by timeout, so a lone decision
 	// can fly on its caller's goroutine without a handoff.
 	inline bool
+	reach  *reach // why Redis does not answer, when it does not
+	// giveBack undoes the decision of a call whose caller stopped waiting
+	// before its reply came (nil: nothing is undone).
+	giveBack func(c *call)
 
 	// A connection kept for lone decisions (see processAlone). It is only
 	// touched by the one lone decision in the air (flying guards it), and
@@ -63,19 +67,30 @@ var errQueueFull = errors.New("throttle: too many decisions waiting for Redis")
 // call is one decision travelling in a flight. Calls are pooled, each with
 // its own reusable timer and deadline context.
 type call struct {
-	alone     run           // its own run, when it flies alone
-	one       [1]*call      // the calls of that run: itself
-	args      []any         // the command of that run, reused
-	dctx      deadlineCtx   // its deadline, when it flies alone
-	tmpl      []any         // the cached command of its key, without task IDs
-	id        string        // task ID ("" = no reservation)
-	cost      int           // what it takes from every tier
-	reply     string        // the script's reply for this decision
-	err       error         // or the error
-	abandoned atomic.Bool   // its caller stopped waiting: skip it, never pool it
-	done      chan struct{} // signalled once the reply or error is set
-	timer     *time.Timer
+	alone run           // its own run, when it flies alone
+	one   [1]*call      // the calls of that run: itself
+	args  []any         // the command of that run, reused
+	dctx  deadlineCtx   // its deadline, when it flies alone
+	tmpl  []any         // the cached command of its key, without task IDs
+	key   string        // the limiter key
+	id    string        // task ID ("" = no reservation)
+	cost  int           // what it takes from every tier
+	reply string        // the script's reply for this decision
+	err   error         // or the error
+	state atomic.Int32  // callWaiting, then callAbandoned or callAnswered
+	done  chan struct{} // signalled once the reply or error is set
+	timer *time.Timer
 }
+
+// A call in a flight is waiting for its reply until either its caller
+// stops waiting (abandoned: the flight skips it if not sent yet, undoes its
+// decision if it was, and it is never pooled) or the flight answers it,
+// whichever comes first.
+const (
+	callWaiting int32 = iota
+	callAbandoned
+	callAnswered
+)
 
 var callPool = sync.Pool{New: func() any {
 	t := time.NewTimer(time.Hour)
@@ -86,7 +101,8 @@ var callPool = sync.Pool{New: func() any {
 func getCall() *call { return callPool.Get().(*call) }
 
 func putCall(c *call) {
-	c.tmpl, c.id, c.cost, c.reply, c.err = nil, "", 0, "", nil
+	c.tmpl, c.key, c.id, c.cost, c.reply, c.err = nil, "", "", 0, "", nil
+	c.state.Store(callWaiting)
 	callPool.Put(c)
 }
 
@@ -95,10 +111,14 @@ func putCall(c *call) {
 // deadline covers everything the client may wait on: a pool connection, a
 // dial and its retries, the reply.
 func (f *flight) sendAlone(ctx context.Context, c *call) {
-	var deadline time.Time
+	// end is when the call must have ended; the client gets until
+	// deadline, less the reserve in which a failed call finds out why
+	// (see reach).
+	var deadline, end time.Time
 	if f.timeout > 0 {
-		deadline = time.Now().Add(f.timeout)
-		if d, ok := ctx.Deadline(); !ok || d.After(deadline) {
+		end = time.Now().Add(f.timeout)
+		deadline = end.Add(-f.reach.reserve(f.timeout))
+		if d, ok := ctx.Deadline(); !ok || d.After(end) {
 			if ctx.Done() == nil {
 				c.dctx.start(ctx, deadline)
 				ctx = &c.dctx
@@ -109,7 +129,7 @@ func (f *flight) sendAlone(ctx context.Context, c *call) {
 				defer cancel()
 			}
 		} else {
-			deadline = time.Time{}
+			deadline, end = time.Time{}, d
 		}
 	}
 	c.one[0] = c
@@ -124,6 +144,9 @@ func (f *flight) sendAlone(ctx context.Context, c *call) {
 	if c.err != nil && !deadline.IsZero() && !time.Now().Before(deadline) && !errors.Is(c.err, context.DeadlineExceeded) {
 		// The socket deadline fired: say so as the waiting path does.
 		c.err = fmt.Errorf("%w: no answer within %v (WithTimeout): %v", context.DeadlineExceeded, f.timeout, c.err)
+	}
+	if c.err != nil {
+		c.err = f.reach.explain(c.err, end)
 	}
 	clear(c.args)
 	c.one[0], c.alone = nil, run{}
@@ -269,6 +292,14 @@ type run struct {
 // do runs c in a flight and waits for it until ctx ends or the flight
 // timeout passes. It returns the reply, and always consumes c.
 func (f *flight) do(ctx context.Context, c *call) (string, error) {
+	var end time.Time
+	if f.timeout > 0 {
+		end = time.Now().Add(f.timeout)
+		if err := f.reach.before(end); err != nil {
+			putCall(c)
+			return "", err
+		}
+	}
 	f.mu.Lock()
 	if len(f.queue) >= maxQueued {
 		f.mu.Unlock()
@@ -305,23 +336,30 @@ func (f *flight) do(ctx context.Context, c *call) (string, error) {
 
 	var timeout <-chan time.Time
 	if f.timeout > 0 {
-		c.timer.Reset(f.timeout)
+		c.timer.Reset(f.timeout - f.reach.reserve(f.timeout))
 		timeout = c.timer.C
 	}
+	var err error
 	select {
 	case <-c.done:
-		c.timer.Stop()
-		reply, err := c.reply, c.err
-		putCall(c)
-		return reply, err
 	case <-ctx.Done():
-		c.abandoned.Store(true)
-		c.timer.Stop()
-		return "", ctx.Err()
+		err = ctx.Err() // the caller's own end: not Redis's doing
 	case <-timeout:
-		c.abandoned.Store(true)
-		return "", fmt.Errorf("%w: no answer within %v (WithTimeout)", context.DeadlineExceeded, f.timeout)
+		err = f.reach.explain(fmt.Errorf("%w: no answer within %v (WithTimeout)", context.DeadlineExceeded, f.timeout), end)
 	}
+	c.timer.Stop()
+	if err != nil {
+		if c.state.CompareAndSwap(callWaiting, callAbandoned) {
+			return "", err
+		}
+		<-c.done // answered as the caller gave up: the answer stands
+	}
+	reply, err := c.reply, c.err
+	putCall(c)
+	if err != nil {
+		err = f.reach.explain(err, end)
+	}
+	return reply, err
 }
 
 // fly sends flights until the queue is empty.
@@ -354,8 +392,8 @@ func (f *flight) fly() {
 func (f *flight) send(ctx context.Context, batch []*call) {
 	var runs []*run
 	for _, c := range batch {
-		if c.abandoned.Load() {
-			continue
+		if c.state.Load() == callAbandoned {
+			continue // never sent: nothing to undo
 		}
 		var r *run
 		for _, x := range runs {
@@ -395,7 +433,13 @@ func (f *flight) send(ctx context.Context, batch []*call) {
 	}
 	for _, r := range runs {
 		for _, c := range r.calls {
-			c.done <- struct{}{}
+			switch {
+			case c.state.CompareAndSwap(callWaiting, callAnswered):
+				c.done <- struct{}{}
+			case c.err == nil && f.giveBack != nil:
+				// Sent, decided, and nobody is waiting for it any more.
+				f.giveBack(c)
+			}
 		}
 	}
 }
@@ -473,4 +517,37 @@ func boundsIO(rdb redis.UniversalClient, timeout time.Duration) bool {
 		return ok(o.ContextTimeoutEnabled, o.ReadTimeout, o.WriteTimeout)
 	}
 	return false
+}
+
+// giveBack undoes an admitted decision whose caller stopped waiting (its
+// WithTimeout, its context) after it was sent: Redis made it all the same,
+// but nobody runs the call. Its slot in flight is released and its tokens
+// (the cost and any lease) given back, so that nothing stays taken until
+// the slot's lease ends for a task that did not run (and, under FailClosed,
+// was deferred). This needs the reply: a client that ends socket reads at
+// the caller's deadline (ContextTimeoutEnabled, on the lone-decision path)
+// drops the connection with the reply unread, and what Redis decided then
+// is not known here (see the README's failure behaviour).
+func (l *Limiter) giveBack(c *call) {
+	r, err := lua.ParseDecide(c.reply)
+	if err != nil || r.Status != lua.StatusAllowed {
+		return
+	}
+	key, n := c.key, c.cost+int(r.Lease)
+	go func() {
+		ctx := context.Background()
+		if r.Hold != "" {
+			if err := l.Release(ctx, key, r.Hold); err != nil {
+				l.o.logger.Warn("throttle: cannot give back the slot of a decision its caller gave up on; it frees when its lease ends",
+					"key", key, "slot", r.Hold, "lease", l.o.slotLease, "err", err)
+			}
+		}
+		// The whole charge back, from where it was counted (see adjust).
+		call := lua.Call{At: r.At, Charged: n, Generation: r.Generation}
+		if err := l.adjust(ctx, key, -n, call); err != nil {
+			l.o.logger.Warn("throttle: cannot give back the tokens of a decision its caller gave up on", "key", key, "tokens", n, "err", err)
+			return
+		}
+		l.o.logger.Debug("throttle: gave back a decision its caller gave up on", "key", key, "tokens", n, "slot", r.Hold)
+	}()
 }

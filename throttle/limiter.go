@@ -35,6 +35,7 @@ type Limiter struct {
 	keys   keyStates
 	tasks  taskStore // the asynq side: copies, and tasks to bring back
 	slots  slotBook  // slots in flight held by this process's handlers
+	reach  *reach    // why Redis does not answer, when it does not
 }
 
 // NewLimiter returns a Limiter on rdb (a *redis.Client, *redis.ClusterClient
@@ -49,9 +50,9 @@ func NewLimiter(rdb redis.UniversalClient, opts ...Option) *Limiter {
 	if o.err != nil {
 		panic(o.err)
 	}
-	l := &Limiter{rdb: rdb, runner: lua.NewRunner(rdb), o: o}
+	l := &Limiter{rdb: rdb, runner: lua.NewRunner(rdb), o: o, reach: newReach(rdb)}
 	l.keys = keyStates{idle: stateIdle, now: time.Now}
-	l.flight = flight{rdb: rdb, runner: l.runner, timeout: o.timeout, inline: boundsIO(rdb, o.timeout)}
+	l.flight = flight{rdb: rdb, runner: l.runner, timeout: o.timeout, inline: boundsIO(rdb, o.timeout), reach: l.reach, giveBack: l.giveBack}
 	if c, ok := rdb.(*redis.Client); ok && c.Options().PoolSize >= minPoolForOwn {
 		l.flight.owner, l.flight.renew = c, ownRenew
 	}
@@ -243,7 +244,7 @@ func (l *Limiter) decide(ctx context.Context, key string, v variant, id string, 
 		return Decision{}, err
 	}
 	c := getCall()
-	c.tmpl, c.id, c.cost = tmpl, id, cost
+	c.tmpl, c.key, c.id, c.cost = tmpl, key, id, cost
 	reply, err := l.flight.do(ctx, c)
 	if err != nil {
 		return Decision{}, fmt.Errorf("throttle: key %q: decide: %w", key, err)
@@ -392,13 +393,25 @@ func (l *Limiter) defaults(key string) []lua.Tier {
 // goroutine of its own, which may finish after bounded returned, its result
 // dropped.
 func bounded[T any](l *Limiter, ctx context.Context, fn func(context.Context) (T, error)) (T, error) {
+	var zero T
 	if l.o.timeout <= 0 {
-		return fn(ctx)
+		v, err := fn(ctx)
+		return v, l.reach.explain(err, time.Time{})
 	}
-	ctx, cancel := context.WithTimeout(ctx, l.o.timeout)
+	// The client gets the timeout less a reserve in which a failed call
+	// finds out why (see reach).
+	deadline := time.Now().Add(l.o.timeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	if err := l.reach.before(deadline); err != nil {
+		return zero, err
+	}
+	ctx, cancel := context.WithDeadline(ctx, deadline.Add(-l.reach.reserve(l.o.timeout)))
 	defer cancel()
 	if l.flight.inline {
-		return fn(ctx)
+		v, err := fn(ctx)
+		return v, l.reach.explain(err, deadline)
 	}
 	type result struct {
 		v   T
@@ -411,13 +424,12 @@ func bounded[T any](l *Limiter, ctx context.Context, fn func(context.Context) (T
 	}()
 	select {
 	case r := <-done:
-		return r.v, r.err
+		return r.v, l.reach.explain(r.err, deadline)
 	case <-ctx.Done():
-		var zero T
 		if err := ctx.Err(); !errors.Is(err, context.DeadlineExceeded) {
 			return zero, err
 		}
-		return zero, fmt.Errorf("%w: no answer within %v (WithTimeout)", context.DeadlineExceeded, l.o.timeout)
+		return zero, l.reach.explain(fmt.Errorf("%w: no answer within %v (WithTimeout)", context.DeadlineExceeded, l.o.timeout), deadline)
 	}
 }
 

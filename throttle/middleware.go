@@ -496,7 +496,8 @@ func (m *middleware) deferDelay(d Decision) time.Duration {
 
 // checkParked runs when a cached suspension that deferred tasks expires: if
 // Redis says the key is no longer suspended, or until earlier than the
-// tasks were told, they are brought back now rather than at the old end.
+// tasks were told, those still waiting for a later time are brought back
+// now rather than at the old end, and logged.
 func (m *middleware) checkParked(key string, ks *keyState, s *suspension) {
 	parked := ks.unpark(s)
 	if len(parked) == 0 {
@@ -516,8 +517,12 @@ func (m *middleware) checkParked(key string, ks *keyState, s *suspension) {
 	if st.Suspended > 0 && time.Now().Add(st.Suspended).After(s.retryAt.Add(-Granule)) {
 		return // still suspended as long as the tasks were told
 	}
-	n := m.l.tasks.run(parked, func(info *asynq.TaskInfo) bool { return deferredBy(info, key, RefusedBySuspension.String()) })
-	m.l.o.logger.Info("throttle: suspension ended early (Resume); tasks deferred from this process's cache run now", "key", key, "tasks", n)
+	// Most often nothing moves: the suspension ran its course and the
+	// tasks are due (or ran) already, or a Resume brought them back itself.
+	if n := m.l.tasks.run(parked, func(info *asynq.TaskInfo) bool { return deferredBy(info, key, RefusedBySuspension.String()) }); n > 0 {
+		m.l.o.logger.Info("throttle: key's suspension ended before the tasks this process deferred on it were due; they run now",
+			"key", key, "tasks", n)
+	}
 }
 
 // roundUp stretches d so that now+d falls on a whole second: asynq scores
@@ -549,7 +554,7 @@ func (m *middleware) deferTask(ctx context.Context, t *asynq.Task, key string, d
 	maxRetry, hasMax := asynq.GetMaxRetry(ctx)
 	if deferral.Marked(ctx) && hasMax && retried < maxRetry {
 		// asynq's retry path: atomic, same task ID, retry count untouched.
-		return false, id, &deferral.Error{Key: key, Reason: why, Delay: delay}
+		return false, id, &deferral.Error{Key: key, Reason: why, Delay: delay, Until: m.now().Add(delay)}
 	}
 	copyID, err := m.l.tasks.enqueueCopy(ctx, t, key, why, delay)
 	if err != nil {

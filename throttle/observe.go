@@ -2,7 +2,6 @@ package throttle
 
 import (
 	"context"
-	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
@@ -43,10 +42,15 @@ import (
 //   - remaining 0 with a reset time suspends the key until the reset.
 //
 // Every learned change is logged once, by the process that made it, and
-// shown by Inspect (Limits against InForce). A process sends what a
-// response says only when it would change something it knows of, so a
-// handler can call Observe on every response at the cost of a Redis call
-// on few of them. Outside a handler run by the middleware, Observe only
+// shown by Inspect (Limits against InForce); a quota for a period the key
+// has no tier for is warned about once per key per process. A process
+// sends what a response says only when it could change something: a
+// published quota below the one in force for its tier's period at once,
+// one that would raise it back at most once a second, every quota again
+// each quarter of WithLearnFor (to keep a learned one in force), a
+// remaining count below what the task's decision left. So a handler can
+// call Observe on every response at the cost of a Redis call on few of
+// them. Outside a handler run by the middleware, Observe only
 // does what FromResponse does. A failure to record what was learned is
 // logged, not returned: the provider's answer is what the handler acts on.
 func Observe(ctx context.Context, resp *http.Response) error {
@@ -63,30 +67,73 @@ func Observe(ctx context.Context, resp *http.Response) error {
 	return rl
 }
 
-// observeMemo is what a process last sent Redis about a key's quota.
+// observeMemo is what a process last sent Redis about a key's published
+// quotas, and what Redis then told of the key's tiers.
 type observeMemo struct {
-	policies string    // the published quotas last sent
-	sentAt   time.Time // when they were
-	warned   map[int64]bool
+	sentAt time.Time // when published quotas were last sent (or are being)
+	told   bool      // tiers is what Redis told
+	tiers  []lua.ObservedTier
+}
+
+// observeGap is the shortest time between two sends of a key's published
+// quotas that can only raise a quota in force (back towards the configured
+// one), which may wait; one that lowers a quota in force is sent at once.
+const observeGap = time.Second
+
+// policiesDue reports whether published quotas pol are to be sent now. Only
+// a quota for the period of one of the key's tiers can change anything:
+// below the one in force it is sent at once (the provider allows fewer
+// calls than the fleet makes), above it (and the tier below its configured
+// quota) at most once per observeGap. Quotas for other periods change
+// nothing until the limits do; like a learned quota that must be said
+// again to stay in force, they are sent every refresh (a quarter of
+// WithLearnFor). A provider whose quotas or windows change on every
+// response thus costs a bounded number of calls.
+func (m *observeMemo) policiesDue(pol []lua.Policy, now time.Time, refresh time.Duration) bool {
+	if len(pol) == 0 {
+		return false
+	}
+	since := now.Sub(m.sentAt)
+	switch {
+	case m.sentAt.IsZero() || since >= refresh:
+		return true
+	case !m.told:
+		return since >= min(observeGap, refresh) // the first reply is not in yet
+	}
+	for _, p := range pol {
+		for _, t := range m.tiers {
+			switch {
+			case t.PerMS != p.PerMS:
+			case p.Quota < t.InForce:
+				return true
+			case p.Quota > t.InForce && t.InForce < t.Configured && since >= min(observeGap, refresh):
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // observe sends what q says when it can change anything, and logs what
 // changed.
 func (l *Limiter) observe(ctx context.Context, tc *taskCharge, q quotaInfo, now time.Time) {
 	var a lua.ObserveArgs
-	var sig strings.Builder
 	for _, p := range q.Policies {
 		if p.Window <= 0 || p.Quota <= 0 {
 			continue
 		}
 		a.Policies = append(a.Policies, lua.Policy{Quota: int64(p.Quota), PerMS: p.Window.Milliseconds()})
-		fmt.Fprintf(&sig, "%d/%d ", p.Quota, p.Window.Milliseconds())
 	}
 	a.Remaining, a.WindowMS = -1, q.Window.Milliseconds()
 	ks := tc.ks
 	ks.mu.Lock()
-	sendPolicies := len(a.Policies) > 0 &&
-		(sig.String() != ks.obs.policies || now.Sub(ks.obs.sentAt) >= l.o.learnFor/4)
+	sendPolicies := ks.obs.policiesDue(a.Policies, now, l.o.learnFor/4)
+	if sendPolicies {
+		// Claimed now, so that the process's other handlers do not send
+		// the same while this call is in the air (nor, should it fail,
+		// again at once, unless they would lower a quota in force).
+		ks.obs.sentAt = now
+	}
 	ks.mu.Unlock()
 	if !sendPolicies {
 		a.Policies = nil
@@ -107,20 +154,18 @@ func (l *Limiter) observe(ctx context.Context, tc *taskCharge, q quotaInfo, now 
 		return
 	}
 	a.LearnFor, a.Defaults, a.MaxSuspension, a.IdleExpiry = l.o.learnFor, l.defaults(tc.key), l.o.maxSuspension, l.o.idleExpiry
-	changes, err := bounded(l, ctx, func(ctx context.Context) ([]string, error) {
-		return lua.Observe(ctx, l.runner, keys, a)
+	o, err := bounded(l, ctx, func(ctx context.Context) (lua.Observed, error) {
+		return lua.ObserveKey(ctx, l.runner, keys, a)
 	})
 	if err != nil {
 		l.o.logger.Warn("throttle: cannot record what the provider's response says about its quota; the configured limits stay in force",
 			"key", tc.key, "source", q.Source, "err", err)
 		return
 	}
-	if a.Policies != nil {
-		ks.mu.Lock()
-		ks.obs.policies, ks.obs.sentAt = sig.String(), now
-		ks.mu.Unlock()
-	}
-	l.logChanges(tc.key, ks, q, changes, now)
+	ks.mu.Lock()
+	ks.obs.told, ks.obs.tiers = true, o.Tiers
+	ks.mu.Unlock()
+	l.logChanges(tc.key, ks, q, o.Changes, now)
 }
 
 // logChanges logs what observe.lua changed, once: only the process whose
@@ -154,17 +199,10 @@ func (l *Limiter) logChanges(key string, ks *keyState, q quotaInfo, changes []st
 			log.Warn("throttle: the provider says its quota is used up until its reset; key suspended fleet-wide",
 				"key", key, "for", d, "source", q.Source)
 		case f[0] == "unmatched" && len(f) == 3:
-			ks.mu.Lock()
-			first := !ks.obs.warned[n[1]]
-			if first {
-				if ks.obs.warned == nil {
-					ks.obs.warned = map[int64]bool{}
-				}
-				ks.obs.warned[n[1]] = true
-			}
-			ks.mu.Unlock()
-			if first {
-				log.Warn("throttle: the provider publishes a quota for a period the key has no tier for; add one to SetLimits to follow it",
+			// Once per key, whatever the period: a provider whose window
+			// changes on every response must not flood the log.
+			if l.o.warned.first("unmatched", key) {
+				log.Warn("throttle: the provider publishes a quota for a period the key has no tier for; add one to SetLimits to follow it (logged once per key)",
 					"key", key, "quota", n[2], "per", time.Duration(n[1])*time.Millisecond, "source", q.PolicySource)
 			}
 		}

@@ -115,6 +115,8 @@ type options struct {
 	deferralClient *asynq.Client
 
 	err error // the first invalid option
+
+	warned *onceSet // warnings logged once per process (per Limiter)
 }
 
 func newOptions(opts []Option) options {
@@ -138,6 +140,7 @@ func newOptions(opts []Option) options {
 		slotLease:      DefaultSlotLease,
 		learnFor:       DefaultLearnFor,
 		logger:         slog.Default(),
+		warned:         &onceSet{},
 	}
 	for _, opt := range opts {
 		opt(&o)
@@ -211,14 +214,15 @@ func (o *options) validate() error {
 // "throttle"). Processes that share limits must use the same prefix.
 func WithPrefix(p string) Option { return func(o *options) { o.prefix = p } }
 
-// WithTimeout bounds how long a decision (Take, Reserve, the middleware)
-// waits for Redis (default DefaultTimeout, 1 s): past it the decision fails
-// with context.DeadlineExceeded, whatever the client's own timeouts, and the
-// middleware applies its failure policy. Zero sets no bound of its own (the
-// caller's context and the client's read/write timeouts still apply). The
-// other calls (SetLimits, Suspend, Inspect, ...) pass it as their context
-// deadline, which go-redis applies to socket I/O only with
-// ContextTimeoutEnabled; otherwise its ReadTimeout does.
+// WithTimeout bounds how long every call of the Limiter (a decision, as
+// Take, Reserve and the middleware make, and SetLimits, Suspend, Inspect,
+// ...) waits for Redis (default DefaultTimeout, 1 s): past it the call
+// fails with context.DeadlineExceeded, whatever the client's own timeouts,
+// and the middleware applies its failure policy. A Redis that refuses
+// connections is named in the error ("cannot reach Redis at ...: connection
+// refused"); while it keeps refusing, calls fail at once. Zero sets no
+// bound of its own (the caller's context and the client's read/write
+// timeouts still apply).
 func WithTimeout(d time.Duration) Option { return func(o *options) { o.timeout = d } }
 
 // WithIdleExpiry sets how long a key's limits stay in Redis with no call at
@@ -252,7 +256,9 @@ func WithKeyLimits(key string, limits ...Limit) Option {
 
 // WithKeyFunc sets how the middleware finds the key of a task that has no Key
 // header (default: the task type up to its first ':', so "slack:sync" is
-// throttled as "slack"). Return "" to run the task unthrottled.
+// throttled as "slack"). Return "" to run the task unthrottled. A key
+// that is not valid (see ValidateKey) is a bug the middleware reports by
+// failing the task without retry (asynq.SkipRetry), logged at Error.
 func WithKeyFunc(f func(*asynq.Task) string) Option { return func(o *options) { o.keyFunc = f } }
 
 // WithReservations sets how far ahead the middleware reserves a run slot for a

@@ -128,23 +128,38 @@ func costOf(t *asynq.Task) (int, error) {
 }
 
 // keyOf picks the key of a task: its header, else the key function, else the
-// type prefix before ':'. A header key that is invalid is an error (the
-// enqueuer's bug, reported on the task); a derived key that is invalid means
-// "unthrottled".
+// type prefix before ':'. An invalid key from the header or the key
+// function is an error (the enqueuer's or the user's bug), returned with
+// the key. A type prefix that is not a valid key means "unthrottled", as a
+// type without a prefix does (the default applies to every task type, and
+// not every type was meant to name a key), with a warning once per type.
 func (o *options) keyOf(t *asynq.Task) (string, error) {
 	if k, ok := t.Headers()[HeaderKey]; ok {
 		if err := ValidateKey(k); err != nil {
-			return "", fmt.Errorf("throttle: task type %q: header %s: %w", t.Type(), HeaderKey, err)
+			return k, fmt.Errorf("throttle: task type %q: header %s: %w", t.Type(), HeaderKey, err)
 		}
 		return k, nil
 	}
-	var k string
 	if o.keyFunc != nil {
-		k = o.keyFunc(t)
-	} else if i := strings.IndexByte(t.Type(), ':'); i > 0 {
-		k = t.Type()[:i]
+		k := o.keyFunc(t)
+		if k == "" {
+			return "", nil
+		}
+		if err := ValidateKey(k); err != nil {
+			return k, fmt.Errorf("throttle: task type %q: the key WithKeyFunc gave: %w", t.Type(), err)
+		}
+		return k, nil
 	}
-	if k != "" && ValidateKey(k) != nil {
+	i := strings.IndexByte(t.Type(), ':')
+	if i <= 0 {
+		return "", nil
+	}
+	k := t.Type()[:i]
+	if err := ValidateKey(k); err != nil {
+		if o.warned.first("type prefix", t.Type()) {
+			o.logger.Warn("throttle: task type's prefix is not a valid key; its tasks run unthrottled (give them a Key through NewTask, or use WithKeyFunc)",
+				"task_type", t.Type(), "err", err)
+		}
 		return "", nil
 	}
 	return k, nil

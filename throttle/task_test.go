@@ -1,6 +1,7 @@
 package throttle
 
 import (
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -64,26 +65,27 @@ func TestKeyOf(t *testing.T) {
 		task    *asynq.Task
 		keyFunc func(*asynq.Task) string
 		want    string
-		wantErr bool
+		wantErr string // "": none; else what the error names
 	}{
-		{"header wins", mustTask(t, "slack:sync", nil, Key("github")), byTenant, "github", false},
-		{"type prefix", asynq.NewTask("slack:sync_users", nil), nil, "slack", false},
-		{"type prefix, nested", asynq.NewTask("crm:hubspot:contacts", nil), nil, "crm", false},
-		{"no prefix: unthrottled", asynq.NewTask("cleanup", nil), nil, "", false},
-		{"leading colon: unthrottled", asynq.NewTask(":odd", nil), nil, "", false},
-		{"key func", asynq.NewTask("slack:sync", []byte("7")), byTenant, "tenant-7", false},
-		{"key func may say unthrottled", asynq.NewTask("slack:sync", nil), func(*asynq.Task) string { return "" }, "", false},
-		{"derived key that cannot be a key: unthrottled", asynq.NewTask("a{b}:x", nil), nil, "", false},
-		{"invalid header key is an error", asynq.NewTaskWithHeaders("slack:sync", nil, map[string]string{HeaderKey: "bad{key}"}), nil, "", true},
-		{"empty header key is an error", asynq.NewTaskWithHeaders("slack:sync", nil, map[string]string{HeaderKey: ""}), nil, "", true},
+		{"header wins", mustTask(t, "slack:sync", nil, Key("github")), byTenant, "github", ""},
+		{"type prefix", asynq.NewTask("slack:sync_users", nil), nil, "slack", ""},
+		{"type prefix, nested", asynq.NewTask("crm:hubspot:contacts", nil), nil, "crm", ""},
+		{"no prefix: unthrottled", asynq.NewTask("cleanup", nil), nil, "", ""},
+		{"leading colon: unthrottled", asynq.NewTask(":odd", nil), nil, "", ""},
+		{"key func", asynq.NewTask("slack:sync", []byte("7")), byTenant, "tenant-7", ""},
+		{"key func may say unthrottled", asynq.NewTask("slack:sync", nil), func(*asynq.Task) string { return "" }, "", ""},
+		{"derived key that cannot be a key: unthrottled", asynq.NewTask("a{b}:x", nil), nil, "", ""},
+		{"invalid header key is an error", asynq.NewTaskWithHeaders("slack:sync", nil, map[string]string{HeaderKey: "bad{key}"}), nil, "", HeaderKey},
+		{"empty header key is an error", asynq.NewTaskWithHeaders("slack:sync", nil, map[string]string{HeaderKey: ""}), nil, "", HeaderKey},
+		{"invalid key from the key func is an error", asynq.NewTask("slack:sync", []byte("{7}")), byTenant, "", "WithKeyFunc"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			o := newOptions([]Option{WithKeyFunc(tt.keyFunc)})
+			o := newOptions([]Option{WithKeyFunc(tt.keyFunc), WithLogger(slog.New(slog.DiscardHandler))})
 			got, err := o.keyOf(tt.task)
-			if tt.wantErr {
+			if tt.wantErr != "" {
 				require.ErrorIs(t, err, ErrInvalidKey)
-				assert.Contains(t, err.Error(), HeaderKey)
+				assert.Contains(t, err.Error(), tt.wantErr)
 				return
 			}
 			require.NoError(t, err)

@@ -19,15 +19,27 @@ type Error struct {
 	Key    string
 	Reason string
 	Delay  time.Duration
+	// Until is when the task is due again (wall clock); zero: not known,
+	// the message then says Delay.
+	Until time.Time
 }
 
-// prefix starts every deferral's message; asynq keeps the message as the
-// task's last error, where Parse finds it again.
-const prefix = "throttle: task deferred "
+// prefix starts every deferral's message. asynq keeps the message as the
+// task's last error, shown by asynqmon and the asynq CLI even once the task
+// completed: it must read as what it is, not as a failure. Parse finds the
+// key and reason in it again.
+const prefix = "throttled (not a failure): key "
 
-// Error says how long the task is deferred and why.
+// Error says which key deferred the task, until when (UTC, to the second:
+// asynq's granularity), and why, e.g.
+//
+//	throttled (not a failure): key "slack" deferred until 2026-12-01T15:04:05Z (tier)
 func (e *Error) Error() string {
-	return fmt.Sprintf("%s%v: key %q %s", prefix, e.Delay.Round(time.Millisecond), e.Key, e.Reason)
+	when := "for " + e.Delay.Round(time.Millisecond).String()
+	if !e.Until.IsZero() {
+		when = "until " + e.Until.UTC().Round(time.Second).Format(time.RFC3339)
+	}
+	return fmt.Sprintf("%s%q deferred %s (%s)", prefix, e.Key, when, e.Reason)
 }
 
 // Parse reads the key and reason back from a deferral's message (a task's
@@ -37,11 +49,6 @@ func Parse(msg string) (key, reason string, ok bool) {
 	if !found {
 		return "", "", false
 	}
-	i := strings.Index(rest, `: key "`)
-	if i < 0 {
-		return "", "", false
-	}
-	rest = rest[i+len(": key "):]
 	q, err := strconv.QuotedPrefix(rest)
 	if err != nil {
 		return "", "", false
@@ -50,7 +57,16 @@ func Parse(msg string) (key, reason string, ok bool) {
 	if err != nil {
 		return "", "", false
 	}
-	return key, strings.TrimPrefix(rest[len(q):], " "), true
+	rest, found = strings.CutPrefix(rest[len(q):], " deferred ")
+	if !found {
+		return "", "", false
+	}
+	// The time or delay holds no " (": the reason is what follows it.
+	i := strings.Index(rest, " (")
+	if i < 0 || !strings.HasSuffix(rest, ")") || i+2 > len(rest)-1 {
+		return "", "", false
+	}
+	return key, rest[i+2 : len(rest)-1], true
 }
 
 // As returns the deferral in err's chain.

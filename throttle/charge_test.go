@@ -1,0 +1,47 @@
+package throttle_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+
+	"github.com/hibiken/asynq"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/asynq-throttle/asynq-throttle/internal/redistest"
+	"github.com/asynq-throttle/asynq-throttle/throttle"
+)
+
+// Charge called from several goroutines of one handler (parallel calls to
+// the provider, each reporting what the task cost so far) settles the cost
+// once per change: the task ends up charged the last actual cost, not the
+// difference counted twice. Run with -race: the cost is shared state.
+func TestChargeConcurrentInOneHandler(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Start(t).Client(t)
+	lim := throttle.NewLimiter(rdb, quietLog, throttle.WithHeadroom(0), throttle.WithLease(0, 0))
+	require.NoError(t, lim.SetLimits(ctx, "gql", throttle.PerHour(1000)))
+	const goroutines = 8
+	err := lim.Middleware()(asynq.HandlerFunc(func(ctx context.Context, _ *asynq.Task) error {
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		errs := make([]error, goroutines)
+		for i := range goroutines {
+			wg.Go(func() {
+				<-start
+				errs[i] = throttle.Charge(ctx, 50)
+			})
+		}
+		close(start)
+		wg.Wait()
+		for i, err := range errs {
+			assert.NoError(t, err, "Charge in goroutine %d", i)
+		}
+		return nil
+	})).ProcessTask(ctx, newTask(t, "gql:query", nil, throttle.Key("gql")))
+	require.NoError(t, err)
+	st, err := lim.Inspect(ctx, "gql")
+	require.NoError(t, err)
+	assert.InDelta(t, 950, st.Tokens[0], 0.5, "a task of cost 1 whose actual cost, said %d times at once, was 50", goroutines)
+}
