@@ -185,8 +185,7 @@ func (f *flight) processAlone(ctx context.Context, args []any) *redis.StringCmd 
 		return cmd
 	}
 	if f.own != nil && time.Since(f.ownSince) >= f.renew {
-		_ = f.own.Close() // back to the pool, marked fresh
-		f.own = nil
+		f.returnOwn() // back to the pool, marked fresh
 	}
 	if f.own == nil {
 		f.own, f.ownSince = f.owner.Conn(), time.Now()
@@ -197,8 +196,7 @@ func (f *flight) processAlone(ctx context.Context, args []any) *redis.StringCmd 
 	if err == nil || (isRedisError(err) && !isReadOnly(err)) {
 		return cmd
 	}
-	_ = f.own.Close()
-	f.own = nil
+	f.returnOwn()
 	if !deadConn(err) && !isReadOnly(err) {
 		return cmd
 	}
@@ -236,8 +234,7 @@ func (f *flight) idleCheck() {
 		f.idle.Reset(ownIdle - unused + time.Millisecond)
 		return
 	}
-	_ = f.own.Close()
-	f.own = nil
+	f.returnOwn()
 }
 
 // close gives the kept connection back and keeps none from now on. A lone
@@ -250,9 +247,21 @@ func (f *flight) close() {
 		f.idle.Stop()
 	}
 	if !f.flying && f.own != nil {
-		_ = f.own.Close()
-		f.own = nil
+		f.returnOwn()
 	}
+}
+
+// returnOwn returns the kept connection to its pool, or only forgets it when
+// the application closed its client meanwhile: put back into a closed pool,
+// go-redis logs "Unexpected conn[N] state changed by hook to CLOSED", which
+// a program that closes its client right after a decision must not print.
+// (A closed pool holds no connection at all, an open one at least the kept
+// one.)
+func (f *flight) returnOwn() {
+	if f.owner.PoolStats().TotalConns > 0 {
+		_ = f.own.Close()
+	}
+	f.own = nil
 }
 
 // isRedisError reports whether err is an error reply from Redis (the
@@ -314,8 +323,7 @@ func (f *flight) do(ctx context.Context, c *call) (string, error) {
 		f.sendAlone(ctx, c)
 		f.mu.Lock()
 		if f.closed.Load() && f.own != nil {
-			_ = f.own.Close()
-			f.own = nil
+			f.returnOwn()
 		}
 		if len(f.queue) > 0 {
 			go f.fly()

@@ -27,10 +27,19 @@ import (
 type slotsRefBucket struct{ rate, perUS, burst, owed int64 }
 
 // slotsRefWindow is a window of the model: calls counted per sub-window
-// of perUS/20, keyed by the sub-window's index (time / sub).
+// of perUS/20, keyed by the sub-window's index (time / sub), with the
+// latest instant counted in each.
 type slotsRefWindow struct {
 	n, perUS, sub int64
 	counts        map[int64]int64
+	latest        map[int64]int64
+}
+
+// add counts c calls at instant at.
+func (w *slotsRefWindow) add(at, c int64) {
+	i := floorDiv(at, w.sub)
+	w.counts[i] += c
+	w.latest[i] = max(w.latest[i], at)
 }
 
 // floorDiv is the floor of a/b for b > 0.
@@ -43,13 +52,14 @@ func floorDiv(a, b int64) int64 {
 }
 
 // count is what the window holds for a decision at at: the sub-windows
-// from the one holding at - per to the one holding at (a span a little
-// longer than per, so any window of length per, whatever its phase, sees
-// at most n).
+// from the one holding at - per to the one holding at, the first of them
+// only while its latest instant is within per of at (so any window of
+// length per, whatever its phase, sees at most n).
 func (w *slotsRefWindow) count(at int64) int64 {
 	var n int64
+	first, last := floorDiv(at-w.perUS, w.sub), floorDiv(at, w.sub)
 	for i, c := range w.counts {
-		if i >= floorDiv(at-w.perUS, w.sub) && i <= floorDiv(at, w.sub) {
+		if i > first && i <= last || i == first && w.latest[i] > at-w.perUS {
 			n += c
 		}
 	}
@@ -57,20 +67,20 @@ func (w *slotsRefWindow) count(at int64) int64 {
 }
 
 // wait is how long until the window has room for c more calls (0: now),
-// counting only what it holds now.
+// counting only what it holds now: its calls leave a sub-window at a time,
+// at the sub-window's latest instant + per.
 func (w *slotsRefWindow) wait(now, c int64) int64 {
 	if w.count(now)+c <= w.n {
 		return 0
 	}
-	idx := make([]int64, 0, len(w.counts))
+	var leaves []int64
 	for i, n := range w.counts {
-		if n > 0 && i >= floorDiv(now-w.perUS, w.sub) {
-			idx = append(idx, i)
+		if at := w.latest[i] + w.perUS; n > 0 && at > now {
+			leaves = append(leaves, at)
 		}
 	}
-	slices.Sort(idx)
-	for _, i := range idx {
-		at := (i+1)*w.sub + w.perUS // sub-window i leaves the span
+	slices.Sort(leaves)
+	for _, at := range leaves {
 		if w.count(at)+c <= w.n {
 			return at - now
 		}
@@ -136,9 +146,9 @@ func (m *slotsRefModel) setLimits(limits []throttle.Limit) {
 		case throttle.KindInFlight:
 			m.inflight = int64(l.Rate)
 		case throttle.KindWindow:
-			w := &slotsRefWindow{n: int64(l.Rate), perUS: per, sub: per / 20, counts: map[int64]int64{}}
+			w := &slotsRefWindow{n: int64(l.Rate), perUS: per, sub: per / 20, counts: map[int64]int64{}, latest: map[int64]int64{}}
 			if old := m.windows[per]; old != nil {
-				w.counts = old.counts
+				w.counts, w.latest = old.counts, old.latest
 			}
 			windows[per] = w
 			m.tiers = append(m.tiers, slotsRefTier{window: true, perUS: per})
@@ -222,7 +232,7 @@ func (m *slotsRefModel) take(c int64, hold func() string) slotsRefDecision {
 		var left *big.Rat
 		if t.window {
 			w := m.windows[t.perUS]
-			w.counts[floorDiv(m.now, w.sub)] += c
+			w.add(m.now, c)
 			left = new(big.Rat).SetInt64(w.n - w.count(m.now))
 		} else {
 			b := m.buckets[t.perUS]
@@ -246,7 +256,7 @@ func (m *slotsRefModel) surcharge(delta int64) {
 		b.owed += delta * b.perUS
 	}
 	for _, w := range m.windows {
-		w.counts[floorDiv(m.now, w.sub)] += delta
+		w.add(m.now, delta)
 	}
 }
 

@@ -15,10 +15,14 @@ import (
 )
 
 // DelayedTaskCheckInterval is the forwarder interval NewServer sets when the
-// config leaves it zero. asynq's default (5 s) would hold a deferred task up
-// to 5 s past its slot; 1 s matches asynq's one-second scheduling resolution,
-// at the cost of one small Redis script per queue per second per server.
-const DelayedTaskCheckInterval = time.Second
+// config leaves it zero. A deferred task is scored in whole seconds and
+// handed back at the first forwarder tick at or after its second, so it
+// comes back up to one interval late: asynq's default (5 s) would hold it
+// up to 5 s past its slot, and 1 s let a backlog on a window tier miss a
+// whole window when the fleet's forwarders ticked late in the second (the
+// middleware's pacing waits for slots ahead of a task, never behind it).
+// 500 ms costs two small Redis scripts per queue per second per server.
+const DelayedTaskCheckInterval = 500 * time.Millisecond
 
 // TaskCheckInterval is how often an idle server looks for new tasks, set by
 // NewServer when the config leaves it zero. asynq's default (1 s, randomised

@@ -1,11 +1,3 @@
-//go:build repro
-
-// Reproductions for issue 20 that fail on main today, to drop into throttle/
-// once the library is fixed (they use only the public API):
-//
-//	go test -tags repro ./bench/repro/
-//
-// See e-diagnosis.md at the root of the fix-bench branch.
 package throttle_test
 
 import (
@@ -20,13 +12,12 @@ import (
 	"github.com/asynq-throttle/asynq-throttle/throttle"
 )
 
-// TestWindowBacklogKeepsPhase: a backlog on Window(n, w) that comes back
-// exactly when told must get n calls in every aligned window of w, as a
-// provider's fixed windows count them. Today a window frees its calls at
-// the end of their sub-window (w/20) plus w, so the backlog's batches come
-// every 1.05 s, drift a sub-window later in each provider window, and
-// every 20th provider window gets no call at all (window 20 here). No
-// headroom, no asynq: the drift is the window's own.
+// A backlog on Window(n, w) that comes back exactly when told gets n calls
+// in every aligned window of w, as a provider's fixed windows count them.
+// (Regression: a window freed its calls at the end of their sub-window
+// (w/20) plus w, so the backlog's batches came every 1.05 s, drifted a
+// sub-window later in each provider window, and every 20th provider window
+// got no call at all.) No headroom, no asynq: the drift was the window's.
 func TestWindowBacklogKeepsPhase(t *testing.T) {
 	const n, windows = 60, 40
 	w := time.Second
