@@ -58,7 +58,7 @@ for i, t in ipairs(spec.tiers) do
     out[#out + 1] = fmt(t.n)
     out[#out + 1] = fmt(t.per)
     out[#out + 1] = fmt(t.n)
-    out[#out + 1] = fmt(t.n - win_count(w, t, now, 0))
+    out[#out + 1] = fmt(math.max(0, t.n - win_count(w, t, now, 0)))
     out[#out + 1] = fmt(c.n)
     out[#out + 1] = fmt(c.n)
   end

@@ -1008,3 +1008,22 @@ func TestInspect_LapsedReservationsNotCounted(t *testing.T) {
 	assert.Equal(t, int64(0), count(time.Minute), "lapsed, not yet swept")
 	assert.Equal(t, int64(1), count(0), "lapse 0 counts every entry")
 }
+
+// Inspect tells the calls a window would still admit now: none while its
+// room is reserved, never a negative number.
+func TestInspect_WindowWithReservationsAdmitsNone(t *testing.T) {
+	e := newEnv(t)
+	e.setLimits(Tier{Kind: KindWindow, Rate: 2, PerMS: 1000})
+	a := DecideArgs{IdleExpiry: time.Hour, Horizon: time.Minute, Lapse: time.Minute}
+	for i := range 2 {
+		a.TaskID = fmt.Sprint("now-", i)
+		require.Equal(t, StatusAllowed, e.decide(a).Status)
+	}
+	for i := range 4 {
+		a.TaskID = fmt.Sprint("later-", i)
+		require.True(t, !e.decide(a).Slot.IsZero(), "a reservation")
+	}
+	r, err := Inspect(e.ctx, e.run, e.k, nil, 0)
+	require.NoError(t, err)
+	assert.Equal(t, []float64{0}, r.Tokens, "calls the window admits now")
+}
