@@ -1020,7 +1020,7 @@ func TestInspect_WindowWithReservationsAdmitsNone(t *testing.T) {
 	// sub-window (50 ms) as now.
 	sub := testEpoch().UnixMicro() / 50_000
 	e.at(25 * time.Millisecond)
-	e.mr.HSet(e.k.Bucket, "W1000", fmt.Sprintf("%d 2+15000|%d:2+35000", sub, sub))
+	e.mr.HSet(e.k.Bucket, "Ww1000", fmt.Sprintf("%d 2+15000|%d:2+35000", sub, sub))
 	r, err := Inspect(e.ctx, e.run, e.k, nil, 0)
 	require.NoError(t, err)
 	assert.Equal(t, []float64{0}, r.Tokens, "calls the window admits now")
