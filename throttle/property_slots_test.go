@@ -635,7 +635,7 @@ func TestProperty_SlotsCostsTiers(t *testing.T) {
 					var want float64
 					if tier.window {
 						w := m.windows[tier.perUS]
-						want = float64(w.n - w.count(m.now))
+						want = float64(max(0, w.n-w.count(m.now))) // (none admitted now, never negative)
 					} else {
 						b := m.buckets[tier.perUS]
 						want = float64(b.burst) - float64(b.owed)/float64(b.perUS)
