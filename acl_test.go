@@ -14,8 +14,9 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/asynq-throttle/asynq-throttle/internal/keyspace"
+	"github.com/asynq-throttle/asynq-throttle/internal/lua"
 	"github.com/asynq-throttle/asynq-throttle/internal/redistest"
-	"github.com/asynq-throttle/asynq-throttle/lua"
 	"github.com/asynq-throttle/asynq-throttle/throttle"
 	"github.com/asynq-throttle/asynq-throttle/worker"
 )
@@ -40,10 +41,11 @@ import (
 //     to asynq as another user, whose keys are asynq's only
 //     (WithTaskRedis).
 //   - A viewer (metrics, a read-only dashboard) is enforceable in full: it
-//     calls inspect and migrate and has no write command at all.
+//     calls inspect and has no write command at all.
 
-// aclScriptCommands are the commands the worker's functions run (lua/*.lua:
-// decide, migrate, inspect, adjust, release, extend, suspend).
+// aclScriptCommands are the commands the worker's functions run
+// (internal/lua/*.lua: decide, inspect, adjust, release, extend, suspend,
+// observe).
 var aclScriptCommands = []string{"time", "hmget", "hget", "hgetall", "hset", "hdel", "exists", "get",
 	"pexpire", "pttl", "zadd", "zrem", "zscore", "zcard", "zcount", "zrange", "zremrangebyscore"}
 
@@ -52,7 +54,7 @@ var aclScriptCommands = []string{"time", "hmget", "hget", "hgetall", "hset", "hd
 var aclOperatorScriptCommands = []string{"del", "hkeys"}
 
 // aclWorkerFunctions are the library's functions a worker calls.
-var aclWorkerFunctions = []string{"decide", "migrate", "inspect", "adjust", "release", "extend", "suspend", "observe"}
+var aclWorkerFunctions = []string{"decide", "inspect", "adjust", "release", "extend", "suspend", "observe"}
 
 // aclAsynqCommands are what asynq v0.26 sends for a worker, a client and an
 // inspector (its scripts and its own calls, internal/rdb), on keys asynq:*
@@ -102,10 +104,8 @@ func aclUsers() map[string][]string {
 			aclRules(aclConnection, aclAsynqCommands)...),
 		// A viewer (metrics scrape, a read-only dashboard, the CLI's list,
 		// get and watch): Keys and Inspect, and no write command at all.
-		// Inspect runs migrate first, which only reads unless the previous
-		// layout holds something the key's hash lacks (then it is refused).
 		"viewer": append([]string{"reset", "on", ">viewer-pw", "~throttle:*", "resetchannels", "-@all"},
-			aclRules(aclConnection, []string{"fcall|" + functionName("inspect"), "fcall|" + functionName("migrate"),
+			aclRules(aclConnection, []string{"fcall|" + functionName("inspect"),
 				"scan", "info", "time", "exists", "hmget", "hget", "hgetall", "get", "zcard", "zcount"})...),
 		// The operator (CLI, dashboard, a deploy step): every function,
 		// loading the library, DEL and SCAN, and asynq's commands for
@@ -166,8 +166,6 @@ func TestACLWorkerAndOperator(t *testing.T) {
 	op := throttle.NewLimiter(opRdb, throttle.WithLogger(quiet), throttle.WithTaskRedis(opRdb))
 	require.NoError(t, op.SetLimits(ctx, "slack", throttle.PerSecond(20).WithBurst(5), throttle.PerMinute(1000)))
 	require.NoError(t, op.SetLimits(ctx, "crm", throttle.PerSecond(100), throttle.InFlight(2)))
-	// A key of the previous layout, migrated by the worker's first decision.
-	require.NoError(t, admin.HSet(ctx, "throttle:{legacy}:cfg", "tiers", "1", "rate:1", "5", "per_ms:1", "1000", "burst:1", "5").Err())
 	require.NoError(t, admin.ACLLogReset(ctx).Err())
 
 	t.Run("worker decides", func(t *testing.T) {
@@ -175,37 +173,37 @@ func TestACLWorkerAndOperator(t *testing.T) {
 		d, err := w.Take(ctx, "slack")
 		require.NoError(t, err, "Take")
 		assert.True(t, d.Allowed, "Take: %+v", d)
+		// What the middleware runs besides: a decision that reserves a run
+		// time for a task, Charge's settlement, a slot renewed and given
+		// back (the scripts as the worker's user).
+		keys, err := keyspace.RedisKeys(keyspace.DefaultPrefix, "slack")
+		require.NoError(t, err)
+		run := lua.NewRunner(wRdb)
+		var r lua.DecideReply
 		for range 10 {
-			d, err = w.Reserve(ctx, "slack", "task-1", time.Minute, time.Second)
-			require.NoError(t, err, "Reserve")
+			r, err = lua.Decide(ctx, run, keys, lua.DecideArgs{TaskID: "task-1", Horizon: time.Minute, Granule: time.Second,
+				Lapse: time.Minute, IdleExpiry: time.Hour, SlotLease: 30 * time.Second})
+			require.NoError(t, err, "a decision that reserves")
 		}
-		assert.True(t, d.Reserved, "Reserve after the burst: %+v", d)
-		_, ok, err := w.Reservation(ctx, "slack", "task-1")
-		require.NoError(t, err, "Reservation")
-		assert.True(t, ok, "Reservation")
-		require.NoError(t, w.Adjust(ctx, "slack", 1), "Adjust (Charge)")
+		assert.False(t, r.Slot.IsZero(), "a reservation after the burst: %+v", r)
+		require.NoError(t, lua.Adjust(ctx, run, keys, 1, lua.Call{Generation: -1}, time.Hour, nil), "a settlement (Charge)")
 
 		d, err = w.Take(ctx, "crm")
 		require.NoError(t, err, "Take on an InFlight key")
-		require.NotEmpty(t, d.Hold, "Take on an InFlight key: %+v", d)
-		n, err := w.Extend(ctx, "crm", d.Hold)
-		require.NoError(t, err, "Extend")
-		assert.Equal(t, 1, n, "Extend")
-		require.NoError(t, w.Release(ctx, "crm", d.Hold), "Release")
-
-		d, err = w.Take(ctx, "legacy")
-		require.NoError(t, err, "Take on a key of the previous layout (first-touch migration)")
-		assert.True(t, d.Allowed, "Take on legacy: %+v", d)
-		limits, err := w.Limits(ctx, "legacy")
-		require.NoError(t, err, "Limits of the migrated key")
-		assert.Equal(t, []throttle.Limit{{Rate: 5, Per: time.Second, Burst: 5}}, limits, "migrated limits")
+		require.NotEmpty(t, d.Slot, "Take on an InFlight key: %+v", d)
+		crm, err := keyspace.RedisKeys(keyspace.DefaultPrefix, "crm")
+		require.NoError(t, err)
+		n, err := lua.Extend(ctx, run, crm, 30*time.Second, d.Slot)
+		require.NoError(t, err, "a renewal of a slot in flight")
+		assert.Equal(t, int64(1), n, "a renewal of a slot in flight")
+		require.NoError(t, w.Release(ctx, "crm", d.Slot), "Release")
 
 		st, err := w.Inspect(ctx, "slack")
 		require.NoError(t, err, "Inspect")
 		assert.Equal(t, 1, st.Reservations, "Inspect: reservations")
 		// A 429 suspends the key fleet-wide from the worker: Suspend is a
 		// worker's call too.
-		require.NoError(t, w.Suspend(ctx, "legacy", time.Minute), "Suspend (the 429 path)")
+		require.NoError(t, w.Suspend(ctx, "crm", time.Minute), "Suspend (the 429 path)")
 		assert.Empty(t, aclDenials(t, admin), "ACL denials while the worker decided")
 	})
 
@@ -229,7 +227,9 @@ func TestACLWorkerAndOperator(t *testing.T) {
 				failed.Add(1)
 			}
 		}
-		mux.Use(throttle.ByProvider(wRdb, throttle.WithLogger(quiet), throttle.WithTaskRedis(aRdb), throttle.WithObserver(observe)))
+		lim := throttle.NewLimiter(wRdb, throttle.WithLogger(quiet), throttle.WithTaskRedis(aRdb))
+		lim.OnEvent(observe)
+		mux.Use(lim.Middleware())
 		mux.HandleFunc("sync:tasks", func(ctx context.Context, task *asynq.Task) error {
 			if string(task.Payload()) == "3" && limited.Add(1) == 1 {
 				return throttle.RateLimited(time.Second) // a 429: suspends the key fleet-wide
@@ -272,7 +272,7 @@ func TestACLWorkerAndOperator(t *testing.T) {
 		// Runner to EVALSHA for good (see the skipped subtest below).
 		refused := map[string]func(*throttle.Limiter) error{
 			"SetLimits": func(w *throttle.Limiter) error { return w.SetLimits(ctx, "slack", throttle.PerSecond(1000)) },
-			"Resume":    func(w *throttle.Limiter) error { return w.Resume(ctx, "legacy") },
+			"Resume":    func(w *throttle.Limiter) error { _, err := w.Resume(ctx, "crm"); return err },
 			"Delete":    func(w *throttle.Limiter) error { return w.Delete(ctx, "slack") },
 			"Keys":      func(w *throttle.Limiter) error { _, err := w.Keys(ctx); return err },
 		}
@@ -285,14 +285,14 @@ func TestACLWorkerAndOperator(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, before.Limits, after.Limits, "limits after the worker's refused calls")
 		assert.Equal(t, before.Generation, after.Generation, "generation after the worker's refused calls")
-		st, err := op.Inspect(ctx, "legacy")
+		st, err := op.Inspect(ctx, "crm")
 		require.NoError(t, err)
-		assert.Positive(t, st.Suspended, "the suspension the worker could not end")
+		assert.Positive(t, st.SuspendedFor, "the suspension the worker could not end")
 
 		// Nor can it run code of its own on the limiter's keys, or load any.
 		for _, cmd := range [][]any{
 			{"fcall", functionName("setlimits"), 2, "throttle:{slack}:b", "throttle:{slack}:r", 604800000, "1000/1000/1000", ""},
-			{"fcall", functionName("resume"), 3, "throttle:{legacy}:b", "throttle:{legacy}:r", "throttle:{legacy}:suspend"},
+			{"fcall", functionName("resume"), 2, "throttle:{crm}:b", "throttle:{crm}:r"},
 			{"eval", "return redis.call('HSET', KEYS[1], 'L', '1000/1000/1000')", 1, "throttle:{slack}:b"},
 			{"evalsha", "0000000000000000000000000000000000000000", 0},
 			{"function", "load", "replace", "#!lua name=x\nredis.register_function('x', function() return 1 end)"},
@@ -320,13 +320,11 @@ func TestACLWorkerAndOperator(t *testing.T) {
 		st, err := v.Inspect(ctx, "slack")
 		require.NoError(t, err, "Inspect as the viewer")
 		assert.NotEmpty(t, st.Limits, "Inspect as the viewer")
-		_, err = v.Inspect(ctx, "legacy")
-		require.NoError(t, err, "Inspect of a migrated key whose old keys are left, as the viewer")
 		refused := map[string]func(*throttle.Limiter) error{
 			"Take":      func(v *throttle.Limiter) error { _, err := v.Take(ctx, "slack"); return err },
 			"SetLimits": func(v *throttle.Limiter) error { return v.SetLimits(ctx, "slack", throttle.PerSecond(1000)) },
 			"Suspend":   func(v *throttle.Limiter) error { return v.Suspend(ctx, "slack", time.Minute) },
-			"Resume":    func(v *throttle.Limiter) error { return v.Resume(ctx, "legacy") },
+			"Resume":    func(v *throttle.Limiter) error { _, err := v.Resume(ctx, "crm"); return err },
 			"Delete":    func(v *throttle.Limiter) error { return v.Delete(ctx, "slack") },
 		}
 		for name, call := range refused {
@@ -341,12 +339,14 @@ func TestACLWorkerAndOperator(t *testing.T) {
 
 	t.Run("operator can", func(t *testing.T) {
 		require.NoError(t, op.Suspend(ctx, "slack", time.Minute), "Suspend")
-		require.NoError(t, op.Resume(ctx, "slack"), "Resume")
-		require.NoError(t, op.Resume(ctx, "legacy"), "Resume")
+		_, err := op.Resume(ctx, "slack")
+		require.NoError(t, err, "Resume")
+		_, err = op.Resume(ctx, "crm")
+		require.NoError(t, err, "Resume")
 		require.NoError(t, op.SetLimits(ctx, "slack", throttle.PerSecond(7)), "SetLimits")
-		limits, err := op.Limits(ctx, "slack")
+		st, err := op.Inspect(ctx, "slack")
 		require.NoError(t, err)
-		assert.Equal(t, []throttle.Limit{{Rate: 7, Per: time.Second, Burst: 7}}, limits)
+		assert.Equal(t, []throttle.Limit{{N: 7, Per: time.Second, Burst: 7}}, st.Limits)
 		keys, err := op.Keys(ctx)
 		require.NoError(t, err, "Keys")
 		assert.Contains(t, keys, "slack")
@@ -365,9 +365,9 @@ func TestACLWorkerAndOperator(t *testing.T) {
 	t.Run("documented limit: the worker's user can write the limits field itself", func(t *testing.T) {
 		require.NoError(t, wRdb.HSet(ctx, "throttle:{slack}:b", "L", "1000000/1000/1000000").Err(),
 			"HSET L as the worker: allowed, because decide writes T in the same hash")
-		limits, err := op.Limits(ctx, "slack")
+		st, err := op.Inspect(ctx, "slack")
 		require.NoError(t, err)
-		assert.Equal(t, []throttle.Limit{{Rate: 1000000, Per: time.Second, Burst: 1000000}}, limits)
+		assert.Equal(t, []throttle.Limit{{N: 1000000, Per: time.Second, Burst: 1000000}}, st.Limits)
 	})
 
 	// Why the limits field cannot be kept from the worker: Redis checks the
@@ -375,7 +375,7 @@ func TestACLWorkerAndOperator(t *testing.T) {
 	// to call decide but not HSET cannot decide.
 	t.Run("functions run with the caller's rights", func(t *testing.T) {
 		rules := []any{"ACL", "SETUSER", "no-hset", "reset", "on", ">pw", "~throttle:*", "-@all", "+hello", "+auth",
-			"+fcall|" + functionName("decide"), "+fcall|" + functionName("migrate"), "+hmget", "+time", "+exists"}
+			"+fcall|" + functionName("decide"), "+hmget", "+time", "+exists"}
 		require.NoError(t, admin.Do(ctx, rules...).Err())
 		_, err := throttle.NewLimiter(as("no-hset", "pw"), throttle.WithLogger(quiet)).Take(ctx, "slack")
 		require.Error(t, err, "Take by a user without HSET")

@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/asynq-throttle/asynq-throttle/internal/keyspace"
 	"github.com/asynq-throttle/asynq-throttle/internal/redistest"
 	"github.com/asynq-throttle/asynq-throttle/throttle"
 )
@@ -36,14 +37,14 @@ func TestE2ECopyIDTakenByAnotherTask(t *testing.T) {
 
 	// A copy left from an earlier run of task "sync-user-42", archived.
 	_, err := f.client.Enqueue(asynq.NewTaskWithHeaders("sync:crm", []byte("yesterday"),
-		map[string]string{throttle.HeaderKey: "crm", throttle.HeaderOrigin: "sync-user-42", throttle.HeaderCopyOf: "sync-user-42"}),
+		map[string]string{throttle.HeaderKey: "crm", keyspace.Origin: "sync-user-42", keyspace.CopyOf: "sync-user-42"}),
 		asynq.TaskID("sync-user-42~throttle-1"), asynq.ProcessIn(time.Hour))
 	require.NoError(t, err)
 	require.NoError(t, f.insp.ArchiveTask("default", "sync-user-42~throttle-1"))
 	// A live task under the next ID, made by a handler that copied the
 	// headers of a deferred task (same payload, copy of another task).
 	_, err = f.client.Enqueue(asynq.NewTaskWithHeaders("sync:crm", []byte("job-43"),
-		map[string]string{throttle.HeaderKey: "crm", throttle.HeaderOrigin: "sync-user-43", throttle.HeaderCopyOf: "some-other-task"}),
+		map[string]string{throttle.HeaderKey: "crm", keyspace.Origin: "sync-user-43", keyspace.CopyOf: "some-other-task"}),
 		asynq.TaskID("sync-user-43~throttle-1"), asynq.ProcessIn(time.Hour))
 	require.NoError(t, err)
 
@@ -137,8 +138,8 @@ func TestE2ECopiesCarryTheRetriesSpent(t *testing.T) {
 	// The last copy counts the retries spent before it and has what was
 	// left of MaxRetry(2) (a copy may have been made of a copy, if the key
 	// deferred it again on its last attempt).
-	spent, err := strconv.Atoi(archived[0].Headers[throttle.HeaderRetried])
-	require.NoError(t, err, "header %s of the archived copy", throttle.HeaderRetried)
+	spent, err := strconv.Atoi(archived[0].Headers[keyspace.Retried])
+	require.NoError(t, err, "header %s of the archived copy", keyspace.Retried)
 	assert.Positive(t, spent, "the copy counts the retries spent")
 	assert.Equal(t, 2, spent+archived[0].MaxRetry, "retries spent before the copy + its MaxRetry = the original's MaxRetry(2)")
 }
@@ -150,7 +151,7 @@ func TestE2ECopiesCarryTheRetriesSpent(t *testing.T) {
 // so that every task after Resume meets the cache of the one process.
 func TestE2EResumeBringsTasksBack(t *testing.T) {
 	t.Parallel()
-	f := startFleet(t, fleetConfig{servers: 1, opts: []throttle.Option{throttle.WithReservations(10 * time.Second)}})
+	f := startFleet(t, fleetConfig{servers: 1, opts: []throttle.Option{throttle.WithReservationHorizon(10 * time.Second)}})
 	f.setLimits("crm", throttle.PerSecond(50))
 	lim := throttle.NewLimiter(f.rdb)
 	ctx := context.Background()
@@ -159,7 +160,7 @@ func TestE2EResumeBringsTasksBack(t *testing.T) {
 	require.Eventually(t, func() bool { return f.ev.deferred.Load() >= 30 }, 10*time.Second, 10*time.Millisecond)
 
 	resumed := time.Now()
-	n, err := lim.ResumeTasks(ctx, "crm")
+	n, err := lim.Resume(ctx, "crm")
 	require.NoError(t, err)
 	assert.Equal(t, 30, n, "tasks brought back by Resume")
 	// Right after Resume, processes may still hold the suspension cached.
@@ -213,7 +214,7 @@ func TestE2EEnqueueTimeThrottling(t *testing.T) {
 func TestE2EPacedSmallBurst(t *testing.T) {
 	t.Parallel()
 	f := startFleet(t, fleetConfig{})
-	f.setLimits("crm", throttle.Limit{Rate: 40, Per: time.Second, Burst: 5})
+	f.setLimits("crm", throttle.Limit{N: 40, Per: time.Second, Burst: 5})
 	f.enqueue("crm", "job", 220)
 	f.waitDone(220, 60*time.Second)
 	f.audit(220)

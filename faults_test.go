@@ -106,7 +106,7 @@ func (tl *timeline) counts() outcomeCounts {
 			c.ran++
 		case e.ev.Outcome == throttle.Deferred:
 			c.deferred++
-		case e.ev.Outcome == throttle.Failed && e.ev.Ran:
+		case e.ev.Outcome == throttle.Failed && e.ev.HandlerRan:
 			c.failedOpen++
 		case e.ev.Outcome == throttle.Failed:
 			c.failedClosed++
@@ -553,8 +553,8 @@ func TestFaultRedisPaused(t *testing.T) {
 		}},
 	}
 	for _, p := range pauses {
-		for _, policy := range []throttle.FailurePolicy{throttle.FailClosed, throttle.FailOpen} {
-			t.Run(p.name+"/"+policy.String(), func(t *testing.T) {
+		for _, failOpen := range []bool{false, true} {
+			t.Run(p.name+"/"+policyName(failOpen), func(t *testing.T) {
 				t.Parallel()
 				limits := redistest.Start(t)
 				tl, pr := &timeline{}, newProbe()
@@ -562,11 +562,10 @@ func TestFaultRedisPaused(t *testing.T) {
 					limits:   limits,
 					observer: tl.observe,
 					wrap:     pr.middleware,
-					opts: []throttle.Option{
+					opts: append([]throttle.Option{
 						throttle.WithTimeout(timeout),
-						throttle.WithFailurePolicy(policy),
 						throttle.WithFailureDelay(time.Second),
-					},
+					}, failOpenOption(failOpen)...),
 				})
 				require.NoError(t, throttle.NewLimiter(limits.Client(t)).SetLimits(context.Background(), "crm", faultLimit()))
 				f.enqueue("crm", "job", 200)
@@ -593,9 +592,9 @@ func TestFaultRedisPaused(t *testing.T) {
 				}
 				f.rec.mu.Unlock()
 				t.Logf("FIGURE paused %s %s: longest decision %v of %d (WithTimeout %v); %v; decided and ran during the %.1fs pause %d (after its first 50 ms); max in 1s window %d (bound %d); lost 0 archived 0 duplicates 0",
-					p.name, policy, longest.Round(time.Millisecond), n, timeout, c, resumedAt.Sub(pausedAt).Seconds(), during, busiest, faultBound)
+					p.name, policyName(failOpen), longest.Round(time.Millisecond), n, timeout, c, resumedAt.Sub(pausedAt).Seconds(), during, busiest, faultBound)
 				assert.Less(t, longest, timeout+500*time.Millisecond, "a decision outlived WithTimeout (the pause lasted 3 s)")
-				if policy == throttle.FailClosed {
+				if !failOpen {
 					assert.Positive(t, c.failedClosed, "FailClosed deferred no task while Redis was paused")
 					assert.Zero(t, c.failedOpen)
 					assert.Zero(t, during, "FailClosed ran tasks while Redis was paused")
@@ -607,4 +606,12 @@ func TestFaultRedisPaused(t *testing.T) {
 			})
 		}
 	}
+}
+
+// failOpenOption is WithFailOpen when failOpen, else nothing.
+func failOpenOption(failOpen bool) []throttle.Option {
+	if failOpen {
+		return []throttle.Option{throttle.WithFailOpen()}
+	}
+	return nil
 }

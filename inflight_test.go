@@ -42,7 +42,7 @@ func runWorkerProcess(addr string) {
 	rdb := redis.NewClient(&redis.Options{Addr: addr})
 	srv := worker.NewServer(rdb, asynq.Config{Concurrency: 2, LogLevel: asynq.FatalLevel})
 	mux := asynq.NewServeMux()
-	mux.Use(throttle.ByProvider(rdb, throttle.WithLogger(quiet), throttle.WithSlotLease(2*time.Second)))
+	mux.Use(throttle.ByProvider(rdb, throttle.WithLogger(quiet), throttle.WithSlotExpiry(2*time.Second)))
 	mux.HandleFunc("sync:", func(ctx context.Context, t *asynq.Task) error {
 		fmt.Println("holding", string(t.Payload()))
 		<-ctx.Done()
@@ -168,7 +168,7 @@ func TestE2EInFlightSlotOfAKilledWorker(t *testing.T) {
 	require.Eventually(t, func() bool {
 		d, err := lim.Take(ctx, "crm")
 		if err == nil && d.Allowed {
-			_ = lim.Release(ctx, "crm", d.Hold)
+			_ = lim.Release(ctx, "crm", d.Slot)
 			return true
 		}
 		return false

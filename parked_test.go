@@ -76,7 +76,7 @@ func TestE2ENoFalseEarlyEndLogAfterA429(t *testing.T) {
 	)
 	f := startFleet(t, fleetConfig{
 		servers: 1,
-		opts:    []throttle.Option{throttle.WithLogger(logs.logger()), throttle.WithReservations(0)},
+		opts:    []throttle.Option{throttle.WithLogger(logs.logger()), throttle.WithReservationHorizon(0)},
 		observer: func(ev throttle.Event) {
 			if ev.Cached && ev.Outcome == throttle.Deferred {
 				parked.Add(1)
@@ -117,7 +117,7 @@ func TestE2EParkedTasksBroughtBackAreLogged(t *testing.T) {
 	)
 	f := startFleet(t, fleetConfig{
 		servers: 1,
-		opts:    []throttle.Option{throttle.WithLogger(logs.logger()), throttle.WithReservations(0)},
+		opts:    []throttle.Option{throttle.WithLogger(logs.logger()), throttle.WithReservationHorizon(0)},
 		observer: func(ev throttle.Event) {
 			if ev.Cached && ev.Outcome == throttle.Deferred {
 				parked.Add(1)

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/asynq-throttle/asynq-throttle/internal/keyspace"
 	"github.com/asynq-throttle/asynq-throttle/throttle"
 )
 
@@ -106,7 +107,7 @@ func TestE2EReservedTaskRefusedASlotComesBackWhenOneIsExpectedFree(t *testing.T)
 	}
 	t.Logf("deferrals refused a slot: %v", slotDeferrals)
 	assert.LessOrEqual(t, short, 1, "deferrals by less than 500 ms while the slot was held for seconds: %v", slotDeferrals)
-	assert.LessOrEqual(t, len(slotDeferrals), 8, "deferrals refused a slot: %v", slotDeferrals)
+	assert.LessOrEqual(t, len(slotDeferrals), 12, "deferrals refused a slot: %v", slotDeferrals)
 }
 
 // A task already enqueued with a header no worker can throttle (an invalid
@@ -127,9 +128,9 @@ func TestE2EBadTaskFailsOnceForGood(t *testing.T) {
 	for _, bad := range []map[string]string{
 		{throttle.HeaderKey: "crm{x}"},
 		{throttle.HeaderKey: strings.Repeat("k", 1000)},
-		{throttle.HeaderKey: "crm", throttle.HeaderCost: "0"},
-		{throttle.HeaderKey: "crm", throttle.HeaderCost: "-3"},
-		{throttle.HeaderKey: "crm", throttle.HeaderCost: "11"}, // above the burst
+		{throttle.HeaderKey: "crm", keyspace.Cost: "0"},
+		{throttle.HeaderKey: "crm", keyspace.Cost: "-3"},
+		{throttle.HeaderKey: "crm", keyspace.Cost: "11"}, // above the burst
 	} {
 		_, err := f.client.Enqueue(asynq.NewTaskWithHeaders("sync:crm", nil, bad), asynq.MaxRetry(5))
 		require.NoError(t, err)

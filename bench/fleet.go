@@ -110,7 +110,7 @@ func (c *counters) observe(ev throttle.Event) {
 		c.mu.Unlock()
 	case throttle.Failed:
 		c.failed.Add(1)
-		if !ev.Ran {
+		if !ev.HandlerRan {
 			c.denials.Add(1)
 		}
 		if ev.Err != nil {
@@ -204,20 +204,21 @@ func startFleet(e *env, spec fleetSpec, c *counters) (*fleet, error) {
 		case spec.variant == vNaive, spec.variant == vOurs:
 			opts := []throttle.Option{
 				throttle.WithPrefix(spec.prefix),
-				throttle.WithObserver(c.observe),
 				throttle.WithLogger(slog.New(slog.DiscardHandler)),
 			}
 			opts = append(opts, spec.throttleOptions...)
 			if spec.variant == vNaive {
-				opts = append(opts, throttle.WithReservations(0))
+				opts = append(opts, throttle.WithReservationHorizon(0))
 			}
-			onLimited = func(resp *http.Response) error { return throttle.FromResponse(resp) }
+			onLimited = func(resp *http.Response) error { return throttle.Observe(context.Background(), resp) }
 			if c.trace != nil {
 				// Outermost: when asynq handed the task over, before any
 				// decision or pacing wait.
 				mux.Use(c.trace.dequeued)
 			}
-			mux.Use(throttle.ByProvider(rdb, opts...))
+			lim := throttle.NewLimiter(rdb, opts...)
+			lim.OnEvent(c.observe)
+			mux.Use(lim.Middleware())
 			srv = worker.NewServer(rdb, cfg)
 		default:
 			f.stop()
@@ -250,7 +251,7 @@ func setLimits(ctx context.Context, e *env, spec fleetSpec) error {
 		return nil
 	}
 	for k, q := range spec.limits {
-		lim := throttle.Limit{Rate: int(q.Rate), Per: time.Second, Burst: int(q.Burst)}
+		lim := throttle.Limit{N: int(q.Rate), Per: time.Second, Burst: int(q.Burst)}
 		if err := l.SetLimits(ctx, k, lim); err != nil {
 			return err
 		}
@@ -279,7 +280,7 @@ func (e *providerLimitedError) Error() string {
 func sleepMiddleware(rl *redis_rate.Limiter, prefix string, limits map[string]redis_rate.Limit, c *counters) asynq.MiddlewareFunc {
 	return func(next asynq.Handler) asynq.Handler {
 		return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
-			key := throttle.KeyOf(t)
+			key := t.Headers()[throttle.HeaderKey]
 			limit, ok := limits[key]
 			if !ok {
 				return next.ProcessTask(ctx, t)
@@ -349,7 +350,7 @@ func wikiRetryDelay(n int, err error, t *asynq.Task) time.Duration {
 func wikiMiddleware(lims map[string]*rate.Limiter, c *counters) asynq.MiddlewareFunc {
 	return func(next asynq.Handler) asynq.Handler {
 		return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
-			lim := lims[throttle.KeyOf(t)]
+			lim := lims[t.Headers()[throttle.HeaderKey]]
 			if lim == nil {
 				return next.ProcessTask(ctx, t)
 			}

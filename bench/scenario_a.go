@@ -597,14 +597,14 @@ func reasons(m map[string]int64) string {
 		return "-"
 	}
 	var parts []string
-	for _, k := range []string{"tier", "queued", "before slot", "suspended"} {
+	for _, k := range []string{"tier", "queued", "reserved", "suspended"} {
 		if m[k] > 0 {
 			parts = append(parts, fmt.Sprintf("%s:%d", strings.ReplaceAll(k, " ", "_"), m[k]))
 		}
 	}
 	for k, v := range m {
 		switch k {
-		case "tier", "queued", "before slot", "suspended":
+		case "tier", "queued", "reserved", "suspended":
 		default:
 			parts = append(parts, fmt.Sprintf("%s:%d", k, v))
 		}

@@ -88,7 +88,7 @@ func perSecond(calls []callRecord, start, end time.Time) []int {
 // (throttle.Window) for the others.
 func oursLimits(p providerSpec) []throttle.Limit {
 	if p.Kind == kindBucket {
-		return []throttle.Limit{{Rate: p.Quota, Per: p.Window, Burst: p.Burst}}
+		return []throttle.Limit{{N: p.Quota, Per: p.Window, Burst: p.Burst}}
 	}
 	return []throttle.Limit{throttle.Window(p.Quota, p.Window)}
 }

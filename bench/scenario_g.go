@@ -92,7 +92,7 @@ func runG(ctx context.Context, e *env, w io.Writer) (*scenarioG, error) {
 	// shared one (then the figures include the longer names).
 	_, s.Prefix = e.names("g", "keys")
 	if e.own {
-		s.Prefix = throttle.DefaultPrefix
+		s.Prefix = "throttle" // the default prefix
 	}
 	fmt.Fprintf(w, "\n== G. many keys: %d tenant keys (slack:T00000 ...), each %v + %v, against one key and 32 keys (%v each, never binding); %v slices\n",
 		s.Keys, gTenantLimits[0], gTenantLimits[1], gHotLimits[0], slice)

@@ -235,7 +235,7 @@ func runS(ctx context.Context, e *env, w io.Writer) (*scenarioS, error) {
 		sch := tierSchedule{name: fmt.Sprintf("tier %d (per %v)", tier+1, soakPhases[0][tier].Per)}
 		for k, phase := range soakPhases {
 			l := phase[tier]
-			step := tierStep{rate: float64(l.Rate) / l.Per.Seconds(), burst: float64(l.Burst)}
+			step := tierStep{rate: float64(l.N) / l.Per.Seconds(), burst: float64(l.Burst)}
 			switch {
 			case k == 0:
 			case exactTimes:
@@ -288,7 +288,7 @@ func limitsString(ls []throttle.Limit) string {
 		if per == "" {
 			per = l.Per.String()
 		}
-		parts = append(parts, fmt.Sprintf("%d/%s:burst=%d", l.Rate, per, l.Burst))
+		parts = append(parts, fmt.Sprintf("%d/%s:burst=%d", l.N, per, l.Burst))
 	}
 	return strings.Join(parts, " ")
 }

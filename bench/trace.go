@@ -18,7 +18,7 @@ import (
 
 // runTrace records what one provider's fleet did in one run of scenario E,
 // for -e-trace: every call the handlers made (task ID, answer), every
-// middleware decision (throttle.WithObserver), and the key's state sampled
+// middleware decision (Limiter.OnEvent), and the key's state sampled
 // every traceEvery (Limiter.Inspect and the raw hash). Times are since the
 // run's start on the harness clock, which is also Redis's (one host).
 type runTrace struct {
@@ -123,7 +123,7 @@ func (t *runTrace) sample(l *throttle.Limiter, rdb *redis.Client, key, hashKey, 
 				next = fmt.Sprintf("%s@%+.3fs", first[0].Member, time.UnixMicro(int64(first[0].Score)).Sub(t.start).Seconds())
 			}
 			t.add("state tokens=%.2f in_force=%v reservations=%d queued_for=%v suspended=%v first_resv=%s raw{%s}",
-				st.Tokens, st.InForce, st.Reservations, st.QueuedFor.Round(time.Millisecond), st.Suspended.Round(time.Millisecond),
+				st.Tokens, st.InForce, st.Reservations, st.QueuedFor.Round(time.Millisecond), st.SuspendedFor.Round(time.Millisecond),
 				next, strings.Join(raw, " "))
 		}
 	})

@@ -48,7 +48,7 @@ func newKeyView(key string, st throttle.Status, err error) keyView {
 		Key:              key,
 		LimitSpec:        limitspec.FormatAll(st.Limits),
 		Generation:       st.Generation,
-		SuspendedSeconds: st.Suspended.Seconds(),
+		SuspendedSeconds: st.SuspendedFor.Seconds(),
 		Reservations:     st.Reservations,
 		QueuedSeconds:    st.QueuedFor.Seconds(),
 	}
@@ -70,10 +70,9 @@ func (d *dashboard) index(w http.ResponseWriter, r *http.Request) {
 var indexTmpl = template.Must(template.ParseFS(assets, "assets/index.html"))
 
 // Title and ReadOnly are read by the page template.
-func (o options) Title() string   { return o.title }
-func (o options) ReadOnly() bool  { return o.readOnly }
-func (o options) PollMS() int64   { return o.poll.Milliseconds() }
-func (o options) HasCounts() bool { return o.counts != nil }
+func (o options) Title() string  { return o.title }
+func (o options) ReadOnly() bool { return o.readOnly }
+func (o options) PollMS() int64  { return o.poll.Milliseconds() }
 
 func (d *dashboard) keys(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
@@ -82,17 +81,11 @@ func (d *dashboard) keys(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadGateway, err)
 		return
 	}
-	v := stateView{Time: time.Now(), ReadOnly: d.o.readOnly, DecisionsAvailable: d.o.counts != nil, PollSeconds: d.o.poll.Seconds(), Keys: []keyView{}}
+	counts := d.counts.snapshot()
+	v := stateView{Time: time.Now(), ReadOnly: d.o.readOnly, DecisionsAvailable: counts != nil, PollSeconds: d.o.poll.Seconds(), Keys: []keyView{}}
 	if len(keys) > d.o.maxKeys {
 		v.Omitted = len(keys) - d.o.maxKeys
 		keys = keys[:d.o.maxKeys]
-	}
-	var counts map[string]metricsCounts
-	if d.o.counts != nil {
-		counts = map[string]metricsCounts{}
-		for k, c := range d.o.counts.Counts() {
-			counts[k] = metricsCounts{c.Decisions, c.RateLimited}
-		}
 	}
 	for _, k := range keys {
 		kv, err := d.read(ctx, k)
@@ -106,11 +99,6 @@ func (d *dashboard) keys(w http.ResponseWriter, r *http.Request) {
 		v.Keys = append(v.Keys, kv)
 	}
 	writeJSON(w, http.StatusOK, v)
-}
-
-type metricsCounts struct {
-	decisions   map[string]uint64
-	rateLimited uint64
 }
 
 // read inspects one key; invalid limits in Redis are shown, not fatal.
@@ -195,7 +183,8 @@ func (d *dashboard) suspend(ctx context.Context, req actionRequest) error {
 }
 
 func (d *dashboard) resume(ctx context.Context, req actionRequest) error {
-	return d.lim.Resume(ctx, req.Key)
+	_, err := d.lim.Resume(ctx, req.Key)
+	return err
 }
 
 func (d *dashboard) setLimits(ctx context.Context, req actionRequest) error {

@@ -25,19 +25,16 @@ import (
 	"strings"
 	"time"
 
-	"github.com/asynq-throttle/asynq-throttle/metrics"
 	"github.com/asynq-throttle/asynq-throttle/throttle"
 )
 
 //go:embed assets
 var assets embed.FS
 
-// Defaults of the options.
+// The defaults; each With* doc states the one it changes.
 const (
-	// DefaultMaxKeys is how many keys the page shows (in name order).
-	DefaultMaxKeys = 200
-	// DefaultPollInterval is how often the page asks for fresh state.
-	DefaultPollInterval = time.Second
+	defaultMaxKeys      = 200
+	defaultPollInterval = time.Second
 )
 
 // Option configures the dashboard.
@@ -45,7 +42,6 @@ type Option func(*options)
 
 type options struct {
 	readOnly bool
-	counts   *metrics.Collector
 	maxKeys  int
 	poll     time.Duration
 	title    string
@@ -58,18 +54,11 @@ type options struct {
 // shows.
 func WithReadOnly(readOnly bool) Option { return func(o *options) { o.readOnly = readOnly } }
 
-// WithMetrics shows, per key, the decisions per second by outcome and the
-// 429s that c has counted (default: none shown). c counts the decisions of
-// the process it observes (throttle.WithObserver(c.Observe)), so mount the
-// dashboard in a worker process to see them; Prometheus aggregates the
-// fleet.
-func WithMetrics(c *metrics.Collector) Option { return func(o *options) { o.counts = c } }
-
-// WithMaxKeys caps the keys shown, in name order (default DefaultMaxKeys).
+// WithMaxKeys caps the keys shown, in name order (default 200).
 func WithMaxKeys(n int) Option { return func(o *options) { o.maxKeys = n } }
 
-// WithPollInterval sets how often the page refreshes (default
-// DefaultPollInterval, 1 s; at least 100 ms).
+// WithPollInterval sets how often the page refreshes (default 1s; at least
+// 100ms).
 func WithPollInterval(d time.Duration) Option { return func(o *options) { o.poll = d } }
 
 // WithTitle sets the page title (default "asynq-throttle").
@@ -98,22 +87,28 @@ func WithAllowedHosts(hosts ...string) Option {
 
 // dashboard serves the page, its assets and its JSON API.
 type dashboard struct {
-	lim *throttle.Limiter
-	o   options
-	mux *http.ServeMux
+	lim    *throttle.Limiter
+	o      options
+	mux    *http.ServeMux
+	counts counts // lim's middleware decisions in this process
 }
 
-// New returns the dashboard of lim's keys as an http.Handler. Its page uses
-// relative URLs, so it works under any prefix stripped by http.StripPrefix.
-// It is safe for concurrent use.
+// New returns the dashboard of lim's keys as an http.Handler: for every key
+// in Redis its limits, tokens, slots in flight, suspension and
+// reservations, and, when lim's middleware runs in this process, the
+// decisions it made per second by outcome and the 429s it saw (Prometheus,
+// see package metrics, sums them over the fleet). Its page uses relative
+// URLs, so it works under any prefix stripped by http.StripPrefix. It is
+// safe for concurrent use.
 func New(lim *throttle.Limiter, opts ...Option) http.Handler {
-	o := options{readOnly: true, maxKeys: DefaultMaxKeys, poll: DefaultPollInterval, title: "asynq-throttle"}
+	o := options{readOnly: true, maxKeys: defaultMaxKeys, poll: defaultPollInterval, title: "asynq-throttle"}
 	for _, opt := range opts {
 		opt(&o)
 	}
 	o.maxKeys = max(o.maxKeys, 1)
 	o.poll = max(o.poll, 100*time.Millisecond)
 	d := &dashboard{lim: lim, o: o, mux: http.NewServeMux()}
+	lim.OnEvent(d.counts.add)
 	static, _ := fs.Sub(assets, "assets")
 	d.mux.HandleFunc("GET /{$}", d.index)
 	d.mux.Handle("GET /static/", http.StripPrefix("/static/", http.FileServerFS(static)))

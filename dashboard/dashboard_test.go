@@ -11,12 +11,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hibiken/asynq"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/asynq-throttle/asynq-throttle/dashboard"
 	"github.com/asynq-throttle/asynq-throttle/internal/redistest"
-	"github.com/asynq-throttle/asynq-throttle/metrics"
 	"github.com/asynq-throttle/asynq-throttle/throttle"
 )
 
@@ -109,7 +109,8 @@ func TestServesEmbeddedPage(t *testing.T) {
 	}
 }
 
-// api/keys shows every key's state and, with a collector, its counts.
+// api/keys shows every key's state and the decisions its Limiter's
+// middleware made in this process.
 func TestAPIKeys(t *testing.T) {
 	ctx := context.Background()
 	rdb := redistest.Start(t).Client(t)
@@ -120,11 +121,15 @@ func TestAPIKeys(t *testing.T) {
 	require.NoError(t, lim.SetLimits(ctx, "stripe", throttle.Window(100, time.Minute), throttle.InFlight(3)))
 	d, err := lim.TakeN(ctx, "stripe", 2)
 	require.NoError(t, err)
-	require.NotEmpty(t, d.Hold)
-	c := metrics.New(nil)
-	c.Observe(throttle.Event{Key: "slack", Outcome: throttle.Ran, Ran: true})
-	c.Observe(throttle.Event{Key: "slack", Outcome: throttle.Suspended})
-	srv := mount(t, dashboard.New(lim, dashboard.WithMetrics(c), dashboard.WithMaxKeys(2)))
+	require.NotEmpty(t, d.Slot)
+	srv := mount(t, dashboard.New(lim, dashboard.WithMaxKeys(2)))
+	// One task through lim's middleware, whose handler the provider
+	// answers 429: a decision (ran) and a suspension.
+	task, err := throttle.NewTask("slack:sync", nil, throttle.Key("slack"))
+	require.NoError(t, err)
+	_ = lim.Middleware()(asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
+		return throttle.RateLimited(time.Second)
+	})).ProcessTask(ctx, task)
 
 	code, _, body := get(t, srv.URL+"/throttle/api/keys")
 	require.Equal(t, http.StatusOK, code, body)
@@ -162,7 +167,8 @@ func TestAPIKeys(t *testing.T) {
 	assert.Equal(t, int64(1), k.Generation)
 	assert.Nil(t, k.InFlight, "no in-flight limit")
 	require.Len(t, k.Limits, 2)
-	assert.Equal(t, tier{Kind: "bucket", Limit: "5/s:burst=8", Burst: 8, Tokens: 8}, k.Limits[0])
+	assert.Equal(t, tier{Kind: "bucket", Limit: "5/s:burst=8", Burst: 8, Tokens: k.Limits[0].Tokens}, k.Limits[0])
+	assert.InDelta(t, 7, k.Limits[0].Tokens, 0.2, "8 less the task's call")
 	assert.Equal(t, 100, k.Limits[1].Burst)
 
 	k = v.Keys[1]
@@ -187,7 +193,7 @@ func TestActions(t *testing.T) {
 	suspended := func() time.Duration {
 		st, err := lim.Inspect(ctx, "slack")
 		require.NoError(t, err)
-		return st.Suspended
+		return st.SuspendedFor
 	}
 
 	ro := mount(t, dashboard.New(lim))
@@ -234,17 +240,17 @@ func TestActions(t *testing.T) {
 
 	code, v = post(t, base+"limits", `{"key":"slack","limits":"10/s:burst=20 50/m"}`, true)
 	require.Equal(t, http.StatusOK, code, v)
-	ls, err := lim.Limits(ctx, "slack")
+	st, err := lim.Inspect(ctx, "slack")
 	require.NoError(t, err)
-	assert.Equal(t, []throttle.Limit{throttle.PerSecond(10).WithBurst(20), throttle.PerMinute(50).WithBurst(50)}, ls)
+	assert.Equal(t, []throttle.Limit{throttle.PerSecond(10).WithBurst(20), throttle.PerMinute(50).WithBurst(50)}, st.Limits)
 
 	code, v = post(t, base+"limits", `{"key":"slack","limits":"4:inflight 5000/h:window"}`, true)
 	require.Equal(t, http.StatusOK, code, v)
 	assert.Equal(t, "5000/h:window 4:inflight", v["limit_spec"])
 	assert.Equal(t, 3.0, v["generation"])
-	ls, err = lim.Limits(ctx, "slack")
+	st, err = lim.Inspect(ctx, "slack")
 	require.NoError(t, err)
-	assert.Equal(t, []throttle.Limit{throttle.Window(5000, time.Hour), throttle.InFlight(4)}, ls)
+	assert.Equal(t, []throttle.Limit{throttle.Window(5000, time.Hour), throttle.InFlight(4)}, st.Limits)
 }
 
 // TestAPIKeysInForce: a key cut by adaptive mode after a 429 shows the
@@ -288,7 +294,7 @@ func TestRefusesRebindingHost(t *testing.T) {
 	suspended := func() time.Duration {
 		st, err := lim.Inspect(ctx, "slack")
 		require.NoError(t, err)
-		return st.Suspended
+		return st.SuspendedFor
 	}
 	srv := mount(t, dashboard.New(lim, dashboard.WithReadOnly(false), dashboard.WithAllowedHosts("ops.example.com")))
 	base := srv.URL + "/throttle/"

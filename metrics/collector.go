@@ -3,18 +3,19 @@
 // scrape, the state of the keys in Redis (tokens, limits, suspensions,
 // reservations) as the whole fleet shares it.
 //
-// The Collector is registered by the caller on a registry of its choice and
-// fed by the middleware through throttle.WithObserver:
+// New follows the decisions of the Limiter the middleware runs on; the
+// caller registers the Collector on a registry of its choice:
 //
-//	c := metrics.New(throttle.NewLimiter(rdb))
-//	reg.MustRegister(c)
-//	mux.Use(throttle.ByProvider(rdb, throttle.WithObserver(c.Observe)))
+//	lim := throttle.NewLimiter(rdb)
+//	prometheus.MustRegister(metrics.New(lim))
+//	mux.Use(lim.Middleware())
 //
-// Every metric is named asynq_throttle_*. Label cardinality is bounded: the
-// key label takes at most WithMaxKeys distinct values (default 100); events
-// of further keys are counted under key="_other", and
-// asynq_throttle_keys_folded_total counts them. The other labels take
-// fixed sets of values (tier 1 to 4, kind bucket or window, the outcomes,
+// Every metric is named asynq_throttle_* (docs/operating.md lists them).
+// Label cardinality is bounded: the key label takes at most WithMaxKeys
+// distinct values (default 100); events of further keys are counted under
+// key="_other" (tasks without a key under key="_none"), and
+// asynq_throttle_keys_folded_total counts them. The other labels take fixed
+// sets of values (tier 1 to 4, kind bucket or window, the outcomes,
 // reasons, policies and error classes).
 package metrics
 
@@ -31,16 +32,14 @@ import (
 
 // Special values of the key label.
 const (
-	// OtherKey is the key label of events past the WithMaxKeys cap.
-	OtherKey = "_other"
-	// NoKey is the key label of tasks that have no key (run unthrottled).
-	NoKey = "_none"
+	otherKey = "_other" // events past the WithMaxKeys cap
+	noKey    = "_none"  // tasks that have no key (run unthrottled)
 )
 
 const namespace = "asynq_throttle"
 
-// Collector is a prometheus.Collector of the middleware's decisions (fed by
-// Observe) and of the state of the limiter's keys in Redis (read on every
+// Collector is a prometheus.Collector of a Limiter's middleware decisions in
+// this process and of the state of its keys in Redis (read on every
 // Collect). Its zero value is not usable; build it with New. It is safe for
 // concurrent use.
 type Collector struct {
@@ -48,25 +47,26 @@ type Collector struct {
 	o   options
 
 	mu     sync.RWMutex
-	keys   map[string]*keyStats // by key label, at most o.maxKeys (plus OtherKey, NoKey)
-	folded uint64               // events counted under OtherKey; guarded by mu
+	keys   map[string]*keyStats // by key label, at most o.maxKeys (plus otherKey, noKey)
+	folded uint64               // events counted under otherKey; guarded by mu
 
 	latency prometheus.Histogram
 	descs   descs
 }
 
-// New returns a Collector. lim is read on every scrape for the state of its
-// keys (Limiter.Keys, then Limiter.Inspect per key); with a nil lim, only
-// the events passed to Observe are exported.
+// New returns a Collector of lim: it counts the decisions of lim's
+// middleware from now on (Limiter.OnEvent), and reads the state of lim's
+// keys in Redis on every scrape (Limiter.Keys, then Limiter.Inspect per
+// key).
 func New(lim *throttle.Limiter, opts ...Option) *Collector {
-	o := options{maxKeys: DefaultMaxKeys, scrapeTimeout: DefaultScrapeTimeout, buckets: DefaultLatencyBuckets}
+	o := options{maxKeys: defaultMaxKeys, scrapeTimeout: defaultScrapeTimeout, buckets: defaultLatencyBuckets}
 	for _, opt := range opts {
 		opt(&o)
 	}
 	if o.maxKeys < 1 {
 		o.maxKeys = 1
 	}
-	return &Collector{
+	c := &Collector{
 		lim:  lim,
 		o:    o,
 		keys: map[string]*keyStats{},
@@ -78,22 +78,22 @@ func New(lim *throttle.Limiter, opts ...Option) *Collector {
 		}),
 		descs: newDescs(),
 	}
+	if lim != nil { // (tests feed events by hand)
+		lim.OnEvent(c.observe)
+	}
+	return c
 }
 
-// Defaults of the options.
+// The defaults; each With* doc states the one it changes.
 const (
-	// DefaultMaxKeys is how many distinct key label values the Collector
-	// exports before folding further keys into OtherKey.
-	DefaultMaxKeys = 100
-	// DefaultScrapeTimeout bounds the reading of the keys' state in Redis
-	// on one scrape.
-	DefaultScrapeTimeout = 3 * time.Second
+	defaultMaxKeys       = 100
+	defaultScrapeTimeout = 3 * time.Second
 )
 
-// DefaultLatencyBuckets are the buckets of
+// defaultLatencyBuckets are the buckets of
 // asynq_throttle_decision_duration_seconds: 100 µs to 1 s, the default
 // decision timeout.
-var DefaultLatencyBuckets = []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1}
+var defaultLatencyBuckets = []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1}
 
 // Option configures a Collector.
 type Option func(*options)
@@ -104,19 +104,20 @@ type options struct {
 	buckets       []float64
 }
 
-// WithMaxKeys caps the distinct values of the key label (default
-// DefaultMaxKeys, 100; at least 1). Events of keys past the cap are counted
+// WithMaxKeys caps the distinct values of the key label (default 100; at
+// least 1). Events of keys past the cap are counted
 // under key="_other" and in asynq_throttle_keys_folded_total, and the state
 // of only the first n keys (in name order) is read on a scrape.
 func WithMaxKeys(n int) Option { return func(o *options) { o.maxKeys = n } }
 
 // WithScrapeTimeout bounds how long one scrape reads the keys' state from
-// Redis (default DefaultScrapeTimeout, 3 s). Past it the scrape reports
+// Redis (default 3s). Past it the scrape reports
 // asynq_throttle_state_up 0 and no state, instead of hanging the scrape.
 func WithScrapeTimeout(d time.Duration) Option { return func(o *options) { o.scrapeTimeout = d } }
 
 // WithLatencyBuckets sets the buckets of the decision latency histogram
-// (default DefaultLatencyBuckets).
+// asynq_throttle_decision_duration_seconds (default 100µs to 1s: .0001,
+// .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1).
 func WithLatencyBuckets(b []float64) Option { return func(o *options) { o.buckets = b } }
 
 // Describe sends the descriptors of every metric the Collector exports.
@@ -155,7 +156,7 @@ func newDescs() descs {
 	}
 	return descs{
 		decisions:     d("decisions_total", "Middleware decisions by key and outcome (ran, deferred, suspended, unthrottled, failed, rejected).", "key", "outcome"),
-		deferrals:     d("deferrals_total", "Tasks deferred by key, reason (tier, in_flight, suspended, queued, before_slot, failure_policy) and whether they hold a reserved slot.", "key", "reason", "reserved"),
+		deferrals:     d("deferrals_total", "Tasks deferred by key, reason (tier, in_flight, suspended, queued, reserved, failure_policy) and whether they hold a reservation.", "key", "reason", "reserved"),
 		copies:        d("deferral_copies_total", "Deferrals that re-enqueued a copy of the task (plain asynq.Server, or a task's last attempt).", "key"),
 		rateLimited:   d("rate_limited_total", "Handlers that reported a rate limit (429 or RateLimited); each suspends the key fleet-wide.", "key"),
 		leased:        d("leased_total", "Tasks that ran on a token leased by their process, without a Redis call.", "key"),

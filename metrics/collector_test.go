@@ -19,6 +19,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/asynq-throttle/asynq-throttle/internal/keyspace"
+	"github.com/asynq-throttle/asynq-throttle/internal/lua"
 	"github.com/asynq-throttle/asynq-throttle/internal/redistest"
 	"github.com/asynq-throttle/asynq-throttle/metrics"
 	"github.com/asynq-throttle/asynq-throttle/throttle"
@@ -36,16 +38,16 @@ func TestObserveScripted(t *testing.T) {
 	c := metrics.New(nil, metrics.WithMaxKeys(2))
 	refused := errors.New("dial tcp 127.0.0.1:1: connect: connection refused")
 	for _, ev := range []throttle.Event{
-		{Key: "slack", Outcome: throttle.Ran, Ran: true, Latency: time.Millisecond},
-		{Key: "slack", Outcome: throttle.Ran, Ran: true, Leased: true},
+		{Key: "slack", Outcome: throttle.Ran, HandlerRan: true, Latency: time.Millisecond},
+		{Key: "slack", Outcome: throttle.Ran, HandlerRan: true, Leased: true},
 		{Key: "slack", Outcome: throttle.Deferred, Reason: throttle.RefusedByTier, Reserved: true, Latency: time.Millisecond},
-		{Key: "slack", Outcome: throttle.Deferred, Reason: throttle.RefusedBeforeSlot, Reserved: true, Copied: true, Latency: time.Millisecond},
+		{Key: "slack", Outcome: throttle.Deferred, Reason: throttle.RefusedReserved, Reserved: true, Copied: true, Latency: time.Millisecond},
 		{Key: "github", Outcome: throttle.Suspended, Reason: throttle.RefusedBySuspension, Latency: time.Millisecond},
 		{Key: "github", Outcome: throttle.Deferred, Reason: throttle.RefusedBySuspension},
 		{Key: "github", Outcome: throttle.Failed, Err: fmt.Errorf("decide: %w", context.DeadlineExceeded), Latency: time.Second},
-		{Key: "github", Outcome: throttle.Failed, Ran: true, Err: refused, Latency: time.Millisecond},
-		{Key: "", Outcome: throttle.Unthrottled, Ran: true},
-		{Key: "crm", Outcome: throttle.Ran, Ran: true, Latency: time.Millisecond},
+		{Key: "github", Outcome: throttle.Failed, HandlerRan: true, Err: refused, Latency: time.Millisecond},
+		{Key: "", Outcome: throttle.Unthrottled, HandlerRan: true},
+		{Key: "crm", Outcome: throttle.Ran, HandlerRan: true, Latency: time.Millisecond},
 		{Key: "zendesk", Outcome: throttle.Deferred, Reason: throttle.RefusedByQueue, Latency: time.Millisecond},
 		{Key: "slack", Outcome: throttle.Deferred, Reason: throttle.RefusedBySlots, Latency: time.Millisecond},
 		{Key: "slack", Outcome: throttle.Deferred, Reason: throttle.RefusedBySlots, Copied: true, Latency: time.Millisecond},
@@ -63,12 +65,12 @@ asynq_throttle_decisions_total{key="github",outcome="failed"} 2
 asynq_throttle_decisions_total{key="github",outcome="suspended"} 1
 asynq_throttle_decisions_total{key="slack",outcome="deferred"} 4
 asynq_throttle_decisions_total{key="slack",outcome="ran"} 2
-# HELP asynq_throttle_deferrals_total Tasks deferred by key, reason (tier, in_flight, suspended, queued, before_slot, failure_policy) and whether they hold a reserved slot.
+# HELP asynq_throttle_deferrals_total Tasks deferred by key, reason (tier, in_flight, suspended, queued, reserved, failure_policy) and whether they hold a reservation.
 # TYPE asynq_throttle_deferrals_total counter
 asynq_throttle_deferrals_total{key="_other",reason="queued",reserved="false"} 1
 asynq_throttle_deferrals_total{key="github",reason="failure_policy",reserved="false"} 1
 asynq_throttle_deferrals_total{key="github",reason="suspended",reserved="false"} 2
-asynq_throttle_deferrals_total{key="slack",reason="before_slot",reserved="true"} 1
+asynq_throttle_deferrals_total{key="slack",reason="reserved",reserved="true"} 1
 asynq_throttle_deferrals_total{key="slack",reason="in_flight",reserved="false"} 2
 asynq_throttle_deferrals_total{key="slack",reason="tier",reserved="true"} 1
 # HELP asynq_throttle_deferral_copies_total Deferrals that re-enqueued a copy of the task (plain asynq.Server, or a task's last attempt).
@@ -133,13 +135,15 @@ func TestMiddlewareFeedsCollector(t *testing.T) {
 	rdb := srv.Client(t)
 	c := metrics.New(nil)
 	lim := throttle.NewLimiter(rdb)
-	require.NoError(t, lim.SetLimits(ctx, "slack", throttle.Limit{Rate: 2, Per: time.Hour}))
+	require.NoError(t, lim.SetLimits(ctx, "slack", throttle.Limit{N: 2, Per: time.Hour}))
 	require.NoError(t, lim.SetLimits(ctx, "github", throttle.PerSecond(1000)))
 	client := asynq.NewClientFromRedisClient(rdb)
 	t.Cleanup(func() { client.Close() })
 	quiet := throttle.WithLogger(slog.New(slog.DiscardHandler))
 	// No headroom: the scripted takes below count whole tokens.
-	mw := throttle.ByProvider(rdb, throttle.WithObserver(c.Observe), throttle.WithClient(client), quiet, throttle.WithHeadroom(0))
+	mwLim := throttle.NewLimiter(rdb, quiet, throttle.WithHeadroom(0))
+	mwLim.OnEvent(c.Observe)
+	mw := mwLim.Middleware()
 	ok := func() error { return nil }
 
 	// slack: two tokens, then a refusal by its tier (no task ID: no slot; a
@@ -160,7 +164,9 @@ func TestMiddlewareFeedsCollector(t *testing.T) {
 	// A Redis that refuses connections: fail closed, deferred by copy.
 	dead := redis.NewClient(&redis.Options{Addr: closedAddr(t), MaxRetries: -1, DialerRetries: 1})
 	t.Cleanup(func() { dead.Close() })
-	deadMW := throttle.ByProvider(dead, throttle.WithObserver(c.Observe), throttle.WithClient(client), quiet)
+	deadLim := throttle.NewLimiter(dead, quiet, throttle.WithTaskRedis(rdb))
+	deadLim.OnEvent(c.Observe)
+	deadMW := deadLim.Middleware()
 	require.NoError(t, runTask(deadMW, asynq.NewTask("slack:sync", nil), ok))
 
 	want := `
@@ -174,7 +180,7 @@ asynq_throttle_decisions_total{key="github",outcome="suspended"} 1
 asynq_throttle_decisions_total{key="slack",outcome="deferred"} 1
 asynq_throttle_decisions_total{key="slack",outcome="failed"} 1
 asynq_throttle_decisions_total{key="slack",outcome="ran"} 2
-# HELP asynq_throttle_deferrals_total Tasks deferred by key, reason (tier, in_flight, suspended, queued, before_slot, failure_policy) and whether they hold a reserved slot.
+# HELP asynq_throttle_deferrals_total Tasks deferred by key, reason (tier, in_flight, suspended, queued, reserved, failure_policy) and whether they hold a reservation.
 # TYPE asynq_throttle_deferrals_total counter
 asynq_throttle_deferrals_total{key="github",reason="suspended",reserved="false"} 3
 asynq_throttle_deferrals_total{key="slack",reason="failure_policy",reserved="false"} 1
@@ -230,11 +236,6 @@ func TestErrorClass(t *testing.T) {
 	short, cancel := context.WithTimeout(ctx, time.Nanosecond)
 	defer cancel()
 	<-short.Done()
-	lim := throttle.NewLimiter(rdb)
-	require.NoError(t, lim.SetLimits(ctx, "k", throttle.PerSecond(2)))
-	_, costTooHigh := lim.TakeN(ctx, "k", 3)
-	require.ErrorIs(t, costTooHigh, throttle.ErrCostTooHigh)
-
 	for _, tc := range []struct {
 		name string
 		err  error
@@ -245,7 +246,6 @@ func TestErrorClass(t *testing.T) {
 		{"client closed", closed.Ping(ctx).Err(), metrics.ClassConnection},
 		{"deadline", fmt.Errorf("decide: %w", rdb.Ping(short).Err()), metrics.ClassTimeout},
 		{"bad config", &throttle.ConfigError{Key: "k", Field: "rate:1", Reason: "NaN"}, metrics.ClassBadConfig},
-		{"cost too high", costTooHigh, metrics.ClassCostTooHigh},
 		{"other", errors.New("something else"), metrics.ClassOther},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -284,13 +284,11 @@ func TestScrapeState(t *testing.T) {
 	rdb := redistest.Start(t).Client(t)
 	lim := throttle.NewLimiter(rdb)
 	require.NoError(t, lim.SetLimits(ctx, "slack", throttle.PerSecond(5).WithBurst(8), throttle.PerMinute(100)))
-	require.NoError(t, lim.SetLimits(ctx, "github", throttle.Limit{Rate: 1, Per: time.Hour}))
+	require.NoError(t, lim.SetLimits(ctx, "github", throttle.Limit{N: 1, Per: time.Hour}))
 	_, err := lim.Take(ctx, "github")
 	require.NoError(t, err)
 	for i := range 3 {
-		d, err := lim.Reserve(ctx, "github", fmt.Sprint("task-", i), 24*time.Hour, time.Second)
-		require.NoError(t, err)
-		require.True(t, d.Reserved)
+		reserve(t, rdb, "github", fmt.Sprint("task-", i))
 	}
 	require.NoError(t, lim.Suspend(ctx, "slack", time.Minute))
 	// stripe: a window and an in-flight limit, set twice; two calls hold
@@ -370,12 +368,10 @@ func TestScrapeRedisDown(t *testing.T) {
 func TestMiddlewareRefusedBySlots(t *testing.T) {
 	ctx := context.Background()
 	rdb := redistest.Start(t).Client(t)
-	lim := throttle.NewLimiter(rdb)
+	lim := throttle.NewLimiter(rdb, throttle.WithLogger(slog.New(slog.DiscardHandler)))
 	c := metrics.New(lim)
 	require.NoError(t, lim.SetLimits(ctx, "crm", throttle.PerSecond(100), throttle.InFlight(1)))
-	client := asynq.NewClientFromRedisClient(rdb)
-	t.Cleanup(func() { client.Close() })
-	mw := throttle.ByProvider(rdb, throttle.WithObserver(c.Observe), throttle.WithClient(client), throttle.WithLogger(slog.New(slog.DiscardHandler)))
+	mw := lim.Middleware()
 
 	started, release := make(chan struct{}), make(chan struct{})
 	first := make(chan error, 1)
@@ -399,7 +395,7 @@ func TestMiddlewareRefusedBySlots(t *testing.T) {
 # TYPE asynq_throttle_decisions_total counter
 asynq_throttle_decisions_total{key="crm",outcome="deferred"} 1
 asynq_throttle_decisions_total{key="crm",outcome="ran"} 1
-# HELP asynq_throttle_deferrals_total Tasks deferred by key, reason (tier, in_flight, suspended, queued, before_slot, failure_policy) and whether they hold a reserved slot.
+# HELP asynq_throttle_deferrals_total Tasks deferred by key, reason (tier, in_flight, suspended, queued, reserved, failure_policy) and whether they hold a reservation.
 # TYPE asynq_throttle_deferrals_total counter
 asynq_throttle_deferrals_total{key="crm",reason="in_flight",reserved="false"} 1
 # HELP asynq_throttle_deferral_copies_total Deferrals that re-enqueued a copy of the task (plain asynq.Server, or a task's last attempt).
@@ -411,4 +407,16 @@ asynq_throttle_deferral_copies_total{key="crm"} 1
 	g := gauges(t, c)
 	assert.Equal(t, 0.0, g["asynq_throttle_in_flight{key=crm}"], "the slot is given back when the handler returns")
 	assert.Equal(t, 1.0, g["asynq_throttle_in_flight_limit{key=crm}"])
+}
+
+// reserve reserves a run time within a day for task id under key, as the
+// middleware does when it refuses a task.
+func reserve(t testing.TB, rdb redis.UniversalClient, key, id string) {
+	t.Helper()
+	keys, err := keyspace.RedisKeys(keyspace.DefaultPrefix, key)
+	require.NoError(t, err)
+	r, err := lua.Decide(context.Background(), lua.NewRunner(rdb), keys, lua.DecideArgs{
+		TaskID: id, Horizon: 24 * time.Hour, Granule: time.Second, Lapse: 5 * time.Minute, IdleExpiry: time.Hour, SlotLease: 30 * time.Second})
+	require.NoError(t, err)
+	require.False(t, r.Slot.IsZero(), "a reservation for %s under %s: %+v", id, key, r)
 }

@@ -35,10 +35,10 @@ type keyStats struct {
 	n  map[series]uint64
 }
 
-// Observe counts one middleware event. Pass it to the middleware:
-// throttle.WithObserver(c.Observe). It runs on the worker goroutine and
-// takes a short lock per key.
-func (c *Collector) Observe(ev throttle.Event) {
+// observe counts one middleware event (New registers it with
+// Limiter.OnEvent). It runs on the worker goroutine and takes a short lock
+// per key.
+func (c *Collector) observe(ev throttle.Event) {
 	ks := c.stats(ev.Key)
 	ks.mu.Lock()
 	ks.n[series{m: mDecisions, a: ev.Outcome.String()}]++
@@ -49,14 +49,14 @@ func (c *Collector) Observe(ev throttle.Event) {
 		ks.n[series{m: mDeferrals, a: reasonLabel(ev.Reason), b: strconv.FormatBool(ev.Reserved)}]++
 	case throttle.Failed:
 		policy := "fail_closed"
-		if ev.Ran {
+		if ev.HandlerRan {
 			policy = "fail_open"
 		} else {
 			deferred = true
 			ks.n[series{m: mDeferrals, a: "failure_policy", b: "false"}]++
 		}
 		ks.n[series{m: mFailurePolicy, a: policy}]++
-		ks.n[series{m: mRedisErrors, a: ErrorClass(ev.Err)}]++
+		ks.n[series{m: mRedisErrors, a: errorClass(ev.Err)}]++
 	}
 	if deferred && ev.Copied {
 		ks.n[series{m: mCopies}]++
@@ -74,16 +74,16 @@ func (c *Collector) Observe(ev throttle.Event) {
 	}
 }
 
-// reasonLabel is a Reason as a label value ("before slot" -> "before_slot").
+// reasonLabel is a Reason as a label value ("in flight" -> "in_flight").
 func reasonLabel(r throttle.Reason) string {
 	return strings.ReplaceAll(r.String(), " ", "_")
 }
 
 // stats returns the counters of key's label, creating them while fewer than
-// maxKeys keys have some; past that, OtherKey's.
+// maxKeys keys have some; past that, otherKey's.
 func (c *Collector) stats(key string) *keyStats {
 	if key == "" {
-		key = NoKey
+		key = noKey
 	}
 	c.mu.RLock()
 	ks, ok := c.keys[key]
@@ -96,9 +96,9 @@ func (c *Collector) stats(key string) *keyStats {
 	if ks, ok := c.keys[key]; ok {
 		return ks
 	}
-	if key != NoKey && c.distinct() >= c.o.maxKeys {
+	if key != noKey && c.distinct() >= c.o.maxKeys {
 		c.folded++
-		key = OtherKey
+		key = otherKey
 	}
 	if ks, ok := c.keys[key]; ok {
 		return ks
@@ -111,7 +111,7 @@ func (c *Collector) stats(key string) *keyStats {
 // distinct counts the keys that hold a label of their own; c.mu is held.
 func (c *Collector) distinct() int {
 	n := len(c.keys)
-	for _, special := range []string{OtherKey, NoKey} {
+	for _, special := range []string{otherKey, noKey} {
 		if _, ok := c.keys[special]; ok {
 			n--
 		}
@@ -154,9 +154,9 @@ func (c *Collector) collectEvents(ch chan<- prometheus.Metric) {
 	}
 }
 
-// KeyCounts are the events Observe counted for one key label since the
+// keyCounts are the events Observe counted for one key label since the
 // Collector was made, for displays such as the dashboard.
-type KeyCounts struct {
+type keyCounts struct {
 	// Decisions by outcome ("ran", "deferred", "suspended", "unthrottled",
 	// "failed"); outcomes not seen are absent.
 	Decisions map[string]uint64
@@ -164,14 +164,14 @@ type KeyCounts struct {
 	RateLimited uint64
 }
 
-// Counts returns the counts of every key label seen (including OtherKey and
-// NoKey when they have any).
-func (c *Collector) Counts() map[string]KeyCounts {
+// Counts returns the counts of every key label seen (including otherKey and
+// noKey when they have any).
+func (c *Collector) counts() map[string]keyCounts {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
-	out := make(map[string]KeyCounts, len(c.keys))
+	out := make(map[string]keyCounts, len(c.keys))
 	for key, ks := range c.keys {
-		kc := KeyCounts{Decisions: map[string]uint64{}}
+		kc := keyCounts{Decisions: map[string]uint64{}}
 		ks.mu.Lock()
 		for s, n := range ks.n {
 			switch s.m {

@@ -41,19 +41,19 @@ func (c *Collector) collectState(ctx context.Context, ch chan<- prometheus.Metri
 		for i, l := range st.Limits {
 			if l.Kind == throttle.KindInFlight {
 				gauge(c.descs.inFlight, float64(st.InFlight), key)
-				gauge(c.descs.inFlightLimit, float64(l.Rate), key)
+				gauge(c.descs.inFlightLimit, float64(l.N), key)
 				continue
 			}
 			if l.Kind == throttle.KindAdaptive {
 				continue // not a tier: it cuts the others (limit_rate_in_force)
 			}
 			tier, kind := tierLabel(i), limitspec.KindName(l.Kind)
-			gauge(c.descs.limitRate, float64(l.Rate), key, tier, kind)
+			gauge(c.descs.limitRate, float64(l.N), key, tier, kind)
 			inForce := l
 			if i < len(st.InForce) {
 				inForce = st.InForce[i]
 			}
-			gauge(c.descs.limitInForce, float64(inForce.Rate), key, tier, kind)
+			gauge(c.descs.limitInForce, float64(inForce.N), key, tier, kind)
 			gauge(c.descs.limitPeriod, l.Per.Seconds(), key, tier, kind)
 			gauge(c.descs.limitBurst, float64(limitspec.Burst(l)), key, tier, kind)
 			if i < len(st.Tokens) {
@@ -63,7 +63,7 @@ func (c *Collector) collectState(ctx context.Context, ch chan<- prometheus.Metri
 		if st.Limits != nil {
 			gauge(c.descs.generation, float64(st.Generation), key)
 		}
-		gauge(c.descs.suspended, st.Suspended.Seconds(), key)
+		gauge(c.descs.suspended, st.SuspendedFor.Seconds(), key)
 		gauge(c.descs.reservations, float64(st.Reservations), key)
 		gauge(c.descs.queued, st.QueuedFor.Seconds(), key)
 	}

@@ -7,13 +7,15 @@ import (
 	"sync"
 	"time"
 
+	"github.com/asynq-throttle/asynq-throttle/internal/keyspace"
+	"github.com/asynq-throttle/asynq-throttle/internal/lua"
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 )
 
 // This file is the operator's API: what the asynq-throttle CLI, the metrics
 // collector and the dashboard need beyond Inspect, SetLimits, Suspend and
-// Resume. None of them builds a Redis key name; all go through here.
+// Resume.
 
 // scanCount is the COUNT hint of each SCAN call in Keys.
 const scanCount = 1000
@@ -29,7 +31,7 @@ func (l *Limiter) Keys(ctx context.Context) ([]string, error) {
 		mu    sync.Mutex
 		found = map[string]struct{}{}
 	)
-	pattern := scanPattern(l.o.prefix)
+	pattern := keyspace.ScanPattern(l.o.prefix)
 	type page struct {
 		keys []string
 		next uint64
@@ -48,7 +50,7 @@ func (l *Limiter) Keys(ctx context.Context) ([]string, error) {
 			batch, next := p.keys, p.next
 			mu.Lock()
 			for _, k := range batch {
-				if name, ok := nameOfRedisKey(l.o.prefix, k); ok {
+				if name, ok := keyspace.NameOf(l.o.prefix, k); ok {
 					found[name] = struct{}{}
 				}
 			}
@@ -93,7 +95,7 @@ func (l *Limiter) Delete(ctx context.Context, key string) error {
 	}
 	// One DEL: all keys share the hash tag, so one slot on a Cluster.
 	_, err = bounded(l, ctx, func(ctx context.Context) (int64, error) {
-		return l.rdb.Del(ctx, deletableRedisKeys(keys)...).Result()
+		return l.rdb.Del(ctx, keyspace.Deletable(keys)...).Result()
 	})
 	if err != nil {
 		return fmt.Errorf("throttle: key %q: delete: %w", key, err)
@@ -101,32 +103,224 @@ func (l *Limiter) Delete(ctx context.Context, key string) error {
 	return nil
 }
 
-// Reservation returns the run slot reserved for taskID under key, on the
-// Redis clock, and false when the task holds none. A task deferred by copy
-// (see HeaderOrigin) holds its reservation under the original task's ID.
-func (l *Limiter) Reservation(ctx context.Context, key, taskID string) (slot time.Time, ok bool, err error) {
+// SetLimits stores key's limits in Redis, replacing any before them. Every
+// process obeys them from its next decision: no restart, no deploy.
+//
+// A tier is identified by its period (Limit.Per): each new tier takes over
+// the tokens of the old tier with the same period, wherever either sits in
+// the list, brought up to date under the old limits and clamped to the new
+// burst. So lowering a limit bites at once, raising one grants no sudden
+// burst, and reordering, adding or dropping tiers hands no tier another's
+// tokens. A tier with a period the key did not have starts full. The old
+// limits are read from Redis, or else the defaults the other processes'
+// decisions last used (recorded in Redis with the bucket), so a Limiter
+// without the workers' defaults changes them just as well. Two tiers with
+// the same period are refused.
+//
+// Limits are tiers taken all or nothing: SetLimits(ctx, "slack",
+// PerSecond(1).WithBurst(3), PerMinute(50)) admits a call only when both have
+// a token. The limits expire after WithIdleExpiry without any call. The
+// reservation queue is dropped; this process drops its leased tokens of
+// the key.
+func (l *Limiter) SetLimits(ctx context.Context, key string, limits ...Limit) error {
 	keys, err := redisKeys(l.o.prefix, key)
 	if err != nil {
-		return time.Time{}, false, err
+		return err
 	}
-	us, err := bounded(l, ctx, func(ctx context.Context) (float64, error) {
-		return l.rdb.ZScore(ctx, keys.Reservations, taskID).Result()
+	tiers, err := validateLimits(limits)
+	if err != nil {
+		return err
+	}
+	ks, err := l.state(key)
+	if err != nil {
+		return err
+	}
+	r, err := bounded(l, ctx, func(ctx context.Context) (lua.SetLimitsReply, error) {
+		return lua.SetLimits(ctx, l.runner, keys, l.o.idleExpiry, tiers, l.defaults(key))
 	})
-	switch {
-	case err == redis.Nil:
-		return time.Time{}, false, nil
-	case err != nil:
-		return time.Time{}, false, fmt.Errorf("throttle: key %q: reservation of task %q: %w", key, taskID, err)
+	ks.lease.drop()
+	ks.forgetNoLimits()
+	if err != nil {
+		return fmt.Errorf("throttle: key %q: set limits: %w", key, err)
 	}
-	return time.UnixMicro(int64(us)), true, nil
+	if r.Field != "" {
+		return fmt.Errorf("%w: key %q: %s: %s", ErrInvalidLimit, key, r.Field, r.Reason)
+	}
+	if !r.Changed {
+		return nil
+	}
+	// The tasks waiting for slots spaced under the old limits, or deferred
+	// under them, are decided anew now: a raised limit reaches the backlog
+	// already deferred, and the queue shows it again.
+	reserved := make(map[string]bool, len(r.Reserved))
+	for _, id := range r.Reserved {
+		reserved[id] = true
+	}
+	if _, err := l.tasks.bringBack(ctx, func(info *asynq.TaskInfo) bool {
+		return reserved[info.ID] || (info.Headers[keyspace.Origin] != "" && reserved[info.Headers[keyspace.Origin]]) || deferredBy(info, key, "")
+	}); err != nil {
+		return fmt.Errorf("throttle: key %q: limits set, but the tasks deferred under the old ones wait for their time: %w", key, err)
+	}
+	return nil
 }
 
-// KeyOfTask returns the key the middleware throttles t under with its
-// default key function: the Key header, else the task type up to its first
-// ':' ("slack:sync" is throttled as "slack"), else "" (unthrottled). A
-// middleware built WithKeyFunc may pick another key for tasks without the
-// header. An invalid key in the header is an error wrapping ErrInvalidKey.
-func KeyOfTask(t *asynq.Task) (string, error) {
-	var o options
-	return o.keyOf(t)
+// Suspend stops every process from taking tokens of key for d: each of them
+// is refused with the remaining suspension as RetryAfter on its next decision.
+// A suspension is only ever extended, never shortened, and d is capped by
+// WithMaxSuspension. Inspect tells how long a key is suspended for. This
+// process drops its leased tokens of the key at once.
+func (l *Limiter) Suspend(ctx context.Context, key string, d time.Duration) error {
+	_, err := l.suspend(ctx, key, d)
+	return err
+}
+
+func (l *Limiter) suspend(ctx context.Context, key string, d time.Duration) (time.Duration, error) {
+	keys, err := redisKeys(l.o.prefix, key)
+	if err != nil {
+		return 0, err
+	}
+	if d <= 0 {
+		return 0, fmt.Errorf("throttle: key %q: suspend for %v: duration must be > 0", key, d)
+	}
+	ks, err := l.state(key)
+	if err != nil {
+		return 0, err
+	}
+	ks.lease.drop()
+	r, err := bounded(l, ctx, func(ctx context.Context) (lua.Suspended, error) {
+		return lua.SuspendKey(ctx, l.runner, keys, d, l.o.maxSuspension)
+	})
+	if err != nil {
+		return 0, fmt.Errorf("throttle: key %q: suspend: %w", key, err)
+	}
+	if r.Adapted {
+		l.o.logger.Warn("throttle: adaptive limits cut fleet-wide after a new suspension; clean intervals win them back",
+			"key", key, "share_of_configured", r.Factor, "suspended_for", r.Left)
+	}
+	return r.Left, nil
+}
+
+// Resume ends key's suspension at once, and with it the reservation queue
+// built while it lasted (its reserved times all lie after the old end): the
+// key runs
+// at its limits from the next decision of every process (processes that
+// cached the suspension ask Redis again within 5 s). Tasks that the
+// middleware deferred because of the suspension, waiting in asynq's retry
+// or scheduled sets for its old end, are brought back to run now (found
+// through asynq's Inspector on the tasks' Redis: WithTaskRedis, else the
+// limiter's); each is then decided anew. Resume reports an error when
+// Redis cannot end the suspension, or when it ended it but could not look
+// the deferred tasks up (they then run at their old time). It returns how
+// many deferred tasks it brought back.
+func (l *Limiter) Resume(ctx context.Context, key string) (int, error) {
+	keys, err := redisKeys(l.o.prefix, key)
+	if err != nil {
+		return 0, err
+	}
+	ks, err := l.state(key)
+	if err != nil {
+		return 0, err
+	}
+	ks.lease.drop()
+	_, err = bounded(l, ctx, func(ctx context.Context) (time.Duration, error) {
+		return lua.Resume(ctx, l.runner, keys)
+	})
+	if err != nil {
+		return 0, fmt.Errorf("throttle: key %q: resume: %w", key, err)
+	}
+	ks.forgetSuspension()
+	n, err := l.tasks.bringBack(ctx, func(info *asynq.TaskInfo) bool {
+		return deferredBy(info, key, RefusedBySuspension.String())
+	})
+	if err != nil {
+		return n, fmt.Errorf("throttle: key %q: resumed, but deferred tasks wait for their old time: %w", key, err)
+	}
+	return n, nil
+}
+
+// Status is a read-only view of one key, from Inspect.
+type Status struct {
+	// Limits are the limits as configured (from Redis, or the defaults), as
+	// SetLimits set them; nil when none. They are the ceiling of what is
+	// learned.
+	Limits []Limit
+	// InForce are the limits in force now, matching Limits: a tier lowered
+	// by what Observe learned from the provider or by adaptive mode, else
+	// the configured one.
+	InForce []Limit
+	// LearnedFor is, for each entry of Limits, how long the quota learned
+	// from the provider stays in force unconfirmed (0: none learned).
+	LearnedFor []time.Duration
+	// AdaptiveFactor is the share of the configured rates adaptive mode
+	// keeps in force (1 when not cut, or not adaptive).
+	AdaptiveFactor float64
+	// Tokens in each tier now, matching Limits, under the limits in force
+	// (for a window: the calls it would still admit now; for InFlight: the
+	// slots free; 0 for Adaptive).
+	Tokens []float64
+	// SuspendedFor is the remaining suspension, 0 when not suspended.
+	SuspendedFor time.Duration
+	// Reservations is the number of outstanding reserved slots.
+	Reservations int
+	// QueuedFor is how long until the last reserved slot.
+	QueuedFor time.Duration
+	// Generation counts the changes of the key's limits (SetLimits).
+	Generation int64
+	// InFlight is how many slots of an InFlight limit are held now (the
+	// limit is the last of Limits; its Tokens entry is the slots free).
+	InFlight int
+}
+
+// Inspect reports key's limits, tokens, suspension and reservations without
+// changing anything. The limits are validated by the same script code as a
+// decision, so Inspect fails exactly when Take would.
+func (l *Limiter) Inspect(ctx context.Context, key string) (Status, error) {
+	keys, err := redisKeys(l.o.prefix, key)
+	if err != nil {
+		return Status{}, err
+	}
+	if _, err := l.state(key); err != nil {
+		return Status{}, err
+	}
+	r, err := bounded(l, ctx, func(ctx context.Context) (lua.InspectReply, error) {
+		return lua.Inspect(ctx, l.runner, keys, l.defaults(key), l.o.lapse)
+	})
+	if err != nil {
+		return Status{}, fmt.Errorf("throttle: key %q: inspect: %w", key, err)
+	}
+	if r.Status == lua.StatusBadConfig {
+		return Status{}, &ConfigError{Key: key, Field: r.Field, Reason: r.Reason}
+	}
+	s := Status{SuspendedFor: r.Suspended, Reservations: int(r.Reservations), QueuedFor: r.QueuedFor, Tokens: r.Tokens,
+		Generation: r.Generation, InFlight: int(r.InFlight), LearnedFor: r.LearnedFor}
+	if r.Status == lua.StatusNoLimits {
+		return s, nil
+	}
+	s.AdaptiveFactor = 1
+	limitOf := func(t lua.Tier) Limit {
+		l := Limit{N: int(t.Rate), Per: time.Duration(t.PerMS) * time.Millisecond, Burst: int(t.Burst)}
+		if t.Kind == lua.KindWindow {
+			l.Kind, l.Burst = KindWindow, 0
+		}
+		return l
+	}
+	for i, t := range r.Tiers {
+		s.InForce = append(s.InForce, limitOf(t))
+		s.Limits = append(s.Limits, limitOf(r.Configured[i]))
+	}
+	if r.InFlightMax > 0 {
+		s.Limits = append(s.Limits, InFlight(int(r.InFlightMax)))
+		s.InForce = append(s.InForce, InFlight(int(r.InFlightMax)))
+		s.Tokens = append(s.Tokens, float64(max(r.InFlightMax-r.InFlight, 0)))
+		s.LearnedFor = append(s.LearnedFor, 0)
+	}
+	if r.AdaptiveEvery > 0 {
+		a := Adaptive(r.AdaptiveEvery)
+		s.Limits = append(s.Limits, a)
+		s.InForce = append(s.InForce, a)
+		s.Tokens = append(s.Tokens, 0)
+		s.LearnedFor = append(s.LearnedFor, 0)
+		s.AdaptiveFactor = r.AdaptiveFactor
+	}
+	return s, nil
 }

@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -30,9 +29,9 @@ func TestKeysAndDelete(t *testing.T) {
 	require.NoError(t, lim.SetLimits(ctx, "crm", throttle.PerSecond(1)))
 	_, err := lim.Take(ctx, "crm")
 	require.NoError(t, err)
-	d, err := lim.Reserve(ctx, "crm", "task-1", time.Minute, time.Second)
+	d, err := throttle.Reserve(lim, ctx, "crm", "task-1", time.Minute, time.Second)
 	require.NoError(t, err)
-	require.True(t, d.Reserved)
+	require.True(t, throttle.Reserved(d))
 	other := throttle.NewLimiter(rdb, throttle.WithPrefix("other"))
 	require.NoError(t, other.SetLimits(ctx, "zendesk", throttle.PerSecond(1)))
 	require.NoError(t, rdb.Set(ctx, "throttle:not-a-key", "x", 0).Err())
@@ -44,11 +43,11 @@ func TestKeysAndDelete(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, []string{"zendesk"}, keys)
 
-	slot, ok, err := lim.Reservation(ctx, "crm", "task-1")
+	slot, ok, err := throttle.Reservation(lim, ctx, "crm", "task-1")
 	require.NoError(t, err)
 	require.True(t, ok)
-	assert.Equal(t, d.Slot, slot)
-	_, ok, err = lim.Reservation(ctx, "crm", "task-2")
+	assert.Equal(t, throttle.ReservedAt(d), slot)
+	_, ok, err = throttle.Reservation(lim, ctx, "crm", "task-2")
 	require.NoError(t, err)
 	assert.False(t, ok)
 
@@ -64,10 +63,10 @@ func TestKeysAndDelete(t *testing.T) {
 	assert.Equal(t, throttle.Status{}, st)
 	st, err = lim.Inspect(ctx, "github")
 	require.NoError(t, err)
-	assert.Zero(t, st.Suspended)
+	assert.Zero(t, st.SuspendedFor)
 
 	assert.ErrorIs(t, lim.Delete(ctx, "bad{key}"), throttle.ErrInvalidKey)
-	_, _, err = lim.Reservation(ctx, "", "t")
+	_, _, err = throttle.Reservation(lim, ctx, "", "t")
 	assert.ErrorIs(t, err, throttle.ErrInvalidKey)
 }
 
@@ -103,28 +102,4 @@ func TestKeysCluster(t *testing.T) {
 	require.NoError(t, err)
 	assert.NotContains(t, keys, "k07")
 	assert.Len(t, keys, 39)
-}
-
-func TestKeyOfTask(t *testing.T) {
-	for _, tc := range []struct {
-		name string
-		task *asynq.Task
-		want string
-		err  bool
-	}{
-		{"header", newTask(t, "slack:sync", nil, throttle.Key("crm")), "crm", false},
-		{"type prefix", asynq.NewTask("slack:sync", nil), "slack", false},
-		{"no prefix", asynq.NewTask("cleanup", nil), "", false},
-		{"bad header", asynq.NewTaskWithHeaders("slack:sync", nil, map[string]string{throttle.HeaderKey: "a{b}"}), "", true},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			got, err := throttle.KeyOfTask(tc.task)
-			if tc.err {
-				assert.ErrorIs(t, err, throttle.ErrInvalidKey)
-				return
-			}
-			require.NoError(t, err)
-			assert.Equal(t, tc.want, got)
-		})
-	}
 }

@@ -129,11 +129,11 @@ func (s *drainSim) enqueue(key string, n, cost int, book bool) []*simTask {
 		at := start.Add(time.Duration(i) * 200 * time.Microsecond)
 		if book {
 			s.setClock(at)
-			v := variant{horizon: s.l.o.horizon, granule: Granule, headroom: s.l.o.headroom, pace: s.l.o.pacing, book: true}
+			v := variant{horizon: s.l.o.horizon, granule: granule, headroom: s.l.o.headroom, pace: s.l.o.pacing, book: true}
 			d, err := s.l.decide(context.Background(), key, v, st.id, cost)
 			require.NoError(s.t, err, "Enqueue's decision for %s", st.id)
-			if d.Reserved {
-				if delay := s.l.slotDelay(d.Slot, s.now); delay > 0 {
+			if d.reserved {
+				if delay := s.l.slotDelay(d.reservedAt, s.now); delay > 0 {
 					heap.Push(&s.events, simEvent{at: s.back(delay), task: st})
 					continue
 				}
@@ -182,7 +182,7 @@ func (s *drainSim) run(key string, cost int) {
 		}
 		s.m.saw(ks, d, s.now, asked)
 		if d.Allowed {
-			st.ran = s.now.Add(min(d.Wait, maxPaceWait))
+			st.ran = s.now.Add(min(d.wait, maxPaceWait))
 			s.runs = append(s.runs, st)
 			continue
 		}
@@ -207,7 +207,7 @@ func maxIn(ts []time.Time, w time.Duration) int {
 // windowRate is what a window of n per w admits per second at the least: n
 // every w, a sub-window and the headroom.
 func windowRate(n int, w time.Duration) float64 {
-	return float64(n) / (w + w/20 + DefaultHeadroom).Seconds()
+	return float64(n) / (w + w/20 + defaultHeadroom).Seconds()
 }
 
 // overBound checks the fleet bound on sorted run times, each costing cost
@@ -220,7 +220,7 @@ func overBound(ts []time.Time, cost int, l Limit, headroom time.Duration) (int, 
 		for j := i; j < len(ts); j++ {
 			// (2 us: the Redis clock is in whole microseconds.)
 			span := max(ts[j].Sub(ts[i])-headroom+2*time.Microsecond, 0)
-			allowed := float64(l.burst()) + float64(l.Rate)*span.Seconds()/l.Per.Seconds() + 1e-9
+			allowed := float64(l.burst()) + float64(l.N)*span.Seconds()/l.Per.Seconds() + 1e-9
 			if float64((j-i+1)*cost) > allowed {
 				return i, j, false
 			}
@@ -299,24 +299,24 @@ func TestBacklogDrainsAtTheRateForEveryShapeOfLimit(t *testing.T) {
 					// headroom once per call when a call needs the whole burst.
 					ideal := time.Duration((units - tc.burst) / tc.rate * float64(time.Second))
 					if tc.burst <= float64(tc.cost) {
-						ideal += time.Duration(float64(tc.tasks-1) * float64(DefaultHeadroom))
+						ideal += time.Duration(float64(tc.tasks-1) * float64(defaultHeadroom))
 					}
 					t.Logf("%d tasks in %v (ideal %v), %.2f deferrals per task, %d decisions", tc.tasks, took.Round(time.Millisecond), ideal.Round(time.Millisecond),
 						float64(deferrals)/float64(tc.tasks), s.decided)
 					// Within a second (asynq's granule) of the ideal, and the slack.
-					assert.LessOrEqual(t, took, ideal+time.Duration(float64(ideal)*tc.slack)+time.Second+DefaultHeadroom, "drain time: below the limit's rate")
+					assert.LessOrEqual(t, took, ideal+time.Duration(float64(ideal)*tc.slack)+time.Second+defaultHeadroom, "drain time: below the limit's rate")
 					assert.LessOrEqual(t, float64(deferrals)/float64(tc.tasks), tc.deferrals, "deferrals per task")
 					for _, l := range tc.limits {
 						if l.Kind == KindWindow {
 							// Any window the provider sees, the calls shifted by
 							// up to the headroom, holds at most N.
 							// (Less 2 us: the Redis clock is in whole microseconds.)
-							if n := maxIn(ts, l.Per+DefaultHeadroom-2*time.Microsecond); n*tc.cost > l.Rate {
-								t.Errorf("%v: %d calls within %v", l, n, l.Per+DefaultHeadroom)
+							if n := maxIn(ts, l.Per+defaultHeadroom-2*time.Microsecond); n*tc.cost > l.N {
+								t.Errorf("%v: %d calls within %v", l, n, l.Per+defaultHeadroom)
 							}
 							continue
 						}
-						if i, j, ok := overBound(ts, tc.cost, l, DefaultHeadroom); !ok {
+						if i, j, ok := overBound(ts, tc.cost, l, defaultHeadroom); !ok {
 							t.Errorf("%v: %d calls from %v to %v (span %v): above burst + rate x (span - headroom)",
 								l, j-i+1, ts[i].Sub(start), ts[j].Sub(start), ts[j].Sub(ts[i]))
 						}

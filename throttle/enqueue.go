@@ -10,7 +10,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/hibiken/asynq"
 
-	"github.com/asynq-throttle/asynq-throttle/lua"
+	"github.com/asynq-throttle/asynq-throttle/internal/lua"
 )
 
 // Enqueue enqueues task on client, throttled at enqueue time rather than
@@ -60,12 +60,12 @@ func (l *Limiter) Enqueue(ctx context.Context, client *asynq.Client, task *asynq
 		id = uuid.NewString()
 		opts = append(opts, asynq.TaskID(id))
 	}
-	v := variant{horizon: l.o.horizon, granule: Granule, headroom: l.o.headroom, pace: l.o.pacing, book: true}
+	v := variant{horizon: l.o.horizon, granule: granule, headroom: l.o.headroom, pace: l.o.pacing, book: true}
 	d, err := l.decide(ctx, key, v, id, cost)
 	switch {
 	case errors.Is(err, ErrCostTooHigh):
 		return nil, err
-	case err != nil || !d.Reserved:
+	case err != nil || !d.reserved:
 		// Redis cannot decide, the key has no limits, the slot is beyond
 		// the horizon, or the ID holds a reservation already (another
 		// task's, which asynq refuses to enqueue again, or this task's
@@ -73,7 +73,7 @@ func (l *Limiter) Enqueue(ctx context.Context, client *asynq.Client, task *asynq
 		// the task runs.
 		return client.EnqueueContext(ctx, task, opts...)
 	}
-	if delay := l.slotDelay(d.Slot, time.Now()); delay > 0 {
+	if delay := l.slotDelay(d.reservedAt, time.Now()); delay > 0 {
 		opts = append(opts, asynq.ProcessIn(delay))
 	}
 	info, err := client.EnqueueContext(ctx, task, opts...)

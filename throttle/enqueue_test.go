@@ -29,7 +29,7 @@ func TestEnqueueGroupedTaskAsIs(t *testing.T) {
 		info, err := lim.Enqueue(ctx, client, newTask(t, "sync:crm", nil, throttle.Key("crm")), asynq.Group("daily"))
 		require.NoError(t, err)
 		assert.Equal(t, asynq.TaskStateAggregating, info.State, "task %s: in its group at once", info.ID)
-		_, reserved, err := lim.Reservation(ctx, "crm", info.ID)
+		_, reserved, err := throttle.Reservation(lim, ctx, "crm", info.ID)
 		require.NoError(t, err)
 		assert.False(t, reserved, "task %s: a slot reserved for a task that never runs under its ID", info.ID)
 	}

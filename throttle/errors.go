@@ -3,11 +3,13 @@ package throttle
 import (
 	"errors"
 	"fmt"
+
+	"github.com/asynq-throttle/asynq-throttle/internal/keyspace"
 )
 
 var (
 	// ErrInvalidKey is returned for a key name that ValidateKey refuses.
-	ErrInvalidKey = errors.New("throttle: invalid key")
+	ErrInvalidKey = keyspace.ErrInvalidKey
 	// ErrInvalidLimit is returned for a limit out of range, given in Go or
 	// read from Redis (then as a *ConfigError).
 	ErrInvalidLimit = errors.New("throttle: invalid limit")

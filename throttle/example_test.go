@@ -67,7 +67,7 @@ func ExampleLimiter_SetLimits() {
 		fmt.Println(err)
 		return
 	}
-	limits, _ := lim.Limits(ctx, "github")
+	limits, _ := throttle.Limits(lim, ctx, "github")
 	fmt.Println(limits)
 
 	for i := 0; i < 4; i++ {
@@ -109,7 +109,7 @@ func ExampleLimiter_Suspend() {
 	d, _ := lim.Take(ctx, "stripe")
 	fmt.Println(d.Allowed, d.Reason, d.RetryAfter)
 
-	_ = lim.Resume(ctx, "stripe")
+	_, _ = lim.Resume(ctx, "stripe")
 	d, _ = lim.Take(ctx, "stripe")
 	fmt.Println(d.Allowed)
 	// Output:
@@ -117,32 +117,9 @@ func ExampleLimiter_Suspend() {
 	// true
 }
 
-func ExampleLimiter_Reserve() {
-	mr, rdb := exampleRedis()
-	defer mr.Close()
-	defer rdb.Close()
-	ctx := context.Background()
-
-	lim := throttle.NewLimiter(rdb, throttle.WithDefaultLimits(throttle.PerSecond(1)))
-	_, _ = lim.Take(ctx, "slack") // the only token
-	// Three denied tasks each get their own slot, in order.
-	for _, id := range []string{"task-a", "task-b", "task-c"} {
-		d, _ := lim.Reserve(ctx, "slack", id, time.Minute, 0)
-		fmt.Println(id, d.Reserved, d.RetryAfter)
-	}
-	// Someone without a reservation waits behind them.
-	d, _ := lim.Take(ctx, "slack")
-	fmt.Println(d.Reason, d.RetryAfter)
-	// Output:
-	// task-a true 1s
-	// task-b true 2s
-	// task-c true 3s
-	// queued 4s
-}
-
 func ExampleNewTask() {
 	task, err := throttle.NewTask("slack:sync", []byte(`{"channel":"general"}`), throttle.Key("slack"))
-	fmt.Println(task.Type(), throttle.KeyOf(task), err)
+	fmt.Println(task.Type(), task.Headers()[throttle.HeaderKey], err)
 	_, err = throttle.NewTask("slack:sync", nil, throttle.Key("slack"), throttle.Cost(0))
 	fmt.Println(err)
 	// Output:

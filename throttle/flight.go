@@ -14,7 +14,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/asynq-throttle/asynq-throttle/lua"
+	"github.com/asynq-throttle/asynq-throttle/internal/lua"
 )
 
 // flight sends the decisions that the goroutines of one Limiter ask for at
@@ -547,7 +547,7 @@ func (l *Limiter) giveBack(c *call) {
 		if r.Hold != "" {
 			if err := l.Release(ctx, key, r.Hold); err != nil {
 				l.o.logger.Warn("throttle: cannot give back the slot of a decision its caller gave up on; it frees when its lease ends",
-					"key", key, "slot", r.Hold, "lease", l.o.slotLease, "err", err)
+					"key", key, "slot", r.Hold, "lease", l.o.slotExpiry, "err", err)
 			}
 		}
 		// The whole charge back, from where it was counted (see adjust).

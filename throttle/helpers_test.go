@@ -16,3 +16,6 @@ func newTask(t testing.TB, typename string, payload []byte, opts ...asynq.Option
 	require.NoError(t, err, "NewTask(%q)", typename)
 	return task
 }
+
+// resumed is the error of Limiter.Resume.
+func resumed(_ int, err error) error { return err }

@@ -244,15 +244,15 @@ func TestIntegrationCluster(t *testing.T) {
 			require.NoError(t, err, key)
 			assert.Equal(t, j < 3, d.Allowed, "%s take %d", key, j)
 		}
-		d, err := l.Reserve(ctx, key, "task-1", time.Hour, time.Second)
+		d, err := throttle.Reserve(l, ctx, key, "task-1", time.Hour, time.Second)
 		require.NoError(t, err)
-		assert.True(t, d.Reserved, "%s: reservation on a cluster", key)
+		assert.True(t, throttle.Reserved(d), "%s: reservation on a cluster", key)
 		require.NoError(t, l.Suspend(ctx, key, time.Minute))
 		st, err := l.Inspect(ctx, key)
 		require.NoError(t, err)
-		assert.Greater(t, st.Suspended, 50*time.Second)
+		assert.Greater(t, st.SuspendedFor, 50*time.Second)
 		assert.Equal(t, 1, st.Reservations)
-		require.NoError(t, l.Resume(ctx, key))
+		require.NoError(t, resumed(l.Resume(ctx, key)))
 	}
 
 	// The bound holds on a cluster too.

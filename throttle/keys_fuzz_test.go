@@ -17,19 +17,20 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/asynq-throttle/asynq-throttle/internal/keyspace"
 	"github.com/asynq-throttle/asynq-throttle/internal/redistest"
 )
 
 // FuzzKeyName feeds hostile key names (NUL, braces, colons, newlines,
 // invalid UTF-8, up to 1 MiB) to every place a name enters, and holds:
 //
-//   - ValidateKey accepts exactly the names of its contract (1 to MaxKeyLen
+//   - ValidateKey accepts exactly the names of its contract (1 to keyspace.MaxKeyLen
 //     bytes of printable UTF-8 without '{' or '}'), and refuses the others
 //     with an error wrapping ErrInvalidKey, as does every call that takes a
 //     key, a task's key header, and redisKeys, writing nothing to Redis;
 //   - every Redis key derived from an accepted name has that name as its
 //     whole Cluster hash tag (so all share one slot and no name reaches
-//     another's) and parses back to it (nameOfRedisKey), under any valid
+//     another's) and parses back to it (keyspace.NameOf), under any valid
 //     prefix;
 //   - an accepted name decides, is listed by Keys, and is deleted by Delete,
 //     on miniredis (the EVAL fallback) and on a real redis-server (function
@@ -56,8 +57,8 @@ func FuzzKeyName(f *testing.F) {
 		// WithPrefix accepts a prefix that is not UTF-8, but Keys cannot
 		// list its keys (scanPattern writes each invalid byte as U+FFFD);
 		// reported, not fixed here.
-		if CheckOptions(WithPrefix(prefix)) != nil || !utf8.ValidString(prefix) {
-			prefix = DefaultPrefix
+		if newOptions([]Option{WithPrefix(prefix)}).err != nil || !utf8.ValidString(prefix) {
+			prefix = keyspace.DefaultPrefix
 		}
 		valid := keyContract(name)
 		err := ValidateKey(name)
@@ -78,7 +79,7 @@ func FuzzKeyName(f *testing.F) {
 
 // keyContract is ValidateKey's contract, written apart from it.
 func keyContract(name string) bool {
-	if name == "" || len(name) > MaxKeyLen || !utf8.ValidString(name) {
+	if name == "" || len(name) > keyspace.MaxKeyLen || !utf8.ValidString(name) {
 		return false
 	}
 	for _, r := range name {
@@ -108,12 +109,12 @@ func checkDerivedKeys(t *testing.T, prefix, name string) {
 	t.Helper()
 	keys, err := redisKeys(prefix, name)
 	require.NoError(t, err, "redisKeys(%q, %q)", prefix, name)
-	all := allRedisKeys(keys)
+	all := keyspace.All(keys)
 	for _, k := range all {
 		require.Equal(t, name, hashTag(k), "hash tag of %q (key %q under prefix %q)", k, name, prefix)
-		got, ok := nameOfRedisKey(prefix, k)
-		require.True(t, ok, "nameOfRedisKey(%q, %q)", prefix, k)
-		require.Equal(t, name, got, "nameOfRedisKey(%q, %q)", prefix, k)
+		got, ok := keyspace.NameOf(prefix, k)
+		require.True(t, ok, "keyspace.NameOf(%q, %q)", prefix, k)
+		require.Equal(t, name, got, "keyspace.NameOf(%q, %q)", prefix, k)
 		require.True(t, strings.HasPrefix(k, prefix+":"), "%q under prefix %q", k, prefix)
 	}
 	require.Len(t, slices.Compact(slices.Sorted(slices.Values(all))), len(all), "distinct Redis keys of %q: %q", name, all)
@@ -142,6 +143,12 @@ func checkTaskHeader(t *testing.T, name string, valid bool) {
 	} else {
 		require.Empty(t, k, "keyOf a task of type %.80q:sync: an invalid prefix runs unthrottled", name)
 	}
+}
+
+// reserve decides for a caller with an ID, as the middleware does: refused,
+// it reserves a run time within a minute.
+func reserve(ctx context.Context, l *Limiter, key, id string) (Decision, error) {
+	return l.decide(ctx, key, variant{horizon: time.Minute, granule: granule}, id, 1)
 }
 
 // keyBackend is a Redis an accepted name must decide on.
@@ -191,13 +198,12 @@ func (b *keyBackend) check(t *testing.T, prefix, name string, valid bool) {
 		calls := map[string]error{
 			"SetLimits": l.SetLimits(ctx, name, PerSecond(1)),
 			"Suspend":   l.Suspend(ctx, name, time.Second),
-			"Resume":    l.Resume(ctx, name),
 			"Delete":    l.Delete(ctx, name),
 		}
+		_, calls["Resume"] = l.Resume(ctx, name)
 		_, calls["Take"] = l.Take(ctx, name)
-		_, calls["Reserve"] = l.Reserve(ctx, name, "id", time.Minute, time.Second)
+		_, calls["reserve"] = reserve(ctx, l, name, "id")
 		_, calls["Inspect"] = l.Inspect(ctx, name)
-		_, _, calls["Reservation"] = l.Reservation(ctx, name, "id")
 		for call, err := range calls {
 			require.ErrorIs(t, err, ErrInvalidKey, "%s(%.80q) on %s", call, name, b.name)
 		}
@@ -208,19 +214,18 @@ func (b *keyBackend) check(t *testing.T, prefix, name string, valid bool) {
 	}
 	require.NoError(t, l.SetLimits(ctx, name, PerSecond(2), PerMinute(10)), "SetLimits(%q) on %s", name, b.name)
 	for i := range 3 {
-		d, err := l.Reserve(ctx, name, "task-"+name, time.Minute, time.Second)
-		require.NoError(t, err, "Reserve(%q) #%d on %s", name, i+1, b.name)
-		require.Equal(t, i < 2, d.Allowed, "Reserve(%q) #%d on %s: %+v", name, i+1, b.name, d)
+		d, err := reserve(ctx, l, name, "task-"+name)
+		require.NoError(t, err, "reserve(%q) #%d on %s", name, i+1, b.name)
+		require.Equal(t, i < 2, d.Allowed, "reserve(%q) #%d on %s: %+v", name, i+1, b.name, d)
+		require.Equal(t, i == 2, d.reserved, "reserve(%q) #%d on %s: the third call holds a reservation", name, i+1, b.name)
 	}
-	_, ok, err := l.Reservation(ctx, name, "task-"+name)
-	require.NoError(t, err, "Reservation(%q) on %s", name, b.name)
-	require.True(t, ok, "Reservation(%q) on %s: the third call holds a slot", name, b.name)
 	require.NoError(t, l.Suspend(ctx, name, time.Minute), "Suspend(%q) on %s", name, b.name)
 	st, err := l.Inspect(ctx, name)
 	require.NoError(t, err, "Inspect(%q) on %s", name, b.name)
-	require.Positive(t, st.Suspended, "Inspect(%q) on %s: Suspended", name, b.name)
+	require.Positive(t, st.SuspendedFor, "Inspect(%q) on %s: Suspended", name, b.name)
 	require.Equal(t, 1, st.Reservations, "Inspect(%q) on %s: Reservations", name, b.name)
-	require.NoError(t, l.Resume(ctx, name), "Resume(%q) on %s", name, b.name)
+	_, err = l.Resume(ctx, name)
+	require.NoError(t, err, "Resume(%q) on %s", name, b.name)
 	keys, err := l.Keys(ctx)
 	require.NoError(t, err, "Keys on %s", b.name)
 	require.Equal(t, []string{name}, keys, "Keys on %s after using %q", b.name, name)

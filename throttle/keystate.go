@@ -5,18 +5,17 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/asynq-throttle/asynq-throttle/lua"
+	"github.com/asynq-throttle/asynq-throttle/internal/lua"
 )
 
 // keyState is what one Limiter remembers about one key in this process:
-// the decide commands it built, whether the key was migrated, its lease,
+// the decide commands it built, its lease,
 // and the middleware's caches (no limits, suspension). Keys not used for
 // stateIdle are forgotten, so a process that sees many keys (one per
 // tenant, say) holds memory only for the keys it uses.
 type keyState struct {
-	used     atomic.Int64 // last use, UnixNano
-	migrated atomic.Bool  // Migrate ran for the key in this process
-	take     atomic.Pointer[template]
+	used atomic.Int64 // last use, UnixNano
+	take atomic.Pointer[template]
 
 	lease lease
 
@@ -61,7 +60,9 @@ func (s *keyStates) get(key string) *keyState {
 	now := s.now().UnixNano()
 	if v, ok := s.m.Load(key); ok {
 		ks := v.(*keyState)
-		if ks.used.Load() < now-int64(time.Second) {
+		// (Marked at most once a second, and at least 8 times an idle
+		// period: a key in use is never swept.)
+		if ks.used.Load() < now-int64(min(time.Second, s.idle/8)) {
 			ks.used.Store(now)
 		}
 		return ks

@@ -18,11 +18,11 @@ func TestLimitConstructors(t *testing.T) {
 		want throttle.Limit
 		str  string
 	}{
-		{throttle.PerSecond(10), throttle.Limit{Rate: 10, Per: time.Second}, "10/1s burst 10"},
-		{throttle.PerMinute(50), throttle.Limit{Rate: 50, Per: time.Minute}, "50/1m0s burst 50"},
-		{throttle.PerHour(1000), throttle.Limit{Rate: 1000, Per: time.Hour}, "1000/1h0m0s burst 1000"},
-		{throttle.PerSecond(1).WithBurst(3), throttle.Limit{Rate: 1, Per: time.Second, Burst: 3}, "1/1s burst 3"},
-		{throttle.PerMinute(6).WithBurst(0), throttle.Limit{Rate: 6, Per: time.Minute}, "6/1m0s burst 6"},
+		{throttle.PerSecond(10), throttle.Limit{N: 10, Per: time.Second}, "10/1s burst 10"},
+		{throttle.PerMinute(50), throttle.Limit{N: 50, Per: time.Minute}, "50/1m0s burst 50"},
+		{throttle.PerHour(1000), throttle.Limit{N: 1000, Per: time.Hour}, "1000/1h0m0s burst 1000"},
+		{throttle.PerSecond(1).WithBurst(3), throttle.Limit{N: 1, Per: time.Second, Burst: 3}, "1/1s burst 3"},
+		{throttle.PerMinute(6).WithBurst(0), throttle.Limit{N: 6, Per: time.Minute}, "6/1m0s burst 6"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.str, func(t *testing.T) {
@@ -44,19 +44,19 @@ func TestSetLimits_InvalidLimits(t *testing.T) {
 	}{
 		{"no tiers", nil, "no limits"},
 		{"five tiers", five, "5 limits"},
-		{"Rate 0", []throttle.Limit{{Rate: 0, Per: time.Second}}, "limits[0].Rate"},
-		{"Rate negative", []throttle.Limit{{Rate: -1, Per: time.Second}}, "limits[0].Rate"},
-		{"Per 0", []throttle.Limit{{Rate: 1}}, "limits[0].Per"},
-		{"Per negative", []throttle.Limit{{Rate: 1, Per: -time.Second}}, "limits[0].Per"},
-		{"Per not whole ms", []throttle.Limit{{Rate: 1, Per: 1500 * time.Microsecond}}, "limits[0].Per"},
-		{"Per 1ns", []throttle.Limit{{Rate: 1, Per: time.Nanosecond}}, "limits[0].Per"},
-		{"Per above 30 days", []throttle.Limit{{Rate: 1, Per: throttle.MaxPer + time.Millisecond}}, "limits[0].Per"},
+		{"Rate 0", []throttle.Limit{{N: 0, Per: time.Second}}, "limits[0].N"},
+		{"Rate negative", []throttle.Limit{{N: -1, Per: time.Second}}, "limits[0].N"},
+		{"Per 0", []throttle.Limit{{N: 1}}, "limits[0].Per"},
+		{"Per negative", []throttle.Limit{{N: 1, Per: -time.Second}}, "limits[0].Per"},
+		{"Per not whole ms", []throttle.Limit{{N: 1, Per: 1500 * time.Microsecond}}, "limits[0].Per"},
+		{"Per 1ns", []throttle.Limit{{N: 1, Per: time.Nanosecond}}, "limits[0].Per"},
+		{"Per above 30 days", []throttle.Limit{{N: 1, Per: throttle.MaxPer + time.Millisecond}}, "limits[0].Per"},
 		{"Burst negative", []throttle.Limit{throttle.PerSecond(1).WithBurst(-1)}, "limits[0].Burst"},
 		{"Burst above 1e9", []throttle.Limit{throttle.PerSecond(1).WithBurst(throttle.MaxBurst + 1)}, "limits[0].Burst"},
-		{"Rate (as burst) above 1e9", []throttle.Limit{{Rate: throttle.MaxBurst + 1, Per: throttle.MaxPer}}, "limits[0].Burst"},
-		{"rate above 1e6/s", []throttle.Limit{throttle.PerSecond(throttle.MaxRatePerSecond + 1)}, "limits[0].Rate"},
-		{"rate above 1e6/s per ms", []throttle.Limit{{Rate: 1001, Per: time.Millisecond}}, "limits[0].Rate"},
-		{"second tier bad", []throttle.Limit{throttle.PerSecond(1), {Rate: 0, Per: time.Minute}}, "limits[1].Rate"},
+		{"Rate (as burst) above 1e9", []throttle.Limit{{N: throttle.MaxBurst + 1, Per: throttle.MaxPer}}, "limits[0].Burst"},
+		{"rate above 1e6/s", []throttle.Limit{throttle.PerSecond(throttle.MaxRatePerSecond + 1)}, "limits[0].N"},
+		{"rate above 1e6/s per ms", []throttle.Limit{{N: 1001, Per: time.Millisecond}}, "limits[0].N"},
+		{"second tier bad", []throttle.Limit{throttle.PerSecond(1), {N: 0, Per: time.Minute}}, "limits[1].N"},
 	}
 	r := newRig(t)
 	for _, tt := range tests {
@@ -70,14 +70,14 @@ func TestSetLimits_InvalidLimits(t *testing.T) {
 }
 
 func TestSetLimits_ValidBoundaries(t *testing.T) {
-	four := []throttle.Limit{throttle.PerSecond(10), throttle.PerMinute(100), throttle.PerHour(1000), {Rate: 10000, Per: 24 * time.Hour}}
+	four := []throttle.Limit{throttle.PerSecond(10), throttle.PerMinute(100), throttle.PerHour(1000), {N: 10000, Per: 24 * time.Hour}}
 	tests := []struct {
 		name   string
 		limits []throttle.Limit
 	}{
 		{"1e6/s", []throttle.Limit{throttle.PerSecond(throttle.MaxRatePerSecond)}},
-		{"1000 per 1ms", []throttle.Limit{{Rate: 1000, Per: time.Millisecond}}},
-		{"1/30 days", []throttle.Limit{{Rate: 1, Per: throttle.MaxPer}}},
+		{"1000 per 1ms", []throttle.Limit{{N: 1000, Per: time.Millisecond}}},
+		{"1/30 days", []throttle.Limit{{N: 1, Per: throttle.MaxPer}}},
 		{"burst 1e9", []throttle.Limit{throttle.PerSecond(1).WithBurst(throttle.MaxBurst)}},
 		{"four tiers", four},
 	}
@@ -86,7 +86,7 @@ func TestSetLimits_ValidBoundaries(t *testing.T) {
 		tests = append(tests, struct {
 			name   string
 			limits []throttle.Limit
-		}{fmt.Sprintf("%d per %dms (1e6/s)", ms*1000, ms), []throttle.Limit{{Rate: ms * 1000, Per: time.Duration(ms) * time.Millisecond}}})
+		}{fmt.Sprintf("%d per %dms (1e6/s)", ms*1000, ms), []throttle.Limit{{N: ms * 1000, Per: time.Duration(ms) * time.Millisecond}}})
 	}
 	r := newRig(t)
 	for _, tt := range tests {

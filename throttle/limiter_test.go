@@ -71,7 +71,7 @@ func (r *rig) take(key string) throttle.Decision {
 
 func (r *rig) reserve(key, id string, horizon, granule time.Duration) throttle.Decision {
 	r.t.Helper()
-	d, err := r.lim.Reserve(r.ctx, key, id, horizon, granule)
+	d, err := throttle.Reserve(r.lim, r.ctx, key, id, horizon, granule)
 	require.NoError(r.t, err, "Reserve(%q, %q, %v, %v) at epoch+%v", key, id, horizon, granule, r.since())
 	return d
 }
@@ -132,7 +132,7 @@ func (r *rig) tierState(name string) string {
 func assertAllowed(t testing.TB, d throttle.Decision, call string) {
 	t.Helper()
 	assert.True(t, d.Allowed, "%s: want allowed, got %+v", call, d)
-	assert.Equal(t, throttle.NotRefused, d.Reason, "%s: Reason", call)
+	assert.Equal(t, throttle.Reason(0), d.Reason, "%s: Reason", call)
 	assert.Zero(t, d.RetryAfter, "%s: RetryAfter of an allowed decision", call)
 }
 
@@ -154,7 +154,7 @@ func TestTake_BurstThenRefill(t *testing.T) {
 		{"PerSecond(5)", throttle.PerSecond(5), 5, 200 * time.Millisecond, []int{4, 3, 2, 1, 0}},
 		{"PerMinute(2).WithBurst(3)", throttle.PerMinute(2).WithBurst(3), 3, 30 * time.Second, []int{2, 1, 0}},
 		{"PerHour(1)", throttle.PerHour(1), 1, time.Hour, []int{0}},
-		{"Limit{3, 1500ms, 1}", throttle.Limit{Rate: 3, Per: 1500 * time.Millisecond, Burst: 1}, 1, 500 * time.Millisecond, []int{0}},
+		{"Limit{3, 1500ms, 1}", throttle.Limit{N: 3, Per: 1500 * time.Millisecond, Burst: 1}, 1, 500 * time.Millisecond, []int{0}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -207,9 +207,9 @@ func TestTake_LongPeriodNotEarly(t *testing.T) {
 	for _, l := range []throttle.Limit{
 		throttle.PerSecond(1),
 		throttle.PerMinute(1),
-		{Rate: 1, Per: 1000 * time.Second},
+		{N: 1, Per: 1000 * time.Second},
 		throttle.PerHour(1),
-		{Rate: 1, Per: throttle.MaxPer},
+		{N: 1, Per: throttle.MaxPer},
 	} {
 		t.Run(l.String(), func(t *testing.T) {
 			r := newRig(t, throttle.WithIdleExpiry(2*throttle.MaxPer))
@@ -313,7 +313,7 @@ func TestSuspend(t *testing.T) {
 					r.suspend("k", s.suspend)
 				}
 				if s.resume {
-					require.NoError(t, r.lim.Resume(r.ctx, "k"), "Resume")
+					require.NoError(t, resumed(r.lim.Resume(r.ctx, "k")), "Resume")
 				}
 				call := fmt.Sprintf("step %d: Take at epoch+%v", i, r.since())
 				d := r.take("k")
@@ -322,7 +322,7 @@ func TestSuspend(t *testing.T) {
 					continue
 				}
 				assertRefused(t, d, throttle.RefusedBySuspension, s.retry, call)
-				assert.Equal(t, s.retry, r.inspect("k").Suspended, "step %d: Inspect.Suspended", i)
+				assert.Equal(t, s.retry, r.inspect("k").SuspendedFor, "step %d: Inspect.Suspended", i)
 			}
 		})
 	}
@@ -521,10 +521,10 @@ func TestHandWrittenConfig(t *testing.T) {
 		assert.Equal(t, 3, n, "takes under the hand-written 5/s + 3/min")
 		assertRefused(t, d, throttle.RefusedByTier, 20*time.Second, "refusal")
 		assert.Equal(t, 2, d.Tier, "refusal: Tier")
-		got, err := r.lim.Limits(r.ctx, "k")
+		got, err := throttle.Limits(r.lim, r.ctx, "k")
 		require.NoError(t, err, "Limits(k)")
 		assert.Equal(t, []throttle.Limit{
-			{Rate: 5, Per: time.Second, Burst: 5}, {Rate: 3, Per: time.Minute, Burst: 3},
+			{N: 5, Per: time.Second, Burst: 5}, {N: 3, Per: time.Minute, Burst: 3},
 		}, got, "Limits(k) of a hand-written config")
 	})
 }
@@ -603,7 +603,7 @@ func TestLongIdleGivesOneBurst(t *testing.T) {
 	}{
 		{"PerSecond(10).WithBurst(3) idle 1000h", throttle.PerSecond(10).WithBurst(3), 1000 * time.Hour, 3},
 		{"PerMinute(1).WithBurst(5) idle 30 days", throttle.PerMinute(1).WithBurst(5), 30 * 24 * time.Hour, 5},
-		{"Limit{1, 1000s, 2} idle 10 years", throttle.Limit{Rate: 1, Per: 1000 * time.Second, Burst: 2}, 10 * 365 * 24 * time.Hour, 2},
+		{"Limit{1, 1000s, 2} idle 10 years", throttle.Limit{N: 1, Per: 1000 * time.Second, Burst: 2}, 10 * 365 * 24 * time.Hour, 2},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -624,7 +624,7 @@ func TestLongIdleGivesOneBurst(t *testing.T) {
 func TestRates_SlowestAndFastest(t *testing.T) {
 	t.Run("0.001/s", func(t *testing.T) {
 		r := newRig(t)
-		r.setLimits("k", throttle.Limit{Rate: 1, Per: 1000 * time.Second})
+		r.setLimits("k", throttle.Limit{N: 1, Per: 1000 * time.Second})
 		assertAllowed(t, r.take("k"), "first Take")
 		assertRefused(t, r.take("k"), throttle.RefusedByTier, 1000*time.Second, "second Take")
 		r.advance(999_999 * time.Millisecond)
@@ -697,7 +697,7 @@ func TestRates_NoPrecisionDrift(t *testing.T) {
 			func(k int64) int64 { return k * 333_333 }},
 		{"3/s burst 3, steps of exactly 1/3 s rounded down", throttle.PerSecond(3), short,
 			func(k int64) int64 { return k * 1_000_000 / 3 }},
-		{"7 per 3 s burst 2, steps of 428571us", throttle.Limit{Rate: 7, Per: 3 * time.Second, Burst: 2}, short,
+		{"7 per 3 s burst 2, steps of 428571us", throttle.Limit{N: 7, Per: 3 * time.Second, Burst: 2}, short,
 			func(k int64) int64 { return k * 428_571 }},
 		{"1000/s burst 1, steps of 999us", throttle.PerSecond(1000).WithBurst(1), short,
 			func(k int64) int64 { return k * 999 }},
@@ -709,9 +709,9 @@ func TestRates_NoPrecisionDrift(t *testing.T) {
 			r.setLimits("k", tt.limit)
 			burst := tt.limit.Burst
 			if burst == 0 {
-				burst = tt.limit.Rate
+				burst = tt.limit.N
 			}
-			m := bucketModel{rate: int64(tt.limit.Rate), perUS: tt.limit.Per.Microseconds()}
+			m := bucketModel{rate: int64(tt.limit.N), perUS: tt.limit.Per.Microseconds()}
 			m.burstU = int64(burst) * m.perUS
 			m.tokensU = m.burstU
 			var got, want int
@@ -749,7 +749,7 @@ type garbageCase struct {
 
 func garbageCases() []garbageCase {
 	base := [][3]string{{"10", "1000", "10"}, {"100", "60000", "100"}}
-	names := [3]string{"Rate", "Per", "Burst"}
+	names := [3]string{"N", "Per", "Burst"}
 	values := []struct{ name, v string }{
 		{"NaN", "NaN"}, {"nan", "nan"}, {"inf", "inf"}, {"-inf", "-inf"}, {"-1", "-1"}, {"0", "0"},
 		{"abc", "abc"}, {"empty", ""}, {"1e300", "1e300"}, {"1.5", "1.5"}, {"5abc", "5abc"}, {"1e400", "1e400"},
@@ -783,9 +783,9 @@ func garbageCases() []garbageCase {
 		garbageCase{name: "a tier cut short", L: "10/1000", field: "limits[0]"},
 		garbageCase{name: "a tier too long", L: "10/1000/10/5", field: "limits[0]"},
 		garbageCase{name: "per above 30 days", L: "1/2592000001/1", field: "limits[0].Per"},
-		garbageCase{name: "rate above 1e6/s", L: "1000001/1000/1", field: "limits[0].Rate"},
-		garbageCase{name: "rate 2e6 per 1000ms", L: "2000000/1000/1", field: "limits[0].Rate"},
-		garbageCase{name: "second rate above 1e6/s", L: "10/1000/10 60000001/60000/1", field: "limits[1].Rate"},
+		garbageCase{name: "rate above 1e6/s", L: "1000001/1000/1", field: "limits[0].N"},
+		garbageCase{name: "rate 2e6 per 1000ms", L: "2000000/1000/1", field: "limits[0].N"},
+		garbageCase{name: "second rate above 1e6/s", L: "10/1000/10 60000001/60000/1", field: "limits[1].N"},
 		garbageCase{name: "burst above 1e9", L: "1/1000/1000000001", field: "limits[0].Burst"},
 		garbageCase{name: "same period twice", L: "10/1000/10 20/1000/20", field: "limits[1].Per"},
 		garbageCase{name: "a megabyte", L: strings.Repeat("9", 1<<20), field: "limits"},
@@ -828,7 +828,7 @@ func TestGarbageConfig_LimitsFailsLikeTake(t *testing.T) {
 			r.t = t
 			r.mr.FlushAll()
 			r.hset(bucket("k"), "L", tc.L)
-			got, err := r.lim.Limits(r.ctx, "k")
+			got, err := throttle.Limits(r.lim, r.ctx, "k")
 			var ce *throttle.ConfigError
 			assert.ErrorAs(t, err, &ce, "Limits with %s: want a *ConfigError, got %v, %v", tc.name, got, err)
 			assert.ErrorIs(t, err, throttle.ErrInvalidLimit, "Limits with %s", tc.name)
@@ -841,7 +841,6 @@ func TestGarbageConfig_LimitsFailsLikeTake(t *testing.T) {
 
 func TestNoLimitsAndDefaults(t *testing.T) {
 	ten := []throttle.Limit{throttle.PerSecond(10)}
-	two := []throttle.Limit{throttle.PerSecond(2)}
 	five := []throttle.Limit{throttle.PerMinute(5)}
 	tests := []struct {
 		name    string
@@ -853,10 +852,6 @@ func TestNoLimitsAndDefaults(t *testing.T) {
 	}{
 		{"no config, no defaults", nil, nil, "slack", nil, 0},
 		{"default limits", []throttle.Option{throttle.WithDefaultLimits(ten...)}, nil, "slack", ten, 10},
-		{"key limits win over defaults", []throttle.Option{throttle.WithDefaultLimits(ten...), throttle.WithKeyLimits("slack", two...)}, nil, "slack", two, 2},
-		{"key limits of another key", []throttle.Option{throttle.WithDefaultLimits(ten...), throttle.WithKeyLimits("github", two...)}, nil, "slack", ten, 10},
-		{"key limits without defaults, other key", []throttle.Option{throttle.WithKeyLimits("github", two...)}, nil, "slack", nil, 0},
-		{"redis wins over key limits", []throttle.Option{throttle.WithKeyLimits("slack", ten...)}, five, "slack", []throttle.Limit{throttle.PerMinute(5).WithBurst(5)}, 5},
 		{"redis wins over defaults", []throttle.Option{throttle.WithDefaultLimits(ten...)}, five, "slack", []throttle.Limit{throttle.PerMinute(5).WithBurst(5)}, 5},
 	}
 	for _, tt := range tests {
@@ -865,7 +860,7 @@ func TestNoLimitsAndDefaults(t *testing.T) {
 			if tt.stored != nil {
 				r.setLimits(tt.key, tt.stored...)
 			}
-			got, err := r.lim.Limits(r.ctx, tt.key)
+			got, err := throttle.Limits(r.lim, r.ctx, tt.key)
 			d, terr := r.lim.Take(r.ctx, tt.key)
 			if tt.want == nil {
 				assert.ErrorIs(t, err, throttle.ErrNoLimits, "Limits(%q) = %v", tt.key, got)
@@ -893,18 +888,15 @@ func TestInvalidOptions(t *testing.T) {
 		opt  throttle.Option
 		name string
 	}{
-		{throttle.WithDefaultLimits(throttle.Limit{Rate: 0, Per: time.Second}), "WithDefaultLimits"},
-		{throttle.WithKeyLimits("slack", throttle.PerSecond(1), throttle.PerSecond(2)), "WithKeyLimits"},
-		{throttle.WithKeyLimits("a{b}", throttle.PerSecond(1)), "WithKeyLimits"},
+		{throttle.WithDefaultLimits(throttle.Limit{N: 0, Per: time.Second}), "WithDefaultLimits"},
+		{throttle.WithDefaultLimits(throttle.PerSecond(1), throttle.PerSecond(2)), "WithDefaultLimits"},
 		{throttle.WithTimeout(-time.Second), "WithTimeout"},
 		{throttle.WithPrefix(""), "WithPrefix"},
-		{throttle.WithIdleExpiry(0), "WithIdleExpiry"},
 		{throttle.WithMaxSuspension(0), "WithMaxSuspension"},
-		{throttle.WithReservations(-time.Second), "WithReservations"},
-		{throttle.WithJitter(time.Second, 0, 0.1), "WithJitter"},
-		{throttle.WithFailurePolicy(throttle.FailurePolicy(7)), "WithFailurePolicy"},
+		{throttle.WithReservationHorizon(-time.Second), "WithReservationHorizon"},
+		{throttle.WithSlotExpiry(time.Millisecond), "WithSlotExpiry"},
+		{throttle.WithHeadroom(2 * time.Second), "WithHeadroom"},
 		{throttle.WithFailureDelay(0), "WithFailureDelay"},
-		{throttle.WithDefaultSuspension(-1), "WithDefaultSuspension"},
 		{throttle.WithLease(-1, time.Second), "WithLease"},
 		{throttle.WithLogger(nil), "WithLogger"},
 	}
@@ -927,20 +919,20 @@ func TestLimits_RoundTrip(t *testing.T) {
 	}{
 		{"one tier", []throttle.Limit{throttle.PerSecond(10).WithBurst(20)}},
 		{"burst 0 means rate", []throttle.Limit{throttle.PerMinute(50)}},
-		{"four tiers", []throttle.Limit{throttle.PerSecond(5).WithBurst(1), throttle.PerMinute(100), throttle.PerHour(1000), {Rate: 5000, Per: 24 * time.Hour, Burst: 10}}},
-		{"odd period", []throttle.Limit{{Rate: 3, Per: 1500 * time.Millisecond, Burst: 2}}},
-		{"extremes", []throttle.Limit{throttle.PerSecond(throttle.MaxRatePerSecond).WithBurst(throttle.MaxBurst), {Rate: 1, Per: throttle.MaxPer, Burst: 1}}},
+		{"four tiers", []throttle.Limit{throttle.PerSecond(5).WithBurst(1), throttle.PerMinute(100), throttle.PerHour(1000), {N: 5000, Per: 24 * time.Hour, Burst: 10}}},
+		{"odd period", []throttle.Limit{{N: 3, Per: 1500 * time.Millisecond, Burst: 2}}},
+		{"extremes", []throttle.Limit{throttle.PerSecond(throttle.MaxRatePerSecond).WithBurst(throttle.MaxBurst), {N: 1, Per: throttle.MaxPer, Burst: 1}}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			r := newRig(t)
 			r.setLimits("k", tt.limits...)
-			got, err := r.lim.Limits(r.ctx, "k")
+			got, err := throttle.Limits(r.lim, r.ctx, "k")
 			require.NoError(t, err, "Limits(k) after SetLimits(%v)", tt.limits)
 			want := make([]throttle.Limit, len(tt.limits))
 			for i, l := range tt.limits {
 				if l.Burst == 0 {
-					l.Burst = l.Rate
+					l.Burst = l.N
 				}
 				want[i] = l
 			}
@@ -958,11 +950,11 @@ func TestInvalidKeys(t *testing.T) {
 				"ValidateKey": throttle.ValidateKey(key),
 				"SetLimits":   r.lim.SetLimits(r.ctx, key, throttle.PerSecond(1)),
 				"Suspend":     r.lim.Suspend(r.ctx, key, time.Second),
-				"Resume":      r.lim.Resume(r.ctx, key),
 			}
+			_, calls["Resume"] = r.lim.Resume(r.ctx, key)
 			_, calls["Take"] = r.lim.Take(r.ctx, key)
-			_, calls["Reserve"] = r.lim.Reserve(r.ctx, key, "id", time.Minute, time.Second)
-			_, calls["Limits"] = r.lim.Limits(r.ctx, key)
+			_, calls["Reserve"] = throttle.Reserve(r.lim, r.ctx, key, "id", time.Minute, time.Second)
+			_, calls["Limits"] = throttle.Limits(r.lim, r.ctx, key)
 			_, calls["Inspect"] = r.lim.Inspect(r.ctx, key)
 			for call, err := range calls {
 				assert.ErrorIs(t, err, throttle.ErrInvalidKey, "%s(%q)", call, key)
@@ -1006,28 +998,28 @@ func TestReserve_SlotsInDenyOrder(t *testing.T) {
 	for i, id := range []string{"a", "b", "c"} {
 		d := r.reserve("k", id, horizon, 0)
 		want := time.Duration(i+1) * time.Second
-		assert.True(t, d.Reserved, "Reserve(%s): Reserved (%+v)", id, d)
+		assert.True(t, throttle.Reserved(d), "Reserve(%s): Reserved (%+v)", id, d)
 		assert.Equal(t, throttle.RefusedByTier, d.Reason, "Reserve(%s) on an empty bucket: Reason", id)
 		assert.Equal(t, want, d.RetryAfter, "Reserve(%s): RetryAfter", id)
-		assert.Equal(t, epoch().Add(want), d.Slot, "Reserve(%s): Slot", id)
+		assert.Equal(t, epoch().Add(want), throttle.ReservedAt(d), "Reserve(%s): Slot", id)
 	}
 	assert.Equal(t, 3, r.inspect("k").Reservations, "Inspect.Reservations")
 
 	d := r.reserve("k", "a", horizon, 0)
-	assertRefused(t, d, throttle.RefusedBeforeSlot, time.Second, "Reserve(a) again before its slot")
-	assert.Equal(t, epoch().Add(time.Second), d.Slot, "Reserve(a) again: Slot")
+	assertRefused(t, d, throttle.RefusedReserved, time.Second, "Reserve(a) again before its slot")
+	assert.Equal(t, epoch().Add(time.Second), throttle.ReservedAt(d), "Reserve(a) again: Slot")
 	assertRefused(t, r.take("k"), throttle.RefusedByQueue, 4*time.Second, "Take behind 3 reservations")
 
 	r.advance(time.Second) // one token; a's slot
 	assertRefused(t, r.take("k"), throttle.RefusedByQueue, 3*time.Second, "Take with a token promised to a")
 	d = r.reserve("k", "d", horizon, 0)
-	assert.True(t, d.Reserved, "Reserve(d) with a token promised to a: Reserved (%+v)", d)
+	assert.True(t, throttle.Reserved(d), "Reserve(d) with a token promised to a: Reserved (%+v)", d)
 	assert.Equal(t, throttle.RefusedByQueue, d.Reason, "Reserve(d): Reason")
-	assert.Equal(t, epoch().Add(4*time.Second), d.Slot, "Reserve(d): Slot")
+	assert.Equal(t, epoch().Add(4*time.Second), throttle.ReservedAt(d), "Reserve(d): Slot")
 	assertAllowed(t, r.reserve("k", "a", horizon, 0), "Reserve(a) at its slot")
 
 	r.advance(500 * time.Millisecond)
-	assertRefused(t, r.reserve("k", "b", horizon, 0), throttle.RefusedBeforeSlot, 500*time.Millisecond, "Reserve(b) 0.5 s early")
+	assertRefused(t, r.reserve("k", "b", horizon, 0), throttle.RefusedReserved, 500*time.Millisecond, "Reserve(b) 0.5 s early")
 	r.advance(500 * time.Millisecond)
 	assertAllowed(t, r.reserve("k", "b", horizon, 0), "Reserve(b) at its slot")
 	r.advance(time.Second)
@@ -1075,15 +1067,15 @@ func TestReserve_Schedule(t *testing.T) {
 			for i := range tt.n {
 				id := fmt.Sprintf("task-%d", i)
 				d := r.reserve("k", id, time.Hour, tt.granule)
-				require.True(t, d.Reserved, "Reserve(%s): %+v", id, d)
-				assert.Equal(t, d.Slot.Sub(r.now), d.RetryAfter, "Reserve(%s): RetryAfter = Slot - now", id)
+				require.True(t, throttle.Reserved(d), "Reserve(%s): %+v", id, d)
+				assert.Equal(t, throttle.ReservedAt(d).Sub(r.now), d.RetryAfter, "Reserve(%s): RetryAfter = Slot - now", id)
 				if len(slots) > 0 {
-					require.False(t, d.Slot.Before(slots[len(slots)-1]), "Reserve(%s): slot %v before the previous %v", id, d.Slot, slots[len(slots)-1])
+					require.False(t, throttle.ReservedAt(d).Before(slots[len(slots)-1]), "Reserve(%s): slot %v before the previous %v", id, throttle.ReservedAt(d), slots[len(slots)-1])
 				}
 				if tt.granule > 0 {
-					assert.Zero(t, d.Slot.UnixMicro()%tt.granule.Microseconds(), "Reserve(%s): slot %v off the granule", id, d.Slot)
+					assert.Zero(t, throttle.ReservedAt(d).UnixMicro()%tt.granule.Microseconds(), "Reserve(%s): slot %v off the granule", id, throttle.ReservedAt(d))
 				}
-				slots = append(slots, d.Slot)
+				slots = append(slots, throttle.ReservedAt(d))
 			}
 			want := greedySchedule(tt.limits, tt.drain, start, tt.granule, tt.n)
 			assert.Equal(t, want, slots, "slots of %v with granule %v", tt.limits, tt.granule)
@@ -1106,7 +1098,7 @@ func greedySchedule(limits []throttle.Limit, drain int, start time.Time, granule
 		// Refill to at.
 		el := at.Sub(last).Microseconds()
 		for i, l := range effective(limits) {
-			add := new(big.Rat).SetFrac64(el*int64(l.Rate), l.Per.Microseconds())
+			add := new(big.Rat).SetFrac64(el*int64(l.N), l.Per.Microseconds())
 			tokens[i].Add(tokens[i], add)
 			if b := new(big.Rat).SetInt64(int64(l.Burst)); tokens[i].Cmp(b) > 0 {
 				tokens[i] = b
@@ -1133,7 +1125,7 @@ func greedySchedule(limits []throttle.Limit, drain int, start time.Time, granule
 			for i, l := range effective(limits) {
 				if tokens[i].Cmp(big.NewRat(1, 1)) < 0 {
 					need := new(big.Rat).Sub(big.NewRat(1, 1), tokens[i])
-					need.Mul(need, new(big.Rat).SetFrac64(l.Per.Microseconds(), int64(l.Rate)))
+					need.Mul(need, new(big.Rat).SetFrac64(l.Per.Microseconds(), int64(l.N)))
 					us := new(big.Int).Quo(need.Num(), need.Denom())
 					if new(big.Rat).SetInt(us).Cmp(need) < 0 {
 						us.Add(us, big.NewInt(1))
@@ -1151,7 +1143,7 @@ func greedySchedule(limits []throttle.Limit, drain int, start time.Time, granule
 }
 
 // TestReserve_ComeBackAtSlot: a caller that comes back at exactly
-// Decision.Slot is admitted, for rates whose interval is not whole
+// throttle.ReservedAt(Decision) is admitted, for rates whose interval is not whole
 // microseconds.
 func TestReserve_ComeBackAtSlot(t *testing.T) {
 	for _, rate := range []int{1, 3, 7, 9, 11, 13} {
@@ -1162,12 +1154,12 @@ func TestReserve_ComeBackAtSlot(t *testing.T) {
 			var slots []time.Time
 			for i := 0; i < 4; i++ {
 				d := r.reserve("k", fmt.Sprint(i), time.Minute, 0)
-				require.True(t, d.Reserved, "Reserve(%d): %+v", i, d)
-				slots = append(slots, d.Slot)
+				require.True(t, throttle.Reserved(d), "Reserve(%d): %+v", i, d)
+				slots = append(slots, throttle.ReservedAt(d))
 			}
 			for i, s := range slots {
 				r.advance(s.Sub(r.now))
-				assertAllowed(t, r.reserve("k", fmt.Sprint(i), time.Minute, 0), fmt.Sprintf("Reserve(%d) at Decision.Slot %v", i, s.Sub(epoch())))
+				assertAllowed(t, r.reserve("k", fmt.Sprint(i), time.Minute, 0), fmt.Sprintf("Reserve(%d) at throttle.ReservedAt(Decision) %v", i, s.Sub(epoch())))
 			}
 		})
 	}
@@ -1180,12 +1172,12 @@ func TestReserve_Horizon(t *testing.T) {
 	assertAllowed(t, r.take("k"), "Take")
 	for i, id := range []string{"a", "b"} {
 		d := r.reserve("k", id, horizon, 0)
-		assert.True(t, d.Reserved, "Reserve(%s) within the horizon: %+v", id, d)
+		assert.True(t, throttle.Reserved(d), "Reserve(%s) within the horizon: %+v", id, d)
 		assert.Equal(t, time.Duration(i+1)*time.Second, d.RetryAfter, "Reserve(%s): RetryAfter", id)
 	}
 	d := r.reserve("k", "c", horizon, 0)
-	assert.False(t, d.Reserved, "Reserve(c) beyond the horizon: %+v", d)
-	assert.True(t, d.Slot.IsZero(), "Reserve(c) beyond the horizon: Slot %v", d.Slot)
+	assert.False(t, throttle.Reserved(d), "Reserve(c) beyond the horizon: %+v", d)
+	assert.True(t, throttle.ReservedAt(d).IsZero(), "Reserve(c) beyond the horizon: Slot %v", throttle.ReservedAt(d))
 	assert.False(t, d.Allowed, "Reserve(c) beyond the horizon: Allowed")
 	// The next free slot is at 3 s: c can reserve it once 3 s is within 2.5 s.
 	assert.Equal(t, 500*time.Millisecond, d.RetryAfter, "Reserve(c) beyond the horizon: RetryAfter")
@@ -1193,8 +1185,8 @@ func TestReserve_Horizon(t *testing.T) {
 
 	r.advance(d.RetryAfter)
 	d = r.reserve("k", "c", horizon, 0)
-	assert.True(t, d.Reserved, "Reserve(c) after RetryAfter: %+v", d)
-	assert.Equal(t, epoch().Add(3*time.Second), d.Slot, "Reserve(c) after RetryAfter: Slot")
+	assert.True(t, throttle.Reserved(d), "Reserve(c) after RetryAfter: %+v", d)
+	assert.Equal(t, epoch().Add(3*time.Second), throttle.ReservedAt(d), "Reserve(c) after RetryAfter: Slot")
 }
 
 func TestReserve_Lapse(t *testing.T) {
@@ -1204,7 +1196,7 @@ func TestReserve_Lapse(t *testing.T) {
 	assertAllowed(t, r.take("k"), "Take")
 	for _, id := range []string{"a", "b"} { // slots at +1 s and +2 s
 		d := r.reserve("k", id, time.Minute, 0)
-		require.True(t, d.Reserved, "Reserve(%s): %+v", id, d)
+		require.True(t, throttle.Reserved(d), "Reserve(%s): %+v", id, d)
 	}
 	members := func() []string {
 		t.Helper()
@@ -1235,7 +1227,7 @@ func TestReserve_SuspensionAndQueue(t *testing.T) {
 	r.setLimits("k", throttle.PerSecond(10))
 	r.suspend("k", 5*time.Second)
 	d := r.reserve("k", "a", time.Minute, 0)
-	assert.True(t, d.Reserved, "Reserve while suspended: %+v", d)
+	assert.True(t, throttle.Reserved(d), "Reserve while suspended: %+v", d)
 	assert.Equal(t, throttle.RefusedBySuspension, d.Reason, "Reserve while suspended: Reason")
 	assert.Equal(t, 5*time.Second, d.RetryAfter, "Reserve while suspended: RetryAfter is the end of the suspension")
 
@@ -1246,13 +1238,6 @@ func TestReserve_SuspensionAndQueue(t *testing.T) {
 	assertAllowed(t, r.take("k"), "Take after the queue")
 }
 
-func TestReserve_EmptyID(t *testing.T) {
-	r := newRig(t)
-	r.setLimits("k", throttle.PerSecond(1))
-	_, err := r.lim.Reserve(r.ctx, "k", "", time.Minute, time.Second)
-	assert.Error(t, err, "Reserve with an empty id")
-}
-
 func TestTTLs(t *testing.T) {
 	t.Run("every key written has a TTL", func(t *testing.T) {
 		r := newRig(t)
@@ -1260,7 +1245,7 @@ func TestTTLs(t *testing.T) {
 		assert.Equal(t, throttle.DefaultIdleExpiry, r.mr.TTL(bucket("k")), "key TTL after SetLimits")
 		r.take("k")
 		d := r.reserve("k", "a", time.Minute, 0)
-		require.True(t, d.Reserved, "Reserve: %+v", d)
+		require.True(t, throttle.Reserved(d), "Reserve: %+v", d)
 		r.suspend("k", 3*time.Second)
 		for _, p := range []string{"b", "r"} {
 			assert.Positive(t, r.mr.TTL(redisKey("k", p)), "TTL of %s", redisKey("k", p))
@@ -1275,10 +1260,10 @@ func TestTTLs(t *testing.T) {
 		r.take("k")
 		assert.Equal(t, time.Hour, r.mr.TTL(bucket("k")), "key TTL after a Take 30 min later")
 		r.advance(59 * time.Minute)
-		_, err := r.lim.Limits(r.ctx, "k")
+		_, err := throttle.Limits(r.lim, r.ctx, "k")
 		assert.NoError(t, err, "Limits 59 min after the last Take")
 		r.advance(time.Minute)
-		_, err = r.lim.Limits(r.ctx, "k")
+		_, err = throttle.Limits(r.lim, r.ctx, "k")
 		assert.ErrorIs(t, err, throttle.ErrNoLimits, "Limits an hour after the last Take")
 	})
 	t.Run("hand-written limits get a TTL", func(t *testing.T) {
@@ -1301,7 +1286,7 @@ func TestTTLs(t *testing.T) {
 		}{
 			{throttle.PerHour(1).WithBurst(10), 10, 10 * time.Hour},
 			{throttle.PerSecond(3), 3, time.Second},
-			{throttle.Limit{Rate: 1, Per: throttle.MaxPer, Burst: 3}, 2, 2 * throttle.MaxPer},
+			{throttle.Limit{N: 1, Per: throttle.MaxPer, Burst: 3}, 2, 2 * throttle.MaxPer},
 		}
 		for _, tt := range tests {
 			// On default limits: no idle expiry of limits in Redis keeps the
@@ -1319,9 +1304,9 @@ func TestTTLs(t *testing.T) {
 		var last throttle.Decision
 		for i := 0; i < 30; i++ {
 			last = r.reserve("k", fmt.Sprint(i), time.Minute, 0)
-			require.True(t, last.Reserved, "Reserve(%d): %+v", i, last)
+			require.True(t, throttle.Reserved(last), "Reserve(%d): %+v", i, last)
 		}
-		queue := last.Slot.Sub(r.now)
+		queue := throttle.ReservedAt(last).Sub(r.now)
 		assert.GreaterOrEqual(t, r.mr.TTL(bucket("k")), queue, "key TTL with a queue of %v", queue)
 		// SetLimits drops the queue (its slots were spaced for the old
 		// limits): 3 s later a fresh Take is decided by the buckets alone.
@@ -1342,15 +1327,15 @@ func TestInspect(t *testing.T) {
 	s := r.inspect("k")
 	assert.Equal(t, []throttle.Limit{throttle.PerSecond(10).WithBurst(10), throttle.PerMinute(100).WithBurst(100)}, s.Limits, "Limits")
 	assert.InDeltaSlice(t, []float64{7, 97}, s.Tokens, 1e-9, "Tokens after 3 takes")
-	assert.Zero(t, s.Suspended, "Suspended")
+	assert.Zero(t, s.SuspendedFor, "Suspended")
 	assert.Zero(t, s.Reservations, "Reservations")
 	assert.Zero(t, s.QueuedFor, "QueuedFor")
 
 	r.suspend("k", 5*time.Second)
 	d := r.reserve("k", "a", time.Minute, 0)
-	require.True(t, d.Reserved, "Reserve while suspended: %+v", d)
+	require.True(t, throttle.Reserved(d), "Reserve while suspended: %+v", d)
 	s = r.inspect("k")
-	assert.Equal(t, 5*time.Second, s.Suspended, "Suspended")
+	assert.Equal(t, 5*time.Second, s.SuspendedFor, "Suspended")
 	assert.Equal(t, 1, s.Reservations, "Reservations")
 	// Spacing is the slowest tier's interval: 60 s / 100 = 600 ms.
 	assert.Equal(t, 5600*time.Millisecond, s.QueuedFor, "QueuedFor")
@@ -1358,7 +1343,7 @@ func TestInspect(t *testing.T) {
 	r.advance(time.Second)
 	s = r.inspect("k")
 	assert.InDeltaSlice(t, []float64{10, 97 + 100.0/60}, s.Tokens, 1e-9, "Tokens 1 s later")
-	assert.Equal(t, 4*time.Second, s.Suspended, "Suspended 1 s later")
+	assert.Equal(t, 4*time.Second, s.SuspendedFor, "Suspended 1 s later")
 
 	before := r.mr.Dump()
 	r.inspect("k")
@@ -1375,7 +1360,7 @@ func TestInspect(t *testing.T) {
 		r.suspend("x", time.Minute)
 		s := r.inspect("x")
 		assert.Nil(t, s.Limits, "Limits")
-		assert.Equal(t, time.Minute, s.Suspended, "Suspended")
+		assert.Equal(t, time.Minute, s.SuspendedFor, "Suspended")
 		d, err := r.lim.Take(r.ctx, "x")
 		require.NoError(t, err, "Take on a suspended key without limits")
 		assertRefused(t, d, throttle.RefusedBySuspension, time.Minute, "Take on a suspended key without limits")
@@ -1391,7 +1376,7 @@ func TestScriptFlush(t *testing.T) {
 		call func() error
 	}{
 		{"Take", func() error { _, err := r.lim.Take(r.ctx, "k"); return err }},
-		{"Reserve", func() error { _, err := r.lim.Reserve(r.ctx, "k", "a", time.Minute, 0); return err }},
+		{"Reserve", func() error { _, err := throttle.Reserve(r.lim, r.ctx, "k", "a", time.Minute, 0); return err }},
 		{"SetLimits", func() error { return r.lim.SetLimits(r.ctx, "k", throttle.PerSecond(3)) }},
 		{"Suspend", func() error { return r.lim.Suspend(r.ctx, "k", time.Second) }},
 		{"Inspect", func() error { _, err := r.lim.Inspect(r.ctx, "k"); return err }},
@@ -1404,11 +1389,11 @@ func TestScriptFlush(t *testing.T) {
 
 func TestDecision_ReasonString(t *testing.T) {
 	for reason, want := range map[throttle.Reason]string{
-		throttle.NotRefused:          "allowed",
+		throttle.Reason(0):           "allowed",
 		throttle.RefusedByTier:       "tier",
 		throttle.RefusedBySuspension: "suspended",
 		throttle.RefusedByQueue:      "queued",
-		throttle.RefusedBeforeSlot:   "before slot",
+		throttle.RefusedReserved:     "reserved",
 		throttle.Reason(42):          "Reason(42)",
 	} {
 		assert.Equal(t, want, reason.String(), "Reason(%d).String()", int(reason))
@@ -1429,9 +1414,27 @@ func effective(ls []throttle.Limit) []throttle.Limit {
 	out := make([]throttle.Limit, len(ls))
 	for i, l := range ls {
 		if l.Burst == 0 {
-			l.Burst = l.Rate
+			l.Burst = l.N
 		}
 		out[i] = l
 	}
 	return out
+}
+
+// Refused callers with IDs get their own reserved times, in the order they
+// were refused; a caller without one waits behind them.
+func TestReservationsInTheOrderCallersWereRefused(t *testing.T) {
+	r := newRig(t, throttle.WithDefaultLimits(throttle.PerSecond(1)))
+	_, err := r.lim.Take(r.ctx, "slack") // the only token
+	require.NoError(t, err)
+	for i, id := range []string{"task-a", "task-b", "task-c"} {
+		d, err := throttle.Reserve(r.lim, r.ctx, "slack", id, time.Minute, 0)
+		require.NoError(t, err)
+		assert.True(t, throttle.Reserved(d), "%s reserved", id)
+		assert.InDelta(t, float64(i+1), d.RetryAfter.Seconds(), 0.01, "%s's turn", id)
+	}
+	d, err := r.lim.Take(r.ctx, "slack")
+	require.NoError(t, err)
+	assert.Equal(t, throttle.RefusedByQueue, d.Reason)
+	assert.InDelta(t, 4, d.RetryAfter.Seconds(), 0.01, "behind the reservations")
 }

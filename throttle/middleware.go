@@ -12,7 +12,8 @@ import (
 
 	"github.com/asynq-throttle/asynq-throttle/internal/deferral"
 	"github.com/asynq-throttle/asynq-throttle/internal/jitter"
-	"github.com/asynq-throttle/asynq-throttle/lua"
+	"github.com/asynq-throttle/asynq-throttle/internal/keyspace"
+	"github.com/asynq-throttle/asynq-throttle/internal/lua"
 )
 
 // Outcome is what the middleware did with one task.
@@ -68,6 +69,10 @@ type Event struct {
 	Reason Reason
 	// Delay is how long a Deferred or Suspended task waits.
 	Delay time.Duration
+	// Wait is how long a task Ran waits in its worker before its handler
+	// starts: admitted at its reserved time a moment ahead (see WithPacing).
+	// The event comes when it was admitted, before the wait.
+	Wait time.Duration
 	// Reserved reports that the deferred task holds a reserved slot.
 	Reserved bool
 	// Leased reports that the task ran on a token its process had leased,
@@ -80,8 +85,8 @@ type Event struct {
 	// Copied reports that the deferral re-enqueued a copy of the task (the
 	// path used outside worker.NewServer and on a task's last attempt).
 	Copied bool
-	// Ran reports whether the handler ran.
-	Ran bool
+	// HandlerRan reports whether the handler ran.
+	HandlerRan bool
 	// Latency is how long the decision took in Redis, round trip included
 	// (0 when it took none: leased, cached, no key; and on a Suspended
 	// event, which follows its task's Ran event).
@@ -126,7 +131,7 @@ func ByProvider(rdb redis.UniversalClient, opts ...Option) asynq.MiddlewareFunc 
 func (l *Limiter) Middleware() asynq.MiddlewareFunc {
 	m := &middleware{
 		l:      l,
-		jitter: jitter.New(l.o.jitterSource, l.o.jitterMin, l.o.jitterMax, l.o.jitterFraction),
+		jitter: jitter.New(nil, 0, maxJitter, jitterFraction),
 		now:    time.Now,
 	}
 	return func(next asynq.Handler) asynq.Handler {
@@ -141,6 +146,13 @@ type middleware struct {
 	jitter *jitter.Jitter
 	now    func() time.Time
 }
+
+// A deferral without a reserved time waits its retry-after and a tenth more
+// at random, at most 10 s more: a crowd does not come back at once.
+const (
+	jitterFraction = 0.1
+	maxJitter      = 10 * time.Second
+)
 
 // noLimitsCacheFor is how long a process trusts "this key has no limits":
 // limits set later with SetLimits reach it within this time.
@@ -206,26 +218,20 @@ func (m *middleware) process(ctx context.Context, t *asynq.Task, next asynq.Hand
 	case !d.Allowed:
 		return m.deferDecision(ctx, t, ks, d, ev, Deferred)
 	}
-	if d.Wait > 0 && d.Wait > m.waitBudget(ctx, 0)/2 {
+	if d.wait > 0 && d.wait > m.waitBudget(ctx, 0)/2 {
 		// Admitted at a paced slot further ahead than the task's deadline
 		// lets it wait and leaves its handler at least as long: give the
 		// admission back and defer the task to it (it comes back with its
 		// whole timeout).
 		m.giveBack(ctx, key, d, cost)
-		return m.deferDecision(ctx, t, ks, Decision{RetryAfter: d.Wait, Reason: RefusedByQueue}, ev, Deferred)
+		return m.deferDecision(ctx, t, ks, Decision{RetryAfter: d.wait, Reason: RefusedByQueue}, ev, Deferred)
 	}
-	if d.Hold != "" {
-		release := m.l.holdSlot(key, d.Hold)
+	if d.Slot != "" {
+		release := m.l.holdSlot(key, d.Slot)
 		defer release() // also when the handler panics
 	}
-	if d.Wait > 0 {
-		// Admitted at its reserved slot a moment ahead (pacing): the tokens
-		// are taken as of then, so the call starts then.
-		if err := m.sleep(ctx, d.Wait); err != nil {
-			return err
-		}
-	}
 	ev.Outcome, ev.left, ev.at, ev.gen = Ran, d.Remaining, d.at, d.gen
+	ev.Wait = d.wait
 	return m.run(ctx, t, next, ks, ev)
 }
 
@@ -282,10 +288,10 @@ func (m *middleware) waitBudget(ctx context.Context, then time.Duration) time.Du
 // in flight and its cost go back to the key.
 func (m *middleware) giveBack(ctx context.Context, key string, d Decision, cost int) {
 	ctx = context.WithoutCancel(ctx)
-	if d.Hold != "" {
-		if err := m.l.Release(ctx, key, d.Hold); err != nil {
+	if d.Slot != "" {
+		if err := m.l.Release(ctx, key, d.Slot); err != nil {
 			m.l.o.logger.Warn("throttle: cannot give back a slot in flight; it frees when its lease ends",
-				"key", key, "slot", d.Hold, "lease", m.l.o.slotLease, "err", err)
+				"key", key, "slot", d.Slot, "lease", m.l.o.slotExpiry, "err", err)
 		}
 	}
 	if err := m.l.adjust(ctx, key, -cost, lua.Call{At: d.at, Charged: cost, Generation: d.gen}); err != nil {
@@ -312,7 +318,7 @@ func (m *middleware) badTask(ctx context.Context, t *asynq.Task, id, key string,
 func (m *middleware) cannotDecide(ctx context.Context, t *asynq.Task, ks *keyState, next asynq.Handler, ev Event, err error) error {
 	o := &m.l.o
 	ev.Outcome, ev.Err = Failed, err
-	if o.failure == FailOpen {
+	if o.failOpen {
 		o.logger.Error("throttle: cannot decide, running task unthrottled (fail open)", "key", ev.Key, "task_id", ev.TaskID, "err", err)
 		return m.run(ctx, t, next, ks, ev)
 	}
@@ -330,12 +336,12 @@ func (m *middleware) cannotDecide(ctx context.Context, t *asynq.Task, ks *keySta
 
 // maxPaceWait bounds the wait for a paced slot: one granule and the
 // tolerance the script allows a task back early.
-const maxPaceWait = Granule + 200*time.Millisecond
+const maxPaceWait = granule + 200*time.Millisecond
 
 // maxSlotWait bounds how long a task refused a slot waits in its worker
 // for one expected free; minSlotPoll is the shortest such wait.
 const (
-	maxSlotWait = Granule
+	maxSlotWait = granule
 	minSlotPoll = 20 * time.Millisecond
 )
 
@@ -361,9 +367,9 @@ func (m *middleware) saw(ks *keyState, d Decision, sent time.Time, asked int) {
 	if !d.Allowed {
 		ks.lease.drop()
 	} else if asked > 0 {
-		ks.lease.add(asked, d.Lease, sent, m.l.o.leaseFor, d.gen, now)
+		ks.lease.add(asked, d.lease, sent, m.l.o.leaseFor, d.gen, now)
 	}
-	if !d.Allowed && !d.Reserved && d.Reason == RefusedBySuspension {
+	if !d.Allowed && !d.reserved && d.Reason == RefusedBySuspension {
 		ks.cacheSuspension(now, d.RetryAfter, false)
 	}
 }
@@ -373,8 +379,15 @@ func (m *middleware) saw(ks *keyState, d Decision, sent time.Time, asked int) {
 // nil for a task without a key.
 func (m *middleware) run(ctx context.Context, t *asynq.Task, next asynq.Handler, ks *keyState, ev Event) error {
 	o := &m.l.o
-	ev.Ran = true
+	ev.HandlerRan = true
 	m.observe(ev)
+	if ev.Wait > 0 {
+		// Admitted at its reserved time a moment ahead (pacing): the tokens
+		// are taken as of then, so the call starts then.
+		if err := m.sleep(ctx, ev.Wait); err != nil {
+			return err
+		}
+	}
 	if ks != nil {
 		ctx = context.WithValue(ctx, chargeKey{}, &taskCharge{l: m.l, ks: ks, key: ev.Key, cost: max(ev.cost, 1), left: ev.left, at: ev.at, gen: ev.gen})
 	}
@@ -426,17 +439,17 @@ func (m *middleware) run(ctx context.Context, t *asynq.Task, next asynq.Handler,
 // decide asks Redis for a decision on t, which costs cost; lease is how
 // many tokens it may take for this process (0: just its cost).
 func (m *middleware) decide(ctx context.Context, key string, t *asynq.Task, id string, lease, cost int) (Decision, error) {
-	return m.decideAs(ctx, key, t, id, cost, variant{granule: Granule, lease: lease, headroom: m.l.o.headroom, pace: m.l.o.pacing})
+	return m.decideAs(ctx, key, t, id, cost, variant{granule: granule, lease: lease, headroom: m.l.o.headroom, pace: m.l.o.pacing})
 }
 
 // decideProbe asks again for a task waiting in its worker for a slot in
 // flight: it keeps its place among the waiters.
 func (m *middleware) decideProbe(ctx context.Context, key string, t *asynq.Task, id string, cost int) (Decision, error) {
-	return m.decideAs(ctx, key, t, id, cost, variant{granule: Granule, headroom: m.l.o.headroom, pace: m.l.o.pacing, probe: true})
+	return m.decideAs(ctx, key, t, id, cost, variant{granule: granule, headroom: m.l.o.headroom, pace: m.l.o.pacing, probe: true})
 }
 
 func (m *middleware) decideAs(ctx context.Context, key string, t *asynq.Task, id string, cost int, v variant) (Decision, error) {
-	if origin := t.Headers()[HeaderOrigin]; origin != "" {
+	if origin := t.Headers()[keyspace.Origin]; origin != "" {
 		id = origin
 	}
 	if m.l.o.horizon > 0 && id != "" {
@@ -452,8 +465,8 @@ func (m *middleware) decideAs(ctx context.Context, key string, t *asynq.Task, id
 // suspension turns out to have ended early (Resume).
 func (m *middleware) deferDecision(ctx context.Context, t *asynq.Task, ks *keyState, d Decision, ev Event, out Outcome) error {
 	delay := m.deferDelay(d)
-	ev.Outcome, ev.Reason, ev.Delay, ev.Reserved = out, d.Reason, delay, d.Reserved
-	m.l.o.logger.Debug("throttle: task deferred", "key", ev.Key, "task_id", ev.TaskID, "reason", d.Reason, "retry_in", delay, "reserved", d.Reserved)
+	ev.Outcome, ev.Reason, ev.Delay, ev.Reserved = out, d.Reason, delay, d.reserved
+	m.l.o.logger.Debug("throttle: task deferred", "key", ev.Key, "task_id", ev.TaskID, "reason", d.Reason, "retry_in", delay, "reserved", d.reserved)
 	copied, waitingAs, err := m.deferTask(ctx, t, ev.Key, delay, d.Reason.String())
 	ev.Copied = copied
 	if err != nil && !isDeferral(err) {
@@ -481,15 +494,15 @@ func (m *middleware) deferDelay(d Decision) time.Duration {
 		// task holding a reservation keeps it, but its reserved time does not
 		// free a slot: it is told when one is expected.
 		return max(m.now().Add(d.RetryAfter).Truncate(time.Second).Sub(m.now()), 0)
-	case d.Reserved && m.l.o.pacing && d.Slot.Truncate(time.Second) != d.Slot:
-		// A paced slot, inside a second: come back on the whole second
-		// before it; the worker then waits for the slot itself.
-		return max(d.Slot.Truncate(time.Second).Sub(m.now()), 0)
-	case d.Reserved:
-		// Aim at the slot itself (a whole second of the Redis clock), not at
-		// now+RetryAfter: the reply's travel time would push the task past
-		// the boundary and cost it a whole second.
-		return m.until(d.Slot)
+	case d.reserved && m.l.o.pacing && d.reservedAt.Truncate(time.Second) != d.reservedAt:
+		// A paced reservation, inside a second: come back on the whole
+		// second before it; the worker then waits for its time itself.
+		return max(d.reservedAt.Truncate(time.Second).Sub(m.now()), 0)
+	case d.reserved:
+		// Aim at the reserved time itself (a whole second of the Redis
+		// clock), not at now+RetryAfter: the reply's travel time would push
+		// the task past the boundary and cost it a whole second.
+		return m.until(d.reservedAt)
 	}
 	return m.roundUp(m.jitter.Add(d.RetryAfter))
 }
@@ -505,7 +518,7 @@ func (m *middleware) checkParked(key string, ks *keyState, s *suspension) {
 	}
 	timeout := m.l.o.timeout
 	if timeout <= 0 {
-		timeout = DefaultTimeout
+		timeout = defaultTimeout
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
@@ -514,7 +527,7 @@ func (m *middleware) checkParked(key string, ks *keyState, s *suspension) {
 		m.l.o.logger.Warn("throttle: cannot check a cached suspension; tasks it deferred wait for their time", "key", key, "tasks", len(parked), "err", err)
 		return
 	}
-	if st.Suspended > 0 && time.Now().Add(st.Suspended).After(s.retryAt.Add(-Granule)) {
+	if st.SuspendedFor > 0 && time.Now().Add(st.SuspendedFor).After(s.retryAt.Add(-granule)) {
 		return // still suspended as long as the tasks were told
 	}
 	// Most often nothing moves: the suspension ran its course and the
@@ -570,8 +583,10 @@ func isDeferral(err error) bool {
 }
 
 func (m *middleware) observe(ev Event) {
-	if f := m.l.o.observer; f != nil {
-		f(ev)
+	if fs := m.l.onEvent.Load(); fs != nil {
+		for _, f := range *fs {
+			f(ev)
+		}
 	}
 }
 

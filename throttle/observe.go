@@ -7,14 +7,15 @@ import (
 	"strings"
 	"time"
 
-	"github.com/asynq-throttle/asynq-throttle/lua"
+	"github.com/asynq-throttle/asynq-throttle/internal/lua"
+	"github.com/asynq-throttle/asynq-throttle/internal/quota"
 )
 
 // Observe learns from a provider's response what its quota is, fleet-wide,
-// and returns what FromResponse returns: a *RateLimitedError for a 429 (or a
-// 503 with Retry-After), nil otherwise. Call it in a handler run by the
-// middleware, on every response from the provider; the task's key and
-// limiter come from ctx:
+// and returns a *RateLimitedError for a 429 (or a 503 with Retry-After),
+// waiting the response's Retry-After, else the reset it states; nil for any
+// other response. Call it in a handler run by the middleware, on every
+// response from the provider; the task's key and limiter come from ctx:
 //
 //	resp, err := client.Do(req.WithContext(ctx))
 //	if err != nil {
@@ -50,21 +51,19 @@ import (
 // each quarter of WithLearnFor (to keep a learned one in force), a
 // remaining count below what the task's decision left. So a handler can
 // call Observe on every response at the cost of a Redis call on few of
-// them. Outside a handler run by the middleware, Observe only
-// does what FromResponse does. A failure to record what was learned is
-// logged, not returned: the provider's answer is what the handler acts on.
+// them. Outside a handler run by the middleware, Observe only returns the
+// error. A failure to record what was learned is logged, not returned: the
+// provider's answer is what the handler acts on.
 func Observe(ctx context.Context, resp *http.Response) error {
 	if resp == nil {
 		return nil
 	}
 	now := time.Now()
-	rl := fromResponse(resp, now)
-	tc, ok := ctx.Value(chargeKey{}).(*taskCharge)
-	if !ok {
-		return rl
+	q := quota.Parse(resp.StatusCode, resp.Header, now)
+	if tc, ok := ctx.Value(chargeKey{}).(*taskCharge); ok {
+		tc.l.observe(ctx, tc, q, now)
 	}
-	tc.l.observe(ctx, tc, parseQuota(resp.StatusCode, resp.Header, now), now)
-	return rl
+	return fromResponse(q, resp.StatusCode)
 }
 
 // observeMemo is what a process last sent Redis about a key's published
@@ -116,7 +115,7 @@ func (m *observeMemo) policiesDue(pol []lua.Policy, now time.Time, refresh time.
 
 // observe sends what q says when it can change anything, and logs what
 // changed.
-func (l *Limiter) observe(ctx context.Context, tc *taskCharge, q quotaInfo, now time.Time) {
+func (l *Limiter) observe(ctx context.Context, tc *taskCharge, q quota.Info, now time.Time) {
 	var a lua.ObserveArgs
 	for _, p := range q.Policies {
 		if p.Window <= 0 || p.Quota <= 0 {
@@ -170,7 +169,7 @@ func (l *Limiter) observe(ctx context.Context, tc *taskCharge, q quotaInfo, now 
 
 // logChanges logs what observe.lua changed, once: only the process whose
 // call made a change is told of it.
-func (l *Limiter) logChanges(key string, ks *keyState, q quotaInfo, changes []string, now time.Time) {
+func (l *Limiter) logChanges(key string, ks *keyState, q quota.Info, changes []string, now time.Time) {
 	log := l.o.logger
 	for _, c := range changes {
 		f := strings.Fields(c)

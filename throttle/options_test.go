@@ -15,17 +15,17 @@ import (
 	"github.com/asynq-throttle/asynq-throttle/throttle"
 )
 
-// TestHeadroomCallOption: Take takes the exact bucket unless asked for
-// headroom; with Headroom(d) it keeps back what the bucket refills in d.
-func TestHeadroomCallOption(t *testing.T) {
+// Take takes the exact bucket; a decision keeping room for d of dispatch
+// jitter (the middleware's headroom) keeps back what the bucket refills in d.
+func TestTakeIsExactHeadroomKeepsRoom(t *testing.T) {
 	ctx := context.Background()
 	lim := throttle.NewLimiter(redistest.Start(t).Client(t), quietLog)
-	admitted := func(key string, opts ...throttle.CallOption) int {
+	admitted := func(key string, headroom time.Duration) int {
 		t.Helper()
 		require.NoError(t, lim.SetLimits(ctx, key, throttle.PerSecond(10)))
 		n := 0
 		for range 10 {
-			d, err := lim.Take(ctx, key, opts...)
+			d, err := throttle.TakeWithHeadroom(lim, ctx, key, headroom)
 			require.NoError(t, err)
 			if d.Allowed {
 				n++
@@ -33,9 +33,9 @@ func TestHeadroomCallOption(t *testing.T) {
 		}
 		return n
 	}
-	assert.Equal(t, 10, admitted("exact"), "PerSecond(10) admits 10 at once through Take")
+	assert.Equal(t, 10, admitted("exact", 0), "PerSecond(10) admits 10 at once through Take")
 	// 200 ms of headroom at 10/s: two tokens stay in the bucket.
-	assert.Equal(t, 8, admitted("headroom", throttle.Headroom(200*time.Millisecond)))
+	assert.Equal(t, 8, admitted("headroom", 200*time.Millisecond))
 }
 
 // TestWithLearnFor: a quota learned from a response lasts WithLearnFor (at

@@ -144,9 +144,9 @@ func (m *slotsRefModel) setLimits(limits []throttle.Limit) {
 		per := l.Per.Microseconds()
 		switch l.Kind {
 		case throttle.KindInFlight:
-			m.inflight = int64(l.Rate)
+			m.inflight = int64(l.N)
 		case throttle.KindWindow:
-			w := &slotsRefWindow{n: int64(l.Rate), perUS: per, sub: per / 20, counts: map[int64]int64{}, latest: map[int64]int64{}}
+			w := &slotsRefWindow{n: int64(l.N), perUS: per, sub: per / 20, counts: map[int64]int64{}, latest: map[int64]int64{}}
 			if old := m.windows[per]; old != nil {
 				w.counts, w.latest = old.counts, old.latest
 			}
@@ -155,9 +155,9 @@ func (m *slotsRefModel) setLimits(limits []throttle.Limit) {
 		default:
 			burst := int64(l.Burst)
 			if burst == 0 {
-				burst = int64(l.Rate)
+				burst = int64(l.N)
 			}
-			b := &slotsRefBucket{rate: int64(l.Rate), perUS: per, burst: burst}
+			b := &slotsRefBucket{rate: int64(l.N), perUS: per, burst: burst}
 			if old := m.buckets[per]; old != nil {
 				b.owed = max(0, old.owed-(old.burst-burst)*per)
 			}
@@ -383,13 +383,13 @@ func drawSlotLimits(t *rapid.T, label string) []throttle.Limit {
 	var limits []throttle.Limit
 	for i, per := range pers {
 		l := throttle.Limit{
-			Rate:  rapid.IntRange(1, 10).Draw(t, fmt.Sprintf("%sRate%d", label, i+1)),
+			N:     rapid.IntRange(1, 10).Draw(t, fmt.Sprintf("%sRate%d", label, i+1)),
 			Per:   per,
 			Burst: rapid.IntRange(0, 8).Draw(t, fmt.Sprintf("%sBurst%d", label, i+1)),
 		}
 		if rapid.Bool().Draw(t, fmt.Sprintf("%sGenerous%d", label, i+1)) {
 			// Rarely short: the slots are what refuses.
-			l = throttle.Limit{Rate: rapid.IntRange(20, 60).Draw(t, fmt.Sprintf("%sLargeRate%d", label, i+1)), Per: per}
+			l = throttle.Limit{N: rapid.IntRange(20, 60).Draw(t, fmt.Sprintf("%sLargeRate%d", label, i+1)), Per: per}
 		}
 		limits = append(limits, l)
 	}
@@ -416,7 +416,7 @@ func TestProperty_SlotsCostsTiers(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		env.mr.FlushAll()
 		lease := rapid.SampledFrom(slotsLeases).Draw(t, "lease")
-		lim := throttle.NewLimiter(env.rdb, throttle.WithSlotLease(lease))
+		lim := throttle.NewLimiter(env.rdb, throttle.WithSlotExpiry(lease))
 		start := epoch().UnixMicro()
 		env.mr.SetTime(time.UnixMicro(start))
 		m := newSlotsRefModel(start, lease.Microseconds())
@@ -434,10 +434,10 @@ func TestProperty_SlotsCostsTiers(t *testing.T) {
 				case throttle.KindWindow:
 					id := fmt.Sprintf("w%d", per)
 					if old := logs[id]; old != nil {
-						old.n = int64(l.Rate) // a window keeps its calls
+						old.n = int64(l.N) // a window keeps its calls
 						next[id] = old
 					} else {
-						next[id] = &boundLog{window: true, perUS: per, n: int64(l.Rate)}
+						next[id] = &boundLog{window: true, perUS: per, n: int64(l.N)}
 					}
 				case throttle.KindBucket:
 					b := m.buckets[per]
@@ -514,7 +514,7 @@ func TestProperty_SlotsCostsTiers(t *testing.T) {
 			}
 			call := fmt.Sprintf("TakeN(%d) at epoch+%v under %v", cost, since(), limits)
 			got, err := lim.TakeN(ctx, "k", cost)
-			want := m.take(int64(cost), func() string { return got.Hold })
+			want := m.take(int64(cost), func() string { return got.Slot })
 			defer lost()
 			if want.tooHigh {
 				require.ErrorIs(t, err, throttle.ErrCostTooHigh, "%s: a cost above a tier's burst", call)
@@ -524,7 +524,7 @@ func TestProperty_SlotsCostsTiers(t *testing.T) {
 			require.Equal(t, want.allowed, got.Allowed, "%s: Allowed (model %+v, script %+v)", call, want, got)
 			if !got.Allowed {
 				require.Equal(t, want.reason, got.Reason, "%s: Reason (model %+v, script %+v)", call, want, got)
-				require.Empty(t, got.Hold, "%s: a refusal holds no slot", call)
+				require.Empty(t, got.Slot, "%s: a refusal holds no slot", call)
 				if want.reason == throttle.RefusedByTier {
 					require.Equal(t, want.tier, got.Tier, "%s: Tier (model %+v, script %+v)", call, want, got)
 					require.Equal(t, want.retryUS, got.RetryAfter.Microseconds(), "%s: RetryAfter (model %+v, script %+v)", call, want, got)
@@ -535,12 +535,12 @@ func TestProperty_SlotsCostsTiers(t *testing.T) {
 			}
 			require.Equal(t, want.remaining, int64(got.Remaining), "%s: Remaining (model %+v, script %+v)", call, want, got)
 			if m.inflight > 0 {
-				require.NotEmpty(t, got.Hold, "%s: an admission under InFlight holds a slot", call)
+				require.NotEmpty(t, got.Slot, "%s: an admission under InFlight holds a slot", call)
 				require.Less(t, want.heldAt, m.inflight, "%s: admitted with %d slots held of %d", call, want.heldAt, m.inflight)
-				require.NotContains(t, holds, got.Hold, "%s: a slot name already held", call)
-				holds = append(holds, got.Hold)
+				require.NotContains(t, holds, got.Slot, "%s: a slot name already held", call)
+				holds = append(holds, got.Slot)
 			} else {
-				require.Empty(t, got.Hold, "%s: no InFlight limit, no slot", call)
+				require.Empty(t, got.Slot, "%s: no InFlight limit, no slot", call)
 			}
 			c := &takenCall{d: got, at: m.now, left: int64(cost), gen: m.gen, idx: map[*boundLog]int{}}
 			for _, l := range logs {
@@ -572,7 +572,7 @@ func TestProperty_SlotsCostsTiers(t *testing.T) {
 				if hs == nil {
 					t.Skip("no slot to renew")
 				}
-				n, err := lim.Extend(ctx, "k", hs...)
+				n, err := throttle.Extend(lim, ctx, "k", hs...)
 				require.NoError(t, err, "Extend(%v)", hs)
 				require.Equal(t, m.extend(hs), n, "Extend(%v) at epoch+%v: renewed", hs, since())
 			},
@@ -591,7 +591,7 @@ func TestProperty_SlotsCostsTiers(t *testing.T) {
 					}
 					return
 				}
-				require.NoError(t, lim.Adjust(ctx, "k", int(delta)), "Adjust(%d)", delta)
+				require.NoError(t, throttle.Surcharge(lim, ctx, "k", int(delta)), "Adjust(%d)", delta)
 				if delta > 0 {
 					m.surcharge(delta)
 					for _, l := range logs {

@@ -24,9 +24,9 @@ func refTiers(limits []throttle.Limit) []refTier {
 	for i, l := range limits {
 		b := l.Burst
 		if b == 0 {
-			b = l.Rate
+			b = l.N
 		}
-		out[i] = refTier{rate: int64(l.Rate), perUS: l.Per.Microseconds(), burst: int64(b)}
+		out[i] = refTier{rate: int64(l.N), perUS: l.Per.Microseconds(), burst: int64(b)}
 	}
 	return out
 }
@@ -184,7 +184,7 @@ func drawLimits(t *rapid.T, label string) []throttle.Limit {
 	limits := make([]throttle.Limit, n)
 	for i := range limits {
 		limits[i] = throttle.Limit{
-			Rate:  rapid.IntRange(1, 20).Draw(t, fmt.Sprintf("%sRate%d", label, i+1)),
+			N:     rapid.IntRange(1, 20).Draw(t, fmt.Sprintf("%sRate%d", label, i+1)),
 			Per:   pers[i],
 			Burst: rapid.IntRange(0, 10).Draw(t, fmt.Sprintf("%sBurst%d", label, i+1)),
 		}
@@ -260,7 +260,7 @@ func TestProperty_MatchesReferenceModel(t *testing.T) {
 				m.suspend(d.Microseconds(), now)
 			},
 			"resume": func(t *rapid.T) {
-				require.NoError(t, lim.Resume(ctx, "k"), "Resume")
+				require.NoError(t, resumed(lim.Resume(ctx, "k")), "Resume")
 				m.until = 0
 			},
 			"inspect": func(t *rapid.T) {
@@ -273,7 +273,7 @@ func TestProperty_MatchesReferenceModel(t *testing.T) {
 					assert.InDelta(t, f, s.Tokens[i], 1e-6, "Inspect tier %d tokens under %v", i+1, limits)
 				}
 				wantSusp := time.Duration(max(0, m.until-now)) * time.Microsecond
-				assert.Equal(t, wantSusp, s.Suspended, "Inspect suspended")
+				assert.Equal(t, wantSusp, s.SuspendedFor, "Inspect suspended")
 			},
 		})
 	})
@@ -308,7 +308,7 @@ func TestProperty_Reservations(t *testing.T) {
 		limits := make([]throttle.Limit, n)
 		for i := range limits {
 			limits[i] = throttle.Limit{
-				Rate:  rapid.SampledFrom(resvRates).Draw(t, fmt.Sprintf("rate%d", i+1)),
+				N:     rapid.SampledFrom(resvRates).Draw(t, fmt.Sprintf("rate%d", i+1)),
 				Per:   pers[i],
 				Burst: rapid.SampledFrom(resvBursts).Draw(t, fmt.Sprintf("burst%d", i+1)),
 			}
@@ -331,7 +331,7 @@ func TestProperty_Reservations(t *testing.T) {
 			for _, l := range limits {
 				for i := 0; i <= j; i++ {
 					elapsed := admitted[j].Sub(admitted[i])
-					bound := float64(l.Burst) + float64(l.Rate)*elapsed.Seconds()/l.Per.Seconds()
+					bound := float64(l.Burst) + float64(l.N)*elapsed.Seconds()/l.Per.Seconds()
 					require.LessOrEqual(t, float64(j-i+1), bound+1e-9,
 						"%s: %d admitted in %v under %v (burst + rate*t = %g)", call, j-i+1, elapsed, l, bound)
 				}
@@ -347,7 +347,7 @@ func TestProperty_Reservations(t *testing.T) {
 		reserve := func(t *rapid.T, id string, mustAdmit bool) {
 			lapse()
 			call := fmt.Sprintf("Reserve(%s) at epoch+%v under %v, horizon %v, granule %v", id, now.Sub(start), limits, horizon, granule)
-			d, err := lim.Reserve(ctx, "k", id, horizon, granule)
+			d, err := throttle.Reserve(lim, ctx, "k", id, horizon, granule)
 			require.NoError(t, err, call)
 			slot, holds := held[id]
 			if mustAdmit {
@@ -357,7 +357,7 @@ func TestProperty_Reservations(t *testing.T) {
 			// buckets alone (a worker clock slightly behind Redis).
 			if holds && now.Before(slot.Add(-granule)) {
 				require.False(t, d.Allowed, "%s: admitted before its slot %v: %+v", call, slot.Sub(start), d)
-				require.Equal(t, throttle.RefusedBeforeSlot, d.Reason, "%s: Reason (%+v)", call, d)
+				require.Equal(t, throttle.RefusedReserved, d.Reason, "%s: Reason (%+v)", call, d)
 				require.Equal(t, slot.Sub(now), d.RetryAfter, "%s: RetryAfter = slot - now (%+v)", call, d)
 				return
 			}
@@ -370,24 +370,24 @@ func TestProperty_Reservations(t *testing.T) {
 				return
 			}
 			require.Positive(t, d.RetryAfter, "%s: RetryAfter of a refusal (%+v)", call, d)
-			if !d.Reserved {
+			if !throttle.Reserved(d) {
 				delete(held, id)
 				return
 			}
-			require.LessOrEqual(t, d.Slot.Sub(now), horizon, "%s: slot beyond the horizon (%+v)", call, d)
-			require.Equal(t, d.Slot.Sub(now), d.RetryAfter, "%s: RetryAfter = Slot - now (%+v)", call, d)
-			if holds && d.Slot.Equal(slot) {
+			require.LessOrEqual(t, throttle.ReservedAt(d).Sub(now), horizon, "%s: slot beyond the horizon (%+v)", call, d)
+			require.Equal(t, throttle.ReservedAt(d).Sub(now), d.RetryAfter, "%s: RetryAfter = Slot - now (%+v)", call, d)
+			if holds && throttle.ReservedAt(d).Equal(slot) {
 				return // told its existing slot again
 			}
 			if !lastSlot.IsZero() {
-				require.False(t, d.Slot.Before(lastSlot),
-					"%s: new slot %v before the last issued %v", call, d.Slot.Sub(start), lastSlot.Sub(start))
+				require.False(t, throttle.ReservedAt(d).Before(lastSlot),
+					"%s: new slot %v before the last issued %v", call, throttle.ReservedAt(d).Sub(start), lastSlot.Sub(start))
 			}
 			if granule > 0 {
-				require.Zero(t, d.Slot.UnixMicro()%granule.Microseconds(), "%s: slot %v off the granule", call, d.Slot.Sub(start))
+				require.Zero(t, throttle.ReservedAt(d).UnixMicro()%granule.Microseconds(), "%s: slot %v off the granule", call, throttle.ReservedAt(d).Sub(start))
 			}
-			lastSlot = d.Slot
-			held[id] = d.Slot
+			lastSlot = throttle.ReservedAt(d)
+			held[id] = throttle.ReservedAt(d)
 		}
 		ids := []string{"a", "b", "c", "d", "e", "f"}
 		setNow := func(at time.Time) {

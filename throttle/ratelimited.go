@@ -2,8 +2,9 @@ package throttle
 
 import (
 	"fmt"
-	"net/http"
 	"time"
+
+	"github.com/asynq-throttle/asynq-throttle/internal/quota"
 )
 
 // RateLimitedError is the error of a handler whose provider answered "too
@@ -36,29 +37,14 @@ func RateLimited(retryAfter time.Duration) error {
 	return &RateLimitedError{RetryAfter: retryAfter}
 }
 
-// FromResponse returns a *RateLimitedError for a 429 response, or a 503 that
-// carries Retry-After, and nil for any other response. The wait is read from
-// Retry-After (seconds or an HTTP date), else from the reset the response
-// states: the IETF RateLimit field's t (of its lowest remaining), else
-// RateLimit-Reset (seconds), else X-RateLimit-Reset (seconds, or a Unix time
-// as GitHub sends), else X-Rate-Limit-Reset (Twitter/X). Missing, negative,
-// garbled headers, and waits beyond 30 days, give RetryAfter 0: the
-// middleware's default.
-func FromResponse(resp *http.Response) error {
-	return fromResponse(resp, time.Now())
-}
-
-func fromResponse(resp *http.Response, now time.Time) error {
-	if resp == nil {
-		return nil
-	}
-	q := parseQuota(resp.StatusCode, resp.Header, now)
+// fromResponse is the error Observe returns for resp at now: a
+// *RateLimitedError for a 429, or a 503 with a Retry-After, waiting its
+// Retry-After, else the reset it states (the IETF RateLimit's t, then
+// RateLimit-Reset, X-RateLimit-Reset, X-Rate-Limit-Reset); nil for any
+// other response.
+func fromResponse(q quota.Info, status int) error {
 	if !q.RateLimited {
 		return nil
 	}
-	wait := q.Reset
-	if q.HasRetryAfter {
-		wait = q.RetryAfter
-	}
-	return &RateLimitedError{RetryAfter: wait, StatusCode: resp.StatusCode}
+	return &RateLimitedError{RetryAfter: q.Wait(), StatusCode: status}
 }

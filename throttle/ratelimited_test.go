@@ -1,12 +1,14 @@
 package throttle
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
 	"testing"
 	"time"
 
+	"github.com/asynq-throttle/asynq-throttle/internal/quota"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -51,7 +53,7 @@ func TestFromResponse(t *testing.T) {
 			for k, v := range tt.headers {
 				resp.Header.Set(k, v)
 			}
-			err := fromResponse(resp, now)
+			err := fromResponse(quota.Parse(resp.StatusCode, resp.Header, now), resp.StatusCode)
 			if tt.want < 0 {
 				assert.NoError(t, err, "fromResponse(%d %v)", tt.status, tt.headers)
 				return
@@ -62,7 +64,7 @@ func TestFromResponse(t *testing.T) {
 			assert.Equal(t, tt.status, rl.StatusCode)
 		})
 	}
-	assert.NoError(t, FromResponse(nil))
+	assert.NoError(t, Observe(context.Background(), nil))
 }
 
 func TestRateLimitedWrapped(t *testing.T) {

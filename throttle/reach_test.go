@@ -43,26 +43,29 @@ func TestUnreachableRedisNamesTheCause(t *testing.T) {
 			lim := throttle.NewLimiter(rdb, quietLog, throttle.WithTimeout(timeout))
 			ctx := context.Background()
 			var failed error
-			mw := throttle.NewLimiter(rdb, throttle.WithTimeout(timeout), throttle.WithFailurePolicy(throttle.FailOpen),
-				throttle.WithObserver(func(ev throttle.Event) {
-					if ev.Outcome == throttle.Failed {
-						failed = ev.Err
-					}
-				}), quietLog).Middleware()
+			mwLim := throttle.NewLimiter(rdb, throttle.WithTimeout(timeout), throttle.WithFailOpen(), quietLog)
+			mwLim.OnEvent(func(ev throttle.Event) {
+				if ev.Outcome == throttle.Failed {
+					failed = ev.Err
+				}
+			})
+			mw := mwLim.Middleware()
 			calls := []struct {
 				name string
 				call func() error
 			}{
 				{"SetLimits", func() error { return lim.SetLimits(ctx, "slack", throttle.PerSecond(1)) }},
 				{"Take", func() error { _, err := lim.Take(ctx, "slack"); return err }},
-				{"Reserve", func() error { _, err := lim.Reserve(ctx, "slack", "t1", time.Minute, time.Second); return err }},
+				{"Reserve", func() error {
+					_, err := throttle.Reserve(lim, ctx, "slack", "t1", time.Minute, time.Second)
+					return err
+				}},
 				{"Inspect", func() error { _, err := lim.Inspect(ctx, "slack"); return err }},
-				{"Limits", func() error { _, err := lim.Limits(ctx, "slack"); return err }},
+				{"Limits", func() error { _, err := throttle.Limits(lim, ctx, "slack"); return err }},
 				{"Suspend", func() error { return lim.Suspend(ctx, "slack", time.Second) }},
-				{"Resume", func() error { return lim.Resume(ctx, "slack") }},
-				{"Adjust", func() error { return lim.Adjust(ctx, "slack", 1) }},
+				{"Resume", func() error { _, err := lim.Resume(ctx, "slack"); return err }},
+				{"Adjust", func() error { return throttle.Surcharge(lim, ctx, "slack", 1) }},
 				{"Delete", func() error { return lim.Delete(ctx, "slack") }},
-				{"Reservation", func() error { _, _, err := lim.Reservation(ctx, "slack", "t1"); return err }},
 				{"Keys", func() error { _, err := lim.Keys(ctx); return err }},
 				{"middleware (fail open)", func() error {
 					failed = nil

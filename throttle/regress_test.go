@@ -99,7 +99,7 @@ func TestRateLimitedOnEveryPath(t *testing.T) {
 		require.NoError(t, err, "the task is deferred (by copy here), not failed")
 		st, err := lim.Inspect(ctx, "crm")
 		require.NoError(t, err)
-		assert.Greater(t, st.Suspended, 25*time.Second, "the key is suspended fleet-wide in Redis")
+		assert.Greater(t, st.SuspendedFor, 25*time.Second, "the key is suspended fleet-wide in Redis")
 		copies := scheduled(t, rdb)
 		require.Len(t, copies, 1, "the task waits as a copy")
 		assert.Greater(t, time.Until(copies[0].NextProcessAt), 25*time.Second, "deferred past the suspension")
@@ -115,16 +115,16 @@ func TestRateLimitedOnEveryPath(t *testing.T) {
 		down.Stop()
 		var delays []time.Duration
 		var mu sync.Mutex
-		lim := throttle.NewLimiter(limits, quietLog, throttle.WithFailurePolicy(throttle.FailOpen),
+		lim := throttle.NewLimiter(limits, quietLog, throttle.WithFailOpen(),
 			throttle.WithTimeout(300*time.Millisecond), throttle.WithDefaultLimits(throttle.PerSecond(10)),
-			throttle.WithMaxSuspension(time.Minute), throttle.WithTaskRedis(tasks),
-			throttle.WithObserver(func(ev throttle.Event) {
-				if ev.Outcome == throttle.Suspended || ev.Outcome == throttle.Deferred {
-					mu.Lock()
-					delays = append(delays, ev.Delay)
-					mu.Unlock()
-				}
-			}))
+			throttle.WithMaxSuspension(time.Minute), throttle.WithTaskRedis(tasks))
+		lim.OnEvent(func(ev throttle.Event) {
+			if ev.Outcome == throttle.Suspended || ev.Outcome == throttle.Deferred {
+				mu.Lock()
+				delays = append(delays, ev.Delay)
+				mu.Unlock()
+			}
+		})
 		mw := lim.Middleware()
 		var ran atomic.Int64
 		err := runTask(mw, asynq.NewTask("crm:sync", []byte("a")), func() error { ran.Add(1); return throttle.RateLimited(1e9 * time.Second) })
@@ -320,7 +320,7 @@ func TestCosts(t *testing.T) {
 	assert.True(t, d.Allowed)
 	_, err = lim.TakeN(ctx, "gql", 11)
 	assert.ErrorIs(t, err, throttle.ErrCostTooHigh)
-	require.NoError(t, lim.Adjust(ctx, "gql", -3))
+	require.NoError(t, throttle.Surcharge(lim, ctx, "gql", -3))
 	assert.InDelta(t, 0, tokens(), 0.01, "Adjust gives nothing back: no call is known to refund")
 
 	// Charge below the cost gives back what the call did not use, to a
@@ -406,7 +406,7 @@ func TestObserveThroughTheMiddleware(t *testing.T) {
 	var rl *throttle.RateLimitedError
 	require.ErrorAs(t, err, &rl)
 	assert.Equal(t, 7*time.Second, rl.RetryAfter)
-	require.NoError(t, lim.Resume(ctx, "gh"))
+	require.NoError(t, resumed(lim.Resume(ctx, "gh")))
 
 	// Out of quota until the reset: the key is suspended fleet-wide.
 	require.NoError(t, run(respond(200, map[string]string{
@@ -415,8 +415,8 @@ func TestObserveThroughTheMiddleware(t *testing.T) {
 	})))
 	st, err = lim.Inspect(ctx, "gh")
 	require.NoError(t, err)
-	assert.InDelta(t, 40, st.Suspended.Seconds(), 2, "suspended until the provider's reset")
-	require.NoError(t, lim.Resume(ctx, "gh"))
+	assert.InDelta(t, 40, st.SuspendedFor.Seconds(), 2, "suspended until the provider's reset")
+	require.NoError(t, resumed(lim.Resume(ctx, "gh")))
 
 	// Outside the middleware: FromResponse, nothing learned.
 	before, err := lim.Inspect(ctx, "gh")
@@ -470,12 +470,12 @@ func TestEnqueueOfAnIDInUseChangesNothing(t *testing.T) {
 				d, err := lim.Take(ctx, key)
 				require.NoError(t, err)
 				require.True(t, d.Allowed)
-				require.NoError(t, lim.Release(ctx, key, d.Hold))
+				require.NoError(t, lim.Release(ctx, key, d.Slot))
 			}
 			id := "t1-" + key
 			_, err := lim.Enqueue(ctx, client, newTask(t, "crm:sync", []byte("first"), throttle.Key(key)), asynq.TaskID(id))
 			require.NoError(t, err)
-			slot, ok, err := lim.Reservation(ctx, key, id)
+			slot, ok, err := throttle.Reservation(lim, ctx, key, id)
 			require.NoError(t, err)
 			require.True(t, ok, "the first task holds a reservation")
 			before, err := lim.Inspect(ctx, key)
@@ -485,7 +485,7 @@ func TestEnqueueOfAnIDInUseChangesNothing(t *testing.T) {
 			require.ErrorIs(t, err, asynq.ErrTaskIDConflict)
 			after, err := lim.Inspect(ctx, key)
 			require.NoError(t, err)
-			got, ok, err := lim.Reservation(ctx, key, id)
+			got, ok, err := throttle.Reservation(lim, ctx, key, id)
 			require.NoError(t, err)
 			assert.True(t, ok, "the first task's reservation is kept")
 			assert.Equal(t, slot, got, "the first task's slot")
@@ -516,7 +516,7 @@ func TestDeleteKeepsTheSlotsOfRunningHandlers(t *testing.T) {
 	require.NoError(t, err)
 	assert.False(t, d.Allowed, "a second task while the first still holds the only slot")
 	assert.Equal(t, throttle.RefusedBySlots, d.Reason)
-	require.NoError(t, lim.Release(ctx, "crm", running.Hold))
+	require.NoError(t, lim.Release(ctx, "crm", running.Slot))
 	d, err = lim.Take(ctx, "crm")
 	require.NoError(t, err)
 	assert.True(t, d.Allowed, "once the first gave its slot back")

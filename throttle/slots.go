@@ -43,7 +43,7 @@ func (l *Limiter) holdSlot(key, hold string) (release func()) {
 		b.mu.Unlock()
 		if err := l.Release(context.Background(), key, hold); err != nil {
 			l.o.logger.Warn("throttle: cannot give back a slot in flight; it frees when its lease ends",
-				"key", key, "slot", hold, "lease", l.o.slotLease, "err", err)
+				"key", key, "slot", hold, "lease", l.o.slotExpiry, "err", err)
 		}
 	}
 }
@@ -52,7 +52,7 @@ func (l *Limiter) holdSlot(key, hold string) (release func()) {
 // none are held.
 func (l *Limiter) renewSlots() {
 	b := &l.slots
-	t := time.NewTicker(l.o.slotLease / 3)
+	t := time.NewTicker(l.o.slotExpiry / 3)
 	defer t.Stop()
 	for range t.C {
 		b.mu.Lock()
@@ -69,11 +69,11 @@ func (l *Limiter) renewSlots() {
 		}
 		b.mu.Unlock()
 		for key, hs := range snapshot {
-			n, err := l.Extend(context.Background(), key, hs...)
+			n, err := l.extend(context.Background(), key, hs...)
 			switch {
 			case err != nil:
 				l.o.logger.Warn("throttle: cannot renew slots in flight; they are taken back when their lease ends unless renewed in time",
-					"key", key, "slots", len(hs), "lease", l.o.slotLease, "err", err)
+					"key", key, "slots", len(hs), "lease", l.o.slotExpiry, "err", err)
 			case n < len(hs):
 				l.o.logger.Warn("throttle: slots in flight were taken back (their lease ended before a renewal reached Redis); their handlers run beyond the InFlight limit",
 					"key", key, "lost", len(hs)-n)

@@ -152,10 +152,10 @@ func checkStoredLimits(t *testing.T, b storedBackend, in storedInput) {
 
 	d, err := b.lim.Take(ctx, "k")
 	checkStoredDecision(t, want, d, err, "Take "+where)
-	d, err = b.lim.Reserve(ctx, "k", "task-1", time.Minute, time.Second)
+	d, err = throttle.Reserve(b.lim, ctx, "k", "task-1", time.Minute, time.Second)
 	checkStoredDecision(t, want, d, err, "Reserve "+where)
 
-	got, err := b.lim.Limits(ctx, "k")
+	got, err := throttle.Limits(b.lim, ctx, "k")
 	switch {
 	case want.noLimits:
 		requireErrorIs(t, err, throttle.ErrNoLimits, "Limits "+where)
@@ -176,16 +176,16 @@ func checkStoredLimits(t *testing.T, b storedBackend, in storedInput) {
 		require.NoError(t, err, "Inspect %s", where)
 		require.Equal(t, want.limits, st.Limits, "Inspect %s: Limits", where)
 		require.Equal(t, want.gen, st.Generation, "Inspect %s: Generation", where)
-		require.GreaterOrEqual(t, st.Suspended, time.Duration(0), "Inspect %s: Suspended", where)
-		require.LessOrEqual(t, st.Suspended, maxWait, "Inspect %s: Suspended", where)
+		require.GreaterOrEqual(t, st.SuspendedFor, time.Duration(0), "Inspect %s: Suspended", where)
+		require.LessOrEqual(t, st.SuspendedFor, maxWait, "Inspect %s: Suspended", where)
 	}
 
 	// Whatever was there, SetLimits repairs it, and the key decides.
 	fixed := []throttle.Limit{throttle.PerSecond(5), throttle.PerMinute(100)}
 	require.NoError(t, b.lim.SetLimits(ctx, "k", fixed...), "SetLimits %s", where)
-	got, err = b.lim.Limits(ctx, "k")
+	got, err = throttle.Limits(b.lim, ctx, "k")
 	require.NoError(t, err, "Limits after SetLimits %s", where)
-	require.Equal(t, []throttle.Limit{{Rate: 5, Per: time.Second, Burst: 5}, {Rate: 100, Per: time.Minute, Burst: 100}}, got,
+	require.Equal(t, []throttle.Limit{{N: 5, Per: time.Second, Burst: 5}, {N: 100, Per: time.Minute, Burst: 100}}, got,
 		"Limits after SetLimits %s", where)
 	d, err = b.lim.Take(ctx, "k")
 	checkStoredDecision(t, storedParse{limits: got}, d, err, "Take after SetLimits "+where)
@@ -212,11 +212,11 @@ func checkStoredDecision(t *testing.T, want storedParse, d throttle.Decision, er
 		require.NoError(t, err, "%s: valid limits %v must decide", call, want.limits)
 		if d.Allowed {
 			require.Zero(t, d.RetryAfter, "%s: allowed with a RetryAfter: %+v", call, d)
-			require.Equal(t, throttle.NotRefused, d.Reason, "%s: %+v", call, d)
+			require.Equal(t, throttle.Reason(0), d.Reason, "%s: %+v", call, d)
 			require.GreaterOrEqual(t, d.Remaining, 0, "%s: %+v", call, d)
 		} else {
 			require.Positive(t, d.RetryAfter, "%s: refused without a RetryAfter: %+v", call, d)
-			require.NotEqual(t, throttle.NotRefused, d.Reason, "%s: %+v", call, d)
+			require.NotEqual(t, throttle.Reason(0), d.Reason, "%s: %+v", call, d)
 		}
 		require.LessOrEqual(t, d.RetryAfter, maxWait, "%s: %+v", call, d)
 	}
@@ -397,7 +397,7 @@ func parseStoredLimits(s string) storedParse {
 			case q/p*1000 > maxRateSec:
 				return bad(f + ".N")
 			}
-			l = throttle.Limit{Kind: throttle.KindWindow, Rate: int(q), Per: time.Duration(p) * time.Millisecond}
+			l = throttle.Limit{Kind: throttle.KindWindow, N: int(q), Per: time.Duration(p) * time.Millisecond}
 			key = "w" + strconv.FormatFloat(p, 'f', 0, 64)
 		} else {
 			parts := strings.Split(tok, "/")
@@ -411,15 +411,15 @@ func parseStoredLimits(s string) storedParse {
 			case !ok1 || !ok2 || !ok3:
 				return bad(f)
 			case r < 1 || r > maxRate:
-				return bad(f + ".Rate")
+				return bad(f + ".N")
 			case p < 1 || p > maxPerMS:
 				return bad(f + ".Per")
 			case r/p*1000 > maxRateSec:
-				return bad(f + ".Rate")
+				return bad(f + ".N")
 			case b < 1 || b > maxBurst:
 				return bad(f + ".Burst")
 			}
-			l = throttle.Limit{Rate: int(r), Per: time.Duration(p) * time.Millisecond, Burst: int(b)}
+			l = throttle.Limit{N: int(r), Per: time.Duration(p) * time.Millisecond, Burst: int(b)}
 			key = strconv.FormatFloat(p, 'f', 0, 64)
 		}
 		if periods[key] {

@@ -3,34 +3,18 @@ package throttle
 import (
 	"fmt"
 	"strconv"
-	"strings"
 
 	"github.com/hibiken/asynq"
+
+	"github.com/asynq-throttle/asynq-throttle/internal/keyspace"
 )
 
-// Task headers the middleware reads and writes.
-const (
-	// HeaderKey carries the limiter key of a task (set by Key through NewTask).
-	HeaderKey = "throttle-key"
-	// HeaderOrigin carries the ID of the task a deferred copy was made from,
-	// so the copy keeps the original's reservation.
-	HeaderOrigin = "throttle-origin"
-	// HeaderDeferrals counts how many times a task was deferred by copy.
-	HeaderDeferrals = "throttle-deferrals"
-	// HeaderCopyOf carries the ID of the task a deferred copy was made from
-	// (the task it replaces, where HeaderOrigin names the first of a chain).
-	HeaderCopyOf = "throttle-copy-of"
-	// HeaderDeferredKey and HeaderDeferredReason say which key deferred a
-	// copy, and why ("suspended", "tier", ...).
-	HeaderDeferredKey    = "throttle-deferred-key"
-	HeaderDeferredReason = "throttle-deferred-reason"
-	// HeaderRetried counts the retries the tasks before a copy spent: a
-	// copy's MaxRetry is what is left of the original's.
-	HeaderRetried = "throttle-retried"
-	// HeaderCost carries what a task takes from every tier (set by Cost
-	// through NewTask); 1 when absent.
-	HeaderCost = "throttle-cost"
-)
+// HeaderKey is the task header that carries a task's limiter key (Key sets
+// it through NewTask), for producers that build tasks without this package:
+// asynq.NewTaskWithHeaders("slack:sync", p, map[string]string{HeaderKey:
+// "slack"}). The other headers the middleware reads and writes are listed in
+// docs/how-it-works.md.
+const HeaderKey = keyspace.Key
 
 // keyOption is the asynq.Option returned by Key.
 type keyOption string
@@ -79,7 +63,7 @@ func Key(name string) asynq.Option { return keyOption(name) }
 // NewTask returns an asynq task whose headers carry the Key and Cost among
 // opts; all other options are kept on the task as asynq.NewTask would. It
 // refuses what no worker could throttle, naming the option: a Key that
-// ValidateKey refuses (ErrInvalidKey), a Cost below 1 or above MaxBurst, and
+// ValidateKey refuses (ErrInvalidKey), a Cost below 1 or above maxBurst, and
 // a second Key or Cost.
 func NewTask(typename string, payload []byte, opts ...asynq.Option) (*asynq.Task, error) {
 	headers := map[string]string{}
@@ -96,13 +80,13 @@ func NewTask(typename string, payload []byte, opts ...asynq.Option) (*asynq.Task
 			headers[HeaderKey] = string(o)
 			continue
 		case costOption:
-			if _, dup := headers[HeaderCost]; dup {
+			if _, dup := headers[keyspace.Cost]; dup {
 				return nil, fmt.Errorf("throttle: NewTask(%q): %v: a second Cost", typename, o)
 			}
-			if o < 1 || o > MaxBurst {
-				return nil, fmt.Errorf("throttle: NewTask(%q): %v: the cost must be from 1 to %d", typename, o, MaxBurst)
+			if o < 1 || o > maxBurst {
+				return nil, fmt.Errorf("throttle: NewTask(%q): %v: the cost must be from 1 to %d", typename, o, maxBurst)
 			}
-			headers[HeaderCost] = strconv.Itoa(int(o))
+			headers[keyspace.Cost] = strconv.Itoa(int(o))
 			continue
 		}
 		rest = append(rest, o)
@@ -110,19 +94,16 @@ func NewTask(typename string, payload []byte, opts ...asynq.Option) (*asynq.Task
 	return asynq.NewTaskWithHeaders(typename, payload, headers, rest...), nil
 }
 
-// KeyOf returns the key in t's headers ("" if none).
-func KeyOf(t *asynq.Task) string { return t.Headers()[HeaderKey] }
-
 // costOf returns the cost in t's headers (1 when absent); a cost that is
 // not a whole number from 1 up is an error, the enqueuer's bug.
 func costOf(t *asynq.Task) (int, error) {
-	s, ok := t.Headers()[HeaderCost]
+	s, ok := t.Headers()[keyspace.Cost]
 	if !ok {
 		return 1, nil
 	}
 	n, err := strconv.Atoi(s)
-	if err != nil || n < 1 || n > MaxBurst {
-		return 0, fmt.Errorf("throttle: task type %q: header %s = %q: want a whole number from 1 to %d (Cost)", t.Type(), HeaderCost, s, MaxBurst)
+	if err != nil || n < 1 || n > maxBurst {
+		return 0, fmt.Errorf("throttle: task type %q: header %s = %q: want a whole number from 1 to %d (Cost)", t.Type(), keyspace.Cost, s, maxBurst)
 	}
 	return n, nil
 }
@@ -134,33 +115,10 @@ func costOf(t *asynq.Task) (int, error) {
 // type without a prefix does (the default applies to every task type, and
 // not every type was meant to name a key), with a warning once per type.
 func (o *options) keyOf(t *asynq.Task) (string, error) {
-	if k, ok := t.Headers()[HeaderKey]; ok {
-		if err := ValidateKey(k); err != nil {
-			return k, fmt.Errorf("throttle: task type %q: header %s: %w", t.Type(), HeaderKey, err)
-		}
-		return k, nil
+	k, invalidPrefix, err := keyspace.KeyOfTask(t, o.keyFunc)
+	if invalidPrefix && o.warned.first("type prefix", t.Type()) {
+		o.logger.Warn("throttle: task type's prefix is not a valid key; its tasks run unthrottled (give them a Key through NewTask, or use WithKeyFunc)",
+			"task_type", t.Type())
 	}
-	if o.keyFunc != nil {
-		k := o.keyFunc(t)
-		if k == "" {
-			return "", nil
-		}
-		if err := ValidateKey(k); err != nil {
-			return k, fmt.Errorf("throttle: task type %q: the key WithKeyFunc gave: %w", t.Type(), err)
-		}
-		return k, nil
-	}
-	i := strings.IndexByte(t.Type(), ':')
-	if i <= 0 {
-		return "", nil
-	}
-	k := t.Type()[:i]
-	if err := ValidateKey(k); err != nil {
-		if o.warned.first("type prefix", t.Type()) {
-			o.logger.Warn("throttle: task type's prefix is not a valid key; its tasks run unthrottled (give them a Key through NewTask, or use WithKeyFunc)",
-				"task_type", t.Type(), "err", err)
-		}
-		return "", nil
-	}
-	return k, nil
+	return k, err
 }

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/asynq-throttle/asynq-throttle/internal/keyspace"
 	"github.com/hibiken/asynq"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -21,7 +22,6 @@ func mustTask(t testing.TB, typename string, payload []byte, opts ...asynq.Optio
 
 func TestNewTaskCarriesKeyInHeaders(t *testing.T) {
 	task := mustTask(t, "slack:sync_users", []byte("p"), Key("slack-workspace-1"), asynq.MaxRetry(3))
-	assert.Equal(t, "slack-workspace-1", KeyOf(task))
 	assert.Equal(t, "slack-workspace-1", task.Headers()[HeaderKey])
 	assert.Equal(t, "slack:sync_users", task.Type())
 	assert.Equal(t, []byte("p"), task.Payload())
@@ -29,7 +29,7 @@ func TestNewTaskCarriesKeyInHeaders(t *testing.T) {
 
 	// asynq.NewTask keeps no unknown option in any header: the key would be lost.
 	plain := asynq.NewTask("slack:sync_users", nil, Key("slack"))
-	assert.Empty(t, KeyOf(plain), "a Key outside NewTask is dropped, as its doc says")
+	assert.Empty(t, plain.Headers()[HeaderKey], "a Key outside NewTask is dropped, as its doc says")
 }
 
 // NewTask refuses, naming the option, what no worker could throttle; the
@@ -122,23 +122,23 @@ func TestDeferDelayComesBackWhenItCanRun(t *testing.T) {
 		d    Decision
 		want time.Duration
 	}{
-		{"reserved on a whole second", Decision{Reason: RefusedByTier, Reserved: true, Slot: base.Add(1700 * time.Millisecond)}, 1700 * time.Millisecond},
-		{"paced slot inside a second", Decision{Reason: RefusedByTier, Reserved: true, Slot: base.Add(2100 * time.Millisecond)}, 1700 * time.Millisecond},
+		{"reserved on a whole second", Decision{Reason: RefusedByTier, reserved: true, reservedAt: base.Add(1700 * time.Millisecond)}, 1700 * time.Millisecond},
+		{"paced slot inside a second", Decision{Reason: RefusedByTier, reserved: true, reservedAt: base.Add(2100 * time.Millisecond)}, 1700 * time.Millisecond},
 		{"refused a slot in flight", Decision{Reason: RefusedBySlots, RetryAfter: 3700 * time.Millisecond}, 3700 * time.Millisecond},
 		// (Regression: such a task came back to its passed slot at once.)
 		{"refused a slot in flight, holding a reservation that has passed", Decision{Reason: RefusedBySlots, RetryAfter: 3700 * time.Millisecond,
-			Reserved: true, Slot: base.Add(-2 * time.Second)}, 3700 * time.Millisecond},
+			reserved: true, reservedAt: base.Add(-2 * time.Second)}, 3700 * time.Millisecond},
 	} {
 		assert.Equal(t, tt.want, m.deferDelay(tt.d), "%s: deferDelay(%+v) at %v", tt.name, tt.d, base)
 	}
 }
 
 func TestKeyNameRules(t *testing.T) {
-	ok := []string{"slack", "github:org-1", "ünïcode", "with space", strings.Repeat("k", MaxKeyLen)}
+	ok := []string{"slack", "github:org-1", "ünïcode", "with space", strings.Repeat("k", keyspace.MaxKeyLen)}
 	for _, k := range ok {
 		assert.NoError(t, ValidateKey(k), "ValidateKey(%q)", k)
 	}
-	bad := []string{"", strings.Repeat("k", MaxKeyLen+1), "a{b", "a}b", "nul\x00", "tab\t", "\xff\xfe"}
+	bad := []string{"", strings.Repeat("k", keyspace.MaxKeyLen+1), "a{b", "a}b", "nul\x00", "tab\t", "\xff\xfe"}
 	for _, k := range bad {
 		assert.ErrorIs(t, ValidateKey(k), ErrInvalidKey, "ValidateKey(%q)", k)
 	}

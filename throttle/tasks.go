@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/asynq-throttle/asynq-throttle/internal/deferral"
+	"github.com/asynq-throttle/asynq-throttle/internal/keyspace"
 )
 
 // taskStore is the limiter's way to the asynq tasks: it re-enqueues a copy
@@ -22,8 +23,7 @@ import (
 // tasks up (a copy that exists already, tasks to bring back after Resume).
 // Its asynq client and inspector are made on first use.
 type taskStore struct {
-	rdb   redis.UniversalClient // the tasks' Redis
-	given *asynq.Client         // WithClient
+	rdb redis.UniversalClient // the tasks' Redis
 
 	once   sync.Once
 	client *asynq.Client
@@ -31,7 +31,7 @@ type taskStore struct {
 }
 
 func (s *taskStore) setup(rdb redis.UniversalClient, o options) {
-	s.rdb, s.given = rdb, o.deferralClient
+	s.rdb = rdb
 	if o.taskRedis != nil {
 		s.rdb = o.taskRedis
 	}
@@ -39,10 +39,7 @@ func (s *taskStore) setup(rdb redis.UniversalClient, o options) {
 
 func (s *taskStore) init() {
 	s.once.Do(func() {
-		s.client = s.given
-		if s.client == nil {
-			s.client = asynq.NewClientFromRedisClient(s.rdb)
-		}
+		s.client = asynq.NewClientFromRedisClient(s.rdb)
 		s.insp = asynq.NewInspectorFromRedisClient(s.rdb)
 	})
 }
@@ -67,12 +64,12 @@ func (e *errCopy) Unwrap() error { return e.err }
 // enqueueCopy re-enqueues the task of ctx to run after delay, as a copy with
 // a new ID, and returns that ID; the caller lets the original finish. The
 // copy keeps type, payload, headers, queue, and the retries left (MaxRetry
-// minus the retries already spent, which its header HeaderRetried counts).
+// minus the retries already spent, which its header keyspace.Retried counts).
 // Its ID is derived from the original's, so that doing it again (the
 // original delivered twice after a crash) finds the same copy instead of
 // making another. An existing task with that ID counts as the copy only
 // when it is live and a copy of this very task (same type and payload,
-// HeaderCopyOf naming it); anything else (a copy left from an earlier run
+// keyspace.CopyOf naming it); anything else (a copy left from an earlier run
 // of a task ID used again, a task whose handler copied the headers) gets a
 // fresh copy under a new ID. A failed enqueue is retried until the task's
 // deadline, at most copyRetryFor.
@@ -87,21 +84,21 @@ func (s *taskStore) enqueueCopy(ctx context.Context, t *asynq.Task, key, reason 
 	for k, v := range t.Headers() {
 		headers[k] = v
 	}
-	origin := headers[HeaderOrigin]
+	origin := headers[keyspace.Origin]
 	if origin == "" {
 		origin = id
 	}
-	n, _ := strconv.Atoi(headers[HeaderDeferrals])
+	n, _ := strconv.Atoi(headers[keyspace.Deferrals])
 	n++
-	spent, _ := strconv.Atoi(headers[HeaderRetried])
+	spent, _ := strconv.Atoi(headers[keyspace.Retried])
 	spent += retried
-	headers[HeaderOrigin] = origin
-	headers[HeaderDeferrals] = strconv.Itoa(n)
-	headers[HeaderCopyOf] = id
-	headers[HeaderDeferredKey] = key
-	headers[HeaderDeferredReason] = reason
+	headers[keyspace.Origin] = origin
+	headers[keyspace.Deferrals] = strconv.Itoa(n)
+	headers[keyspace.CopyOf] = id
+	headers[keyspace.DeferredKey] = key
+	headers[keyspace.DeferredReason] = reason
 	if spent > 0 {
-		headers[HeaderRetried] = strconv.Itoa(spent)
+		headers[keyspace.Retried] = strconv.Itoa(spent)
 	}
 	copyTask := asynq.NewTaskWithHeaders(t.Type(), t.Payload(), headers)
 	opts := []asynq.Option{asynq.ProcessIn(delay)}
@@ -170,7 +167,7 @@ func (s *taskStore) isCopyOf(queue, copyID, id string, t *asynq.Task) bool {
 	default:
 		return false
 	}
-	return info.Headers[HeaderCopyOf] == id && info.Type == t.Type() && bytes.Equal(info.Payload, t.Payload())
+	return info.Headers[keyspace.CopyOf] == id && info.Type == t.Type() && bytes.Equal(info.Payload, t.Payload())
 }
 
 func randomSuffix() string {
@@ -251,7 +248,7 @@ func (s *taskStore) bringBack(ctx context.Context, match func(*asynq.TaskInfo) b
 func deferredBy(info *asynq.TaskInfo, key, reason string) bool {
 	switch info.State {
 	case asynq.TaskStateScheduled:
-		return info.Headers[HeaderDeferredKey] == key && (reason == "" || info.Headers[HeaderDeferredReason] == reason)
+		return info.Headers[keyspace.DeferredKey] == key && (reason == "" || info.Headers[keyspace.DeferredReason] == reason)
 	case asynq.TaskStateRetry:
 		k, r, ok := deferral.Parse(info.LastErr)
 		return ok && k == key && (reason == "" || r == reason)

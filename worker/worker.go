@@ -14,29 +14,31 @@ import (
 	"github.com/asynq-throttle/asynq-throttle/internal/deferral"
 )
 
-// DelayedTaskCheckInterval is the forwarder interval NewServer sets when the
-// config leaves it zero. A deferred task is scored in whole seconds and
-// handed back at the first forwarder tick at or after its second, so it
-// comes back up to one interval late: asynq's default (5 s) would hold it
-// up to 5 s past its slot, and 1 s let a backlog on a window tier miss a
-// whole window when the fleet's forwarders ticked late in the second (the
-// middleware's pacing waits for slots ahead of a task, never behind it).
-// 500 ms costs two small Redis scripts per queue per second per server.
-const DelayedTaskCheckInterval = 500 * time.Millisecond
-
-// TaskCheckInterval is how often an idle server looks for new tasks, set by
-// NewServer when the config leaves it zero. asynq's default (1 s, randomised
-// to 0.5-1.5 s) would add up to 1.5 s to every deferred task that comes back
-// to an idle fleet; 100 ms costs up to ten small dequeue scripts per second
-// per idle server.
-const TaskCheckInterval = 100 * time.Millisecond
+// The intervals Config sets when the config leaves them zero (NewServer's
+// doc states them; TestConfigDocStatesTheIntervals compares).
+const (
+	// A deferred task is scored in whole seconds and handed back at the
+	// first forwarder tick at or after its second, so it comes back up to
+	// one interval late: asynq's default (5s) would hold it up to 5s past
+	// its reserved time, and 1s let a backlog on a window limit miss a
+	// whole window when the fleet's forwarders ticked late in the second
+	// (the middleware's pacing waits for a time ahead of a task, never
+	// behind it).
+	delayedTaskCheckInterval = 500 * time.Millisecond
+	// asynq's default (1s, randomised to 0.5-1.5s) would add up to 1.5s to
+	// every deferred task that comes back to an idle fleet.
+	taskCheckInterval = 100 * time.Millisecond
+)
 
 // NewServer returns an asynq server on rdb configured for throttling. It wraps
 // cfg's IsFailure, RetryDelayFunc, ErrorHandler and BaseContext so that they
 // recognise deferrals and pass every other error to the user's own functions
 // (or asynq's defaults when cfg leaves them nil), and polls for due tasks
-// more often than asynq's defaults (see DelayedTaskCheckInterval and
-// TaskCheckInterval). Use it with the middleware:
+// more often than asynq's defaults: DelayedTaskCheckInterval 500ms (a
+// deferred task comes back at most that late; two small Redis scripts per
+// queue per second per server) and TaskCheckInterval 100ms (an idle server
+// picks a task up at most that late), unless cfg sets them. Use it with the
+// middleware:
 //
 //	srv := worker.NewServer(rdb, asynq.Config{Concurrency: 20})
 //	mux := asynq.NewServeMux()
@@ -86,10 +88,10 @@ func Config(cfg asynq.Config) asynq.Config {
 	cfg.BaseContext = func() context.Context { return deferral.Mark(base()) }
 
 	if cfg.DelayedTaskCheckInterval == 0 {
-		cfg.DelayedTaskCheckInterval = DelayedTaskCheckInterval
+		cfg.DelayedTaskCheckInterval = delayedTaskCheckInterval
 	}
 	if cfg.TaskCheckInterval == 0 {
-		cfg.TaskCheckInterval = TaskCheckInterval
+		cfg.TaskCheckInterval = taskCheckInterval
 	}
 	return cfg
 }
@@ -99,13 +101,4 @@ func Config(cfg asynq.Config) asynq.Config {
 func IsDeferral(err error) bool {
 	_, ok := deferral.As(err)
 	return ok
-}
-
-// Delay returns how long a deferral error asks the task to wait.
-func Delay(err error) (time.Duration, bool) {
-	d, ok := deferral.As(err)
-	if !ok {
-		return 0, false
-	}
-	return d.Delay, true
 }

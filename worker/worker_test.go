@@ -4,6 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -43,12 +48,9 @@ func TestConfigRecognisesDeferrals(t *testing.T) {
 	assert.True(t, deferral.Marked(ctx), "contexts are marked for the retry path")
 	assert.Equal(t, "user", ctx.Value(ctxKey{}), "the user's BaseContext is kept")
 
-	assert.Equal(t, DelayedTaskCheckInterval, cfg.DelayedTaskCheckInterval)
-	assert.Equal(t, TaskCheckInterval, cfg.TaskCheckInterval)
+	assert.Equal(t, delayedTaskCheckInterval, cfg.DelayedTaskCheckInterval)
+	assert.Equal(t, taskCheckInterval, cfg.TaskCheckInterval)
 
-	d, ok := Delay(def)
-	require.True(t, ok)
-	assert.Equal(t, 3*time.Second, d)
 	assert.True(t, IsDeferral(def))
 	assert.False(t, IsDeferral(plain))
 }
@@ -63,4 +65,21 @@ func TestConfigDefaults(t *testing.T) {
 	assert.Equal(t, asynq.DefaultRetryDelayFunc(2, errors.New("x"), task) > 0, cfg.RetryDelayFunc(2, errors.New("x"), task) > 0)
 	assert.Nil(t, cfg.ErrorHandler, "no ErrorHandler is invented")
 	assert.True(t, deferral.Marked(cfg.BaseContext()))
+}
+
+// NewServer's doc states the intervals Config sets.
+func TestConfigDocStatesTheIntervals(t *testing.T) {
+	src, err := os.ReadFile("worker.go")
+	require.NoError(t, err)
+	f, err := parser.ParseFile(token.NewFileSet(), "worker.go", src, parser.ParseComments)
+	require.NoError(t, err)
+	var doc string
+	for _, d := range f.Decls {
+		if fd, ok := d.(*ast.FuncDecl); ok && fd.Name.Name == "NewServer" {
+			doc = fd.Doc.Text()
+		}
+	}
+	flat := strings.Join(strings.Fields(doc), " ")
+	assert.Contains(t, flat, "DelayedTaskCheckInterval "+delayedTaskCheckInterval.String(), "NewServer's doc")
+	assert.Contains(t, flat, "TaskCheckInterval "+taskCheckInterval.String(), "NewServer's doc")
 }

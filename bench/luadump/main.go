@@ -12,7 +12,7 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/asynq-throttle/asynq-throttle/lua"
+	"github.com/asynq-throttle/asynq-throttle/internal/lua"
 )
 
 func main() {

@@ -27,7 +27,6 @@ import (
 
 	"github.com/asynq-throttle/asynq-throttle/dashboard"
 	"github.com/asynq-throttle/asynq-throttle/internal/redistest"
-	"github.com/asynq-throttle/asynq-throttle/metrics"
 	"github.com/asynq-throttle/asynq-throttle/throttle"
 	"github.com/asynq-throttle/asynq-throttle/worker"
 )
@@ -162,13 +161,13 @@ func TestBrowser(t *testing.T) {
 	// hubspot's window were made.
 	d, err := lim.Take(context.Background(), "stripe")
 	require.NoError(t, err)
-	require.NotEmpty(t, d.Hold)
+	require.NotEmpty(t, d.Slot)
 	_, err = lim.TakeN(context.Background(), "hubspot", 3)
 	require.NoError(t, err)
 	suspended := func(key string) time.Duration {
 		st, err := lim.Inspect(context.Background(), key)
 		require.NoError(t, err)
-		return st.Suspended
+		return st.SuspendedFor
 	}
 
 	base := serve(t, url, "--read-only=false")
@@ -189,14 +188,14 @@ func TestBrowser(t *testing.T) {
 	assert.Equal(t, "99 of 100 left", js[string](t, ctx, cardText("stripe", ".tier.kind-window .count")))
 	assert.Equal(t, "gen 2", js[string](t, ctx, cardText("stripe", ".gen")))
 	// The slot given back and another limit set show on the next poll.
-	require.NoError(t, lim.Release(context.Background(), "stripe", d.Hold))
+	require.NoError(t, lim.Release(context.Background(), "stripe", d.Slot))
 	eventually(t, ctx, cardText("stripe", ".tier.kind-inflight .count"), func(s string) bool { return s == "0 of 2 in flight" }, "the released slot")
 	d2, err := lim.Take(context.Background(), "stripe")
 	require.NoError(t, err)
 	d3, err := lim.Take(context.Background(), "stripe")
 	require.NoError(t, err)
 	eventually(t, ctx, cardText("stripe", ".badge"), func(s string) bool { return s == "slots full" }, "every slot held")
-	require.NoError(t, lim.Release(context.Background(), "stripe", d2.Hold, d3.Hold))
+	require.NoError(t, lim.Release(context.Background(), "stripe", d2.Slot, d3.Slot))
 	r := cli(t, url, "set", "stripe", "100/h:window", "4:inflight")
 	require.Equal(t, 0, r.code, r.stderr)
 	eventually(t, ctx, cardText("stripe", ".gen"), func(s string) bool { return s == "gen 3" }, "the new generation")
@@ -282,12 +281,11 @@ func TestDashboardWithFleet(t *testing.T) {
 		r := cli(t, url, args...)
 		require.Equal(t, 0, r.code, r.stderr)
 	}
-	lim := throttle.NewLimiter(rdb)
-	c := metrics.New(lim)
+	lim := throttle.NewLimiter(rdb, throttle.WithLogger(slog.New(slog.DiscardHandler)))
 
 	var rateLimited atomic.Bool
 	mux := asynq.NewServeMux()
-	mux.Use(throttle.ByProvider(rdb, throttle.WithObserver(c.Observe), throttle.WithLogger(slog.New(slog.DiscardHandler))))
+	mux.Use(lim.Middleware())
 	mux.HandleFunc("crm:sync", func(context.Context, *asynq.Task) error {
 		if rateLimited.CompareAndSwap(false, true) {
 			return throttle.RateLimited(40 * time.Second) // the provider said 429
@@ -323,7 +321,7 @@ func TestDashboardWithFleet(t *testing.T) {
 	t.Cleanup(func() { close(slow) }) // before the workers shut down
 
 	web := http.NewServeMux()
-	web.Handle("/throttle/", http.StripPrefix("/throttle", dashboard.New(lim, dashboard.WithMetrics(c), dashboard.WithReadOnly(false))))
+	web.Handle("/throttle/", http.StripPrefix("/throttle", dashboard.New(lim, dashboard.WithReadOnly(false))))
 	hs := httptest.NewServer(web)
 	t.Cleanup(hs.Close)
 	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(hs.URL+"/throttle/")))

@@ -34,7 +34,7 @@ func TestSession(t *testing.T) {
 	for range 2 {
 		d, err := lim.Take(context.Background(), "hubspot")
 		require.NoError(t, err)
-		require.NotEmpty(t, d.Hold, "an in-flight limit gives a slot")
+		require.NotEmpty(t, d.Slot, "an in-flight limit gives a slot")
 	}
 	tr.run("get", "hubspot")
 	tr.run("set", "hubspot", "100/m:window", "3:inflight")
@@ -57,11 +57,13 @@ func TestSession(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(r.stdout), &v))
 	assert.InDelta(t, 30, v.SuspendedSeconds, 5)
 	// And every command changed Redis as it said.
-	ls, err := lim.Limits(context.Background(), "slack")
+	st, err := lim.Inspect(context.Background(), "slack")
 	require.NoError(t, err)
-	assert.Equal(t, []throttle.Limit{{Rate: 5, Per: time.Second, Burst: 8}, {Rate: 100, Per: time.Minute, Burst: 100}}, ls)
-	ls, err = lim.Limits(context.Background(), "hubspot")
+	ls := st.Limits
+	assert.Equal(t, []throttle.Limit{{N: 5, Per: time.Second, Burst: 8}, {N: 100, Per: time.Minute, Burst: 100}}, ls)
+	st, err = lim.Inspect(context.Background(), "hubspot")
 	require.NoError(t, err)
+	ls = st.Limits
 	assert.Equal(t, []throttle.Limit{throttle.Window(100, time.Minute), throttle.InFlight(3)}, ls)
 	keys, err := lim.Keys(context.Background())
 	require.NoError(t, err)

@@ -204,7 +204,7 @@ func (a *app) resumeCmd() *cobra.Command {
 					return err
 				}
 			}
-			if err := lim.Resume(cmd.Context(), args[0]); err != nil {
+			if _, err := lim.Resume(cmd.Context(), args[0]); err != nil {
 				return err
 			}
 			return a.show(cmd, args[0])

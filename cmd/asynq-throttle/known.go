@@ -29,7 +29,7 @@ func (a *app) requireKnown(ctx context.Context, lim *throttle.Limiter, key, does
 		return nil // invalid limits are something, shown as such
 	case err != nil:
 		return err
-	case len(st.Limits) > 0 || st.Suspended > 0 || st.Reservations > 0:
+	case len(st.Limits) > 0 || st.SuspendedFor > 0 || st.Reservations > 0:
 		return nil
 	}
 	// Inspect reports nothing of state without limits in Redis (a bucket

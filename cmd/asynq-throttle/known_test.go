@@ -44,7 +44,7 @@ func TestUnknownKeyIsAnError(t *testing.T) {
 	require.Equal(t, exitOK, r.code, r.stderr)
 	st, err := lim.Inspect(ctx, "nokey")
 	require.NoError(t, err)
-	assert.InDelta(t, 10, st.Suspended.Seconds(), 2, "--force suspends a key without limits")
+	assert.InDelta(t, 10, st.SuspendedFor.Seconds(), 2, "--force suspends a key without limits")
 	for _, args := range [][]string{
 		{"get", "doesnotexist", "--force"},
 		{"resume", "doesnotexist", "--force"},
@@ -63,7 +63,7 @@ func TestUnknownKeyIsAnError(t *testing.T) {
 	assert.Equal(t, exitOK, r.code, "a key with state from default limits: %s", r.stderr)
 	st, err = worker.Inspect(ctx, "zendesk")
 	require.NoError(t, err)
-	assert.Greater(t, st.Suspended, 5*time.Second)
+	assert.Greater(t, st.SuspendedFor, 5*time.Second)
 }
 
 func TestClosestKey(t *testing.T) {

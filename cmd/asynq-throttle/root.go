@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
 
+	"github.com/asynq-throttle/asynq-throttle/internal/keyspace"
 	"github.com/asynq-throttle/asynq-throttle/throttle"
 )
 
@@ -107,7 +108,7 @@ found, ...), 2 bad usage (unknown command or flag, bad argument).`,
 	root.SetFlagErrorFunc(negativeArgError(""))
 	f := root.PersistentFlags()
 	f.StringVar(&a.redisURL, "redis", "", "Redis URL (default $REDIS_URL, else "+defaultURL+")")
-	f.StringVar(&a.prefix, "prefix", throttle.DefaultPrefix, "prefix of the limiter's Redis keys (throttle.WithPrefix)")
+	f.StringVar(&a.prefix, "prefix", keyspace.DefaultPrefix, "prefix of the limiter's Redis keys (throttle.WithPrefix)")
 	f.StringVarP(&a.output, "output", "o", "table", "output format: table or json")
 	root.PersistentPreRunE = func(*cobra.Command, []string) error {
 		if a.output != "table" && a.output != "json" {

@@ -37,7 +37,7 @@ func TestServeAllowedHosts(t *testing.T) {
 	suspended := func() time.Duration {
 		st, err := lim.Inspect(context.Background(), "slack")
 		require.NoError(t, err)
-		return st.Suspended
+		return st.SuspendedFor
 	}
 	base := serve(t, url, "--read-only=false", "--allowed-hosts", "throttle.ops.example,dash.internal")
 

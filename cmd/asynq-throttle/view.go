@@ -38,7 +38,7 @@ func newKeyView(key string, st throttle.Status, err error) keyView {
 	v := keyView{
 		Key:              key,
 		Generation:       st.Generation,
-		SuspendedSeconds: st.Suspended.Seconds(),
+		SuspendedSeconds: st.SuspendedFor.Seconds(),
 		Reservations:     st.Reservations,
 		QueuedSeconds:    st.QueuedFor.Seconds(),
 		st:               st,
@@ -85,7 +85,7 @@ var keyColumns = []column{
 		}
 		return fmt.Sprintf("%d/%d", v.InFlight.Held, v.InFlight.Max)
 	}},
-	{"SUSPENDED", func(v keyView) string { return formatDur(v.st.Suspended) }},
+	{"SUSPENDED", func(v keyView) string { return formatDur(v.st.SuspendedFor) }},
 	{"RESERVED", func(v keyView) string { return fmt.Sprint(v.Reservations) }},
 	{"DRAINS IN", func(v keyView) string { return formatDur(v.st.QueuedFor) }},
 	{"GEN", func(v keyView) string {

@@ -11,9 +11,11 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
 
 	"github.com/asynq-throttle/asynq-throttle/internal/deferral"
+	"github.com/asynq-throttle/asynq-throttle/internal/keyspace"
 	"github.com/asynq-throttle/asynq-throttle/internal/limitspec"
 	"github.com/asynq-throttle/asynq-throttle/throttle"
 )
@@ -155,7 +157,7 @@ func (a *app) explain(ctx context.Context, lim *throttle.Limiter, info *asynq.Ta
 		return done(reasonNotWaiting, "%s is waiting in aggregation group %q; asynq runs it when the group is flushed.", task, info.Group)
 	}
 
-	key, err := throttle.KeyOfTask(asynq.NewTaskWithHeaders(info.Type, nil, info.Headers))
+	key, _, err := keyspace.KeyOfTask(asynq.NewTaskWithHeaders(info.Type, nil, info.Headers), nil)
 	if err != nil {
 		return done(reasonInvalidKey, "%s cannot be throttled: %v; the middleware fails it when it runs.", task, err)
 	}
@@ -187,8 +189,8 @@ func (a *app) explain(ctx context.Context, lim *throttle.Limiter, info *asynq.Ta
 
 	if info.State == asynq.TaskStatePending {
 		switch {
-		case st.Suspended > 0:
-			return done(reasonSuspended, "%s is pending, but key %q is suspended for another %s, so a worker that picks it up defers it until then.", task, key, formatDur(st.Suspended))
+		case st.SuspendedFor > 0:
+			return done(reasonSuspended, "%s is pending, but key %q is suspended for another %s, so a worker that picks it up defers it until then.", task, key, formatDur(st.SuspendedFor))
 		case st.Limits == nil:
 			return done(reasonNotThrottled, "%s is pending and not throttled: key %q has no limits in Redis (the workers' default limits, if any, apply); it runs as soon as a worker is free.", task, key)
 		case tooHigh > 0:
@@ -209,18 +211,18 @@ func (a *app) explain(ctx context.Context, lim *throttle.Limiter, info *asynq.Ta
 	// Scheduled or retry: it waits for asynq to bring it back.
 	if _, why, ok := deferral.Parse(info.LastErr); ok {
 		v.DeferredFor = why
-	} else if why := info.Headers[throttle.HeaderDeferredReason]; why != "" && info.Headers[throttle.HeaderOrigin] != "" {
+	} else if why := info.Headers[keyspace.DeferredReason]; why != "" && info.Headers[keyspace.Origin] != "" {
 		v.DeferredFor = why // a deferred copy
 	}
-	deferred := v.DeferredFor != "" || info.Headers[throttle.HeaderOrigin] != ""
+	deferred := v.DeferredFor != "" || info.Headers[keyspace.Origin] != ""
 	if info.State == asynq.TaskStateRetry && !deferred && info.LastErr != "" {
 		return done(reasonHandlerError, "%s is waiting to retry after its handler failed (%s), not for throttling; %s.", task, info.LastErr, runs)
 	}
 	resvID := info.ID
-	if origin := info.Headers[throttle.HeaderOrigin]; origin != "" {
+	if origin := info.Headers[keyspace.Origin]; origin != "" {
 		resvID = origin
 	}
-	slot, ok, err := lim.Reservation(ctx, key, resvID)
+	slot, ok, err := a.reservation(ctx, key, resvID)
 	if err != nil {
 		return v, err
 	}
@@ -230,13 +232,13 @@ func (a *app) explain(ctx context.Context, lim *throttle.Limiter, info *asynq.Ta
 		if err != nil {
 			return v, fmt.Errorf("read the Redis clock: %w", err)
 		}
-		if st.Suspended > 0 && slot.Before(redisNow.Add(st.Suspended)) {
+		if st.SuspendedFor > 0 && slot.Before(redisNow.Add(st.SuspendedFor)) {
 			return done(reasonSuspended, "%s is waiting because key %q is suspended for another %s (a 429 from the provider, or an operator); its reserved slot at %s falls inside the suspension, so it will be deferred again then, to run after it.",
-				task, key, formatDur(st.Suspended), when(slot, redisNow))
+				task, key, formatDur(st.SuspendedFor), when(slot, redisNow))
 		}
 		after := ""
-		if st.Suspended > 0 {
-			after = fmt.Sprintf(", after the key's suspension (%s left)", formatDur(st.Suspended))
+		if st.SuspendedFor > 0 {
+			after = fmt.Sprintf(", after the key's suspension (%s left)", formatDur(st.SuspendedFor))
 		}
 		if v.RunsAt != nil && v.RunsAt.Sub(slot).Abs() < 1500*time.Millisecond {
 			// asynq's time and the slot agree (one clock is the enqueuer's,
@@ -248,8 +250,8 @@ func (a *app) explain(ctx context.Context, lim *throttle.Limiter, info *asynq.Ta
 	}
 	bySlots := v.DeferredFor == throttle.RefusedBySlots.String()
 	switch {
-	case st.Suspended > 0:
-		return done(reasonSuspended, "%s is waiting because key %q is suspended for another %s (a 429 from the provider, or an operator); %s.", task, key, formatDur(st.Suspended), runs)
+	case st.SuspendedFor > 0:
+		return done(reasonSuspended, "%s is waiting because key %q is suspended for another %s (a 429 from the provider, or an operator); %s.", task, key, formatDur(st.SuspendedFor), runs)
 	case st.Limits == nil:
 		return done(reasonNotThrottled, "%s is waiting, but key %q has no limits in Redis now, so it runs unthrottled (or under the workers' defaults) when %s.", task, key, runs)
 	case tooHigh > 0:
@@ -277,7 +279,7 @@ func (a *app) explain(ctx context.Context, lim *throttle.Limiter, info *asynq.Ta
 // costOf is what the task takes from every rate limit of its key (its
 // throttle-cost header; 1 without one).
 func costOf(info *asynq.TaskInfo) int {
-	if n, err := strconv.Atoi(info.Headers[throttle.HeaderCost]); err == nil && n > 1 {
+	if n, err := strconv.Atoi(info.Headers[keyspace.Cost]); err == nil && n > 1 {
 		return n
 	}
 	return 1
@@ -327,11 +329,11 @@ func tierSentence(st throttle.Status, tier int, key string, cost int) string {
 	if l.Kind == throttle.KindWindow {
 		left := max(int(math.Floor(t)), 0)
 		if left == 0 {
-			return fmt.Sprintf("%s has used all %d calls of its sliding %s window, which frees calls only as it slides past them", name, l.Rate, shortDur(l.Per))
+			return fmt.Sprintf("%s has used all %d calls of its sliding %s window, which frees calls only as it slides past them", name, l.N, shortDur(l.Per))
 		}
-		return fmt.Sprintf("%s has %d of %d calls left in its sliding %s window, short of the task's cost of %d, and frees calls only as it slides past them", name, left, l.Rate, shortDur(l.Per), cost)
+		return fmt.Sprintf("%s has %d of %d calls left in its sliding %s window, short of the task's cost of %d, and frees calls only as it slides past them", name, left, l.N, shortDur(l.Per), cost)
 	}
-	next := time.Duration((float64(cost) - t) * float64(l.Per) / float64(l.Rate))
+	next := time.Duration((float64(cost) - t) * float64(l.Per) / float64(l.N))
 	if cost > 1 {
 		return fmt.Sprintf("%s has %.1f of %d tokens, short of the task's cost of %d, and has them in %s", name, t, burstOf(l), cost, formatDur(next))
 	}
@@ -341,17 +343,17 @@ func tierSentence(st throttle.Status, tier int, key string, cost int) string {
 // slotsSentence says that every slot of the in-flight limit is held.
 func slotsSentence(st throttle.Status, tier int, key string) string {
 	l := st.Limits[tier-1]
-	if l.Rate == 1 {
+	if l.N == 1 {
 		return fmt.Sprintf("the one in-flight slot of key %q is held (%d of 1 in flight)", key, st.InFlight)
 	}
-	return fmt.Sprintf("all %d in-flight slots of key %q are held (%d of %d in flight)", l.Rate, key, st.InFlight, l.Rate)
+	return fmt.Sprintf("all %d in-flight slots of key %q are held (%d of %d in flight)", l.N, key, st.InFlight, l.N)
 }
 
 // capacitySentence says how much a rate limit holds at most.
 func capacitySentence(st throttle.Status, tier int, key string) string {
 	l := st.Limits[tier-1]
 	if l.Kind == throttle.KindWindow {
-		return fmt.Sprintf("tier %d of key %q (%s) admits at most %d calls per window", tier, key, formatLimit(l), l.Rate)
+		return fmt.Sprintf("tier %d of key %q (%s) admits at most %d calls per window", tier, key, formatLimit(l), l.N)
 	}
 	return fmt.Sprintf("tier %d of key %q (%s) holds at most %d tokens", tier, key, formatLimit(l), burstOf(l))
 }
@@ -365,7 +367,7 @@ func room(st throttle.Status) string {
 	}
 	for _, l := range st.Limits {
 		if l.Kind == throttle.KindInFlight {
-			parts = append(parts, fmt.Sprintf("%d of %d in flight", st.InFlight, l.Rate))
+			parts = append(parts, fmt.Sprintf("%d of %d in flight", st.InFlight, l.N))
 		}
 	}
 	return strings.Join(parts, "; ")
@@ -397,4 +399,22 @@ func lastErr(info *asynq.TaskInfo) string {
 		return "no error recorded"
 	}
 	return info.LastErr
+}
+
+// reservation returns the run time reserved for taskID under key on the
+// Redis clock, and false when the task holds none (a deferred copy holds
+// its original's, see keyspace.Origin).
+func (a *app) reservation(ctx context.Context, key, taskID string) (time.Time, bool, error) {
+	keys, err := keyspace.RedisKeys(a.prefix, key)
+	if err != nil {
+		return time.Time{}, false, err
+	}
+	us, err := a.rdb.ZScore(ctx, keys.Reservations, taskID).Result()
+	switch {
+	case errors.Is(err, redis.Nil):
+		return time.Time{}, false, nil
+	case err != nil:
+		return time.Time{}, false, fmt.Errorf("read the reservation of task %q under key %q: %w", taskID, key, err)
+	}
+	return time.UnixMicro(int64(us)), true, nil
 }

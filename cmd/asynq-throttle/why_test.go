@@ -8,10 +8,13 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/asynq-throttle/asynq-throttle/internal/keyspace"
 	"github.com/asynq-throttle/asynq-throttle/internal/limitspec"
+	"github.com/asynq-throttle/asynq-throttle/internal/lua"
 	"github.com/asynq-throttle/asynq-throttle/internal/redistest"
 	"github.com/asynq-throttle/asynq-throttle/throttle"
 	"github.com/asynq-throttle/asynq-throttle/worker"
@@ -38,23 +41,17 @@ func TestWhy(t *testing.T) {
 	_, err := lim.Take(ctx, "slack")
 	require.NoError(t, err)
 	enqueue(mustTask(t, "slack:sync", nil, throttle.Key("slack")), asynq.TaskID("t-reserved"), asynq.ProcessIn(90*time.Minute))
-	d, err := lim.Reserve(ctx, "slack", "t-reserved", 3*time.Hour, time.Second)
-	require.NoError(t, err)
-	require.True(t, d.Reserved)
-	enqueue(asynq.NewTaskWithHeaders("slack:sync", nil, map[string]string{throttle.HeaderKey: "slack", throttle.HeaderOrigin: "t-orig"}),
+	reserve(t, rdb, "slack", "t-reserved")
+	enqueue(asynq.NewTaskWithHeaders("slack:sync", nil, map[string]string{throttle.HeaderKey: "slack", keyspace.Origin: "t-orig"}),
 		asynq.TaskID("t-orig~throttle-1"), asynq.ProcessIn(2*time.Hour), asynq.Queue("critical"))
-	d, err = lim.Reserve(ctx, "slack", "t-orig", 3*time.Hour, time.Second)
-	require.NoError(t, err)
-	require.True(t, d.Reserved)
+	reserve(t, rdb, "slack", "t-orig")
 
 	// A slot inside a suspension does not hold: the task is deferred again.
 	require.NoError(t, lim.SetLimits(ctx, "hubspot", throttle.PerMinute(1)))
 	_, err = lim.Take(ctx, "hubspot")
 	require.NoError(t, err)
 	enqueue(mustTask(t, "hubspot:sync", nil, throttle.Key("hubspot")), asynq.TaskID("t-slot-in-suspension"), asynq.ProcessIn(time.Minute))
-	d, err = lim.Reserve(ctx, "hubspot", "t-slot-in-suspension", 3*time.Hour, time.Second)
-	require.NoError(t, err)
-	require.True(t, d.Reserved)
+	reserve(t, rdb, "hubspot", "t-slot-in-suspension")
 	require.NoError(t, lim.Suspend(ctx, "hubspot", 10*time.Minute))
 
 	// github: suspended (a 429, or an operator).
@@ -86,12 +83,12 @@ func TestWhy(t *testing.T) {
 	enqueue(mustTask(t, "hubspot-api:sync", nil, throttle.Key("hubspot-api")), asynq.TaskID("t-window"))
 	enqueue(mustTask(t, "hubspot-api:sync", nil, throttle.Key("hubspot-api")), asynq.TaskID("t-window-later"), asynq.ProcessIn(time.Minute))
 	require.NoError(t, lim.SetLimits(ctx, "stripe-api", throttle.Window(100, time.Hour), throttle.InFlight(1)))
-	d, err = lim.Take(ctx, "stripe-api")
+	d, err := lim.Take(ctx, "stripe-api")
 	require.NoError(t, err)
-	require.NotEmpty(t, d.Hold)
+	require.NotEmpty(t, d.Slot)
 	enqueue(mustTask(t, "stripe-api:charge", nil, throttle.Key("stripe-api")), asynq.TaskID("t-slots-pending"))
 	enqueue(mustTask(t, "stripe-api:charge", nil, throttle.Key("stripe-api")), asynq.TaskID("t-slots-later"), asynq.ProcessIn(time.Minute))
-	require.NoError(t, lim.SetLimits(ctx, "graph", throttle.Limit{Rate: 10, Per: time.Hour}, throttle.InFlight(4)))
+	require.NoError(t, lim.SetLimits(ctx, "graph", throttle.Limit{N: 10, Per: time.Hour}, throttle.InFlight(4)))
 	_, err = lim.TakeN(ctx, "graph", 8)
 	require.NoError(t, err)
 	enqueue(mustTask(t, "graph:query", nil, throttle.Key("graph"), throttle.Cost(5)), asynq.TaskID("t-cost"))
@@ -141,7 +138,7 @@ func TestWhy(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(r.stdout), &v))
 	assert.Equal(t, reasonReserved, v.Reason)
 	require.NotNil(t, v.Slot)
-	slot, ok, err := lim.Reservation(ctx, "slack", "t-reserved")
+	slot, ok, err := (&app{rdb: rdb, prefix: keyspace.DefaultPrefix}).reservation(ctx, "slack", "t-reserved")
 	require.NoError(t, err)
 	require.True(t, ok)
 	assert.True(t, slot.Equal(*v.Slot), "slot %v, want %v", v.Slot, slot)
@@ -182,7 +179,7 @@ func TestWhyDeferredByWorkers(t *testing.T) {
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)
 	lim := throttle.NewLimiter(rdb)
-	require.NoError(t, lim.SetLimits(ctx, "hub", throttle.Limit{Rate: 1, Per: 20 * time.Second}))
+	require.NoError(t, lim.SetLimits(ctx, "hub", throttle.Limit{N: 1, Per: 20 * time.Second}))
 	client := asynq.NewClientFromRedisClient(rdb)
 	t.Cleanup(func() { client.Close() })
 	for _, id := range []string{"h1", "h2", "h3"} {
@@ -223,7 +220,7 @@ func TestWhyDeferredByWorkers(t *testing.T) {
 		assert.Contains(t, v.Sentence, "waiting for its reserved run slot")
 	}
 	// One slot per 20 s, plus the middleware's headroom for dispatch jitter.
-	assert.Equal(t, 20*time.Second+throttle.DefaultHeadroom, slots[1].Sub(slots[0]), "one slot per 20 s")
+	assert.Equal(t, 20*time.Second+20*time.Millisecond, slots[1].Sub(slots[0]), "one slot per 20 s")
 	r := cli(t, url, "why", "h1")
 	assert.Contains(t, r.stdout, "is not waiting: it has completed")
 }
@@ -315,4 +312,16 @@ func mustTask(t testing.TB, typename string, payload []byte, opts ...asynq.Optio
 	task, err := throttle.NewTask(typename, payload, opts...)
 	require.NoError(t, err, "NewTask(%q)", typename)
 	return task
+}
+
+// reserve reserves a run time within 3 hours for task id under key, as the
+// middleware does when it refuses a task (on whole seconds, no pacing).
+func reserve(t testing.TB, rdb redis.UniversalClient, key, id string) {
+	t.Helper()
+	keys, err := keyspace.RedisKeys(keyspace.DefaultPrefix, key)
+	require.NoError(t, err)
+	r, err := lua.Decide(context.Background(), lua.NewRunner(rdb), keys, lua.DecideArgs{
+		TaskID: id, Horizon: 3 * time.Hour, Granule: time.Second, Lapse: 5 * time.Minute, IdleExpiry: time.Hour, SlotLease: 30 * time.Second})
+	require.NoError(t, err)
+	require.False(t, r.Slot.IsZero(), "a reservation for %s under %s: %+v", id, key, r)
 }

@@ -5,7 +5,7 @@
   const body = document.body;
   const readOnly = body.dataset.readOnly === 'true';
   const pollMS = Number(body.dataset.pollMs) || 1000;
-  const hasCounts = body.dataset.hasCounts === 'true';
+  const hasCounts = true; // this process's decisions (none where no middleware runs)
   const outcomes = ['ran', 'deferred', 'suspended', 'failed', 'unthrottled'];
   const historyLen = 60;
   const main = document.getElementById('keys');

@@ -16,22 +16,21 @@ import (
 	"github.com/asynq-throttle/asynq-throttle/throttle"
 )
 
-// serveDashboard serves the web view (read-only) and Prometheus metrics on
-// addr for the run, as `asynq-throttle serve` would beside a real fleet. It
-// returns the function that stops it and the observer that feeds the
-// metrics with the in-process fleet's decisions.
-func serveDashboard(addr string, lim *throttle.Limiter, out io.Writer) (stop func(), observe func(throttle.Event), err error) {
-	collector := metrics.New(lim)
+// serveDashboard serves the web view (read-only) and Prometheus metrics of
+// lim on addr for the run, as a worker process would beside its middleware:
+// the state of every key in Redis, and the decisions of lim's middleware. It
+// returns the function that stops it.
+func serveDashboard(addr string, lim *throttle.Limiter, out io.Writer) (stop func(), err error) {
 	reg := prometheus.NewRegistry()
-	if err := reg.Register(collector); err != nil {
-		return nil, nil, err
+	if err := reg.Register(metrics.New(lim)); err != nil {
+		return nil, err
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	mux.Handle("/", dashboard.New(lim, dashboard.WithMetrics(collector), dashboard.WithTitle("sync-worker")))
+	mux.Handle("/", dashboard.New(lim, dashboard.WithTitle("sync-worker")))
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return nil, nil, fmt.Errorf("-dashboard %s: %w", addr, err)
+		return nil, fmt.Errorf("-dashboard %s: %w", addr, err)
 	}
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go func() { _ = srv.Serve(ln) }()
@@ -40,5 +39,5 @@ func serveDashboard(addr string, lim *throttle.Limiter, out io.Writer) (stop fun
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
 		_ = srv.Shutdown(ctx)
-	}, collector.Observe, nil
+	}, nil
 }

@@ -7,9 +7,9 @@ import (
 	"net/http"
 	"regexp"
 	"testing"
-	"time"
 
 	"github.com/alicebob/miniredis/v2"
+	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -27,12 +27,15 @@ func TestDashboardFlagServesTheViewAndMetrics(t *testing.T) {
 	require.NoError(t, lim.SetLimits(context.Background(), "slack", throttle.PerSecond(5)))
 
 	var out bytes.Buffer
-	stop, observe, err := serveDashboard("127.0.0.1:0", lim, &out)
+	stop, err := serveDashboard("127.0.0.1:0", lim, &out)
 	require.NoError(t, err)
 	defer stop()
 	m := regexp.MustCompile(`dashboard: (http://\S+/)`).FindStringSubmatch(out.String())
 	require.NotNil(t, m, "the address is printed: %q", out.String())
-	observe(throttle.Event{Key: "slack", Outcome: throttle.Ran, Ran: true, Latency: time.Millisecond})
+	// One task through lim's middleware: a decision the view counts.
+	task, err := throttle.NewTask("slack:sync", nil, throttle.Key("slack"))
+	require.NoError(t, err)
+	require.NoError(t, lim.Middleware()(asynq.HandlerFunc(func(context.Context, *asynq.Task) error { return nil })).ProcessTask(context.Background(), task))
 
 	get := func(path string) string {
 		t.Helper()

@@ -10,7 +10,6 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
-	"slices"
 	"sync"
 	"time"
 
@@ -83,10 +82,11 @@ type node struct {
 // flushInterval is how often a node writes its middleware counts to Redis.
 const flushInterval = 200 * time.Millisecond
 
-// startNode starts spec.Servers asynq servers on rdb. Stop them with stop.
-// also, when not nil, sees every middleware event too (the dashboard's
-// metrics in a run without -procs).
-func startNode(rdb redis.UniversalClient, spec nodeSpec, log *slog.Logger, also func(throttle.Event)) (*node, error) {
+// startNode starts spec.Servers asynq servers on rdb, each with a Limiter of
+// its own, as separate processes would have. Stop them with stop. first,
+// when not nil, is given the first server's Limiter (the dashboard shows its
+// decisions in a run without -procs).
+func startNode(rdb redis.UniversalClient, spec nodeSpec, log *slog.Logger, first func(*throttle.Limiter)) (*node, error) {
 	n := &node{
 		spec:   spec,
 		ledger: ledger{rdb: rdb, ns: ledgerNS(spec.Run)},
@@ -122,16 +122,15 @@ func startNode(rdb redis.UniversalClient, spec nodeSpec, log *slog.Logger, also 
 		if spec.Servers > 1 {
 			name = fmt.Sprintf("%s%d", spec.Name, i+1)
 		}
-		// One middleware (and limiter) per server, as separate processes
-		// would have: they share nothing but Redis. Its observer counts
-		// per server, to show a suspension reach each of them.
-		observe := func(ev throttle.Event) {
-			n.counts.observe(name, ev)
-			if also != nil {
-				also(ev)
-			}
+		// One Limiter per server, as separate processes would have: they
+		// share nothing but Redis. Its events are counted per server, to
+		// show a suspension reach each of them.
+		lim := throttle.NewLimiter(rdb, opts...)
+		lim.OnEvent(func(ev throttle.Event) { n.counts.observe(name, ev) })
+		if i == 0 && first != nil {
+			first(lim)
 		}
-		mux.Use(throttle.ByProvider(rdb, append(slices.Clip(opts), throttle.WithObserver(observe))...))
+		mux.Use(lim.Middleware())
 		handle := func(ctx context.Context, t *asynq.Task) error { return n.handle(ctx, t, name) }
 		for _, ep := range spec.Endpoints {
 			mux.HandleFunc(ep.TaskType, handle)

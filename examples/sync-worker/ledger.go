@@ -110,8 +110,8 @@ func (l ledger) snapshot(ctx context.Context, providers []string) (progress, err
 }
 
 // counters collects middleware events in memory, on the worker goroutine,
-// and flushes them to the ledger from one goroutine: the observer must stay
-// fast (see throttle.WithObserver).
+// and flushes them to the ledger from one goroutine: an event function must
+// stay fast (see Limiter.OnEvent).
 type counters struct {
 	mu     sync.Mutex
 	deltas map[[2]string]int64 // {provider, field} -> not yet flushed
@@ -125,7 +125,7 @@ func (c *counters) add(provider, field string) {
 	c.mu.Unlock()
 }
 
-// observe is the throttle.WithObserver callback of worker's middleware.
+// observe counts an event of worker's middleware (Limiter.OnEvent).
 func (c *counters) observe(worker string, ev throttle.Event) {
 	switch ev.Outcome {
 	case throttle.Deferred:

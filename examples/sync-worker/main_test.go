@@ -126,9 +126,9 @@ func TestPublishedQuotaIsLearnedBelowTheConfiguredLimit(t *testing.T) {
 	limiter := throttle.NewLimiter(rdb, throttle.WithPrefix(limiterPrefix(s.Run)))
 	st, err := limiter.Inspect(t.Context(), spec.Name)
 	require.NoError(t, err, "Inspect(ctx, %q)", spec.Name)
-	assert.Equal(t, []throttle.Limit{{Rate: 20, Per: time.Second, Burst: 20}}, st.Limits,
+	assert.Equal(t, []throttle.Limit{{N: 20, Per: time.Second, Burst: 20}}, st.Limits,
 		"Inspect(ctx, %q).Limits after the run: the configured limit stays the ceiling", spec.Name)
-	assert.Equal(t, []throttle.Limit{{Rate: 10, Per: time.Second, Burst: 10}}, st.InForce,
+	assert.Equal(t, []throttle.Limit{{N: 10, Per: time.Second, Burst: 10}}, st.InForce,
 		"Inspect(ctx, %q).InForce after the run: the quota crm publishes", spec.Name)
 	assert.Equal(t, learnedLimits(spec), st.InForce, "learnedLimits(crm) against what the library learned")
 	require.Len(t, st.LearnedFor, 1)
@@ -188,17 +188,17 @@ func TestLearnedLimits(t *testing.T) {
 		spec ProviderSpec
 		want []throttle.Limit
 	}{
-		{"crm: the published quota below the configured one", crmSpec(), []throttle.Limit{{Rate: 10, Per: time.Second, Burst: 10}}},
+		{"crm: the published quota below the configured one", crmSpec(), []throttle.Limit{{N: 10, Per: time.Second, Burst: 10}}},
 		{"silent provider: as configured", slackSpec(), slackSpec().Limits},
 		{"published quota above: as configured",
 			ProviderSpec{Quota: []throttle.Limit{throttle.PerSecond(50)}, Limits: []throttle.Limit{throttle.PerSecond(20)}, Publish: true},
 			[]throttle.Limit{throttle.PerSecond(20)}},
 		{"burst kept when under the quota",
 			ProviderSpec{Quota: []throttle.Limit{throttle.PerSecond(10)}, Limits: []throttle.Limit{throttle.PerSecond(20).WithBurst(4)}, Publish: true},
-			[]throttle.Limit{{Rate: 10, Per: time.Second, Burst: 4}}},
+			[]throttle.Limit{{N: 10, Per: time.Second, Burst: 4}}},
 		{"only the tier of the same period",
 			ProviderSpec{Quota: []throttle.Limit{throttle.PerMinute(60)}, Limits: []throttle.Limit{throttle.PerSecond(20), throttle.PerMinute(600)}, Publish: true},
-			[]throttle.Limit{throttle.PerSecond(20), {Rate: 60, Per: time.Minute, Burst: 60}}},
+			[]throttle.Limit{throttle.PerSecond(20), {N: 60, Per: time.Minute, Burst: 60}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			assert.Equal(t, tc.want, learnedLimits(tc.spec), "learnedLimits(%+v)", tc.spec)

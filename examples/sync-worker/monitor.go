@@ -235,7 +235,7 @@ func (m *monitor) rows(ctx context.Context) ([]row, error) {
 		if err != nil && !errors.Is(err, throttle.ErrInvalidLimit) && !errors.Is(err, throttle.ErrNoLimits) {
 			return nil, err
 		}
-		r.Limit, r.InForce, r.LearnedFor, r.SuspendedFor = status.Limits, status.InForce, status.LearnedFor, status.Suspended
+		r.Limit, r.InForce, r.LearnedFor, r.SuspendedFor = status.Limits, status.InForce, status.LearnedFor, status.SuspendedFor
 		rows[i] = r
 	}
 	return rows, nil

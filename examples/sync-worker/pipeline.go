@@ -215,19 +215,20 @@ func run(ctx context.Context, cfg Config, out io.Writer) (Summary, error) {
 	if err := prod.enqueueBacklog(ctx); err != nil {
 		return Summary{}, err
 	}
-	var observe func(throttle.Event)
+	disp := newDisplay(out, cfg.Live, time.Now(), cfg.Interval)
+	shown := limiter // the dashboard's: the first server's in this process
+	stopFleet, err := startFleet(cfg, rdb, nodeSpec{Run: runID, Concurrency: cfg.Concurrency, Endpoints: eps}, disp,
+		func(l *throttle.Limiter) { shown = l })
+	if err != nil {
+		return Summary{}, err
+	}
 	if cfg.Dashboard != "" {
-		stop, obs, err := serveDashboard(cfg.Dashboard, limiter, out)
+		stop, err := serveDashboard(cfg.Dashboard, shown, out)
 		if err != nil {
+			_ = stopFleet()
 			return Summary{}, err
 		}
 		defer stop()
-		observe = obs
-	}
-	disp := newDisplay(out, cfg.Live, time.Now(), cfg.Interval)
-	stopFleet, err := startFleet(cfg, rdb, nodeSpec{Run: runID, Concurrency: cfg.Concurrency, Endpoints: eps}, disp, observe)
-	if err != nil {
-		return Summary{}, err
 	}
 	start := time.Now()
 	for _, p := range providers {
@@ -301,7 +302,7 @@ func startProviders(specs []ProviderSpec) ([]*Provider, []endpoint, error) {
 // startFleet starts the workers: asynq servers in this process, or -procs
 // worker processes. It returns the function that stops them, letting running
 // handlers finish.
-func startFleet(cfg Config, rdb redis.UniversalClient, spec nodeSpec, disp *display, observe func(throttle.Event)) (func() error, error) {
+func startFleet(cfg Config, rdb redis.UniversalClient, spec nodeSpec, disp *display, first func(*throttle.Limiter)) (func() error, error) {
 	if cfg.Procs > 0 {
 		spec.RedisURL, spec.Servers = cfg.RedisURL, 1
 		f, err := startProcs(cfg.Executable, spec, cfg.Procs, disp)
@@ -311,7 +312,7 @@ func startFleet(cfg Config, rdb redis.UniversalClient, spec nodeSpec, disp *disp
 		return f.stop, nil
 	}
 	spec.Name, spec.Servers = "s", cfg.Servers
-	n, err := startNode(rdb, spec, slog.New(newLineHandler(disp.event)), observe)
+	n, err := startNode(rdb, spec, slog.New(newLineHandler(disp.event)), first)
 	if err != nil {
 		return nil, err
 	}
@@ -406,8 +407,8 @@ func learnedLimits(p ProviderSpec) []throttle.Limit {
 	}
 	for i, l := range out {
 		for _, q := range p.Quota {
-			if q.Per == l.Per && q.Rate < l.Rate {
-				out[i] = throttle.Limit{Rate: q.Rate, Per: l.Per, Burst: min(burstOf(l), q.Rate)}
+			if q.Per == l.Per && q.N < l.N {
+				out[i] = throttle.Limit{N: q.N, Per: l.Per, Burst: min(burstOf(l), q.N)}
 			}
 		}
 	}

@@ -395,7 +395,7 @@ func (p *Provider) publish(h http.Header) {
 		}
 		tokens := max(p.tokens[i], 0)
 		full := math.Ceil((float64(burstOf(q)) - tokens) / ratePerSecond(q))
-		policies[i] = fmt.Sprintf("%q;q=%d;w=%d", name, q.Rate, int64(q.Per/time.Second))
+		policies[i] = fmt.Sprintf("%q;q=%d;w=%d", name, q.N, int64(q.Per/time.Second))
 		left[i] = fmt.Sprintf("%q;r=%d;t=%d", name, int(tokens), int64(full))
 	}
 	h.Set("RateLimit-Policy", strings.Join(policies, ", "))
@@ -405,12 +405,12 @@ func (p *Provider) publish(h http.Header) {
 // burstOf is a limit's effective burst (0 means Rate, as in throttle.Limit).
 func burstOf(l throttle.Limit) int {
 	if l.Burst == 0 {
-		return l.Rate
+		return l.N
 	}
 	return l.Burst
 }
 
-func ratePerSecond(l throttle.Limit) float64 { return float64(l.Rate) / l.Per.Seconds() }
+func ratePerSecond(l throttle.Limit) float64 { return float64(l.N) / l.Per.Seconds() }
 
 // formatLimits renders limits compactly: "5/s burst 4 + 120/min burst 29".
 func formatLimits(limits []throttle.Limit) string {
@@ -428,8 +428,8 @@ func joinLimits(limits []throttle.Limit, none, burst, sep string) string {
 	}
 	parts := make([]string, len(limits))
 	for i, l := range limits {
-		s := strconv.Itoa(l.Rate) + "/" + unitOf(l.Per)
-		if b := burstOf(l); b != l.Rate {
+		s := strconv.Itoa(l.N) + "/" + unitOf(l.Per)
+		if b := burstOf(l); b != l.N {
 			s += burst + strconv.Itoa(b)
 		}
 		parts[i] = s

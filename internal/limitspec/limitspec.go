@@ -93,7 +93,7 @@ func Parse(spec string) (throttle.Limit, error) {
 	if err != nil {
 		return bad("%v", err)
 	}
-	l := throttle.Limit{Rate: rate, Per: per, Burst: rate}
+	l := throttle.Limit{N: rate, Per: per, Burst: rate}
 	switch {
 	case !hasMod:
 	case mod == modWindow:
@@ -158,7 +158,7 @@ func ParseAll(specs ...string) ([]throttle.Limit, error) {
 func Format(l throttle.Limit) string {
 	switch l.Kind {
 	case throttle.KindInFlight:
-		return strconv.Itoa(l.Rate) + ":" + modInFlight
+		return strconv.Itoa(l.N) + ":" + modInFlight
 	case throttle.KindAdaptive:
 		p := formatPeriod(l.Per)
 		if len(p) == 1 { // a named unit alone: "1m:adaptive", not "m:adaptive"
@@ -166,10 +166,10 @@ func Format(l throttle.Limit) string {
 		}
 		return p + ":" + modAdaptive
 	case throttle.KindWindow:
-		return strconv.Itoa(l.Rate) + "/" + formatPeriod(l.Per) + ":" + modWindow
+		return strconv.Itoa(l.N) + "/" + formatPeriod(l.Per) + ":" + modWindow
 	}
-	s := strconv.Itoa(l.Rate) + "/" + formatPeriod(l.Per)
-	if l.Burst != 0 && l.Burst != l.Rate {
+	s := strconv.Itoa(l.N) + "/" + formatPeriod(l.Per)
+	if l.Burst != 0 && l.Burst != l.N {
 		s += ":" + modBurst + strconv.Itoa(l.Burst)
 	}
 	return s
@@ -197,7 +197,7 @@ func formatPeriod(d time.Duration) string {
 // Rate), a window's calls per window, an in-flight limit's slots.
 func Burst(l throttle.Limit) int {
 	if l.Burst == 0 || l.Kind != throttle.KindBucket {
-		return l.Rate
+		return l.N
 	}
 	return l.Burst
 }
@@ -255,7 +255,7 @@ func Views(st throttle.Status) ([]TierView, *SlotsView) {
 	tiers := []TierView{}
 	var slots *SlotsView
 	for i, l := range st.Limits {
-		t := TierView{Kind: KindName(l.Kind), Limit: Format(l), Rate: l.Rate, PeriodSeconds: l.Per.Seconds(), Burst: Burst(l)}
+		t := TierView{Kind: KindName(l.Kind), Limit: Format(l), Rate: l.N, PeriodSeconds: l.Per.Seconds(), Burst: Burst(l)}
 		if i < len(st.Tokens) {
 			t.Tokens = st.Tokens[i]
 		}
@@ -267,7 +267,7 @@ func Views(st throttle.Status) ([]TierView, *SlotsView) {
 			t.LearnedSeconds = st.LearnedFor[i].Seconds()
 		}
 		if l.Kind == throttle.KindInFlight {
-			slots = &SlotsView{Held: st.InFlight, Max: l.Rate}
+			slots = &SlotsView{Held: st.InFlight, Max: l.N}
 		}
 		tiers = append(tiers, t)
 	}

@@ -23,14 +23,14 @@ func TestParse(t *testing.T) {
 		{"10/s", throttle.PerSecond(10).WithBurst(10), ""},
 		{"50/m", throttle.PerMinute(50).WithBurst(50), ""},
 		{"5000/h", throttle.PerHour(5000).WithBurst(5000), ""},
-		{"7/d", throttle.Limit{Rate: 7, Per: 24 * time.Hour, Burst: 7}, ""},
-		{"100/1500ms", throttle.Limit{Rate: 100, Per: 1500 * time.Millisecond, Burst: 100}, "100/1.5s"},
+		{"7/d", throttle.Limit{N: 7, Per: 24 * time.Hour, Burst: 7}, ""},
+		{"100/1500ms", throttle.Limit{N: 100, Per: 1500 * time.Millisecond, Burst: 100}, "100/1.5s"},
 		{"10/s:burst=20", throttle.PerSecond(10).WithBurst(20), ""},
 		{"10/s:burst=10", throttle.PerSecond(10).WithBurst(10), "10/s"},
 		{"10/s:burst=5", throttle.PerSecond(10).WithBurst(5), ""},
-		{"3/90s", throttle.Limit{Rate: 3, Per: 90 * time.Second, Burst: 3}, "3/1m30s"},
+		{"3/90s", throttle.Limit{N: 3, Per: 90 * time.Second, Burst: 3}, "3/1m30s"},
 		{"3/1m", throttle.PerMinute(3).WithBurst(3), "3/m"},
-		{"3/24h", throttle.Limit{Rate: 3, Per: 24 * time.Hour, Burst: 3}, "3/d"},
+		{"3/24h", throttle.Limit{N: 3, Per: 24 * time.Hour, Burst: 3}, "3/d"},
 
 		{"5000/h:window", throttle.Window(5000, time.Hour), ""},
 		{"100/m:window", throttle.Window(100, time.Minute), ""},
@@ -117,12 +117,12 @@ func TestRoundTripLimits(t *testing.T) {
 		fromRedis, constructed throttle.Limit
 		spec                   string
 	}{
-		{throttle.Limit{Rate: 10, Per: time.Second, Burst: 10}, throttle.PerSecond(10), "10/s"},
-		{throttle.Limit{Rate: 10, Per: time.Second, Burst: 25}, throttle.PerSecond(10).WithBurst(25), "10/s:burst=25"},
-		{throttle.Limit{Rate: 3, Per: 1500 * time.Millisecond, Burst: 3}, throttle.Limit{Rate: 3, Per: 1500 * time.Millisecond}, "3/1.5s"},
-		{throttle.Limit{Kind: throttle.KindWindow, Rate: 5000, Per: time.Hour}, throttle.Window(5000, time.Hour), "5000/h:window"},
-		{throttle.Limit{Kind: throttle.KindWindow, Rate: 7, Per: 42 * time.Second}, throttle.Window(7, 42*time.Second), "7/42s:window"},
-		{throttle.Limit{Kind: throttle.KindInFlight, Rate: 4}, throttle.InFlight(4), "4:inflight"},
+		{throttle.Limit{N: 10, Per: time.Second, Burst: 10}, throttle.PerSecond(10), "10/s"},
+		{throttle.Limit{N: 10, Per: time.Second, Burst: 25}, throttle.PerSecond(10).WithBurst(25), "10/s:burst=25"},
+		{throttle.Limit{N: 3, Per: 1500 * time.Millisecond, Burst: 3}, throttle.Limit{N: 3, Per: 1500 * time.Millisecond}, "3/1.5s"},
+		{throttle.Limit{Kind: throttle.KindWindow, N: 5000, Per: time.Hour}, throttle.Window(5000, time.Hour), "5000/h:window"},
+		{throttle.Limit{Kind: throttle.KindWindow, N: 7, Per: 42 * time.Second}, throttle.Window(7, 42*time.Second), "7/42s:window"},
+		{throttle.Limit{Kind: throttle.KindInFlight, N: 4}, throttle.InFlight(4), "4:inflight"},
 	} {
 		t.Run(tc.spec, func(t *testing.T) {
 			assert.Equal(t, tc.spec, limitspec.Format(tc.fromRedis))
@@ -153,8 +153,9 @@ func TestRoundTripThroughRedis(t *testing.T) {
 			require.NoError(t, err)
 			key := "k" + string(rune('a'+i))
 			require.NoError(t, lim.SetLimits(ctx, key, ls...))
-			got, err := lim.Limits(ctx, key)
+			st, err := lim.Inspect(ctx, key)
 			require.NoError(t, err)
+			got := st.Limits
 			assert.Equal(t, ls, got, "Limits after SetLimits(ParseAll(%q))", spec)
 			assert.Equal(t, spec, limitspec.FormatAll(got))
 		})
@@ -208,7 +209,7 @@ func FuzzParseSpec(f *testing.F) {
 		if again := limitspec.Format(back); again != s {
 			t.Fatalf("Format not stable: %q, then %q", s, again)
 		}
-		if l.Rate <= 0 || (l.Kind != throttle.KindInFlight && l.Per <= 0) || limitspec.Burst(l) <= 0 {
+		if l.N <= 0 || (l.Kind != throttle.KindInFlight && l.Per <= 0) || limitspec.Burst(l) <= 0 {
 			t.Fatalf("Parse(%q) = %#v: accepted a limit without a positive rate, period or burst", spec, l)
 		}
 	})

@@ -19,10 +19,7 @@ import (
 // testKeys are the keys of limiter key "k" as the throttle package derives
 // them; the scripts care only that they are passed in KEYS.
 func testKeys() Keys {
-	return Keys{
-		Bucket: "t:{k}:b", Reservations: "t:{k}:r", Slots: "t:{k}:f",
-		OldConfig: "t:{k}:cfg", OldState: "t:{k}:state", OldSuspend: "t:{k}:suspend", OldReservations: "t:{k}:resv",
-	}
+	return Keys{Bucket: "t:{k}:b", Reservations: "t:{k}:r", Slots: "t:{k}:f"}
 }
 
 func testEpoch() time.Time { return time.Unix(1_700_000_000, 0) }
@@ -116,7 +113,7 @@ func TestParseDecide(t *testing.T) {
 		{"denied with slot", "0|1000000|0|tier:1|" + strconv.FormatInt(slot.UnixMicro(), 10) + "|0|0", DecideReply{Status: StatusDenied, RetryAfter: time.Second, RefusedBy: "tier:1", Slot: slot}, false},
 		{"float-formatted numbers", "0|1.5e+06|0|queue|0|0|0", DecideReply{Status: StatusDenied, RetryAfter: 1500 * time.Millisecond, RefusedBy: "queue"}, false},
 		{"no limits", "-2", DecideReply{Status: StatusNoLimits}, false},
-		{"bad config", "-1|limits[0].Rate|below minimum 1", DecideReply{Status: StatusBadConfig, Field: "limits[0].Rate", Reason: "below minimum 1"}, false},
+		{"bad config", "-1|limits[0].N|below minimum 1", DecideReply{Status: StatusBadConfig, Field: "limits[0].N", Reason: "below minimum 1"}, false},
 		{"empty", "", DecideReply{}, true},
 		{"unknown status", "2|0|0||0|0|0", DecideReply{}, true},
 		{"bad config too short", "-1", DecideReply{}, true},
@@ -189,7 +186,7 @@ func TestDecide_Defaults(t *testing.T) {
 	}{
 		{"none", nil, DecideReply{Status: StatusNoLimits}},
 		{"valid", []Tier{{Rate: 1, PerMS: 1000, Burst: 3}}, DecideReply{Status: StatusAllowed, Remaining: 2, At: testEpoch()}},
-		{"rate 0", []Tier{{Rate: 0, PerMS: 1000, Burst: 3}}, DecideReply{Status: StatusBadConfig, Field: "default limits[0].Rate", Reason: "below minimum 1"}},
+		{"rate 0", []Tier{{Rate: 0, PerMS: 1000, Burst: 3}}, DecideReply{Status: StatusBadConfig, Field: "default limits[0].N", Reason: "below minimum 1"}},
 		{"second per_ms 0", []Tier{{Rate: 1, PerMS: 1000, Burst: 1}, {Rate: 1, PerMS: 0, Burst: 1}}, DecideReply{Status: StatusBadConfig, Field: "default limits[1].Per", Reason: "below minimum 1 ms"}},
 		{"burst above 1e9", []Tier{{Rate: 1, PerMS: 1000, Burst: 1_000_000_001}}, DecideReply{Status: StatusBadConfig, Field: "default limits[0].Burst", Reason: "above maximum 1000000000"}},
 		{"five tiers", []Tier{{Rate: 1, PerMS: 1, Burst: 1}, {Rate: 1, PerMS: 2, Burst: 1}, {Rate: 1, PerMS: 3, Burst: 1}, {Rate: 1, PerMS: 4, Burst: 1}, {Rate: 1, PerMS: 5, Burst: 1}}, DecideReply{Status: StatusBadConfig, Field: "default limits", Reason: "more than 4 tiers"}},
@@ -213,11 +210,11 @@ func TestSetLimits_Validation(t *testing.T) {
 	}{
 		{"no tiers", nil, "limits", "no tiers"},
 		{"five tiers", []Tier{{Rate: 1, PerMS: 1, Burst: 1}, {Rate: 1, PerMS: 2, Burst: 1}, {Rate: 1, PerMS: 3, Burst: 1}, {Rate: 1, PerMS: 4, Burst: 1}, {Rate: 1, PerMS: 5, Burst: 1}}, "limits", "more than 4 tiers"},
-		{"rate 0", []Tier{{Rate: 0, PerMS: 1000, Burst: 1}}, "limits[0].Rate", "below minimum 1"},
+		{"rate 0", []Tier{{Rate: 0, PerMS: 1000, Burst: 1}}, "limits[0].N", "below minimum 1"},
 		{"per_ms 0", []Tier{{Rate: 1, PerMS: 0, Burst: 1}}, "limits[0].Per", "below minimum 1 ms"},
 		{"per_ms above 30 days", []Tier{{Rate: 1, PerMS: 30*24*3600*1000 + 1, Burst: 1}}, "limits[0].Per", "above maximum 2592000000 ms"},
 		{"burst 0", []Tier{{Rate: 1, PerMS: 1000, Burst: 0}}, "limits[0].Burst", "below minimum 1"},
-		{"rate above 1e6/s", []Tier{{Rate: 1_000_001, PerMS: 1000, Burst: 1}}, "limits[0].Rate", "above maximum 1000000 per second"},
+		{"rate above 1e6/s", []Tier{{Rate: 1_000_001, PerMS: 1000, Burst: 1}}, "limits[0].N", "above maximum 1000000 per second"},
 		{"second tier negative", []Tier{{Rate: 1, PerMS: 1000, Burst: 1}, {Rate: -1, PerMS: 60000, Burst: 1}}, "limits[1]", `want rate/per_ms/burst in whole numbers, got "-1/60000/1"`},
 	}
 	for _, tt := range tests {
@@ -399,7 +396,6 @@ func TestScriptFlush(t *testing.T) {
 		{"Suspend", func() error { _, err := Suspend(e.ctx, e.run, e.k, time.Second, time.Hour); return err }},
 		{"Resume", func() error { _, err := Resume(e.ctx, e.run, e.k); return err }},
 		{"Inspect", func() error { _, err := Inspect(e.ctx, e.run, e.k, nil, 0); return err }},
-		{"Migrate", func() error { _, err := Migrate(e.ctx, e.run, e.k, time.Hour, nil); return err }},
 	}
 	for _, c := range calls {
 		require.NoError(t, c.run(), "%s before SCRIPT FLUSH", c.name)
@@ -568,48 +564,6 @@ func TestDecideLease(t *testing.T) {
 		assert.Equal(t, StatusAllowed, r.Status)
 		assert.Zero(t, r.Lease, "Lease %d", lease)
 	}
-}
-
-// A key written by the previous layout (four keys, tiers by position) is
-// carried into the current one: limits, tokens and suspension; the old keys
-// are left for processes of the previous version.
-func TestMigrate(t *testing.T) {
-	e := newEnv(t)
-	now := testEpoch().UnixMicro()
-	e.mr.HSet(e.k.OldConfig, "tiers", "2", "rate:1", "10", "per_ms:1", "1000", "burst:1", "10",
-		"rate:2", "100", "per_ms:2", "3600000", "burst:2", "100")
-	// 2 s ago: 0 of 10 and 40 of 100 left.
-	e.mr.HSet(e.k.OldState, "ts", strconv.FormatInt(now-2_000_000, 10), "tk:1", "0", "tk:2", "40")
-	require.NoError(t, e.mr.Set(e.k.OldSuspend, strconv.FormatInt(now+30_000_000, 10)))
-
-	moved, err := Migrate(e.ctx, e.run, e.k, time.Hour, nil)
-	require.NoError(t, err)
-	assert.True(t, moved, "Migrate carried something over")
-	r, err := Inspect(e.ctx, e.run, e.k, nil, 0)
-	require.NoError(t, err)
-	assert.Equal(t, []Tier{{Rate: 10, PerMS: 1000, Burst: 10}, {Rate: 100, PerMS: 3_600_000, Burst: 100}}, r.Tiers, "limits")
-	assert.True(t, r.FromRedis)
-	assert.InDelta(t, 10, r.Tokens[0], 1e-3, "per-second tier refilled over the 2 s")
-	assert.InDelta(t, 40+2*100.0/3600, r.Tokens[1], 1e-3, "hourly tier's tokens")
-	assert.Equal(t, 30*time.Second, r.Suspended, "suspension")
-	for _, k := range []string{e.k.OldConfig, e.k.OldState, e.k.OldSuspend} {
-		assert.True(t, e.mr.Exists(k), "old key %s left in place", k)
-	}
-
-	moved, err = Migrate(e.ctx, e.run, e.k, time.Hour, nil)
-	require.NoError(t, err)
-	assert.False(t, moved, "a second Migrate has nothing to carry")
-
-	// Old state of a key on defaults is read with the caller's defaults.
-	e2 := newEnv(t)
-	e2.mr.HSet(e2.k.OldState, "ts", strconv.FormatInt(now, 10), "tk:1", "1")
-	moved, err = Migrate(e2.ctx, e2.run, e2.k, time.Hour, []Tier{{Rate: 5, PerMS: 1000, Burst: 5}})
-	require.NoError(t, err)
-	assert.True(t, moved)
-	r, err = Inspect(e2.ctx, e2.run, e2.k, []Tier{{Rate: 5, PerMS: 1000, Burst: 5}}, 0)
-	require.NoError(t, err)
-	assert.False(t, r.FromRedis, "a key on defaults gets no limits in Redis")
-	assert.InDelta(t, 1, r.Tokens[0], 1e-6, "tokens of a key on defaults")
 }
 
 // windowAdmissions drives Decide at the given times (us after testEpoch)
@@ -904,19 +858,15 @@ func TestDecide_InFlight(t *testing.T) {
 
 // TestStateMemoIsCompact: the key's expiry memo in T is kept in ms after the
 // state's own timestamp, so that a busy two-tier key's T stays within the 64
-// bytes of a compact Redis hash, and a T written by the earlier layout (the
-// memo in us since the epoch) is still read as the same expiry.
+// bytes of a compact Redis hash.
 func TestStateMemoIsCompact(t *testing.T) {
 	tiers := []Tier{{Rate: 1000, PerMS: 1000, Burst: 1000}, {Rate: 100000, PerMS: 3_600_000, Burst: 100000}}
 	a := DecideArgs{IdleExpiry: time.Hour, Cost: 7}
-	fresh, old := newEnv(t), newEnv(t)
+	fresh := newEnv(t)
 	fresh.setLimits(tiers...)
-	old.setLimits(tiers...)
 	for i := 0; i < 5; i++ {
 		fresh.at(time.Duration(i) * 123457 * time.Microsecond)
-		old.at(time.Duration(i) * 123457 * time.Microsecond)
 		fresh.decide(a)
-		old.decide(a)
 	}
 	T := fresh.mr.HGet(fresh.k.Bucket, "T")
 	assert.Less(t, len(T), 64, "T of a busy two-tier key: %q", T)
@@ -934,15 +884,6 @@ func TestStateMemoIsCompact(t *testing.T) {
 	assert.LessOrEqual(t, ts+x*1000, expiry, "the memo (T = %q) is not after the key's expiry", T)
 	assert.InDelta(t, expiry, ts+x*1000, 5*1000, "the memo (T = %q) is the key's expiry, within a ms per write", T)
 
-	// The same state written as the earlier layout did: the same decisions.
-	oldT := strings.Replace(T, fmt.Sprintf("%d %d ", ts, x), fmt.Sprintf("%d %d ", ts, ts+x*1000), 1)
-	old.mr.HSet(old.k.Bucket, "T", oldT)
-	for i := 5; i < 12; i++ {
-		fresh.at(time.Duration(i) * 123457 * time.Microsecond)
-		old.at(time.Duration(i) * 123457 * time.Microsecond)
-		assert.Equal(t, fresh.decide(a), old.decide(a), "decision %d after the earlier layout's T %q", i, oldT)
-	}
-	assert.Equal(t, fresh.mr.HGet(fresh.k.Bucket, "T"), old.mr.HGet(old.k.Bucket, "T"), "T once rewritten")
 }
 
 // TestDecide_WindowCountsCallsAdmittedAhead: a paced admission is counted at

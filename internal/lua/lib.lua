@@ -151,10 +151,10 @@ local function parse_limits(s)
           return nil, f, 'want rate/per_ms/burst in whole numbers, got "' .. got .. '"'
         end
         r, p, b = tonumber(r), tonumber(p), tonumber(b)
-        local bad, why = check_count(r, f .. '.Rate', 1, MAX_RATE, '')
+        local bad, why = check_count(r, f .. '.N', 1, MAX_RATE, '')
         if not bad then bad, why = check_count(p, f .. '.Per', 1, MAX_PER_MS, ' ms') end
         if not bad and r / p * 1000 > MAX_RATE_PER_SEC then
-          bad, why = f .. '.Rate', 'above maximum ' .. fmt(MAX_RATE_PER_SEC) .. ' per second'
+          bad, why = f .. '.N', 'above maximum ' .. fmt(MAX_RATE_PER_SEC) .. ' per second'
         end
         if not bad then bad, why = check_count(b, f .. '.Burst', 1, MAX_BURST, '') end
         if bad then return nil, bad, why end
@@ -305,9 +305,9 @@ local function read_T(T)
   local ts, x, q, rest = string.match(T, '^(%d+) (%d+) (%d+)(.*)$')
   if not ts then return nil, 0, 0, {} end
   ts, x = tonumber(ts), tonumber(x)
-  -- The expiry memo is kept in ms after ts (an earlier version wrote it in
-  -- us since the epoch), so that T stays within a compact hash's 64 bytes.
-  if x > 0 and x < 1e13 then x = ts + x * 1000 end
+  -- The expiry memo is kept in ms after ts, so that T stays within a
+  -- compact hash's 64 bytes.
+  if x > 0 then x = ts + x * 1000 end
   return ts, x, tonumber(q), read_pairs(rest, ' (%d+):(%d+)')
 end
 
@@ -430,8 +430,6 @@ local function win_load(raw, t, now, headroom)
       for x, tok in string.gmatch(resv or '', '(%d+):([%d+]+)') do
         x = tonumber(x)
         local c, off = win_item(tok)
-        -- (An instant in microseconds, as an earlier version wrote them.)
-        if x > 1e13 then x = math.floor(x / t.sub) end
         if x >= oldest and c then
           w.r[-x] = (w.r[-x] or 0) + c
           if off and (w.rl[-x] == nil or off > w.rl[-x]) then w.rl[-x] = off end

@@ -112,11 +112,11 @@ func SuspendKey(ctx context.Context, r *Runner, k Keys, d, max time.Duration) (S
 // Resume runs resume.lua: the suspension ends now, and with it the
 // reservation schedule built while it lasted.
 //
-//	KEYS[1] bucket hash  KEYS[2] reservations  KEYS[3] the previous layout's suspend key
+//	KEYS[1] bucket hash  KEYS[2] reservations
 //
 // Reply: the suspension that was left, in microseconds (0: not suspended).
 func Resume(ctx context.Context, r *Runner, k Keys) (time.Duration, error) {
-	v, err := r.Run(ctx, resumeScript, []string{k.Bucket, k.Reservations, k.OldSuspend})
+	v, err := r.Run(ctx, resumeScript, []string{k.Bucket, k.Reservations})
 	if err != nil {
 		return 0, err
 	}
@@ -125,28 +125,6 @@ func Resume(ctx context.Context, r *Runner, k Keys) (time.Duration, error) {
 		return 0, errBadReply("resume", v)
 	}
 	return time.Duration(us) * time.Microsecond, nil
-}
-
-// Migrate runs migrate.lua: what the key holds in the previous storage
-// layout (limits, bucket state, suspension) and the current hash lacks is
-// carried over. Old keys are left for processes of the previous version.
-//
-//	KEYS[1] bucket hash  KEYS[2..4] the previous layout's config, state, suspend
-//	ARGV[1] limits' inactivity expiry, milliseconds
-//	ARGV[2] default limits (to read old state of a key without limits in Redis)
-//
-// Reply: 1 when anything was carried over, else 0.
-func Migrate(ctx context.Context, r *Runner, k Keys, idle time.Duration, defaults []Tier) (bool, error) {
-	v, err := r.Run(ctx, migrateScript, []string{k.Bucket, k.OldConfig, k.OldState, k.OldSuspend},
-		idle.Milliseconds(), FormatTiers(defaults))
-	if err != nil {
-		return false, err
-	}
-	n, ok := v.(int64)
-	if !ok {
-		return false, errBadReply("migrate", v)
-	}
-	return n == 1, nil
 }
 
 // Call identifies an admitted call whose cost is settled by Adjust.

@@ -1,7 +1,6 @@
-package throttle
+package quota
 
 import (
-	"errors"
 	"fmt"
 	"math"
 	"net/http"
@@ -26,15 +25,15 @@ func hdr(kv ...string) http.Header {
 func TestParseQuota(t *testing.T) {
 	now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
 	epoch := func(d time.Duration) string { return fmt.Sprint(now.Add(d).Unix()) }
-	p := func(name string, quota int, window time.Duration) quotaPolicy {
-		return quotaPolicy{Name: name, Quota: quota, Window: window}
+	p := func(name string, quota int, window time.Duration) Policy {
+		return Policy{Name: name, Quota: quota, Window: window}
 	}
 	sec := time.Second
 	type want struct {
 		limited    bool
 		retryAfter time.Duration
 		hasRetry   bool
-		policies   []quotaPolicy
+		policies   []Policy
 		policySrc  string
 		remaining  int
 		reset      time.Duration
@@ -56,24 +55,24 @@ func TestParseQuota(t *testing.T) {
 		{"GitHub 200", 200, hdr(
 			"X-RateLimit-Limit", "5000", "X-RateLimit-Remaining", "4999", "X-RateLimit-Used", "1",
 			"X-RateLimit-Reset", epoch(30*time.Minute), "X-RateLimit-Resource", "core"),
-			want{policies: []quotaPolicy{p("core", 5000, 0)}, policySrc: "X-RateLimit-Limit",
+			want{policies: []Policy{p("core", 5000, 0)}, policySrc: "X-RateLimit-Limit",
 				remaining: 4999, reset: 30 * time.Minute, policy: "core", source: "X-RateLimit-Remaining"}},
 		{"GitHub primary limit: 403 with remaining 0 is no 429", 403, hdr(
 			"x-ratelimit-limit", "60", "x-ratelimit-remaining", "0", "x-ratelimit-used", "60",
 			"x-ratelimit-reset", epoch(42*time.Minute), "x-ratelimit-resource", "core"),
-			want{policies: []quotaPolicy{p("core", 60, 0)}, policySrc: "X-RateLimit-Limit",
+			want{policies: []Policy{p("core", 60, 0)}, policySrc: "X-RateLimit-Limit",
 				remaining: 0, reset: 42 * time.Minute, policy: "core", source: "X-RateLimit-Remaining"}},
 		{"GitHub secondary limit: 429 with retry-after", 429, hdr(
 			"retry-after", "60", "x-ratelimit-limit", "5000", "x-ratelimit-remaining", "4000",
 			"x-ratelimit-reset", epoch(10*time.Minute)),
-			want{limited: true, retryAfter: time.Minute, hasRetry: true, policies: []quotaPolicy{p("", 5000, 0)},
+			want{limited: true, retryAfter: time.Minute, hasRetry: true, policies: []Policy{p("", 5000, 0)},
 				policySrc: "X-RateLimit-Limit", remaining: 4000, reset: 10 * time.Minute, source: "X-RateLimit-Remaining"}},
 		{"X-RateLimit-Used without Remaining", 200, hdr(
 			"X-RateLimit-Limit", "60", "X-RateLimit-Used", "58"),
-			want{policies: []quotaPolicy{p("", 60, 0)}, policySrc: "X-RateLimit-Limit", remaining: 2, source: "X-RateLimit-Used"}},
+			want{policies: []Policy{p("", 60, 0)}, policySrc: "X-RateLimit-Limit", remaining: 2, source: "X-RateLimit-Used"}},
 		{"X-RateLimit-Used above the limit is ignored", 200, hdr(
 			"X-RateLimit-Limit", "60", "X-RateLimit-Used", "61"),
-			want{policies: []quotaPolicy{p("", 60, 0)}, policySrc: "X-RateLimit-Limit", remaining: -1}},
+			want{policies: []Policy{p("", 60, 0)}, policySrc: "X-RateLimit-Limit", remaining: -1}},
 		{"X-RateLimit-Reset in delta seconds", 429, hdr("X-RateLimit-Remaining", "0", "X-RateLimit-Reset", "20"),
 			want{limited: true, remaining: 0, reset: 20 * sec, source: "X-RateLimit-Remaining"}},
 		{"X-RateLimit-Reset in Unix milliseconds", 200, hdr("X-RateLimit-Reset", fmt.Sprint(now.Add(1500*time.Millisecond).UnixMilli())),
@@ -81,97 +80,97 @@ func TestParseQuota(t *testing.T) {
 		{"X-RateLimit-Reset in the past is now", 200, hdr("X-RateLimit-Reset", epoch(-time.Hour)), none},
 		{"Envoy: X-RateLimit-Limit with its policy", 200, hdr(
 			"X-RateLimit-Limit", "10, 10;w=60", "X-RateLimit-Remaining", "5", "X-RateLimit-Reset", "30"),
-			want{policies: []quotaPolicy{p("", 10, 60*sec)}, policySrc: "X-RateLimit-Limit",
+			want{policies: []Policy{p("", 10, 60*sec)}, policySrc: "X-RateLimit-Limit",
 				remaining: 5, reset: 30 * sec, window: 60 * sec, source: "X-RateLimit-Remaining"}},
 
 		// IETF drafts 08+ (the examples of the draft, section 3 and 4).
 		{"IETF one policy", 200, hdr("RateLimit-Policy", `"default";q=100;w=10`, "RateLimit", `"default";r=50;t=30`),
-			want{policies: []quotaPolicy{p("default", 100, 10*sec)}, policySrc: "RateLimit-Policy",
+			want{policies: []Policy{p("default", 100, 10*sec)}, policySrc: "RateLimit-Policy",
 				remaining: 50, reset: 30 * sec, policy: "default", window: 10 * sec, source: "RateLimit", limits: 1}},
 		{"IETF several policies, several limits: the lowest remaining", 200, hdr(
 			"RateLimit-Policy", `"permin";q=50;w=60,"perhr";q=1000;w=3600`,
 			"RateLimit", `"perhr";r=900;t=2000, "permin";r=5;t=10`),
-			want{policies: []quotaPolicy{p("permin", 50, 60*sec), p("perhr", 1000, 3600*sec)}, policySrc: "RateLimit-Policy",
+			want{policies: []Policy{p("permin", 50, 60*sec), p("perhr", 1000, 3600*sec)}, policySrc: "RateLimit-Policy",
 				remaining: 5, reset: 10 * sec, policy: "permin", window: 60 * sec, source: "RateLimit", limits: 2}},
 		{"IETF two limits at 0: the longer wait binds", 429, hdr(
 			"RateLimit-Policy", `"burst";q=100;w=60,"daily";q=1000;w=86400`,
 			"RateLimit", `"burst";r=0;t=20, "daily";r=0;t=5000`),
-			want{limited: true, policies: []quotaPolicy{p("burst", 100, 60*sec), p("daily", 1000, 86400*sec)},
+			want{limited: true, policies: []Policy{p("burst", 100, 60*sec), p("daily", 1000, 86400*sec)},
 				policySrc: "RateLimit-Policy", remaining: 0, reset: 5000 * sec, policy: "daily", window: 86400 * sec, source: "RateLimit", limits: 2}},
 		{"IETF fields split over several lines", 200, hdr(
 			"RateLimit-Policy", `"permin";q=50;w=60`, "RateLimit-Policy", `"perhr";q=1000;w=3600`),
-			want{policies: []quotaPolicy{p("permin", 50, 60*sec), p("perhr", 1000, 3600*sec)}, policySrc: "RateLimit-Policy", remaining: -1}},
+			want{policies: []Policy{p("permin", 50, 60*sec), p("perhr", 1000, 3600*sec)}, policySrc: "RateLimit-Policy", remaining: -1}},
 		{"IETF partition key and comment parameters", 200, hdr(
 			"RateLimit-Policy", `"peruser";q=100;w=60;pk=:cHsdsRa894==:;acme-burst=10`,
 			"RateLimit", `"peruser";r=999;pk=:dHJpYWwxMjEzMjM=:`),
-			want{policies: []quotaPolicy{p("peruser", 100, 60*sec)}, policySrc: "RateLimit-Policy",
+			want{policies: []Policy{p("peruser", 100, 60*sec)}, policySrc: "RateLimit-Policy",
 				remaining: 999, policy: "peruser", window: 60 * sec, source: "RateLimit", limits: 1}},
 		{"IETF content-bytes policies are not calls", 200, hdr(
 			"RateLimit-Policy", `"peruser";q=65535;qu="content-bytes";w=10;pk=:sdfjLJUOUH==:, "calls";q=10;w=1;qu="requests"`,
 			"RateLimit", `"peruser";r=300000000;t=60, "calls";r=7`),
-			want{policies: []quotaPolicy{p("calls", 10, sec)}, policySrc: "RateLimit-Policy",
+			want{policies: []Policy{p("calls", 10, sec)}, policySrc: "RateLimit-Policy",
 				remaining: 7, policy: "calls", window: sec, source: "RateLimit", limits: 1}},
 		{"IETF policy without a window", 200, hdr("RateLimit-Policy", `"trial";q=1000`),
-			want{policies: []quotaPolicy{p("trial", 1000, 0)}, policySrc: "RateLimit-Policy", remaining: -1}},
+			want{policies: []Policy{p("trial", 1000, 0)}, policySrc: "RateLimit-Policy", remaining: -1}},
 		{"IETF limit without a policy", 200, hdr("RateLimit", `"default";r=1;t=7`),
 			want{remaining: 1, reset: 7 * sec, policy: "default", source: "RateLimit", limits: 1}},
 		{"IETF token names, whitespace after ; and around commas", 200, hdr(
 			"RateLimit-Policy", "default; q=100; w=60 ,\t \"x\";q=5;w=1"),
-			want{policies: []quotaPolicy{p("default", 100, 60*sec), p("x", 5, sec)}, policySrc: "RateLimit-Policy", remaining: -1}},
+			want{policies: []Policy{p("default", 100, 60*sec), p("x", 5, sec)}, policySrc: "RateLimit-Policy", remaining: -1}},
 		{"IETF a repeated parameter keeps its last value", 200, hdr("RateLimit-Policy", `"a";q=1;w=60;q=5`),
-			want{policies: []quotaPolicy{p("a", 5, 60*sec)}, policySrc: "RateLimit-Policy", remaining: -1}},
+			want{policies: []Policy{p("a", 5, 60*sec)}, policySrc: "RateLimit-Policy", remaining: -1}},
 		{"IETF other members are skipped, the valid ones kept", 200, hdr(
 			"RateLimit-Policy", `("a" "b");q=1, "c";q=5;w=10, ?1;q=3, @1700000000;q=3, :aGk=:;q=3, %"x%20y";q=3, 1.5;q=3, "d";w=10, "e";q=2;w=1.0`),
-			want{policies: []quotaPolicy{p("c", 5, 10*sec)}, policySrc: "RateLimit-Policy", remaining: -1}},
+			want{policies: []Policy{p("c", 5, 10*sec)}, policySrc: "RateLimit-Policy", remaining: -1}},
 		{"IETF Retry-After and reset are kept apart", 429, hdr("Retry-After", "40", "RateLimit", `"default";r=0;t=30`),
 			want{limited: true, retryAfter: 40 * sec, hasRetry: true, remaining: 0, reset: 30 * sec, policy: "default", source: "RateLimit", limits: 1}},
 
 		// IETF draft 07 (RateLimit a Dictionary) and drafts up to 06.
 		{"draft 07", 200, hdr("RateLimit-Policy", "100;w=10", "RateLimit", "limit=100, remaining=50, reset=5"),
-			want{policies: []quotaPolicy{p("", 100, 10*sec)}, policySrc: "RateLimit-Policy",
+			want{policies: []Policy{p("", 100, 10*sec)}, policySrc: "RateLimit-Policy",
 				remaining: 50, reset: 5 * sec, window: 10 * sec, source: "RateLimit"}},
 		{"draft 07 several policies", 200, hdr(
 			"RateLimit-Policy", "10;w=1, 50;w=60, 1000;w=3600, 5000;w=86400", "RateLimit", "limit=50, remaining=0, reset=48"),
-			want{policies: []quotaPolicy{p("", 10, sec), p("", 50, 60*sec), p("", 1000, 3600*sec), p("", 5000, 86400*sec)},
+			want{policies: []Policy{p("", 10, sec), p("", 50, 60*sec), p("", 1000, 3600*sec), p("", 5000, 86400*sec)},
 				policySrc: "RateLimit-Policy", remaining: 0, reset: 48 * sec, window: 60 * sec, source: "RateLimit"}},
 		{"draft 07 without a policy", 200, hdr("RateLimit", "limit=10, remaining=1, reset=7"),
-			want{policies: []quotaPolicy{p("", 10, 0)}, policySrc: "RateLimit", remaining: 1, reset: 7 * sec, source: "RateLimit"}},
+			want{policies: []Policy{p("", 10, 0)}, policySrc: "RateLimit", remaining: 1, reset: 7 * sec, source: "RateLimit"}},
 		{"draft 06", 200, hdr("RateLimit-Limit", "100", "RateLimit-Remaining", "50", "RateLimit-Reset", "50", "RateLimit-Policy", "100;w=10"),
-			want{policies: []quotaPolicy{p("", 100, 10*sec)}, policySrc: "RateLimit-Policy",
+			want{policies: []Policy{p("", 100, 10*sec)}, policySrc: "RateLimit-Policy",
 				remaining: 50, reset: 50 * sec, window: 10 * sec, source: "RateLimit-Remaining"}},
 		{"draft 06 without a policy", 200, hdr("RateLimit-Limit", "100", "RateLimit-Remaining", "0", "RateLimit-Reset", "50"),
-			want{policies: []quotaPolicy{p("", 100, 0)}, policySrc: "RateLimit-Limit", remaining: 0, reset: 50 * sec, source: "RateLimit-Remaining"}},
+			want{policies: []Policy{p("", 100, 0)}, policySrc: "RateLimit-Limit", remaining: 0, reset: 50 * sec, source: "RateLimit-Remaining"}},
 		{"first drafts: policies in RateLimit-Limit", 200, hdr("RateLimit-Limit", "10, 10;window=1, 50;window=60", "RateLimit-Remaining", "3"),
-			want{policies: []quotaPolicy{p("", 10, sec), p("", 50, 60*sec)}, policySrc: "RateLimit-Limit",
+			want{policies: []Policy{p("", 10, sec), p("", 50, 60*sec)}, policySrc: "RateLimit-Limit",
 				remaining: 3, window: sec, source: "RateLimit-Remaining"}},
 
 		// Twitter/X and Shopify.
 		{"Twitter/X", 200, hdr("x-rate-limit-limit", "900", "x-rate-limit-remaining", "899", "x-rate-limit-reset", epoch(15*time.Minute)),
-			want{policies: []quotaPolicy{p("", 900, 0)}, policySrc: "X-Rate-Limit-Limit",
+			want{policies: []Policy{p("", 900, 0)}, policySrc: "X-Rate-Limit-Limit",
 				remaining: 899, reset: 15 * time.Minute, source: "X-Rate-Limit-Remaining"}},
 		{"Shopify", 200, hdr("X-Shopify-Shop-Api-Call-Limit", "32/40"),
-			want{policies: []quotaPolicy{p("", 40, 0)}, policySrc: "X-Shopify-Shop-Api-Call-Limit",
+			want{policies: []Policy{p("", 40, 0)}, policySrc: "X-Shopify-Shop-Api-Call-Limit",
 				remaining: 8, source: "X-Shopify-Shop-Api-Call-Limit"}},
 		{"Shopify 429", 429, hdr("X-Shopify-Shop-Api-Call-Limit", "40/40", "Retry-After", "2.0"),
-			want{limited: true, retryAfter: 2 * sec, hasRetry: true, policies: []quotaPolicy{p("", 40, 0)},
+			want{limited: true, retryAfter: 2 * sec, hasRetry: true, policies: []Policy{p("", 40, 0)},
 				policySrc: "X-Shopify-Shop-Api-Call-Limit", remaining: 0, source: "X-Shopify-Shop-Api-Call-Limit"}},
 
 		// Precedence.
 		{"IETF over X-", 200, hdr(
 			"RateLimit-Policy", `"default";q=100;w=60`, "RateLimit", `"default";r=10;t=30`,
 			"X-RateLimit-Limit", "5000", "X-RateLimit-Remaining", "4000", "X-RateLimit-Reset", "600"),
-			want{policies: []quotaPolicy{p("default", 100, 60*sec)}, policySrc: "RateLimit-Policy",
+			want{policies: []Policy{p("default", 100, 60*sec)}, policySrc: "RateLimit-Policy",
 				remaining: 10, reset: 30 * sec, policy: "default", window: 60 * sec, source: "RateLimit", limits: 1}},
 		{"each from the first family that says it", 200, hdr(
 			"RateLimit-Policy", `"default";q=100;w=60`, "X-RateLimit-Limit", "100", "X-RateLimit-Remaining", "40", "X-RateLimit-Reset", "12"),
-			want{policies: []quotaPolicy{p("default", 100, 60*sec)}, policySrc: "RateLimit-Policy",
+			want{policies: []Policy{p("default", 100, 60*sec)}, policySrc: "RateLimit-Policy",
 				remaining: 40, reset: 12 * sec, window: 60 * sec, source: "X-RateLimit-Remaining"}},
 		{"draft headers over X-", 200, hdr("RateLimit-Remaining", "1", "RateLimit-Reset", "0", "X-RateLimit-Remaining", "9", "X-RateLimit-Reset", "60"),
 			want{remaining: 1, source: "RateLimit-Remaining"}},
 		{"X-RateLimit over X-Rate-Limit over Shopify", 200, hdr(
 			"X-Rate-Limit-Limit", "900", "X-Rate-Limit-Remaining", "1", "X-RateLimit-Limit", "60", "X-RateLimit-Remaining", "2",
 			"X-Shopify-Shop-Api-Call-Limit", "39/40"),
-			want{policies: []quotaPolicy{p("", 60, 0)}, policySrc: "X-RateLimit-Limit", remaining: 2, source: "X-RateLimit-Remaining"}},
+			want{policies: []Policy{p("", 60, 0)}, policySrc: "X-RateLimit-Limit", remaining: 2, source: "X-RateLimit-Remaining"}},
 		{"a malformed IETF field falls back to X-", 200, hdr("RateLimit", `"default";r=50;t=30,`, "X-RateLimit-Remaining", "3"),
 			want{remaining: 3, source: "X-RateLimit-Remaining"}},
 
@@ -186,7 +185,7 @@ func TestParseQuota(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got := parseQuota(tt.status, tt.h, now)
+			got := Parse(tt.status, tt.h, now)
 			w := tt.want
 			assert.Equal(t, w.limited, got.RateLimited, "RateLimited")
 			assert.Equal(t, w.retryAfter, got.RetryAfter, "RetryAfter")
@@ -250,8 +249,8 @@ func TestParseQuotaIgnoresAbsurdValues(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got := parseQuota(200, tt.h, now)
-			assert.Equal(t, quotaInfo{Remaining: -1}, got, "parseQuota(200, %.200v)", tt.h)
+			got := Parse(200, tt.h, now)
+			assert.Equal(t, Info{Remaining: -1}, got, "Parse(200, %.200v)", tt.h)
 		})
 	}
 }
@@ -262,10 +261,10 @@ func TestParseQuotaKeepsAtMostMaxPolicies(t *testing.T) {
 		items = append(items, fmt.Sprintf(`"p%d";q=%d;w=%d`, i, i+1, i+1))
 		limits = append(limits, fmt.Sprintf(`"p%d";r=%d`, i, i))
 	}
-	got := parseQuota(200, hdr("RateLimit-Policy", strings.Join(items, ","), "RateLimit", strings.Join(limits, ",")), time.Now())
+	got := Parse(200, hdr("RateLimit-Policy", strings.Join(items, ","), "RateLimit", strings.Join(limits, ",")), time.Now())
 	require.Len(t, got.Policies, maxPolicies)
 	require.Len(t, got.Limits, maxPolicies)
-	assert.Equal(t, quotaPolicy{Name: "p15", Quota: 16, Window: 16 * time.Second}, got.Policies[15])
+	assert.Equal(t, Policy{Name: "p15", Quota: 16, Window: 16 * time.Second}, got.Policies[15])
 	assert.Equal(t, 0, got.Remaining)
 }
 
@@ -343,9 +342,9 @@ func TestParseSFDictionary(t *testing.T) {
 	}
 }
 
-// TestFromResponseUsesParseQuota: FromResponse limits exactly what
-// parseQuota calls rate limited, and waits its Retry-After else its reset.
-func TestFromResponseUsesParseQuota(t *testing.T) {
+// Wait is Retry-After when the response has one, else the reset it states
+// (the IETF RateLimit's t is a fallback for Retry-After).
+func TestWaitIsRetryAfterElseReset(t *testing.T) {
 	now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
 	for _, status := range []int{200, 403, 429, 500, 503} {
 		for _, h := range []http.Header{
@@ -356,27 +355,19 @@ func TestFromResponseUsesParseQuota(t *testing.T) {
 			hdr("Retry-After", "0", "RateLimit-Reset", "50"),
 			hdr("X-Rate-Limit-Reset", fmt.Sprint(now.Add(time.Minute).Unix())),
 		} {
-			q := parseQuota(status, h, now)
-			err := fromResponse(&http.Response{StatusCode: status, Header: h}, now)
-			if !q.RateLimited {
-				assert.NoError(t, err, "%d %v", status, h)
-				continue
-			}
-			var rl *RateLimitedError
-			require.True(t, errors.As(err, &rl), "%d %v: %v", status, h, err)
+			q := Parse(status, h, now)
 			want := q.Reset
 			if q.HasRetryAfter {
 				want = q.RetryAfter
 			}
-			assert.Equal(t, want, rl.RetryAfter, "%d %v", status, h)
+			assert.Equal(t, want, q.Wait(), "%d %v", status, h)
 		}
 	}
-	rl := fromResponse(&http.Response{StatusCode: 429, Header: hdr("RateLimit", `"d";r=0;t=30`)}, now).(*RateLimitedError)
-	assert.Equal(t, 30*time.Second, rl.RetryAfter, "the IETF reset is a fallback for Retry-After")
+	assert.Equal(t, 30*time.Second, Parse(429, hdr("RateLimit", `"d";r=0;t=30`), now).Wait())
 }
 
-// checkQuotaInfo asserts every documented range of a parseQuota result.
-func checkQuotaInfo(t testing.TB, status int, q quotaInfo) {
+// checkQuotaInfo asserts every documented range of a Parse result.
+func checkQuotaInfo(t testing.TB, status int, q Info) {
 	t.Helper()
 	inDelay := func(d time.Duration) bool { return d >= 0 && d <= maxQuotaDelay }
 	if q.RateLimited != (status == 429 || (status == 503 && q.HasRetryAfter)) {
@@ -434,7 +425,7 @@ func checkQuotaInfo(t testing.TB, status int, q quotaInfo) {
 
 // FuzzParseQuota: no input panics, and every result is within its
 // documented range. The corpus is in testdata/fuzz/FuzzParseQuota; run it
-// with go test -run '^$' -fuzz '^FuzzParseQuota$' -fuzztime 30s ./throttle/
+// with go test -run '^$' -fuzz '^FuzzParseQuota$' -fuzztime 30s ./internal/quota/
 func FuzzParseQuota(f *testing.F) {
 	f.Add(429, int64(1796040000), "60", `"permin";q=50;w=60,"perhr";q=1000;w=3600`, `"permin";r=0;t=10`,
 		"", "", "", "5000", "4999", "1796041800", "1", "core", "", "", "", "32/40")
@@ -460,11 +451,10 @@ func FuzzParseQuota(f *testing.F) {
 			}
 		}
 		now := time.Unix(nowUnix%(1<<40), 0)
-		q := parseQuota(status, h, now)
+		q := Parse(status, h, now)
 		checkQuotaInfo(t, status, q)
-		err := fromResponse(&http.Response{StatusCode: status, Header: h}, now)
-		if q.RateLimited != (err != nil) {
-			t.Errorf("fromResponse = %v, parseQuota RateLimited %v", err, q.RateLimited)
+		if w := q.Wait(); w < 0 || w > maxQuotaDelay {
+			t.Errorf("Wait() = %v", w)
 		}
 	})
 }

@@ -3,11 +3,10 @@
 -- slots all lie after the old end, and fresh callers would wait behind them
 -- (so are the windows' reserved slots). Tasks that held one come back when
 -- they were told to and are decided anew.
-local key, resv_key, old_suspend = KEYS[1], KEYS[2], KEYS[3]
+local key, resv_key = KEYS[1], KEYS[2]
 local now = now_us()
 local h = redis.call('HMGET', key, 's', 'T')
 local until_ = finite(h[1])
-redis.call('DEL', old_suspend)
 if until_ == nil or until_ <= now then
   redis.call('HDEL', key, 's')
   return '0'

@@ -1,4 +1,7 @@
-package throttle
+// Package quota reads what a provider's HTTP response says about its quota
+// (Retry-After, the IETF RateLimit fields and their drafts, the X-RateLimit
+// families, Shopify's call limit), for throttle.Observe.
+package quota
 
 import (
 	"math"
@@ -35,8 +38,7 @@ import (
 // taken from the first family above that states a valid one; families are
 // never merged (they describe the same quota in different words). Retry-After
 // is kept apart in RetryAfter: per the draft it takes precedence over any
-// reset, which consumers apply (FromResponse waits RetryAfter when the
-// response has one, else Reset).
+// reset, which consumers apply (Info.Wait).
 //
 // A reset, in any family, is delta seconds below unixThreshold (1e9), Unix
 // seconds from there (GitHub, Twitter), Unix milliseconds from
@@ -47,7 +49,7 @@ const (
 	// maxQuota is the largest quota or remaining count believed.
 	maxQuota = 1_000_000_000
 	// maxQuotaDelay is the longest window, reset or Retry-After believed.
-	maxQuotaDelay = MaxPer
+	maxQuotaDelay = 30 * 24 * time.Hour // as the longest period of a limit
 	// maxFieldLen is the longest field value read (all lines of a field
 	// together); a longer field is ignored.
 	maxFieldLen = 4096
@@ -65,8 +67,8 @@ const (
 	unixMilliThreshold = 1_000_000_000_000
 )
 
-// quotaInfo is what one response says about the provider's quota.
-type quotaInfo struct {
+// Info is what one response says about the provider's quota.
+type Info struct {
 	// RateLimited: the response is a 429, or a 503 with a valid Retry-After.
 	RateLimited bool
 	// RetryAfter is read from Retry-After (delay-seconds or an HTTP-date; a
@@ -75,7 +77,7 @@ type quotaInfo struct {
 	// HasRetryAfter tells a valid Retry-After of 0 from none.
 	HasRetryAfter bool
 	// Policies are the published quotas, from one family (see above).
-	Policies []quotaPolicy
+	Policies []Policy
 	// PolicySource is the header Policies come from ("" when none).
 	PolicySource string
 	// Remaining is how many calls are left in the current window, -1 when
@@ -94,11 +96,21 @@ type quotaInfo struct {
 	Source string
 	// Limits are the IETF RateLimit service limits, one per policy the
 	// response reports on (empty for the other families).
-	Limits []serviceLimit
+	Limits []ServiceLimit
 }
 
-// quotaPolicy is one published quota: Quota calls per Window.
-type quotaPolicy struct {
+// Wait is how long the response asks to wait before calling again: its
+// Retry-After when it has one (the draft gives it precedence), else the
+// reset it states (0: none said).
+func (q Info) Wait() time.Duration {
+	if q.HasRetryAfter {
+		return q.RetryAfter
+	}
+	return q.Reset
+}
+
+// Policy is one published quota: Quota calls per Window.
+type Policy struct {
 	// Name is the IETF policy name, or GitHub's X-RateLimit-Resource; ""
 	// when not named.
 	Name string
@@ -109,8 +121,8 @@ type quotaPolicy struct {
 	Window time.Duration
 }
 
-// serviceLimit is one IETF RateLimit item: what is left of one policy.
-type serviceLimit struct {
+// ServiceLimit is one IETF RateLimit item: what is left of one policy.
+type ServiceLimit struct {
 	Name      string
 	Remaining int           // 0 to maxQuota
 	Reset     time.Duration // 0 when not said
@@ -118,10 +130,10 @@ type serviceLimit struct {
 	Window    time.Duration // the named policy's window, 0 when not published
 }
 
-// parseQuota reads everything a response with this status and header says
+// Parse reads everything a response with this status and header says
 // about the provider's quota, at now (for HTTP-dates and Unix times).
-func parseQuota(status int, h http.Header, now time.Time) quotaInfo {
-	q := quotaInfo{Remaining: -1}
+func Parse(status int, h http.Header, now time.Time) Info {
+	q := Info{Remaining: -1}
 	q.RetryAfter, q.HasRetryAfter = parseRetryAfter(field(h, "Retry-After"), now)
 	q.RateLimited = status == http.StatusTooManyRequests ||
 		(status == http.StatusServiceUnavailable && q.HasRetryAfter)
@@ -158,7 +170,7 @@ func parseQuota(status int, h http.Header, now time.Time) quotaInfo {
 
 // quotaFamily is what one family of headers says.
 type quotaFamily struct {
-	policies     []quotaPolicy
+	policies     []Policy
 	policySource string
 
 	hasRemaining bool
@@ -167,7 +179,7 @@ type quotaFamily struct {
 	window       time.Duration // its window, when the family says
 	limit        int           // its quota, when the family says (0: not)
 	source       string
-	limits       []serviceLimit
+	limits       []ServiceLimit
 
 	hasReset bool
 	reset    time.Duration
@@ -206,7 +218,7 @@ func ietfFamily(h http.Header) quotaFamily {
 	}
 	limit, hasLimit := sfCount(dict["limit"], 1)
 	if hasLimit && len(f.policies) == 0 {
-		f.policies, f.policySource = []quotaPolicy{{Quota: limit}}, "RateLimit"
+		f.policies, f.policySource = []Policy{{Quota: limit}}, "RateLimit"
 	}
 	if r, ok := sfCount(dict["remaining"], 0); ok {
 		f.hasRemaining, f.remaining, f.limit, f.source = true, r, limit, "RateLimit"
@@ -225,7 +237,7 @@ func draftFamily(h http.Header, now time.Time) quotaFamily {
 		limit, hasLimit = sfCount(members[0].sfValue, 1)
 		f.policies = policiesOf(members, false)
 		if len(f.policies) == 0 && hasLimit {
-			f.policies = []quotaPolicy{{Quota: limit}}
+			f.policies = []Policy{{Quota: limit}}
 		}
 		if len(f.policies) > 0 {
 			f.policySource = "RateLimit-Limit"
@@ -251,7 +263,7 @@ func xFamily(h http.Header, now time.Time, prefix string) quotaFamily {
 		limit, hasLimit = sfCount(members[0].sfValue, 1)
 		f.policies = policiesOf(members, false)
 		if len(f.policies) == 0 && hasLimit {
-			f.policies = []quotaPolicy{{Name: name, Quota: limit}}
+			f.policies = []Policy{{Name: name, Quota: limit}}
 		}
 		if len(f.policies) > 0 {
 			f.policySource = prefix + "Limit"
@@ -283,7 +295,7 @@ func shopifyFamily(h http.Header) quotaFamily {
 	if !ok1 || !ok2 || size < 1 || used > size {
 		return f
 	}
-	f.policies, f.policySource = []quotaPolicy{{Quota: size}}, "X-Shopify-Shop-Api-Call-Limit"
+	f.policies, f.policySource = []Policy{{Quota: size}}, "X-Shopify-Shop-Api-Call-Limit"
 	f.hasRemaining, f.remaining, f.source = true, size-used, "X-Shopify-Shop-Api-Call-Limit"
 	return f
 }
@@ -293,13 +305,13 @@ func shopifyFamily(h http.Header) quotaFamily {
 // draft 07: an Integer quota with w). Otherwise only Integer members with a
 // window (w, or window in the first drafts) are policies: a bare Integer is
 // the current limit, not a policy.
-func policiesOf(members []sfMember, named bool) []quotaPolicy {
-	var out []quotaPolicy
+func policiesOf(members []sfMember, named bool) []Policy {
+	var out []Policy
 	for _, m := range members {
 		if len(out) == maxPolicies {
 			break
 		}
-		var p quotaPolicy
+		var p Policy
 		switch {
 		case m.inner:
 			continue
@@ -367,8 +379,8 @@ func otherUnits(members []sfMember) map[string]bool {
 
 // serviceLimits reads IETF RateLimit items ("name";r=50;t=30), but those of
 // a policy whose quota is not in requests.
-func serviceLimits(members []sfMember, policies []quotaPolicy, skip map[string]bool) []serviceLimit {
-	var out []serviceLimit
+func serviceLimits(members []sfMember, policies []Policy, skip map[string]bool) []ServiceLimit {
+	var out []ServiceLimit
 	for _, m := range members {
 		if len(out) == maxPolicies {
 			break
@@ -380,7 +392,7 @@ func serviceLimits(members []sfMember, policies []quotaPolicy, skip map[string]b
 		if !ok {
 			continue
 		}
-		l := serviceLimit{Name: m.str}
+		l := ServiceLimit{Name: m.str}
 		if l.Remaining, ok = sfCount(r, 0); !ok {
 			continue
 		}
@@ -402,7 +414,7 @@ func serviceLimits(members []sfMember, policies []quotaPolicy, skip map[string]b
 
 // windowOfQuota is the window of the one policy whose quota is limit, 0 when
 // none or several.
-func windowOfQuota(policies []quotaPolicy, limit int) time.Duration {
+func windowOfQuota(policies []Policy, limit int) time.Duration {
 	var w time.Duration
 	n := 0
 	for _, p := range policies {

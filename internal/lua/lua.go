@@ -44,8 +44,6 @@ var (
 	resumeSrc string
 	//go:embed inspect.lua
 	inspectSrc string
-	//go:embed migrate.lua
-	migrateSrc string
 	//go:embed adjust.lua
 	adjustSrc string
 	//go:embed release.lua
@@ -68,7 +66,7 @@ type Script struct {
 // processes of different versions (a rolling upgrade) each call their own.
 var version = func() string {
 	h := sha1.New()
-	for _, s := range []string{libSrc, decideSrc, setLimitsSrc, suspendSrc, resumeSrc, inspectSrc, migrateSrc, adjustSrc, releaseSrc, extendSrc, observeSrc} {
+	for _, s := range []string{libSrc, decideSrc, setLimitsSrc, suspendSrc, resumeSrc, inspectSrc, adjustSrc, releaseSrc, extendSrc, observeSrc} {
 		h.Write([]byte(s))
 		h.Write([]byte{0})
 	}
@@ -90,12 +88,11 @@ var (
 	suspendScript   = newScript("suspend", suspendSrc)
 	resumeScript    = newScript("resume", resumeSrc)
 	inspectScript   = newScript("inspect", inspectSrc)
-	migrateScript   = newScript("migrate", migrateSrc)
 	adjustScript    = newScript("adjust", adjustSrc)
 	releaseScript   = newScript("release", releaseSrc)
 	extendScript    = newScript("extend", extendSrc)
 	observeScript   = newScript("observe", observeSrc)
-	allScripts      = []*Script{decideScript, setLimitsScript, suspendScript, resumeScript, inspectScript, migrateScript,
+	allScripts      = []*Script{decideScript, setLimitsScript, suspendScript, resumeScript, inspectScript,
 		adjustScript, releaseScript, extendScript, observeScript}
 )
 
@@ -285,9 +282,6 @@ type Keys struct {
 	Reservations string // sorted set: task ID scored by its slot (us)
 	Slots        string // sorted set: slots in flight scored by when their lease ends (us)
 
-	// The keys of the previous layout, read once by Migrate and deleted by
-	// Delete.
-	OldConfig, OldState, OldSuspend, OldReservations string
 }
 
 // Tier kinds.

@@ -1,0 +1,169 @@
+// Package keyspace names what the library writes outside its scripts: the
+// Redis keys of a limiter key, the task headers, and the rules of a key's
+// name. The throttle package, the CLI and the dashboard all derive names
+// here, and nowhere else.
+package keyspace
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/hibiken/asynq"
+
+	"github.com/asynq-throttle/asynq-throttle/internal/lua"
+)
+
+// DefaultPrefix starts every Redis key a Limiter writes, unless WithPrefix.
+const DefaultPrefix = "throttle"
+
+// MaxKeyLen is the longest key name, in bytes.
+const MaxKeyLen = 128
+
+// Task headers the middleware reads and writes.
+const (
+	// Key carries the limiter key of a task (throttle.Key through NewTask).
+	Key = "throttle-key"
+	// Cost carries what a task takes from every tier (throttle.Cost); 1
+	// when absent.
+	Cost = "throttle-cost"
+	// Origin carries the ID of the task a deferred copy was made from, so
+	// the copy keeps the original's reservation.
+	Origin = "throttle-origin"
+	// Deferrals counts how many times a task was deferred by copy.
+	Deferrals = "throttle-deferrals"
+	// CopyOf carries the ID of the task a deferred copy replaces (Origin
+	// names the first of a chain).
+	CopyOf = "throttle-copy-of"
+	// DeferredKey and DeferredReason say which key deferred a copy, and why
+	// ("suspended", "tier", ...).
+	DeferredKey    = "throttle-deferred-key"
+	DeferredReason = "throttle-deferred-reason"
+	// Retried counts the retries the tasks before a copy spent: a copy's
+	// MaxRetry is what is left of the original's.
+	Retried = "throttle-retried"
+)
+
+// ErrInvalidKey is returned for a key name that Validate refuses.
+var ErrInvalidKey = errors.New("throttle: invalid key")
+
+// Validate reports whether name can be used as a limiter key: non-empty, at
+// most MaxKeyLen bytes of valid UTF-8, printable, without '{' or '}' (which
+// would break the Redis Cluster hash tag). The error wraps ErrInvalidKey.
+func Validate(name string) error {
+	bad := func(why string) error { return fmt.Errorf("%w: %s: %s", ErrInvalidKey, Quote(name), why) }
+	switch {
+	case name == "":
+		return bad("must not be empty")
+	case len(name) > MaxKeyLen:
+		return bad(fmt.Sprintf("is %d bytes, at most %d", len(name), MaxKeyLen))
+	case !utf8.ValidString(name):
+		return bad("is not valid UTF-8")
+	}
+	for _, r := range name {
+		if r == '{' || r == '}' {
+			return bad("must not contain '{' or '}'")
+		}
+		if !unicode.IsPrint(r) {
+			return bad(fmt.Sprintf("contains the unprintable character %U", r))
+		}
+	}
+	return nil
+}
+
+// Quote quotes a key name for an error: at most 64 bytes of it, and its
+// length when it is longer (a hostile name must not make a megabyte error).
+func Quote(name string) string {
+	const show = 64
+	if len(name) <= show {
+		return fmt.Sprintf("%q", name)
+	}
+	return fmt.Sprintf("%q... (%d bytes)", name[:show], len(name))
+}
+
+// RedisKeys derives every Redis key of one limiter key; all share the hash
+// tag {name}, so a Redis Cluster keeps them in one slot.
+func RedisKeys(prefix, name string) (lua.Keys, error) {
+	if err := Validate(name); err != nil {
+		return lua.Keys{}, err
+	}
+	base := prefix + ":{" + name + "}:"
+	return lua.Keys{Bucket: base + "b", Reservations: base + "r", Slots: base + "f"}, nil
+}
+
+// All lists every Redis key of one limiter key. It names every field of
+// lua.Keys (TestAllCoversTheLayout checks).
+func All(k lua.Keys) []string {
+	return append(Deletable(k), k.Slots)
+}
+
+// Deletable lists what Limiter.Delete removes: every Redis key of one
+// limiter key but its slots in flight, which running handlers hold.
+func Deletable(k lua.Keys) []string {
+	return []string{k.Bucket, k.Reservations}
+}
+
+// ScanPattern is the SCAN MATCH pattern of every Redis key RedisKeys can
+// derive under prefix: "prefix:{*}:*", with glob characters of the prefix
+// escaped.
+func ScanPattern(prefix string) string {
+	var b strings.Builder
+	for i := 0; i < len(prefix); i++ { // bytes: a prefix need not be UTF-8
+		switch c := prefix[i]; c {
+		case '*', '?', '[', ']', '\\', '^':
+			b.WriteByte('\\')
+		}
+		b.WriteByte(prefix[i])
+	}
+	b.WriteString(":{*}:*")
+	return b.String()
+}
+
+// NameOf returns the limiter key a Redis key belongs to under prefix (the
+// inverse of RedisKeys), or false when it is none of them.
+func NameOf(prefix, redisKey string) (string, bool) {
+	rest, ok := strings.CutPrefix(redisKey, prefix+":{")
+	if !ok {
+		return "", false
+	}
+	name, suffix, ok := strings.Cut(rest, "}")
+	if !ok || !strings.HasPrefix(suffix, ":") || Validate(name) != nil {
+		return "", false
+	}
+	return name, true
+}
+
+// KeyOfTask picks the key of a task: its Key header, else fn's key (when
+// fn is not nil), else the type up to its first ':' ("slack:sync" is
+// throttled as "slack"). An invalid key in the header, or from fn, is an
+// error wrapping ErrInvalidKey (the enqueuer's bug), returned with that
+// key; a type prefix that is not a valid key gives "" and invalidPrefix
+// true (the task runs unthrottled).
+func KeyOfTask(t *asynq.Task, fn func(*asynq.Task) string) (key string, invalidPrefix bool, err error) {
+	if k, ok := t.Headers()[Key]; ok {
+		if err := Validate(k); err != nil {
+			return k, false, fmt.Errorf("throttle: task type %q: header %s: %w", t.Type(), Key, err)
+		}
+		return k, false, nil
+	}
+	if fn != nil {
+		k := fn(t)
+		if k == "" {
+			return "", false, nil
+		}
+		if err := Validate(k); err != nil {
+			return k, false, fmt.Errorf("throttle: task type %q: the key WithKeyFunc gave: %w", t.Type(), err)
+		}
+		return k, false, nil
+	}
+	i := strings.IndexByte(t.Type(), ':')
+	if i <= 0 {
+		return "", false, nil
+	}
+	if Validate(t.Type()[:i]) != nil {
+		return "", true, nil
+	}
+	return t.Type()[:i], false, nil
+}

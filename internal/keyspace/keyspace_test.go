@@ -1,0 +1,88 @@
+package keyspace
+
+import (
+	"reflect"
+	"testing"
+
+	"github.com/hibiken/asynq"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/asynq-throttle/asynq-throttle/internal/lua"
+)
+
+// All lists every Redis key: a field added to lua.Keys must be listed there.
+func TestAllCoversTheLayout(t *testing.T) {
+	k, err := RedisKeys("p", "slack")
+	require.NoError(t, err)
+	var want []string
+	v := reflect.ValueOf(k)
+	for i := range v.NumField() {
+		want = append(want, v.Field(i).String())
+	}
+	assert.ElementsMatch(t, want, All(k))
+	assert.Equal(t, reflect.TypeOf(lua.Keys{}).NumField(), len(All(k)))
+}
+
+// Every Redis key RedisKeys derives parses back to its name, and nothing
+// else under the prefix does.
+func TestNameOfParsesRedisKeysBack(t *testing.T) {
+	for _, prefix := range []string{"throttle", "a:b", "x*?[y]\\"} {
+		k, err := RedisKeys(prefix, "slack api")
+		require.NoError(t, err)
+		for _, rk := range All(k) {
+			name, ok := NameOf(prefix, rk)
+			assert.True(t, ok, rk)
+			assert.Equal(t, "slack api", name, rk)
+		}
+	}
+	for _, tc := range []struct{ prefix, key string }{
+		{"throttle", "throttle2:{slack}:cfg"},
+		{"throttle", "throttle:{slack}"},
+		{"throttle", "throttle:{}:cfg"},
+		{"throttle", "throttle:slack:cfg"},
+		{"throttle", "asynq:{default}:pending"},
+		{"a", "a:b:{slack}:cfg"},
+	} {
+		_, ok := NameOf(tc.prefix, tc.key)
+		assert.False(t, ok, "%q under prefix %q", tc.key, tc.prefix)
+	}
+}
+
+func TestScanPatternEscapesGlobCharacters(t *testing.T) {
+	assert.Equal(t, "throttle:{*}:*", ScanPattern("throttle"))
+	assert.Equal(t, `x\*\?\[y\]\\:{*}:*`, ScanPattern(`x*?[y]\`))
+}
+
+// A task's key is its Key header, else the key function's, else its type's
+// prefix; an invalid header or function key is an error, an invalid prefix
+// runs the task unthrottled.
+func TestKeyOfTaskPicksHeaderThenFunctionThenPrefix(t *testing.T) {
+	byPayload := func(t *asynq.Task) string { return "tenant-" + string(t.Payload()) }
+	for _, tc := range []struct {
+		name           string
+		task           *asynq.Task
+		fn             func(*asynq.Task) string
+		want           string
+		err, badPrefix bool
+	}{
+		{"header", asynq.NewTaskWithHeaders("slack:sync", nil, map[string]string{Key: "crm"}), byPayload, "crm", false, false},
+		{"type prefix", asynq.NewTask("slack:sync", nil), nil, "slack", false, false},
+		{"nested type prefix", asynq.NewTask("crm:hubspot:contacts", nil), nil, "crm", false, false},
+		{"no prefix", asynq.NewTask("cleanup", nil), nil, "", false, false},
+		{"key function", asynq.NewTask("slack:sync", []byte("7")), byPayload, "tenant-7", false, false},
+		{"key function says unthrottled", asynq.NewTask("slack:sync", nil), func(*asynq.Task) string { return "" }, "", false, false},
+		{"bad header", asynq.NewTaskWithHeaders("slack:sync", nil, map[string]string{Key: "a{b}"}), nil, "a{b}", true, false},
+		{"bad key function", asynq.NewTask("slack:sync", nil), func(*asynq.Task) string { return "a{b}" }, "a{b}", true, false},
+		{"bad prefix", asynq.NewTask("a{b}:sync", nil), nil, "", false, true},
+	} {
+		got, badPrefix, err := KeyOfTask(tc.task, tc.fn)
+		assert.Equal(t, tc.want, got, tc.name)
+		assert.Equal(t, tc.badPrefix, badPrefix, tc.name)
+		if tc.err {
+			assert.ErrorIs(t, err, ErrInvalidKey, tc.name)
+		} else {
+			assert.NoError(t, err, tc.name)
+		}
+	}
+}

@@ -1,0 +1,138 @@
+package throttle
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/asynq-throttle/asynq-throttle/internal/lua"
+)
+
+// Reason says why a decision refused a call; the zero value is that of an
+// allowed one.
+type Reason int
+
+const (
+	// RefusedByTier: the limit at Decision.Tier has no room for the call.
+	RefusedByTier Reason = iota + 1
+	// RefusedBySuspension: the key is suspended fleet-wide.
+	RefusedBySuspension
+	// RefusedByQueue: what the limits hold is promised to tasks that
+	// reserved a run time earlier (the middleware's); this call waits
+	// behind them.
+	RefusedByQueue
+	// RefusedReserved: the task holds a reservation that is not due yet
+	// (the middleware's).
+	RefusedReserved
+	// RefusedBySlots: every slot of the key's InFlight limit is held; the
+	// retry-after is when one is expected to free.
+	RefusedBySlots
+)
+
+// String names the reason for logs.
+func (r Reason) String() string {
+	switch r {
+	case 0:
+		return "allowed"
+	case RefusedByTier:
+		return "tier"
+	case RefusedBySuspension:
+		return "suspended"
+	case RefusedByQueue:
+		return "queued"
+	case RefusedReserved:
+		return "reserved"
+	case RefusedBySlots:
+		return "in flight"
+	}
+	return fmt.Sprintf("Reason(%d)", int(r))
+}
+
+// Decision is the outcome of Take or TakeN.
+type Decision struct {
+	// Allowed reports whether every tier admitted the call: its cost was
+	// taken from all of them (and, with an InFlight limit, a slot).
+	Allowed bool
+	// RetryAfter is, when refused, how long until the call would be
+	// admitted (for RefusedBySlots, when a slot is expected to free).
+	RetryAfter time.Duration
+	// Remaining is, when allowed, how many calls the tightest tier still
+	// admits now.
+	Remaining int
+	// Reason says what refused the call (the zero value when allowed).
+	Reason Reason
+	// Tier is the 1-based position, in the key's limits, of the limit that
+	// refused when Reason is RefusedByTier.
+	Tier int
+	// Slot is, when allowed on a key with an InFlight limit, the slot in
+	// flight the call holds: give it back with Release when the call is
+	// done. It expires after WithSlotExpiry unless given back.
+	Slot string
+
+	// The middleware's: what the script said beyond a direct caller's.
+	reserved   bool          // a run time was reserved for the caller's ID
+	reservedAt time.Time     // that time (Redis clock)
+	lease      int           // tokens taken besides for the process (WithLease)
+	wait       time.Duration // admitted at a paced instant this far ahead
+	gen        int64         // the limits' generation, for leases and refunds
+	at         time.Time     // when allowed: the instant admitted at (Redis clock), for refunds
+	booked     bool          // a booking refused: the ID holds a reservation already
+}
+
+// Take takes one call's worth from every tier of key's limits, or nothing.
+// When refused, Decision.RetryAfter says when the call would be admitted.
+// Take keeps the exact bucket: PerSecond(10) admits 10 at once (the
+// middleware keeps room for dispatch jitter, see WithHeadroom).
+//
+// It returns ErrNoLimits when key has no limits (see WithDefaultLimits), a
+// *ConfigError when the limits in Redis are invalid, ErrInvalidKey for a bad
+// key name, and the Redis error (naming the cause) when Redis cannot decide.
+func (l *Limiter) Take(ctx context.Context, key string) (Decision, error) {
+	return l.TakeN(ctx, key, 1)
+}
+
+// TakeN is Take for a call that costs n of every tier (a GraphQL query's
+// points, say): all n from every tier, or nothing. A cost above a tier's
+// burst (or a window's N) can never be admitted: TakeN returns
+// ErrCostTooHigh.
+func (l *Limiter) TakeN(ctx context.Context, key string, n int) (Decision, error) {
+	if n < 1 {
+		return Decision{}, fmt.Errorf("throttle: key %q: TakeN(%d): the cost must be at least 1", key, n)
+	}
+	return l.decide(ctx, key, variant{}, "", n)
+}
+
+// Release gives back slots in flight that Take held on key (Decision.Slot),
+// and lets the key learn how long its slots are held, which it uses to tell
+// waiters when one should free. Slots already given back, or expired, are
+// skipped.
+func (l *Limiter) Release(ctx context.Context, key string, slots ...string) error {
+	keys, err := redisKeys(l.o.prefix, key)
+	if err != nil || len(slots) == 0 {
+		return err
+	}
+	_, err = bounded(l, ctx, func(ctx context.Context) (int64, error) {
+		return lua.Release(ctx, l.runner, keys, slots...)
+	})
+	if err != nil {
+		return fmt.Errorf("throttle: key %q: release %d slots in flight: %w", key, len(slots), err)
+	}
+	return nil
+}
+
+// extend renews the slots in flight of running handlers (see slots.go): each
+// expires WithSlotExpiry from now. It returns how many were still held (an
+// expired slot is not renewed).
+func (l *Limiter) extend(ctx context.Context, key string, slots ...string) (int, error) {
+	keys, err := redisKeys(l.o.prefix, key)
+	if err != nil || len(slots) == 0 {
+		return 0, err
+	}
+	n, err := bounded(l, ctx, func(ctx context.Context) (int64, error) {
+		return lua.Extend(ctx, l.runner, keys, l.o.slotExpiry, slots...)
+	})
+	if err != nil {
+		return 0, fmt.Errorf("throttle: key %q: renew %d slots in flight: %w", key, len(slots), err)
+	}
+	return int(n), nil
+}
