@@ -182,10 +182,10 @@ func TestACLWorkerAndOperator(t *testing.T) {
 		var r lua.DecideReply
 		for range 10 {
 			r, err = lua.Decide(ctx, run, keys, lua.DecideArgs{TaskID: "task-1", Horizon: time.Minute, Granule: time.Second,
-				Lapse: time.Minute, IdleExpiry: time.Hour, SlotLease: 30 * time.Second})
+				Lapse: time.Minute, IdleExpiry: time.Hour, SlotExpiry: 30 * time.Second})
 			require.NoError(t, err, "a decision that reserves")
 		}
-		assert.False(t, r.Slot.IsZero(), "a reservation after the burst: %+v", r)
+		assert.False(t, r.Reserved.IsZero(), "a reservation after the burst: %+v", r)
 		require.NoError(t, lua.Adjust(ctx, run, keys, 1, lua.Call{Generation: -1}, time.Hour, nil), "a settlement (Charge)")
 
 		d, err = w.Take(ctx, "crm")

@@ -13,13 +13,13 @@
 #
 # What it measures, each over N pipelined calls (redis-benchmark -P 16, one
 # connection) after 200 calls of warm-up, with the keys and ARGV the library
-# sends (see lua/decide.go for the contract):
+# sends (see internal/lua/decide.go for the contract):
 #   - FCALL of the decide function of this build's library (FUNCTION LOAD of
 #     the exact source the library loads, from bench/luadump): a Take on one
 #     tier and on two, a middleware decision that is admitted (task ID,
 #     headroom, pacing on), one that reserves a slot behind a queue, and an
 #     enqueue-time booking (Limiter.Enqueue);
-#   - EVALSHA of the same decide script (lib.lua + decide.lua, the fallback
+#   - EVALSHA of the same decide script (lib.lua, window.lua, decide.lua; the fallback
 #     for Redis 6.2, miniredis and ACLs without FUNCTION), Take and reserving;
 #   - two floors: an empty function with the same keys and ARGV, and one that
 #     reads TIME, HMGETs the hash and HSETs one field (the I/O a Take cannot
@@ -97,17 +97,18 @@ sha_decide=$(cli -x SCRIPT LOAD <"$work/decide.lua")
 sha_rr=$(cli -x SCRIPT LOAD <"$work/redis_rate.lua")
 
 keys=(3 't:{c}:b' 't:{c}:r' 't:{c}:f')
-# ARGV (lua/decide.go): n granule_us horizon_us lapse_us idle_ms lease
-# defaults headroom_us flags slot_lease_us, then (task ID, cost) per caller.
+# ARGV (internal/lua/decide.go): n, the options "granule_us horizon_us
+# lapse_us idle_ms lease headroom_us flags slot_expiry_us|defaults", then
+# (task ID, cost) per caller.
 # Limiter.Take: no granule, no reservation, no lease, exact bucket.
-take=(1 0 0 300000000 604800000 0 '' 0 0 30000000 '' 1)
+take=(1 '0 0 300000000 604800000 0 0 0 30000000|' '' 1)
 # The middleware (ByProvider defaults): 1 s granule, 1 min horizon, 20 ms
 # headroom, pacing on (flags 2), a task ID per call (redis-benchmark's -r).
-mw=(1 1000000 60000000 300000000 604800000 0 '' 20000 2 30000000 'id:__rand_int__' 1)
+mw=(1 '1000000 60000000 300000000 604800000 0 20000 2 30000000|' 'id:__rand_int__' 1)
 # Reserving behind a queue: as mw with a horizon that always holds the slot.
-resv=(1 1000000 1000000000000 300000000 604800000 0 '' 20000 2 30000000 'id:__rand_int__' 1)
+resv=(1 '1000000 1000000000000 300000000 604800000 0 20000 2 30000000|' 'id:__rand_int__' 1)
 # Limiter.Enqueue: as resv, booking (flags 1|2): every caller gets a slot.
-book=(1 1000000 1000000000000 300000000 604800000 0 '' 20000 3 30000000 'id:__rand_int__' 1)
+book=(1 '1000000 1000000000000 300000000 604800000 0 20000 3 30000000|' 'id:__rand_int__' 1)
 
 declare -A result dumpof nocron
 # measure NAME COMMAND...: instructions per call over $n pipelined calls.

@@ -544,10 +544,10 @@ func (l *Limiter) giveBack(c *call) {
 	key, n := c.key, c.cost+int(r.Lease)
 	go func() {
 		ctx := context.Background()
-		if r.Hold != "" {
-			if err := l.Release(ctx, key, r.Hold); err != nil {
+		if r.Slot != "" {
+			if err := l.Release(ctx, key, r.Slot); err != nil {
 				l.o.logger.Warn("throttle: cannot give back the slot of a decision its caller gave up on; it frees when its lease ends",
-					"key", key, "slot", r.Hold, "lease", l.o.slotExpiry, "err", err)
+					"key", key, "slot", r.Slot, "lease", l.o.slotExpiry, "err", err)
 			}
 		}
 		// The whole charge back, from where it was counted (see adjust).
@@ -556,6 +556,6 @@ func (l *Limiter) giveBack(c *call) {
 			l.o.logger.Warn("throttle: cannot give back the tokens of a decision its caller gave up on", "key", key, "tokens", n, "err", err)
 			return
 		}
-		l.o.logger.Debug("throttle: gave back a decision its caller gave up on", "key", key, "tokens", n, "slot", r.Hold)
+		l.o.logger.Debug("throttle: gave back a decision its caller gave up on", "key", key, "tokens", n, "slot", r.Slot)
 	}()
 }

@@ -128,9 +128,9 @@ func (l *Limiter) decide(ctx context.Context, key string, v variant, id string, 
 		Allowed:    r.Status == lua.StatusAllowed,
 		RetryAfter: r.RetryAfter,
 		Remaining:  int(r.Remaining),
-		Slot:       r.Hold,
-		reserved:   !r.Slot.IsZero(),
-		reservedAt: r.Slot,
+		Slot:       r.Slot,
+		reserved:   !r.Reserved.IsZero(),
+		reservedAt: r.Reserved,
 		wait:       r.Wait,
 		lease:      int(r.Lease),
 		gen:        r.Generation,
@@ -189,7 +189,7 @@ func (l *Limiter) template(ks *keyState, key string, v variant) ([]any, error) {
 	t := &template{v: v, args: lua.AppendDecideArgs(nil, v.mode, keys, lua.DecideArgs{
 		Granule: v.granule, Horizon: v.horizon, Lapse: l.o.lapse,
 		IdleExpiry: l.o.idleExpiry, Defaults: l.defaults(key), Lease: v.lease,
-		Headroom: v.headroom, Book: v.book, Pace: v.pace, Probe: v.probe, SlotLease: l.o.slotExpiry,
+		Headroom: v.headroom, Book: v.book, Pace: v.pace, Probe: v.probe, SlotExpiry: l.o.slotExpiry,
 	})}
 	if v == (variant{mode: v.mode}) {
 		ks.take.Store(t)

@@ -3,7 +3,7 @@
 // (bench/callgrind.sh):
 //
 //	go run ./bench/luadump -library   # the source FUNCTION LOAD takes
-//	go run ./bench/luadump -eval      # decide's source as EVAL takes it (lib.lua + decide.lua)
+//	go run ./bench/luadump -eval      # decide's source as EVAL takes it (lib.lua, window.lua, decide.lua)
 //	go run ./bench/luadump -name      # decide's function name in the library
 package main
 

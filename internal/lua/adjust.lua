@@ -33,7 +33,7 @@ if not spec then return 0 end
 if h[3] then spec = apply_learned(spec, src, h[3], now) end
 local tiers = spec.tiers
 local refund = delta < 0 and at > 0 and call_gen == spec.gen
-local ts, x, q, stored = read_T(h[2])
+local ts, x, q, stored = read_T(h[2], now)
 local owed = bucket_owed(stored, ts, tiers, now, 0)
 local fields, need = {}, 0
 for i, t in ipairs(tiers) do
@@ -68,11 +68,11 @@ for i, t in ipairs(tiers) do
     if empty_in > need then need = empty_in end
   end
 end
-local _, full_in = write_T(tiers, owed, now, 0, 0)
-if full_in > need then need = full_in end
+local longest = full_in(tiers, owed)
+if longest > need then need = longest end
 if q > now and q - now > need then need = q - now end
 local ttl
-x, ttl = keep_alive(need, h[1] ~= nil, idle_us, x, now)
+x, ttl = keep_alive(need, h[1] ~= false, idle_us, x, now)
 local t_field = write_T(tiers, owed, now, x, q > now and q or 0)
 if t_field then
   fields[#fields + 1] = 'T'

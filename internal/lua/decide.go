@@ -2,6 +2,7 @@ package lua
 
 import (
 	"context"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -11,12 +12,13 @@ type DecideArgs struct {
 	// TaskID names the caller for a reservation; "" never reserves.
 	TaskID string
 	// Granule is how precisely a denied caller can come back (asynq: 1 s).
-	// Reservation slots are spaced so that one granule of returning callers
+	// Reserved instants are spaced so that one granule of returning callers
 	// fits in every tier's burst. Zero means callers return on time.
 	Granule time.Duration
-	// Horizon is how far ahead a slot may be reserved; zero never reserves.
+	// Horizon is how far ahead an instant may be reserved; zero never
+	// reserves.
 	Horizon time.Duration
-	// Lapse is how long a reservation is kept after its slot.
+	// Lapse is how long a reservation is kept after its instant.
 	Lapse time.Duration
 	// IdleExpiry is how long limits in Redis outlive the last decision.
 	IdleExpiry time.Duration
@@ -30,36 +32,37 @@ type DecideArgs struct {
 	// Headroom is the dispatch jitter to keep room for: a call is admitted
 	// only when every tier would still admit it that much later.
 	Headroom time.Duration
-	// Book makes every caller with an ID reserve a slot, even one that
-	// could run now (enqueue-time throttling); the caller is told the slot.
+	// Book makes every caller with an ID reserve an instant, even one that
+	// could run now (enqueue-time throttling); the caller is told it.
 	Book bool
-	// Pace admits a holder back within one granule before its slot at the
-	// slot itself, and tells it how long to wait for it (DecideReply.Wait):
-	// reserved slots are then exact instants, not whole granules.
+	// Pace admits a holder back within one granule before its reserved
+	// instant at the instant itself, and tells it how long to wait for it
+	// (DecideReply.Wait): reserved instants are then exact, not whole
+	// granules.
 	Pace bool
-	// Probe marks a caller asking again for a slot in flight it waits for
-	// in its worker: it keeps its place among the waiters, taking no new
-	// one.
+	// Probe marks a caller asking again for a slot of the in-flight limit
+	// it waits for in its worker: it keeps its place among the waiters,
+	// taking no new one.
 	Probe bool
 	// Cost is what the caller takes from every tier (0 means 1).
 	Cost int
-	// SlotLease is how long a slot in flight is held without renewal
-	// (Extend) before it is taken back.
-	SlotLease time.Duration
+	// SlotExpiry is how long a slot of the in-flight limit is held without
+	// renewal (Extend) before it is taken back.
+	SlotExpiry time.Duration
 }
 
 // DecideReply is the outcome of one decision.
 type DecideReply struct {
 	Status     int           // StatusAllowed, StatusDenied, StatusBadConfig, StatusNoLimits or StatusCostTooHigh
 	RetryAfter time.Duration // when denied: wait at least this long
-	Wait       time.Duration // when allowed at a slot ahead (Pace): start after this long
-	Remaining  int64         // when allowed: tokens left in the tightest tier
-	RefusedBy  string        // "tier:N", "suspended", "queue" or "reserved"
-	Slot       time.Time     // when denied with a reservation: the reserved slot (Redis clock)
+	Wait       time.Duration // when allowed at an instant ahead (Pace): start after this long
+	Remaining  int64         // when allowed: tokens (or calls) left in the tightest tier, or free slots without one
+	RefusedBy  string        // when denied: "tier:N" (1-based), "suspended", "queue", "reserved", "inflight" or "booked"
+	Reserved   time.Time     // when denied with a reservation: the reserved instant (Redis clock)
 	At         time.Time     // when allowed: the instant it was admitted at (Redis clock)
 	Lease      int64         // when allowed: extra tokens taken for the caller's process
 	Generation int64         // the limits' generation (bumped by every SetLimits)
-	Hold       string        // when allowed on a key with an in-flight limit: the slot held, for Release
+	Slot       string        // when allowed on a key with an in-flight limit: the slot held, for Release
 	Field      string        // when StatusBadConfig: the offending config field; StatusCostTooHigh: the tier
 	Reason     string        // when StatusBadConfig: what is wrong with it; StatusCostTooHigh: the tier's largest cost
 }
@@ -68,27 +71,32 @@ type DecideReply struct {
 //
 //	KEYS[1] bucket hash  KEYS[2] reservations  KEYS[3] slots in flight
 //	ARGV[1] number of decisions n (callers decided in this run, in order)
-//	ARGV[2] granule, microseconds
-//	ARGV[3] reservation horizon, microseconds (0 = never reserve)
-//	ARGV[4] lapse, microseconds
-//	ARGV[5] limits' inactivity expiry, milliseconds
-//	ARGV[6] lease: tokens an admitted caller may take for its process (0 = 1)
-//	ARGV[7] default limits, "rate/per_ms/burst ..." ("" = none)
-//	ARGV[8] headroom, microseconds
-//	ARGV[9] flags: 1 book, 2 pace, 4 probe
-//	ARGV[10] slot lease, microseconds
+//	ARGV[2] the options, one string (a Limiter sends the same few again
+//	        and again, and the script parses each once):
+//	        "granule horizon lapse idle lease headroom flags slot_expiry|defaults"
+//	        granule, horizon (0 = never reserve), lapse, headroom and
+//	        slot_expiry in microseconds; idle (the limits' inactivity
+//	        expiry) in milliseconds; lease: tokens an admitted caller may
+//	        take for its process (0 = 1); flags: 1 book, 2 pace, 4 probe;
+//	        defaults: the default limits as FormatTiers writes them ("" none)
 //	then n pairs: task ID ("" = no reservation), cost; one per decision
 //
 // Reply: the n decisions joined by ';', each one string (reading it costs no
-// allocation): "status|wait_us|remaining|refused_by|slot_us|extra|gen"
-// (status 1 allowed: wait_us until the slot it was admitted at, 0 now, and
-// slot_us that instant;
-// status 0 denied: wait_us the retry-after; extra: tokens leased to the
-// caller's process; on a key with an in-flight limit an allowed decision adds
-// "|hold", the slot it holds), "-1|field|reason" for bad limits, "-2"
-// without limits, "-3|tier|max" for a cost above what a tier can ever hold.
-// A caller refused only for a slot gets refused_by "inflight" and the time
-// one is expected to free, in the order callers were refused.
+// allocation):
+//
+//	"1|wait_us|remaining||at_us|extra|gen"   allowed at at_us, wait_us from now
+//	                                         (0 but for a paced holder); extra:
+//	                                         tokens leased to the caller's process
+//	"1|...|gen|slot"                         the same on a key with an in-flight
+//	                                         limit: the slot held, for Release
+//	"0|retry_us|0|by|at_us|0|gen"            denied by by (RefusedBy); at_us: the
+//	                                         caller's reserved instant, 0 none
+//	"-1|field|reason"                        bad limits
+//	"-2"                                     no limits
+//	"-3|tier|max"                            a cost above what a tier can ever hold
+//
+// A caller refused only for a slot gets by "inflight" and the time one is
+// expected to free, in the order callers were refused.
 func Decide(ctx context.Context, r *Runner, k Keys, a DecideArgs) (DecideReply, error) {
 	args := AppendDecideArgs(nil, r.Mode(), k, a)
 	args[NArg] = 1
@@ -106,17 +114,24 @@ var DecideScript = decideScript
 
 // Positions in the command AppendDecideArgs builds.
 const (
-	firstARGV = 6 // verb, function or sha, 3, three keys
+	firstARGV = 6 // after the verb, the function or sha, 3 and the three keys
 	// NArg is where the number of decisions goes (ARGV[1]); the caller sets it.
 	NArg = firstARGV
 )
 
 // AppendDecideArgs appends a call of decide.lua in mode m to dst without its
-// callers: the verb and function (or sha), 2, the keys, then ARGV up to the
-// flags. The caller sets dst[NArg] to the number of decisions and appends a
-// task ID and a cost per decision. a.TaskID and a.Cost are ignored.
+// callers: the verb and function (or sha), 3 (the number of keys), the three
+// keys, ARGV[1] (1: the caller sets the number of decisions at NArg) and
+// ARGV[2], the options. The caller appends a task ID and a cost per
+// decision. a.TaskID and a.Cost are ignored.
 func AppendDecideArgs(dst []any, m Mode, k Keys, a DecideArgs) []any {
 	verb, id := decideScript.Head(m)
+	return append(dst, verb, id, 3, k.Bucket, k.Reservations, k.Slots, 1, FormatOptions(a))
+}
+
+// FormatOptions writes the options of a decision as decide.lua reads them
+// (ARGV[2]).
+func FormatOptions(a DecideArgs) string {
 	flags := 0
 	if a.Book {
 		flags |= 1
@@ -127,10 +142,16 @@ func AppendDecideArgs(dst []any, m Mode, k Keys, a DecideArgs) []any {
 	if a.Probe {
 		flags |= 4
 	}
-	return append(dst, verb, id, 3, k.Bucket, k.Reservations, k.Slots,
-		1, a.Granule.Microseconds(), a.Horizon.Microseconds(),
-		a.Lapse.Microseconds(), a.IdleExpiry.Milliseconds(), a.Lease, FormatTiers(a.Defaults),
-		a.Headroom.Microseconds(), flags, a.SlotLease.Microseconds())
+	b := make([]byte, 0, 64)
+	for i, v := range []int64{a.Granule.Microseconds(), a.Horizon.Microseconds(), a.Lapse.Microseconds(),
+		a.IdleExpiry.Milliseconds(), int64(a.Lease), a.Headroom.Microseconds(), int64(flags), a.SlotExpiry.Microseconds()} {
+		if i > 0 {
+			b = append(b, ' ')
+		}
+		b = strconv.AppendInt(b, max(v, 0), 10)
+	}
+	b = append(b, '|')
+	return string(b) + FormatTiers(a.Defaults)
 }
 
 // NextReply splits the first decision off a reply of several: it returns
@@ -169,7 +190,7 @@ func ParseDecide(s string) (DecideReply, error) {
 	}
 	retry, ok1 := parseNum(f[1])
 	remaining, ok2 := parseNum(f[2])
-	slot, ok3 := parseNum(f[4])
+	at, ok3 := parseNum(f[4])
 	extra, ok4 := parseNum(f[5])
 	gen, ok5 := parseNum(f[6])
 	if !ok1 || !ok2 || !ok3 || !ok4 || !ok5 || retry < 0 || remaining < 0 || extra < 0 {
@@ -186,7 +207,7 @@ func ParseDecide(s string) (DecideReply, error) {
 		if f[7] == "" || strings.IndexByte(f[7], '|') >= 0 {
 			return DecideReply{}, errBadReply("decide", reply)
 		}
-		r.Hold = f[7]
+		r.Slot = f[7]
 	}
 	if r.Status == StatusAllowed {
 		r.Wait = time.Duration(retry) * time.Microsecond
@@ -194,10 +215,10 @@ func ParseDecide(s string) (DecideReply, error) {
 		r.RetryAfter = time.Duration(retry) * time.Microsecond
 	}
 	switch {
-	case slot > 0 && r.Status == StatusAllowed:
-		r.At = time.UnixMicro(slot)
-	case slot > 0:
-		r.Slot = time.UnixMicro(slot)
+	case at > 0 && r.Status == StatusAllowed:
+		r.At = time.UnixMicro(at)
+	case at > 0:
+		r.Reserved = time.UnixMicro(at)
 	}
 	return r, nil
 }

@@ -3,36 +3,41 @@
 -- for EVAL where functions are not available (Redis 6.2, miniredis, an ACL
 -- without FUNCTION).
 --
--- Storage (one limiter key, all under one hash tag):
+-- Storage (one limiter key, all under one hash tag; TestStorageSpecNamesEveryField
+-- checks that every hash field a script reads or writes is listed here):
 --   <prefix>:{name}:b  hash, fields
---     L  the limits in force, space-separated items:
+--     L  the configured limits (SetLimits), the ceiling of the limits in
+--        force (see O), space-separated items:
 --          rate/per_ms/burst   a token bucket
 --          wN/per_ms           a window: at most N calls in any per_ms
---          fN                  in flight: at most N holders of a slot at once
+--          fN                  in flight: at most N slots held at once
+--          aP                  adaptive: P ms clean periods
 --          #G                  the generation, bumped by every change
+--     D  the default limits the buckets were last computed under, while the
+--        key has no L (so that SetLimits from any process carries them over)
+--     O  what was learned below L: quotas a provider stated (observe.lua)
+--        and the adaptive cut (suspend.lua); see read_O
 --     T  bucket state: "ts x q per_ms:owed ...": as of ts (us of Redis
 --        TIME) each token bucket that is not full owes owed / per_us tokens
 --        of its burst (a whole number: a take adds per_us x cost, each
 --        microsecond refills rate, so the arithmetic is exact); x is when
---        the key expires (a memo that spares most PEXPIREs, 0 unknown); q is
---        the next free reservation slot for callers without one (0 none)
---     Ww<per_ms>  a window's state: "base c0,c1,...|slot:cost ...": calls
---        admitted per sub-window (base is the index of the first, a
---        sub-window is per/WINDOW_SLICES long), then the reserved slots
---        not yet taken up
+--        the key expires (ms after ts, a memo that spares most PEXPIREs, 0
+--        unknown); q is when the queue of reservations ends: callers
+--        without a reservation wait for it (0 none)
+--     Ww<per_ms>  a window's state (window.lua): calls admitted per
+--        sub-window, then the calls reserved per sub-window
 --     s  suspended until (us)
---     D  the default limits the buckets were last computed under, while the
---        key has no L (so that SetLimits from any process carries them over)
 --     a, V  the reservation schedule of the token buckets while a queue is
 --        outstanding: its anchor (us) and per_ms:virtual-tat pairs
 --     R  in flight: "avg_us n", the moving average of how long a slot was
 --        held (over the last 20 releases)
 --     FL the in-flight lanes while callers wait for a slot: when each of the
 --        N slots is next expected free (us), waiters taking the earliest
---   <prefix>:{name}:r  sorted set of reservations: task ID scored by slot (us)
+--   <prefix>:{name}:r  sorted set of reservations: task ID scored by its
+--        reserved instant (us)
 --   <prefix>:{name}:f  sorted set of slots held: "taskID@start_us.k" scored
---        by when the holder's lease ends (us); a holder that stops renewing
---        it (a worker killed) loses it then
+--        by when the slot expires (us) unless its holder renews it (a worker
+--        killed stops renewing)
 --
 -- A tier is identified by its kind and period: its state survives any
 -- change of the limits that keeps them, whatever its position.
@@ -41,7 +46,7 @@
 -- by string.format (Redis's own conversion of a Lua number argument is
 -- slower), whole microseconds are written as integers, parsed limits are
 -- cached between calls of the function library, and the hash is read with
--- one HMGET.
+-- one HMGET on the common path.
 
 local MAX_TIERS = 4
 local MAX_PER_MS = 30 * 24 * 3600 * 1000   -- 30 days
@@ -162,6 +167,7 @@ local function parse_limits(s)
         -- this large would make some Lua tables grow an array part to it).
         t = {kind = 'b', rate = r, per = p, burst = b, e = p * 1000 / r, p = p * 1000,
              full = b * p * 1000, key = string.format('%d', p)}
+        t.pat = ' ' .. t.key .. ':(%d+)'   -- its owed in T (stored_owed)
       end
       for j = 1, n - 1 do
         if tiers[j].key == t.key then
@@ -249,7 +255,7 @@ local function with_quota(t, q)
   if t.kind == 'b' then
     local b = math.min(t.burst, q)
     return {kind = 'b', rate = q, per = t.per, burst = b, e = t.p / q, p = t.p,
-            full = b * t.p, key = t.key, ceiling = t}
+            full = b * t.p, key = t.key, pat = t.pat, ceiling = t}
   end
   return {kind = 'w', n = q, per = t.per, p = t.p, sub = t.sub, key = t.key, ceiling = t}
 end
@@ -288,7 +294,7 @@ local function apply_learned(spec, src, O, now)
   return eff
 end
 
--- read_pairs reads key:value pairs (the T and V fields) into a table keyed
+-- read_pairs reads key:value pairs (the V field) into a table keyed
 -- as written (tier.key). Entries whose value is not a number read as missing.
 local function read_pairs(raw, pattern)
   local out = {}
@@ -298,38 +304,48 @@ local function read_pairs(raw, pattern)
   return out
 end
 
--- read_T splits the T field: ts, x, q and the owed of each bucket (by key).
--- A field that does not start with three whole numbers reads as empty.
-local function read_T(T)
-  if not T then return nil, 0, 0, {} end
+-- read_T splits the T field: ts, x, q and the pairs "per_ms:owed ..." of
+-- the buckets that owe ('' none; stored_owed reads one). A field that does
+-- not start with three whole numbers reads as empty. The expiry memo x is
+-- not trusted after the clock stepped back (ts after now): the key's
+-- expiry may not have followed the clock.
+local function read_T(T, now)
+  if not T then return nil, 0, 0, '' end
   local ts, x, q, rest = string.match(T, '^(%d+) (%d+) (%d+)(.*)$')
-  if not ts then return nil, 0, 0, {} end
+  if not ts then return nil, 0, 0, '' end
   ts, x = tonumber(ts), tonumber(x)
   -- The expiry memo is kept in ms after ts, so that T stays within a
   -- compact hash's 64 bytes.
-  if x > 0 then x = ts + x * 1000 end
-  return ts, x, tonumber(q), read_pairs(rest, ' (%d+):(%d+)')
+  if x > 0 and ts <= now then x = ts + x * 1000 else x = 0 end
+  return ts, x, tonumber(q), rest
+end
+
+-- stored_owed reads what bucket t owed in the pairs of T (nil: nothing,
+-- or not a number).
+local function stored_owed(pairs_, t)
+  local v = string.match(pairs_, t.pat)
+  return v and tonumber(v)
 end
 
 -- bucket_owed returns what each token bucket owes of its burst at now, in
--- per_us units of tokens (0: full; windows get 0), from the state stored at
--- ts. Time since refills rate per microsecond; a clock that stepped back
--- makes a tier owe more, never less, so it refills nothing until the clock
--- is back where it was. A tier owing more than a whole burst beyond MAX_SKEW
--- (a step back of over an hour, or garbage) is taken as empty now: still no
--- refill, and no freeze for longer. A full bucket reads as owing down to
--- -headroom x rate (it has been full for that long): headroom is what a
--- caller keeps room for, and a bucket full for longer has that room.
--- Whoever takes from it adds to max(owed, 0).
-local function bucket_owed(stored, ts, tiers, now, headroom)
+-- per_us units of tokens (0: full; windows get 0), from the pairs of T
+-- stored at ts. Time since refills rate per microsecond; a clock that
+-- stepped back makes a tier owe more, never less, so it refills nothing
+-- until the clock is back where it was. A tier owing more than a whole
+-- burst beyond MAX_SKEW (a step back of over an hour, or garbage) is taken
+-- as empty now: still no refill, and no freeze for longer. A full bucket
+-- reads as owing down to -headroom x rate (it has been full for that
+-- long): headroom is what a caller keeps room for, and a bucket full for
+-- longer has that room. Whoever takes from it adds to max(owed, 0).
+local function bucket_owed(pairs_, ts, tiers, now, headroom)
   local owed = {}
   local elapsed = ts and now - ts or 0
   for i, t in ipairs(tiers) do
     local v = 0
     if t.kind == 'b' then
       local floor = -headroom * t.rate
-      v = stored[t.key]
-      if v == nil then
+      v = pairs_ ~= '' and stored_owed(pairs_, t)
+      if not v then
         v = floor
       else
         v = v - elapsed * t.rate
@@ -364,232 +380,32 @@ end
 local T_FMT = {[0] = '%d %d %d', '%d %d %d %d:%d', '%d %d %d %d:%d %d:%d',
                '%d %d %d %d:%d %d:%d %d:%d', '%d %d %d %d:%d %d:%d %d:%d %d:%d'}
 
+-- full_in returns how long (us) until every token bucket is full again.
+local function full_in(tiers, owed)
+  local longest = 0
+  for i, t in ipairs(tiers) do
+    local v = owed[i]
+    if t.kind == 'b' and v > 0 and v / t.rate > longest then longest = v / t.rate end
+  end
+  return math.ceil(longest)
+end
+
 -- write_T returns the T field for the buckets' owed at now, the expiry memo
--- x and the queue's next free slot q (false when there is nothing to keep),
--- and how long (us) until every bucket is full again.
+-- x and the end of the queue of reservations q, or false when there is
+-- nothing to keep.
 local function write_T(tiers, owed, now, x, q)
   local xr = 0
   if x > now then xr = math.floor((x - now) / 1000) end
-  local a, k, longest = {now, xr, q}, 3, 0
+  local a, k = {now, xr, q}, 3
   for i, t in ipairs(tiers) do
     local v = owed[i]
     if t.kind == 'b' and v > 0 then
       a[k + 1], a[k + 2] = t.per, v
       k = k + 2
-      local full_in = v / t.rate
-      if full_in > longest then longest = full_in end
     end
   end
-  if k == 3 and q == 0 then return false, 0 end
-  return string.format(T_FMT[(k - 3) / 2], unpack(a, 1, k)), math.ceil(longest)
-end
-
--- Windows. A window tier counts calls per sub-window (per/WINDOW_SLICES
--- long, a whole number of microseconds) and the latest instant it counted
--- in each: a call counts for a decision at at while at - call < per +
--- headroom, so any window of length per, whatever its phase, sees at most
--- N. A sub-window's calls leave together, at its latest instant + per +
--- headroom (a batch admitted at one instant leaves a period later, not at
--- the end of its sub-window: that end made a backlog's batches come a
--- sub-window later every period, and a provider's fixed windows lose one
--- whole window in twenty). Reserved slots not yet taken up count the same
--- way. (Counts are keyed by minus the sub-window's index: a large positive
--- integer key makes some Lua implementations, miniredis's among them, grow
--- a table's array part up to it.)
---
--- State (the W<per_ms> field): "base c0,c1,...|slot:cost ...": calls per
--- sub-window from index base, then reserved calls by sub-window index; a
--- count or cost may carry "+off", the latest instant counted in its
--- sub-window (us after its start). Without it, the sub-window's end.
-
--- win_item reads "c" or "c+off".
-local function win_item(tok)
-  local c, off = string.match(tok, '^(%d+)%+?(%d*)$')
-  return tonumber(c), tonumber(off)
-end
-
--- win_load reads a window's state, dropping sub-windows older than
--- anything a decision at now still looks at. Calls admitted (c) and calls
--- reserved for a slot (r) are counted per sub-window, with their latest
--- instants (cl, rl: us since the sub-window's start).
-local function win_load(raw, t, now, headroom)
-  local w = {c = {}, r = {}, cl = {}, rl = {}}
-  local oldest = math.floor((now - t.p - headroom) / t.sub) - 1
-  if raw then
-    local base, counts, resv = string.match(raw, '^(%d+) ([%d,+]*)|?(.*)$')
-    base = tonumber(base)
-    if base then
-      local i = base
-      for tok in string.gmatch(counts, '[^,]+') do
-        local c, off = win_item(tok)
-        if i >= oldest and c then
-          w.c[-i], w.cl[-i] = c, off
-        end
-        i = i + 1
-      end
-      for x, tok in string.gmatch(resv or '', '(%d+):([%d+]+)') do
-        x = tonumber(x)
-        local c, off = win_item(tok)
-        if x >= oldest and c then
-          w.r[-x] = (w.r[-x] or 0) + c
-          if off and (w.rl[-x] == nil or off > w.rl[-x]) then w.rl[-x] = off end
-        end
-      end
-    end
-  end
-  return w
-end
-
--- win_leaves is when the calls and reservations of sub-window i leave a
--- window: its latest instant + per + headroom.
-local function win_leaves(w, t, i, headroom)
-  local off = -1
-  if (w.c[-i] or 0) > 0 then off = w.cl[-i] or t.sub end
-  if (w.r[-i] or 0) > 0 then off = math.max(off, w.rl[-i] or t.sub) end
-  if off < 0 then off = t.sub end -- (nothing there)
-  return i * t.sub + off + t.p + headroom
-end
-
--- win_span returns the first and last sub-windows a decision at at looks
--- at, and whether the first still counts (its latest instant within the
--- window).
-local function win_span(w, t, at, headroom)
-  local first = math.floor((at - t.p - headroom) / t.sub)
-  local last = math.floor(at / t.sub)
-  return first, last, win_leaves(w, t, first, headroom) > at
-end
-
--- win_peak returns the most calls any window holding sub-window last (and
--- starting after first) holds, given n, what [first, last] holds (first
--- counted or not): calls admitted for instants after last (a paced
--- admission is counted at the instant its worker was told to call, which
--- may be after a later decision's) count in the windows that reach them.
--- Reservations after last are not counted: the queue keeps fresh callers
--- off them.
-local function win_peak(w, first, last, n, first_in)
-  local cs, rs = w.c, w.r
-  local ahead = false
-  for k, v in pairs(cs) do
-    if -k > last and v > 0 then ahead = true break end
-  end
-  if not ahead then return n end
-  local peak = n
-  for k = 1, last - first do
-    local drop = first + k - 1
-    if k > 1 or first_in then
-      n = n - (cs[-drop] or 0) - (rs[-drop] or 0)
-    end
-    n = n + (cs[-(last + k)] or 0)
-    if n > peak then peak = n end
-  end
-  return peak
-end
-
--- win_count returns the calls a window holds for a decision at at: those
--- admitted and reserved within per + headroom before it, or, when calls
--- were admitted for instants after it, the most any window holding at
--- holds.
-local function win_count(w, t, at, headroom)
-  local first, last, first_in = win_span(w, t, at, headroom)
-  local n = 0
-  local c, r = w.c, w.r
-  local from = first
-  if not first_in then from = first + 1 end
-  for i = from, last do n = n + (c[-i] or 0) + (r[-i] or 0) end
-  return win_peak(w, first, last, n, first_in)
-end
-
--- win_free returns the earliest time at or after at when the window has
--- room for c more calls (counting everything it holds now), or nil when no
--- time up to limit does: at, or the next instants a sub-window's calls
--- leave the window.
-local function win_free(w, t, at, c, headroom, limit)
-  if win_count(w, t, at, headroom) + c <= t.n then return at end
-  local cands = {}
-  local lo = math.floor((at - t.p - headroom) / t.sub)
-  local seen = {}
-  for _, tbl in ipairs({w.c, w.r}) do
-    for k, v in pairs(tbl) do
-      local i = -k
-      if v > 0 and i >= lo and not seen[i] then
-        seen[i] = true
-        local x = math.ceil(win_leaves(w, t, i, headroom))
-        if x > at and x <= limit then cands[#cands + 1] = x end
-      end
-    end
-  end
-  table.sort(cands)
-  for _, x in ipairs(cands) do
-    if win_count(w, t, x, headroom) + c <= t.n then return x end
-  end
-  return nil
-end
-
--- win_add counts c calls admitted at at.
-local function win_add(w, t, at, c)
-  local i = math.floor(at / t.sub)
-  w.c[-i] = (w.c[-i] or 0) + c
-  local off = math.ceil(at - i * t.sub)
-  if w.cl[-i] == nil or off > w.cl[-i] then w.cl[-i] = off end
-end
-
--- win_reserve counts c calls reserved for slot at; win_unreserve takes
--- them away again (the holder came, or lost its slot).
-local function win_reserve(w, t, at, c)
-  local i = math.floor(at / t.sub)
-  w.r[-i] = (w.r[-i] or 0) + c
-  local off = math.ceil(at - i * t.sub)
-  if w.rl[-i] == nil or off > w.rl[-i] then w.rl[-i] = off end
-end
-local function win_unreserve(w, t, at, c)
-  local i = math.floor(at / t.sub)
-  local v = (w.r[-i] or 0) - c
-  if v > 0 then w.r[-i] = v else w.r[-i], w.rl[-i] = nil, nil end
-end
-
--- win_write formats a window's state (false when it holds nothing), and
--- how long (us) until it is empty.
-local function win_write(w, t, now, headroom)
-  local lo, hi = nil, nil
-  for k, c in pairs(w.c) do
-    local i = -k
-    if c > 0 then
-      if lo == nil or i < lo then lo = i end
-      if hi == nil or i > hi then hi = i end
-    end
-  end
-  local parts, resv = {}, {}
-  local empty_at = nil
-  if lo then
-    for i = lo, hi do
-      local c, off = w.c[-i] or 0, w.cl[-i]
-      if c > 0 and off then
-        parts[#parts + 1] = string.format('%d+%d', c, off)
-      else
-        parts[#parts + 1] = string.format('%d', c)
-      end
-    end
-    empty_at = win_leaves(w, t, hi, headroom)
-  end
-  local idx = {}
-  for k, c in pairs(w.r) do
-    if c > 0 then idx[#idx + 1] = -k end
-  end
-  table.sort(idx)
-  for _, i in ipairs(idx) do
-    local off = w.rl[-i]
-    if off then
-      resv[#resv + 1] = string.format('%d:%d+%d', i, w.r[-i], off)
-    else
-      resv[#resv + 1] = string.format('%d:%d', i, w.r[-i])
-    end
-    local x = win_leaves(w, t, i, headroom)
-    if empty_at == nil or x > empty_at then empty_at = x end
-  end
-  if not empty_at then return false, 0 end
-  local s = string.format('%d ', lo or 0) .. table.concat(parts, ',')
-  if #resv > 0 then s = s .. '|' .. table.concat(resv, ' ') end
-  return s, math.max(0, math.ceil(empty_at - now))
+  if k == 3 and q == 0 then return false end
+  return string.format(T_FMT[(k - 3) / 2], unpack(a, 1, k))
 end
 
 -- Slots in flight.

@@ -34,6 +34,8 @@ import (
 var (
 	//go:embed lib.lua
 	libSrc string
+	//go:embed window.lua
+	windowSrc string
 	//go:embed decide.lua
 	decideSrc string
 	//go:embed setlimits.lua
@@ -58,7 +60,9 @@ var (
 // with EVALSHA/EVAL.
 type Script struct {
 	name string // function name in the library, unique to this version
-	src  string // lib.lua + the script body, for EVAL
+	top  string // its own helpers, at the library's top level ("" none)
+	body string // the function's body
+	src  string // helpers + top + body, for EVAL
 	sha  string // SHA1 of src, for EVALSHA
 }
 
@@ -66,7 +70,7 @@ type Script struct {
 // processes of different versions (a rolling upgrade) each call their own.
 var version = func() string {
 	h := sha1.New()
-	for _, s := range []string{libSrc, decideSrc, setLimitsSrc, suspendSrc, resumeSrc, inspectSrc, adjustSrc, releaseSrc, extendSrc, observeSrc} {
+	for _, s := range []string{libSrc, windowSrc, decideSrc, setLimitsSrc, suspendSrc, resumeSrc, inspectSrc, adjustSrc, releaseSrc, extendSrc, observeSrc} {
 		h.Write([]byte(s))
 		h.Write([]byte{0})
 	}
@@ -76,34 +80,45 @@ var version = func() string {
 // LibraryName is the name of the function library of this version.
 var LibraryName = "asynq_throttle_" + version
 
-func newScript(name, body string) *Script {
-	src := libSrc + "\n" + body
+// helpers are the functions every script shares: lib.lua and window.lua.
+var helpers = libSrc + "\n" + windowSrc
+
+// newScript makes a script whose function runs body; top holds functions
+// of its own that a function library defines once, when it loads, rather
+// than on every call.
+func newScript(name, top, body string) *Script {
+	src := helpers + "\n" + top + "\n" + body
 	sum := sha1.Sum([]byte(src))
-	return &Script{name: "asynq_throttle_" + name + "_" + version, src: src, sha: hex.EncodeToString(sum[:])}
+	return &Script{name: "asynq_throttle_" + name + "_" + version, top: top, body: body, src: src, sha: hex.EncodeToString(sum[:])}
 }
 
 var (
-	decideScript    = newScript("decide", decideSrc)
-	setLimitsScript = newScript("setlimits", setLimitsSrc)
-	suspendScript   = newScript("suspend", suspendSrc)
-	resumeScript    = newScript("resume", resumeSrc)
-	inspectScript   = newScript("inspect", inspectSrc)
-	adjustScript    = newScript("adjust", adjustSrc)
-	releaseScript   = newScript("release", releaseSrc)
-	extendScript    = newScript("extend", extendSrc)
-	observeScript   = newScript("observe", observeSrc)
+	// decide.lua defines decide_run and the functions it calls.
+	decideScript    = newScript("decide", decideSrc, "return decide_run(KEYS, ARGV)")
+	setLimitsScript = newScript("setlimits", "", setLimitsSrc)
+	suspendScript   = newScript("suspend", "", suspendSrc)
+	resumeScript    = newScript("resume", "", resumeSrc)
+	inspectScript   = newScript("inspect", "", inspectSrc)
+	adjustScript    = newScript("adjust", "", adjustSrc)
+	releaseScript   = newScript("release", "", releaseSrc)
+	extendScript    = newScript("extend", "", extendSrc)
+	observeScript   = newScript("observe", "", observeSrc)
 	allScripts      = []*Script{decideScript, setLimitsScript, suspendScript, resumeScript, inspectScript,
 		adjustScript, releaseScript, extendScript, observeScript}
 )
 
-// library is the source FUNCTION LOAD takes: the helpers once, then every
-// script body as a function.
+// library is the source FUNCTION LOAD takes: the helpers and each script's
+// own functions once, then every script body as a function.
 var library = func() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "#!lua name=%s\n%s\n", LibraryName, libSrc)
+	fmt.Fprintf(&b, "#!lua name=%s\n%s\n", LibraryName, helpers)
 	for _, s := range allScripts {
-		body := strings.TrimPrefix(s.src, libSrc+"\n")
-		fmt.Fprintf(&b, "redis.register_function('%s', function(KEYS, ARGV)\n%s\nend)\n", s.name, body)
+		if s.top != "" {
+			fmt.Fprintf(&b, "%s\n", s.top)
+		}
+	}
+	for _, s := range allScripts {
+		fmt.Fprintf(&b, "redis.register_function('%s', function(KEYS, ARGV)\n%s\nend)\n", s.name, s.body)
 	}
 	return b.String()
 }()
@@ -369,7 +384,8 @@ func errBadReply(script string, v any) error {
 // measure or load the scripts themselves).
 func Library() string { return library }
 
-// Source returns the script as EVAL takes it: lib.lua and its body.
+// Source returns the script as EVAL takes it: the helpers, its own
+// functions and its body.
 func (s *Script) Source() string { return s.src }
 
 // Name returns the script's function name in the library.

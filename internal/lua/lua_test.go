@@ -110,7 +110,7 @@ func TestParseDecide(t *testing.T) {
 		{"allowed", "1|0|4||0|0|3", DecideReply{Status: StatusAllowed, Remaining: 4, Generation: 3}, false},
 		{"allowed with a lease", "1|0|4||0|7|0", DecideReply{Status: StatusAllowed, Remaining: 4, Lease: 7}, false},
 		{"denied by tier", "0|1500|0|tier:2|0|0|1", DecideReply{Status: StatusDenied, RetryAfter: 1500 * time.Microsecond, RefusedBy: "tier:2", Generation: 1}, false},
-		{"denied with slot", "0|1000000|0|tier:1|" + strconv.FormatInt(slot.UnixMicro(), 10) + "|0|0", DecideReply{Status: StatusDenied, RetryAfter: time.Second, RefusedBy: "tier:1", Slot: slot}, false},
+		{"denied with slot", "0|1000000|0|tier:1|" + strconv.FormatInt(slot.UnixMicro(), 10) + "|0|0", DecideReply{Status: StatusDenied, RetryAfter: time.Second, RefusedBy: "tier:1", Reserved: slot}, false},
 		{"float-formatted numbers", "0|1.5e+06|0|queue|0|0|0", DecideReply{Status: StatusDenied, RetryAfter: 1500 * time.Millisecond, RefusedBy: "queue"}, false},
 		{"no limits", "-2", DecideReply{Status: StatusNoLimits}, false},
 		{"bad config", "-1|limits[0].N|below minimum 1", DecideReply{Status: StatusBadConfig, Field: "limits[0].N", Reason: "below minimum 1"}, false},
@@ -118,7 +118,7 @@ func TestParseDecide(t *testing.T) {
 		{"unknown status", "2|0|0||0|0|0", DecideReply{}, true},
 		{"bad config too short", "-1", DecideReply{}, true},
 		{"too short", "1|0|0||0|0", DecideReply{}, true},
-		{"a slot held", "1|0|0||0|0|0|t1@1700000000000000.1", DecideReply{Status: StatusAllowed, Hold: "t1@1700000000000000.1"}, false},
+		{"a slot held", "1|0|0||0|0|0|t1@1700000000000000.1", DecideReply{Status: StatusAllowed, Slot: "t1@1700000000000000.1"}, false},
 		{"too long", "1|0|0||0|0|0|x|y", DecideReply{}, true},
 		{"a refusal does not hold", "0|0|0||0|0|0|x", DecideReply{}, true},
 		{"retry not a number", "0|soon|0|tier:1|0|0|0", DecideReply{}, true},
@@ -163,9 +163,9 @@ func TestDecide(t *testing.T) {
 
 	resv := DecideArgs{TaskID: "a", Horizon: time.Minute, Lapse: time.Minute, IdleExpiry: time.Hour}
 	r = e.decide(resv)
-	assert.Equal(t, DecideReply{Status: StatusDenied, RetryAfter: 500 * time.Millisecond, RefusedBy: "tier:1", Slot: testEpoch().Add(500 * time.Millisecond), Generation: 1}, r, "Decide with a reservation")
+	assert.Equal(t, DecideReply{Status: StatusDenied, RetryAfter: 500 * time.Millisecond, RefusedBy: "tier:1", Reserved: testEpoch().Add(500 * time.Millisecond), Generation: 1}, r, "Decide with a reservation")
 	r = e.decide(resv)
-	assert.Equal(t, DecideReply{Status: StatusDenied, RetryAfter: 500 * time.Millisecond, RefusedBy: "reserved", Slot: testEpoch().Add(500 * time.Millisecond), Generation: 1}, r, "Decide by the holder before its slot")
+	assert.Equal(t, DecideReply{Status: StatusDenied, RetryAfter: 500 * time.Millisecond, RefusedBy: "reserved", Reserved: testEpoch().Add(500 * time.Millisecond), Generation: 1}, r, "Decide by the holder before its slot")
 	r = e.decide(DecideArgs{IdleExpiry: time.Hour})
 	assert.Equal(t, DecideReply{Status: StatusDenied, RetryAfter: time.Second, RefusedBy: "queue", Generation: 1}, r, "Decide behind the reservation")
 	e.at(500 * time.Millisecond)
@@ -333,7 +333,7 @@ func TestResume(t *testing.T) {
 	resv := DecideArgs{TaskID: "a", Horizon: 2 * time.Hour, Lapse: time.Minute, IdleExpiry: time.Hour}
 	r := e.decide(resv)
 	require.Equal(t, "suspended", r.RefusedBy)
-	require.False(t, r.Slot.IsZero(), "a slot after the suspension")
+	require.False(t, r.Reserved.IsZero(), "a slot after the suspension")
 
 	left, err := Resume(e.ctx, e.run, e.k)
 	require.NoError(t, err)
@@ -660,9 +660,9 @@ func TestDecide_Cost(t *testing.T) {
 	assert.Equal(t, DecideReply{Status: StatusCostTooHigh, Field: "1000", Reason: "10"}, r, "a cost above the burst")
 	// Reserved with a cost: the slot is spaced for it.
 	r = e.decide(DecideArgs{TaskID: "a", Horizon: time.Minute, Lapse: time.Minute, IdleExpiry: time.Hour, Cost: 5})
-	assert.Equal(t, testEpoch().Add(200*time.Millisecond), r.Slot, "5 tokens, 3 there, at 10/s")
+	assert.Equal(t, testEpoch().Add(200*time.Millisecond), r.Reserved, "5 tokens, 3 there, at 10/s")
 	r = e.decide(DecideArgs{TaskID: "b", Horizon: time.Minute, Lapse: time.Minute, IdleExpiry: time.Hour, Cost: 5})
-	assert.Equal(t, testEpoch().Add(700*time.Millisecond), r.Slot, "then 5 more")
+	assert.Equal(t, testEpoch().Add(700*time.Millisecond), r.Reserved, "then 5 more")
 }
 
 // Paced, a holder back in the granule before its slot is admitted at the
@@ -680,7 +680,7 @@ func TestDecide_Pace(t *testing.T) {
 		a.TaskID = fmt.Sprint(i)
 		r := e.decide(a)
 		require.Equal(t, StatusDenied, r.Status)
-		slots = append(slots, r.Slot)
+		slots = append(slots, r.Reserved)
 	}
 	assert.Equal(t, testEpoch().Add(25*time.Millisecond), slots[0], "the first slot: one token at 40/s")
 	assert.Equal(t, testEpoch().Add(time.Second), slots[39], "40 more in the next second, not 5")
@@ -709,7 +709,7 @@ func TestDecide_Book(t *testing.T) {
 		a.TaskID = fmt.Sprint(i)
 		r := e.decide(a)
 		require.Equal(t, StatusDenied, r.Status, "a booking is never admitted: %+v", r)
-		slots = append(slots, r.Slot.Sub(testEpoch()))
+		slots = append(slots, r.Reserved.Sub(testEpoch()))
 	}
 	assert.Equal(t, []time.Duration{0, 0, time.Second, time.Second}, slots, "two now, two in a second")
 	a.Book = false
@@ -806,12 +806,12 @@ func TestAdjust_RefundComesOutOfTheCallsSubWindow(t *testing.T) {
 func TestDecide_InFlight(t *testing.T) {
 	e := newEnv(t)
 	e.setLimits(Tier{Rate: 100, PerMS: 1000, Burst: 100}, Tier{Kind: KindInFlight, Rate: 2})
-	a := DecideArgs{IdleExpiry: time.Hour, SlotLease: 10 * time.Second}
+	a := DecideArgs{IdleExpiry: time.Hour, SlotExpiry: 10 * time.Second}
 	r1, r2 := e.decide(a), e.decide(a)
 	require.Equal(t, StatusAllowed, r1.Status)
 	require.Equal(t, StatusAllowed, r2.Status)
-	assert.NotEmpty(t, r1.Hold)
-	assert.NotEqual(t, r1.Hold, r2.Hold, "each holder its own slot")
+	assert.NotEmpty(t, r1.Slot)
+	assert.NotEqual(t, r1.Slot, r2.Slot, "each holder its own slot")
 	r := e.decide(a)
 	assert.Equal(t, StatusDenied, r.Status, "a third caller: %+v", r)
 	assert.Equal(t, "inflight", r.RefusedBy)
@@ -829,7 +829,7 @@ func TestDecide_InFlight(t *testing.T) {
 	// One held for 2 s is given back: the next caller gets its slot, and the
 	// key learns how long slots are held.
 	e.at(2 * time.Second)
-	n, err := Release(e.ctx, e.run, e.k, r1.Hold)
+	n, err := Release(e.ctx, e.run, e.k, r1.Slot)
 	require.NoError(t, err)
 	assert.Equal(t, int64(1), n)
 	r3 := e.decide(a)
@@ -848,7 +848,7 @@ func TestDecide_InFlight(t *testing.T) {
 	// A holder that stops renewing (killed) loses its slot when the lease
 	// ends; one that renews keeps it.
 	e.at(11 * time.Second)
-	got, err := Extend(e.ctx, e.run, e.k, 10*time.Second, r3.Hold)
+	got, err := Extend(e.ctx, e.run, e.k, 10*time.Second, r3.Slot)
 	require.NoError(t, err)
 	assert.Equal(t, int64(1), got, "r3 renewed")
 	e.at(13 * time.Second)
@@ -937,7 +937,7 @@ func TestInspect_LapsedReservationsNotCounted(t *testing.T) {
 	require.Equal(t, StatusAllowed, e.decide(DecideArgs{IdleExpiry: time.Hour}).Status)
 	r := e.decide(a)
 	require.Equal(t, StatusDenied, r.Status)
-	require.False(t, r.Slot.IsZero(), "a reserves a slot: %+v", r)
+	require.False(t, r.Reserved.IsZero(), "a reserves a slot: %+v", r)
 	count := func(lapse time.Duration) int64 {
 		t.Helper()
 		st, err := Inspect(e.ctx, e.run, e.k, nil, lapse)

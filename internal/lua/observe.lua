@@ -71,7 +71,7 @@ if O then spec = apply_learned(ceiling, src, O, now) end
 local tiers = spec.tiers
 
 local fields, need = {}, 0
-local ts, x, q, stored = read_T(h[2])
+local ts, x, q, stored = read_T(h[2], now)
 local owed = bucket_owed(stored, ts, tiers, now, 0)
 local t_changed = false
 if remaining >= 0 then
@@ -151,11 +151,11 @@ if relearned and h[1] then
   fields[#fields + 1] = bump_gen(h[1])
 end
 if t_changed then
-  local _, full_in = write_T(tiers, owed, now, 0, 0)
-  if full_in > need then need = full_in end
+  local longest = full_in(tiers, owed)
+  if longest > need then need = longest end
   if q > now and q - now > need then need = q - now end
   local ttl
-  x, ttl = keep_alive(need, h[1] ~= nil, idle_us, x, now)
+  x, ttl = keep_alive(need, h[1] ~= false, idle_us, x, now)
   fields[#fields + 1] = 'T'
   fields[#fields + 1] = write_T(tiers, owed, now, x, q > now and q or 0)
   if ttl then expire_in(key, ttl) end

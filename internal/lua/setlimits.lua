@@ -41,7 +41,7 @@ if gen >= 1e15 then gen = 0 end
 gen = gen + 1
 
 -- What each new bucket owes (per_us units of tokens), at now.
-local ts, _, _, stored = read_T(h[2])
+local ts, _, _, stored = read_T(h[2], now)
 local old_owed = old and bucket_owed(stored, ts, old.tiers, now, 0) or {}
 -- ... and kept under the new limits as they will be in force.
 local in_force = new
@@ -60,10 +60,10 @@ for i, t in ipairs(in_force.tiers) do
       -- Tokens kept, clamped to the new burst: owes what the new burst
       -- lacks of them.
       v = old_owed[o] - (old.tiers[o].burst - t.burst) * t.p
-    elseif stored[t.key] then
+    elseif stored_owed(stored, t) then
       -- State without the limits it was computed under: the tokens it owed
       -- at ts, with no refill since (the rate it had is unknown).
-      v = stored[t.key]
+      v = stored_owed(stored, t)
       if ts and now < ts then v = v + (ts - now) * t.rate end
     end
     if v < 0 then v = 0 end
@@ -72,7 +72,7 @@ for i, t in ipairs(in_force.tiers) do
   owed[i] = v
 end
 
-local _, need = write_T(in_force.tiers, owed, now, 0, 0)
+local need = full_in(in_force.tiers, owed)
 local until_ = finite(h[4])
 if until_ and until_ - now > need and until_ - now <= MAX_WAIT then need = until_ - now end
 local x, ttl = keep_alive(need, true, idle_us, 0, now)
