@@ -4,9 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
+	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/asynq-throttle/asynq-throttle/throttle"
@@ -67,8 +70,8 @@ func ExampleLimiter_SetLimits() {
 		fmt.Println(err)
 		return
 	}
-	limits, _ := throttle.Limits(lim, ctx, "github")
-	fmt.Println(limits)
+	st, _ := lim.Inspect(ctx, "github")
+	fmt.Println(st.Limits)
 
 	for i := 0; i < 4; i++ {
 		d, _ := lim.Take(ctx, "github")
@@ -134,4 +137,161 @@ func ExampleValidateKey() {
 	// Output:
 	// github:org-1 true
 	// a{b} false
+}
+
+// The middleware decides before each handler. Of a full bucket of three
+// calls a minute it keeps a sliver for dispatch jitter (WithHeadroom: 20ms
+// of the rate), so two tasks run at once and the third is deferred. In a
+// server built by worker.NewServer a deferred task goes back to asynq's
+// retry set to run later; called by hand as here, outside an asynq server,
+// the middleware enqueues a copy of it to run later instead.
+func ExampleLimiter_Middleware() {
+	mr, rdb := exampleRedis()
+	defer mr.Close()
+	defer rdb.Close()
+	ctx := context.Background()
+
+	lim := throttle.NewLimiter(rdb)
+	if err := lim.SetLimits(ctx, "slack", throttle.PerMinute(3)); err != nil {
+		fmt.Println(err)
+		return
+	}
+	lim.OnEvent(func(ev throttle.Event) {
+		fmt.Printf("%s: %s %s, handler ran: %v\n", ev.Key, ev.Outcome, ev.Reason, ev.HandlerRan)
+	})
+
+	// mux.Use(lim.Middleware()) in a worker; called by hand here.
+	h := lim.Middleware()(asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
+		fmt.Printf("handler: %s %s\n", t.Type(), t.Payload())
+		return nil
+	}))
+	for _, user := range []string{"U1", "U2", "U3"} {
+		task, err := throttle.NewTask("slack:sync", []byte(user), throttle.Key("slack"))
+		if err != nil {
+			fmt.Println(err)
+			return
+		}
+		if err := h.ProcessTask(ctx, task); err != nil {
+			fmt.Println(err)
+		}
+	}
+	// Output:
+	// slack: ran allowed, handler ran: true
+	// handler: slack:sync U1
+	// slack: ran allowed, handler ran: true
+	// handler: slack:sync U2
+	// slack: deferred tier, handler ran: false
+}
+
+// Observe in a handler reads the provider's response: a 429 suspends the
+// task's key for the whole fleet, for the Retry-After the provider sent.
+func ExampleObserve() {
+	mr, rdb := exampleRedis()
+	defer mr.Close()
+	defer rdb.Close()
+	ctx := context.Background()
+
+	lim := throttle.NewLimiter(rdb)
+	if err := lim.SetLimits(ctx, "slack", throttle.PerSecond(10)); err != nil {
+		fmt.Println(err)
+		return
+	}
+	h := lim.Middleware()(asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
+		// The provider's answer; a real handler gets it from http.Client.Do.
+		rec := httptest.NewRecorder()
+		rec.Header().Set("Retry-After", "30")
+		rec.WriteHeader(http.StatusTooManyRequests)
+		resp := rec.Result()
+		defer resp.Body.Close()
+
+		err := throttle.Observe(ctx, resp)
+		fmt.Println("handler:", err)
+		return err // the middleware suspends "slack" and defers the task
+	}))
+	task, err := throttle.NewTask("slack:sync", nil, throttle.Key("slack"))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	_ = h.ProcessTask(ctx, task)
+
+	st, _ := lim.Inspect(ctx, "slack")
+	fmt.Println("suspended for", st.SuspendedFor)
+	d, _ := lim.Take(ctx, "slack")
+	fmt.Println(d.Allowed, d.Reason, d.RetryAfter)
+	// Output:
+	// handler: throttle: rate limited by provider, retry after 30s
+	// suspended for 30s
+	// false suspended 30s
+}
+
+// Limiter.Enqueue takes the decision when a task is enqueued: a task that
+// may run now is enqueued as usual (pending), and one that may not is
+// scheduled for the run time it reserved, so a worker dequeues it once.
+func ExampleLimiter_Enqueue() {
+	mr, rdb := exampleRedis()
+	defer mr.Close()
+	defer rdb.Close()
+	ctx := context.Background()
+	// asynq schedules on this process's clock, in whole seconds.
+	mr.SetTime(time.Now().Truncate(time.Second))
+
+	lim := throttle.NewLimiter(rdb)
+	if err := lim.SetLimits(ctx, "slack", throttle.PerMinute(3)); err != nil {
+		fmt.Println(err)
+		return
+	}
+	client := asynq.NewClientFromRedisClient(rdb) // leaves rdb open
+	for _, user := range []string{"U1", "U2", "U3"} {
+		task, err := throttle.NewTask("slack:sync", []byte(user), throttle.Key("slack"))
+		if err != nil {
+			fmt.Println(err)
+			return
+		}
+		info, err := lim.Enqueue(ctx, client, task)
+		if err != nil {
+			fmt.Println(err)
+			return
+		}
+		fmt.Println(user, info.State)
+	}
+	st, _ := lim.Inspect(ctx, "slack")
+	fmt.Println("reserved run times:", st.Reservations)
+	// Output:
+	// U1 pending
+	// U2 pending
+	// U3 scheduled
+	// reserved run times: 3
+}
+
+// InFlight caps the calls running at once. A direct caller holds the
+// Decision's Slot until its call is done, then gives it back with Release
+// (the middleware does both around each handler).
+func ExampleInFlight() {
+	mr, rdb := exampleRedis()
+	defer mr.Close()
+	defer rdb.Close()
+	ctx := context.Background()
+
+	lim := throttle.NewLimiter(rdb)
+	if err := lim.SetLimits(ctx, "stripe", throttle.PerSecond(100), throttle.InFlight(1)); err != nil {
+		fmt.Println(err)
+		return
+	}
+	first, _ := lim.Take(ctx, "stripe")
+	fmt.Println("first:", first.Allowed, first.Slot != "")
+
+	second, _ := lim.Take(ctx, "stripe")
+	fmt.Println("second:", second.Allowed, second.Reason)
+
+	if err := lim.Release(ctx, "stripe", first.Slot); err != nil {
+		fmt.Println(err)
+		return
+	}
+	third, _ := lim.Take(ctx, "stripe")
+	fmt.Println("after Release:", third.Allowed)
+	// Output:
+	// first: true true
+	// second: false in flight
+	// after Release: true
 }

@@ -1,6 +1,8 @@
-// Command quickstart throttles a worker's calls to "slack" to 2 per second,
-// fleet-wide, enqueues six tasks and runs them. It needs a Redis: REDIS_URL,
-// default redis://localhost:6379/0.
+// Command quickstart is an asynq producer and worker that call "slack" at
+// most twice a second, fleet-wide: it enqueues six tasks and runs a worker
+// until they are done. It needs a Redis: REDIS_ADDR, default localhost:6379.
+//
+// The README's quick start is an excerpt of this file (its test checks).
 package main
 
 import (
@@ -23,30 +25,27 @@ import (
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	if err := run(ctx, cmp.Or(os.Getenv("REDIS_URL"), "redis://localhost:6379/0"), 6); err != nil {
+	if err := run(ctx, cmp.Or(os.Getenv("REDIS_ADDR"), "localhost:6379"), 6); err != nil {
 		log.Fatal(err)
 	}
 }
 
-func run(ctx context.Context, url string, tasks int) error {
-	opt, err := redis.ParseURL(url)
-	if err != nil {
-		return err
-	}
-	opt.ContextTimeoutEnabled = true // decisions keep their own deadline
-	rdb := redis.NewClient(opt)      // or a *redis.ClusterClient
+func run(ctx context.Context, addr string, tasks int) error {
+	// One go-redis client for asynq and the limiter (was: asynq.RedisClientOpt{Addr: addr}).
+	rdb := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
 	defer rdb.Close()
+	client := asynq.NewClientFromRedisClient(rdb)
 
-	// Limits live in Redis: every process obeys them from its next decision.
+	// A limit, stored in Redis: every process obeys it from its next decision.
 	lim := throttle.NewLimiter(rdb)
 	if err := lim.SetLimits(ctx, "slack", throttle.PerSecond(2), throttle.PerMinute(50)); err != nil {
 		return err
 	}
 
-	// Producers: the key travels in the task headers.
-	client := asynq.NewClientFromRedisClient(rdb)
+	// Producer: the key travels in the task's headers (asynq drops unknown options).
 	for i := range tasks {
-		task, err := throttle.NewTask("slack:sync_users", []byte(strconv.Itoa(i)), throttle.Key("slack"), asynq.MaxRetry(5))
+		payload := []byte(strconv.Itoa(i))
+		task, err := throttle.NewTask("slack:sync_users", payload, throttle.Key("slack"))
 		if err != nil {
 			return err
 		}
@@ -55,31 +54,34 @@ func run(ctx context.Context, url string, tasks int) error {
 		}
 	}
 
+	// Stands in for Slack's API.
 	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		_, _ = w.Write([]byte(`{"ok":true}`)) // stands in for Slack's API
+		_, _ = w.Write([]byte(`{"ok":true}`))
 	}))
 	defer api.Close()
+	callSlack := func(ctx context.Context, t *asynq.Task) (*http.Response, error) {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, api.URL+"/users.list?cursor="+string(t.Payload()), nil)
+		if err != nil {
+			return nil, err
+		}
+		return http.DefaultClient.Do(req)
+	}
 	done := make(chan struct{}, tasks)
 
-	// Workers: worker.NewServer makes deferrals exact (see Guarantees).
+	// Worker: worker.NewServer (was: asynq.NewServer) and the middleware.
 	srv := worker.NewServer(rdb, asynq.Config{Concurrency: 20})
 	mux := asynq.NewServeMux()
-	mux.Use(throttle.ByProvider(rdb))
+	mux.Use(lim.Middleware())
 	mux.HandleFunc("slack:sync_users", func(ctx context.Context, t *asynq.Task) error {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, api.URL+"/users.list", nil)
-		if err != nil {
-			return err
-		}
-		resp, err := http.DefaultClient.Do(req)
+		resp, err := callSlack(ctx, t)
 		if err != nil {
 			return err
 		}
 		defer resp.Body.Close()
-		// Learns the quota the response states (RateLimit, X-RateLimit-*), fleet-wide.
+		// Learns the quota the response states; a 429 suspends "slack" fleet-wide.
 		if err := throttle.Observe(ctx, resp); err != nil {
-			return err // 429 (or 503 + Retry-After): suspends "slack" fleet-wide
+			return err
 		}
-		// ... or, from an SDK error: return throttle.RateLimited(30 * time.Second)
 		log.Printf("task %s: slack answered %s", t.Payload(), resp.Status)
 		done <- struct{}{}
 		return nil
