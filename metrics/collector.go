@@ -129,7 +129,10 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 // Collect sends the counters of the observed events and the state of the
-// keys in Redis, read with a deadline of WithScrapeTimeout.
+// keys in Redis, read with a deadline of WithScrapeTimeout: one SCAN walk
+// of the limiter's keys (Limiter.Keys) and one Inspect per key, for at most
+// WithMaxKeys keys. Every process that registers a Collector reads them;
+// the state is the fleet's, the same from each (aggregate it with max).
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	c.collectEvents(ch)
 	c.latency.Collect(ch)
@@ -161,7 +164,7 @@ func newDescs() descs {
 		rateLimited:   d("rate_limited_total", "Handlers that reported a rate limit (429 or RateLimited); each suspends the key fleet-wide.", "key"),
 		leased:        d("leased_total", "Tasks that ran on a token leased by their process, without a Redis call.", "key"),
 		failurePolicy: d("failure_policy_total", "Decisions Redis could not make, by the failure policy that decided instead (fail_open ran the task, fail_closed deferred it).", "key", "policy"),
-		redisErrors:   d("redis_errors_total", "Failed decisions by error class (timeout, connection, reply, bad_config, cost_too_high, other).", "key", "class"),
+		redisErrors:   d("redis_errors_total", "Failed decisions by error class (timeout, connection, reply, bad_config, other).", "key", "class"),
 		folded:        d("keys_folded_total", "Events counted under key=\"_other\" because WithMaxKeys distinct keys were already exported."),
 
 		limitRate:     d("limit_rate", "Calls a tier of the key's limits allows per period (from Redis, on scrape); kind is bucket or window.", "key", "tier", "kind"),
@@ -170,8 +173,8 @@ func newDescs() descs {
 		limitBurst:    d("limit_burst", "The most a tier holds at once: a bucket's burst, a window's calls per window.", "key", "tier", "kind"),
 		tokens:        d("tokens", "Room in a tier now: a bucket's tokens, a window's calls it would still admit.", "key", "tier", "kind"),
 		suspended:     d("suspended_seconds", "Seconds left of the key's fleet-wide suspension (0 when not suspended).", "key"),
-		reservations:  d("reservations", "Run slots reserved by deferred tasks of the key.", "key"),
-		queued:        d("queued_seconds", "Seconds until the key's last reserved slot: how long its backlog takes to drain.", "key"),
+		reservations:  d("reservations", "Deferred tasks of the key holding a reservation: a reserved run time.", "key"),
+		queued:        d("queued_seconds", "Seconds until the key's last reserved run time: how long its backlog takes to drain.", "key"),
 		inFlight:      d("in_flight", "Slots of the key's in-flight limit held now, across the fleet (keys with an in-flight limit only).", "key"),
 		inFlightLimit: d("in_flight_limit", "The key's in-flight limit: the most of its tasks running at once across the fleet.", "key"),
 		generation:    d("limits_generation", "Generation of the key's limits, bumped by every change (SetLimits); changes() shows when they changed.", "key"),

@@ -86,7 +86,7 @@ asynq_throttle_leased_total{key="slack"} 1
 # TYPE asynq_throttle_failure_policy_total counter
 asynq_throttle_failure_policy_total{key="github",policy="fail_closed"} 1
 asynq_throttle_failure_policy_total{key="github",policy="fail_open"} 1
-# HELP asynq_throttle_redis_errors_total Failed decisions by error class (timeout, connection, reply, bad_config, cost_too_high, other).
+# HELP asynq_throttle_redis_errors_total Failed decisions by error class (timeout, connection, reply, bad_config, other).
 # TYPE asynq_throttle_redis_errors_total counter
 asynq_throttle_redis_errors_total{class="other",key="github"} 1
 asynq_throttle_redis_errors_total{class="timeout",key="github"} 1
@@ -198,7 +198,7 @@ asynq_throttle_leased_total{key="github"} 2
 # HELP asynq_throttle_failure_policy_total Decisions Redis could not make, by the failure policy that decided instead (fail_open ran the task, fail_closed deferred it).
 # TYPE asynq_throttle_failure_policy_total counter
 asynq_throttle_failure_policy_total{key="slack",policy="fail_closed"} 1
-# HELP asynq_throttle_redis_errors_total Failed decisions by error class (timeout, connection, reply, bad_config, cost_too_high, other).
+# HELP asynq_throttle_redis_errors_total Failed decisions by error class (timeout, connection, reply, bad_config, other).
 # TYPE asynq_throttle_redis_errors_total counter
 asynq_throttle_redis_errors_total{class="connection",key="slack"} 1
 # HELP asynq_throttle_keys_folded_total Events counted under key="_other" because WithMaxKeys distinct keys were already exported.

@@ -157,8 +157,9 @@ func (c *Collector) collectEvents(ch chan<- prometheus.Metric) {
 // keyCounts are the events Observe counted for one key label since the
 // Collector was made, for displays such as the dashboard.
 type keyCounts struct {
-	// Decisions by outcome ("ran", "deferred", "suspended", "unthrottled",
-	// "failed"); outcomes not seen are absent.
+	// Decisions by outcome (throttle.Outcome's String: "ran", "deferred",
+	// "suspended", "unthrottled", "failed", "rejected"); outcomes not seen
+	// are absent.
 	Decisions map[string]uint64
 	// RateLimited counts the handlers that reported a rate limit (429s).
 	RateLimited uint64

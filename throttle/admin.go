@@ -24,8 +24,9 @@ const scanCount = 1000
 // limiter's prefix (limits, bucket state, a suspension or reservations),
 // sorted. It walks the keyspace with SCAN (never KEYS), on every master of a
 // Redis Cluster, so it does not block Redis; a key created or deleted during
-// the walk may or may not be listed. Keys set only as defaults
-// (WithDefaultLimits, WithKeyLimits) are not in Redis until first used.
+// the walk may or may not be listed. A key on default limits
+// (WithDefaultLimits) is not in Redis until first used, and leaves once its
+// buckets are full again.
 func (l *Limiter) Keys(ctx context.Context) ([]string, error) {
 	var (
 		mu    sync.Mutex
@@ -85,7 +86,7 @@ func (l *Limiter) Keys(ctx context.Context) ([]string, error) {
 // suspension and reservations. Tasks of the key then run under the
 // limiter's defaults, or unthrottled without any; a task that held a
 // reservation contends again. The slots in flight of handlers still running
-// are kept (each until its holder gives it back or its lease ends), so
+// are kept (each until its holder gives it back or it expires), so
 // limits set again with an InFlight count them. Deleting a key that has
 // nothing is not an error.
 func (l *Limiter) Delete(ctx context.Context, key string) error {
@@ -119,9 +120,16 @@ func (l *Limiter) Delete(ctx context.Context, key string) error {
 //
 // Limits are tiers taken all or nothing: SetLimits(ctx, "slack",
 // PerSecond(1).WithBurst(3), PerMinute(50)) admits a call only when both have
-// a token. The limits expire after WithIdleExpiry without any call. The
-// reservation queue is dropped; this process drops its leased tokens of
-// the key.
+// a token. The limits expire after 7 days without any decision.
+//
+// Setting the limits a key already has changes nothing. Other limits drop
+// the key's reservation queue, spaced under the old ones, and bring the
+// tasks deferred under them back to be decided now (through asynq's
+// Inspector on the tasks' Redis: WithTaskRedis, else the limiter's), so a
+// raised limit reaches the backlog already deferred. SetLimits reports an
+// error when it could set the limits but not look those tasks up: they
+// then run at their old times. This process drops its leased tokens of the
+// key.
 func (l *Limiter) SetLimits(ctx context.Context, key string, limits ...Limit) error {
 	keys, err := redisKeys(l.o.prefix, key)
 	if err != nil {
@@ -149,7 +157,7 @@ func (l *Limiter) SetLimits(ctx context.Context, key string, limits ...Limit) er
 	if !r.Changed {
 		return nil
 	}
-	// The tasks waiting for slots spaced under the old limits, or deferred
+	// The tasks waiting for reserved times spaced under the old limits, or deferred
 	// under them, are decided anew now: a raised limit reaches the backlog
 	// already deferred, and the queue shows it again.
 	reserved := make(map[string]bool, len(r.Reserved))
@@ -202,9 +210,8 @@ func (l *Limiter) suspend(ctx context.Context, key string, d time.Duration) (tim
 
 // Resume ends key's suspension at once, and with it the reservation queue
 // built while it lasted (its reserved times all lie after the old end): the
-// key runs
-// at its limits from the next decision of every process (processes that
-// cached the suspension ask Redis again within 5 s). Tasks that the
+// key runs at its limits from the next decision of every process
+// (processes that cached the suspension ask Redis again within 5 s). Tasks that the
 // middleware deferred because of the suspension, waiting in asynq's retry
 // or scheduled sets for its old end, are brought back to run now (found
 // through asynq's Inspector on the tasks' Redis: WithTaskRedis, else the
@@ -260,14 +267,16 @@ type Status struct {
 	Tokens []float64
 	// SuspendedFor is the remaining suspension, 0 when not suspended.
 	SuspendedFor time.Duration
-	// Reservations is the number of outstanding reserved slots.
+	// Reservations is the number of outstanding reservations: deferred
+	// tasks waiting for their reserved run times.
 	Reservations int
-	// QueuedFor is how long until the last reserved slot.
+	// QueuedFor is how long until the last reserved run time: how long the
+	// backlog takes to drain.
 	QueuedFor time.Duration
 	// Generation counts the changes of the key's limits (SetLimits).
 	Generation int64
-	// InFlight is how many slots of an InFlight limit are held now (the
-	// limit is the last of Limits; its Tokens entry is the slots free).
+	// InFlight is how many slots of the key's InFlight limit are held now
+	// (that limit's Tokens entry is the slots free).
 	InFlight int
 }
 

@@ -36,7 +36,7 @@
 // Beyond the main job:
 //   - Cost and Charge: a task that counts more than one call, settled after.
 //   - Limiter.Enqueue: a task throttled when it is enqueued, not only when
-//     a worker picks it up (about half the Redis commands of a backlog).
+//     a worker picks it up (fewer Redis commands per task of a backlog).
 //   - Adaptive: limits that halve on every new 429 and recover.
 //   - Limiter.Take and TakeN: a decision for a program outside the
 //     middleware (a web handler, a script); on a key with an InFlight limit,

@@ -133,7 +133,7 @@ func (s *drainSim) enqueue(key string, n, cost int, book bool) []*simTask {
 			d, err := s.l.decide(context.Background(), key, v, st.id, cost)
 			require.NoError(s.t, err, "Enqueue's decision for %s", st.id)
 			if d.reserved {
-				if delay := s.l.slotDelay(d.reservedAt, s.now); delay > 0 {
+				if delay := s.l.reservedDelay(d.reservedAt, s.now); delay > 0 {
 					heap.Push(&s.events, simEvent{at: s.back(delay), task: st})
 					continue
 				}

@@ -15,24 +15,29 @@ import (
 
 // Enqueue enqueues task on client, throttled at enqueue time rather than
 // only when a worker dequeues it. It takes the task's decision now: the
-// task reserves its run slot in its key's schedule (a slot now when the key
-// has room) and is enqueued to be processed at that slot, so asynq keeps it
-// in its scheduled set until then, a worker dequeues it once, and the
-// middleware admits it against its reservation. Without Enqueue, a task of
-// a backlog is dequeued, refused, deferred and dequeued again: the same
-// fleet-wide rate, for about twice the Redis commands per task.
+// task reserves its run time in its key's schedule and is enqueued to be
+// processed then (asynq.ProcessAt), so asynq keeps it in its scheduled set
+// until then, a worker dequeues it once, and the middleware admits it
+// against its reservation. On a key that is not paced (WithPacing) the
+// earliest run time is the next whole second, asynq's resolution, even
+// when the key has room now: such a task is scheduled, not pending.
+// Without Enqueue, a task of a
+// backlog is dequeued, refused, deferred and dequeued again: the same
+// fleet-wide rate, for more Redis commands per task (bench/README.md,
+// scenario A).
 //
 // Every guarantee still holds at run time: the middleware decides as
 // always, so limits changed after enqueue, a suspension, or a reservation
 // that lapsed are obeyed then (the task is refused and deferred like any
-// other). A task whose slot lies beyond the reservation horizon
-// (WithReservations), one already given ProcessAt or ProcessIn, a grouped
-// one (asynq.Group: only the task its group is aggregated into runs, under
-// its own ID), one without a key, and any task when Redis cannot decide
-// now, is enqueued as is: the middleware throttles it at run time. Enqueue gives the task
-// an ID (asynq.TaskID) when opts have none: its reservation is held under
-// it. Use Enqueue with the same Limiter options as the workers' middleware
-// (key function, horizon, headroom, pacing).
+// other). A task whose run time lies beyond the reservation horizon
+// (WithReservationHorizon), one already given ProcessAt or ProcessIn, a
+// grouped one (asynq.Group: only the task its group is aggregated into
+// runs, under its own ID), one without a key, and any task when Redis
+// cannot decide now, is enqueued as is: the middleware throttles it at run
+// time. Enqueue gives the task an ID (asynq.TaskID) when opts have none:
+// its reservation is held under it. Use Enqueue with the same Limiter
+// options as the workers' middleware (key function, horizon, headroom,
+// pacing).
 func (l *Limiter) Enqueue(ctx context.Context, client *asynq.Client, task *asynq.Task, opts ...asynq.Option) (*asynq.TaskInfo, error) {
 	key, err := l.o.keyOf(task)
 	if err != nil {
@@ -66,14 +71,14 @@ func (l *Limiter) Enqueue(ctx context.Context, client *asynq.Client, task *asynq
 	case errors.Is(err, ErrCostTooHigh):
 		return nil, err
 	case err != nil || !d.reserved:
-		// Redis cannot decide, the key has no limits, the slot is beyond
+		// Redis cannot decide, the key has no limits, the run time is beyond
 		// the horizon, or the ID holds a reservation already (another
 		// task's, which asynq refuses to enqueue again, or this task's
 		// left from an enqueue that failed): the middleware decides when
 		// the task runs.
 		return client.EnqueueContext(ctx, task, opts...)
 	}
-	if delay := l.slotDelay(d.reservedAt, time.Now()); delay > 0 {
+	if delay := l.reservedDelay(d.reservedAt, time.Now()); delay > 0 {
 		opts = append(opts, asynq.ProcessIn(delay))
 	}
 	info, err := client.EnqueueContext(ctx, task, opts...)
@@ -84,15 +89,14 @@ func (l *Limiter) Enqueue(ctx context.Context, client *asynq.Client, task *asynq
 	return info, nil
 }
 
-// slotDelay is how long from now a task with a reserved slot should wait
-// in asynq: to the slot itself, rounded up to a whole second (asynq's
-// granularity), or, for a paced slot inside a second, to the whole second
-// before it (the middleware then waits for the slot).
-func (l *Limiter) slotDelay(slot, now time.Time) time.Duration {
-	if l.o.pacing && slot.Truncate(time.Second) != slot {
-		return max(slot.Truncate(time.Second).Sub(now), 0)
+// reservedDelay is how long from now a task reserved to run at at should
+// wait in asynq: to that time, rounded up to a whole second (asynq's
+// granularity), or, for a paced reservation inside a second, to the whole
+// second before it (the middleware then waits for the time itself).
+func (l *Limiter) reservedDelay(at, now time.Time) time.Duration {
+	if l.o.pacing && at.Truncate(time.Second) != at {
+		return max(at.Truncate(time.Second).Sub(now), 0)
 	}
-	at := slot
 	if t := at.Truncate(time.Second); t.Before(at) {
 		at = t.Add(time.Second)
 	}
@@ -100,8 +104,8 @@ func (l *Limiter) slotDelay(slot, now time.Time) time.Duration {
 }
 
 // release gives up the reservation of task id (its enqueue failed), so that
-// its slot does not sit reserved until it lapses. The schedule keeps the
-// slot counted: callers are spaced a little further, never closer.
+// run time does not sit reserved until it lapses. The schedule keeps it
+// counted: callers are spaced a little further, never closer.
 func (l *Limiter) release(ctx context.Context, key, id string) {
 	keys, err := redisKeys(l.o.prefix, key)
 	if err != nil {

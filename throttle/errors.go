@@ -15,7 +15,7 @@ var (
 	ErrInvalidLimit = errors.New("throttle: invalid limit")
 	// ErrNoLimits is returned by Take for a key that has no limits in Redis
 	// when the limiter has no default limits for it. Call SetLimits, or use
-	// WithDefaultLimits / WithKeyLimits.
+	// WithDefaultLimits.
 	ErrNoLimits = errors.New("throttle: no limits set for key")
 	// ErrCostTooHigh is returned for a cost (TakeN, Cost) that a tier can
 	// never admit: above its burst, or a window's quota.

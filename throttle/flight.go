@@ -531,11 +531,11 @@ func boundsIO(rdb redis.UniversalClient, timeout time.Duration) bool {
 // WithTimeout, its context) after it was sent: Redis made it all the same,
 // but nobody runs the call. Its slot in flight is released and its tokens
 // (the cost and any lease) given back, so that nothing stays taken until
-// the slot's lease ends for a task that did not run (and, under FailClosed,
-// was deferred). This needs the reply: a client that ends socket reads at
-// the caller's deadline (ContextTimeoutEnabled, on the lone-decision path)
+// the slot expires for a task that did not run (and, failing closed, was
+// deferred). This needs the reply: a client that ends socket reads at the
+// caller's deadline (ContextTimeoutEnabled, on the lone-decision path)
 // drops the connection with the reply unread, and what Redis decided then
-// is not known here (see the README's failure behaviour).
+// is not known here (docs/guarantees.md, faults).
 func (l *Limiter) giveBack(c *call) {
 	r, err := lua.ParseDecide(c.reply)
 	if err != nil || r.Status != lua.StatusAllowed {
@@ -546,8 +546,8 @@ func (l *Limiter) giveBack(c *call) {
 		ctx := context.Background()
 		if r.Slot != "" {
 			if err := l.Release(ctx, key, r.Slot); err != nil {
-				l.o.logger.Warn("throttle: cannot give back the slot of a decision its caller gave up on; it frees when its lease ends",
-					"key", key, "slot", r.Slot, "lease", l.o.slotExpiry, "err", err)
+				l.o.logger.Warn("throttle: cannot give back the slot of a decision its caller gave up on; it frees when it expires",
+					"key", key, "slot", r.Slot, "slot_expiry", l.o.slotExpiry, "err", err)
 			}
 		}
 		// The whole charge back, from where it was counted (see adjust).

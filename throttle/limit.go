@@ -48,6 +48,13 @@ const (
 // The constructors (PerSecond, PerMinute, PerHour, Window, InFlight,
 // Adaptive) make valid limits; SetLimits refuses a Limit whose unused fields
 // are set. The zero value is not a valid limit.
+//
+// Bounds: a key has at most 4 rate tiers (buckets and windows), one
+// InFlight and one Adaptive; Per is at most 30 days (an Adaptive clean
+// period at least 1s); a tier allows at most 1000000 calls per second;
+// Burst and a window's N are at most 1000000000; InFlight's N is at most
+// 1000000. SetLimits refuses anything outside them with ErrInvalidLimit,
+// naming the field.
 type Limit struct {
 	Kind  Kind
 	N     int

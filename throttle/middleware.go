@@ -30,8 +30,8 @@ const (
 	// Unthrottled: the task has no key, or its key has no limits; the
 	// handler ran without a decision.
 	Unthrottled
-	// Failed: Redis could not decide; the failure policy applied (Event.Ran
-	// tells whether the handler ran).
+	// Failed: Redis could not decide; the failure policy applied
+	// (Event.HandlerRan tells whether the handler ran: WithFailOpen).
 	Failed
 	// Rejected: the task can never be throttled (an invalid key or cost in
 	// its headers, a cost above what a tier of its key can ever admit); it
@@ -58,8 +58,9 @@ func (o Outcome) String() string {
 	return "Outcome(" + strconv.Itoa(int(o)) + ")"
 }
 
-// Event describes one middleware decision, for WithObserver. A handler that
-// reports a rate limit gives a second event for the same task: Suspended.
+// Event describes one middleware decision, for the functions given to
+// Limiter.OnEvent. A handler that reports a rate limit gives a second event
+// for the same task: Suspended.
 type Event struct {
 	Key      string
 	TaskID   string
@@ -73,7 +74,8 @@ type Event struct {
 	// starts: admitted at its reserved time a moment ahead (see WithPacing).
 	// The event comes when it was admitted, before the wait.
 	Wait time.Duration
-	// Reserved reports that the deferred task holds a reserved slot.
+	// Reserved reports that the deferred task holds a reservation: it runs
+	// at its reserved time without contending again.
 	Reserved bool
 	// Leased reports that the task ran on a token its process had leased,
 	// without a decision in Redis.
@@ -290,8 +292,8 @@ func (m *middleware) giveBack(ctx context.Context, key string, d Decision, cost 
 	ctx = context.WithoutCancel(ctx)
 	if d.Slot != "" {
 		if err := m.l.Release(ctx, key, d.Slot); err != nil {
-			m.l.o.logger.Warn("throttle: cannot give back a slot in flight; it frees when its lease ends",
-				"key", key, "slot", d.Slot, "lease", m.l.o.slotExpiry, "err", err)
+			m.l.o.logger.Warn("throttle: cannot give back a slot in flight; it frees when it expires",
+				"key", key, "slot", d.Slot, "slot_expiry", m.l.o.slotExpiry, "err", err)
 		}
 	}
 	if err := m.l.adjust(ctx, key, -cost, lua.Call{At: d.at, Charged: cost, Generation: d.gen}); err != nil {
@@ -358,7 +360,7 @@ func (m *middleware) sleep(ctx context.Context, d time.Duration) error {
 }
 
 // saw updates the process's view of a key from a decision sent at sent:
-// leased tokens, and a suspension without a slot to offer, which every
+// leased tokens, and a suspension without a reserved time to offer, which every
 // task of the key would be told until it ends. Any refusal (the bucket at
 // its limit, a suspension) drops the key's leased tokens, as does a change
 // of limits (a new generation).
@@ -419,7 +421,7 @@ func (m *middleware) run(ctx context.Context, t *asynq.Task, next asynq.Handler,
 	ev = Event{Key: key, TaskID: ev.TaskID, TaskType: ev.TaskType}
 	d := Decision{RetryAfter: left, Reason: RefusedBySuspension}
 	if err == nil {
-		// A slot after the suspension, so the deferred crowd comes back
+		// A reserved time after the suspension, so the deferred crowd comes back
 		// spread out. A suspension short enough to be over already admits
 		// the task: that admission is given back, the task deferred anyway
 		// (the provider refused its call).
@@ -482,8 +484,9 @@ func (m *middleware) deferDecision(ctx context.Context, t *asynq.Task, ks *keySt
 }
 
 // deferDelay is how long a refused task waits in asynq before it is
-// dequeued again: a task with a reserved slot comes back right after it (or,
-// paced, on the whole second before it, its worker waiting for the slot);
+// dequeued again: a task with a reservation comes back right after its
+// reserved time (or, paced, on the whole second before it, its worker
+// waiting for the time itself);
 // others get jitter so a crowd does not come back at once.
 func (m *middleware) deferDelay(d Decision) time.Duration {
 	switch {
@@ -590,8 +593,8 @@ func (m *middleware) observe(ev Event) {
 	}
 }
 
-// suspension is a suspension Redis told this process without a slot to
-// offer: until then every task of the key gets the same answer, so it is
+// suspension is a suspension Redis told this process without a reserved
+// time to offer: until then every task of the key gets the same answer, so it is
 // deferred to retryAt without asking again (see suspensionCacheMax). Tasks
 // it deferred are parked with it.
 type suspension struct {

@@ -34,13 +34,14 @@ import (
 // which stay the ceiling:
 //   - a published quota (with its window) below the key's tier of the same
 //     period lowers that tier for every process, until the provider has not
-//     said it for WithLearnFor (10 minutes); one at or above the configured
+//     said it for 10 minutes; one at or above the configured
 //     tier puts the tier back to it. A quota is never raised above what the
 //     operator set.
 //   - a remaining count below the key's tokens brings the tokens down to it
 //     (other clients share the provider's quota), never up: the tier of the
 //     remaining's window when the response tells it, else every rate tier.
-//   - remaining 0 with a reset time suspends the key until the reset.
+//   - remaining 0 with a reset 10 seconds away or more suspends the key
+//     until the reset; a nearer reset is left to the tiers.
 //
 // Every learned change is logged once, by the process that made it, and
 // shown by Inspect (Limits against InForce); a quota for a period the key
@@ -48,7 +49,7 @@ import (
 // sends what a response says only when it could change something: a
 // published quota below the one in force for its tier's period at once,
 // one that would raise it back at most once a second, every quota again
-// each quarter of WithLearnFor (to keep a learned one in force), a
+// every 2.5 minutes (to keep a learned one in force for its 10), a
 // remaining count below what the task's decision left. So a handler can
 // call Observe on every response at the cost of a Redis call on few of
 // them. Outside a handler run by the middleware, Observe only returns the
@@ -85,8 +86,8 @@ const observeGap = time.Second
 // calls than the fleet makes), above it (and the tier below its configured
 // quota) at most once per observeGap. Quotas for other periods change
 // nothing until the limits do; like a learned quota that must be said
-// again to stay in force, they are sent every refresh (a quarter of
-// WithLearnFor). A provider whose quotas or windows change on every
+// again to stay in force, they are sent every refresh (a quarter of the
+// time a learned quota stays in force). A provider whose quotas or windows change on every
 // response thus costs a bounded number of calls.
 func (m *observeMemo) policiesDue(pol []lua.Policy, now time.Time, refresh time.Duration) bool {
 	if len(pol) == 0 {

@@ -12,7 +12,7 @@ import (
 // RetryAfter and defers the task without spending its retry budget.
 type RateLimitedError struct {
 	// RetryAfter is how long the provider asked to wait; 0 when it did not
-	// say (the middleware then uses WithDefaultSuspension).
+	// say (the middleware then suspends for 5s).
 	RetryAfter time.Duration
 	// StatusCode is the HTTP status that said so, when known.
 	StatusCode int
@@ -29,7 +29,8 @@ func (e *RateLimitedError) Error() string {
 // RateLimited returns the error a handler returns (or wraps) when its
 // provider rate-limited it: every worker in the fleet stops calling that key
 // for retryAfter. A retryAfter of 0 or less means the provider did not say:
-// the middleware suspends for WithDefaultSuspension's duration.
+// the middleware suspends for 5s. A suspension lasts at most
+// WithMaxSuspension.
 func RateLimited(retryAfter time.Duration) error {
 	if retryAfter < 0 {
 		retryAfter = 0

@@ -7,7 +7,7 @@ import (
 )
 
 // slotBook is the slots in flight this process holds for running handlers,
-// by key. One goroutine renews them all, every third of the slot lease, one
+// by key. One goroutine renews them all, every third of WithSlotExpiry, one
 // call per key, while any are held (like asynq's own lease of running
 // tasks), so a slow but live handler never loses its slot; it exits when
 // none are left.
@@ -42,13 +42,13 @@ func (l *Limiter) holdSlot(key, hold string) (release func()) {
 		}
 		b.mu.Unlock()
 		if err := l.Release(context.Background(), key, hold); err != nil {
-			l.o.logger.Warn("throttle: cannot give back a slot in flight; it frees when its lease ends",
-				"key", key, "slot", hold, "lease", l.o.slotExpiry, "err", err)
+			l.o.logger.Warn("throttle: cannot give back a slot in flight; it frees when it expires",
+				"key", key, "slot", hold, "slot_expiry", l.o.slotExpiry, "err", err)
 		}
 	}
 }
 
-// renewSlots renews every held slot every third of the slot lease until
+// renewSlots renews every held slot every third of WithSlotExpiry until
 // none are held.
 func (l *Limiter) renewSlots() {
 	b := &l.slots
@@ -72,8 +72,8 @@ func (l *Limiter) renewSlots() {
 			n, err := l.extend(context.Background(), key, hs...)
 			switch {
 			case err != nil:
-				l.o.logger.Warn("throttle: cannot renew slots in flight; they are taken back when their lease ends unless renewed in time",
-					"key", key, "slots", len(hs), "lease", l.o.slotExpiry, "err", err)
+				l.o.logger.Warn("throttle: cannot renew slots in flight; they expire unless renewed in time",
+					"key", key, "slots", len(hs), "slot_expiry", l.o.slotExpiry, "err", err)
 			case n < len(hs):
 				l.o.logger.Warn("throttle: slots in flight were taken back (their lease ended before a renewal reached Redis); their handlers run beyond the InFlight limit",
 					"key", key, "lost", len(hs)-n)

@@ -47,8 +47,8 @@ func (c costOption) Value() interface{}     { return int(c) }
 // cost in the handler with Charge when it is known. Like Key, it must go
 // through NewTask. A cost above a configured tier's burst (or a window's
 // quota) can never run: the middleware fails the task with ErrCostTooHigh
-// and asynq.SkipRetry, so asynq archives it at once (run it again from the
-// archive once the limits or the cost change). A cost above a tier lowered
+// and asynq.SkipRetry (outcome Rejected), so asynq archives it at once (run
+// it again from the archive once the limits or the cost change). A cost above a tier lowered
 // only by what Observe or Adaptive learned waits until the tier is back up.
 func Cost(n int) asynq.Option { return costOption(n) }
 

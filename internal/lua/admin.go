@@ -207,7 +207,7 @@ type InspectReply struct {
 	Status       int           // StatusAllowed (limits known), StatusBadConfig or StatusNoLimits
 	Suspended    time.Duration // remaining suspension, 0 if none
 	Reservations int64         // outstanding reservations
-	QueuedFor    time.Duration // time until the last reserved slot
+	QueuedFor    time.Duration // time until the last reserved run time
 	FromRedis    bool          // the tiers are the limits in Redis, not the defaults
 	Generation   int64         // the limits' generation
 	InFlight     int64         // slots in flight now (with an in-flight limit)

@@ -307,11 +307,13 @@ const (
 	KindAdaptive = 'a' // adaptive: rate tiers cut on each new suspension, won back every PerMS clean
 )
 
-// Tier is one validated limit as the scripts store it: a token bucket of
-// Rate tokens every PerMS milliseconds holding at most Burst, or a window
-// of at most Rate calls in any PerMS milliseconds.
+// Tier is one validated limit as the scripts store it (FormatTiers), by
+// Kind: a token bucket of Rate tokens every PerMS milliseconds holding at
+// most Burst; a window of at most Rate calls in any PerMS milliseconds; an
+// in-flight limit of at most Rate slots held at once; or adaptive mode,
+// whose clean period is PerMS. Fields a kind does not use are 0.
 type Tier struct {
-	Kind               byte // KindBucket or KindWindow
+	Kind               byte // KindBucket, KindWindow, KindInFlight or KindAdaptive
 	Rate, PerMS, Burst int64
 }
 

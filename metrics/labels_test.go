@@ -1,0 +1,65 @@
+package metrics
+
+import (
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/asynq-throttle/asynq-throttle/throttle"
+)
+
+// listed returns the label values a metric's help text lists in
+// parentheses after word: "by error class (timeout, connection, ...)".
+func listed(t *testing.T, d *prometheus.Desc, word string) []string {
+	t.Helper()
+	m := regexp.MustCompile(regexp.QuoteMeta(word) + ` \(([a-z_, ]+)\)`).FindStringSubmatch(d.String())
+	require.NotNil(t, m, "the help of %s lists no %s", d, word)
+	out := strings.Split(m[1], ", ")
+	sort.Strings(out)
+	return out
+}
+
+// The help texts list the values their labels take, and the code holds the
+// same lists: each is compared with its source.
+func TestHelpListsTheLabelValuesTheCodeUses(t *testing.T) {
+	d := newDescs()
+
+	var outcomes []string
+	for o := throttle.Outcome(0); !strings.HasPrefix(o.String(), "Outcome("); o++ {
+		outcomes = append(outcomes, o.String())
+	}
+	sort.Strings(outcomes)
+	assert.Equal(t, outcomes, listed(t, d.decisions, "outcome"), "decisions_total's outcomes")
+
+	reasons := []string{"failure_policy"} // deferred by the failure policy, no Reason
+	for r := throttle.Reason(1); !strings.HasPrefix(r.String(), "Reason("); r++ {
+		reasons = append(reasons, reasonLabel(r))
+	}
+	sort.Strings(reasons)
+	assert.Equal(t, reasons, listed(t, d.deferrals, "reason"), "deferrals_total's reasons")
+
+	// The error classes: the class* constants of errors.go.
+	fset := token.NewFileSet()
+	f, err := parser.ParseFile(fset, "errors.go", nil, 0)
+	require.NoError(t, err)
+	var classes []string
+	ast.Inspect(f, func(n ast.Node) bool {
+		if vs, ok := n.(*ast.ValueSpec); ok && strings.HasPrefix(vs.Names[0].Name, "class") {
+			s, err := strconv.Unquote(vs.Values[0].(*ast.BasicLit).Value)
+			require.NoError(t, err)
+			classes = append(classes, s)
+		}
+		return true
+	})
+	sort.Strings(classes)
+	assert.Equal(t, classes, listed(t, d.redisErrors, "error class"), "redis_errors_total's classes")
+}

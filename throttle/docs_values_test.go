@@ -1,0 +1,138 @@
+package throttle
+
+import (
+	"fmt"
+	"go/ast"
+	"go/doc"
+	"go/parser"
+	"go/token"
+	"os"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// docs returns the doc comment of every exported func, method and type of
+// the package, by name ("Limiter.SetLimits" for a method).
+func docs(t *testing.T) map[string]string {
+	t.Helper()
+	fset := token.NewFileSet()
+	pkgs, err := parser.ParseDir(fset, ".", func(fi os.FileInfo) bool {
+		return !strings.HasSuffix(fi.Name(), "_test.go")
+	}, parser.ParseComments)
+	require.NoError(t, err)
+	files := []*ast.File{}
+	for _, f := range pkgs["throttle"].Files {
+		files = append(files, f)
+	}
+	p, err := doc.NewFromFiles(fset, files, "github.com/asynq-throttle/asynq-throttle/throttle")
+	require.NoError(t, err)
+	out := map[string]string{}
+	for _, f := range p.Funcs {
+		out[f.Name] = f.Doc
+	}
+	for _, ty := range p.Types {
+		out[ty.Name] = ty.Doc
+		for _, f := range ty.Funcs {
+			out[f.Name] = f.Doc
+		}
+		for _, m := range ty.Methods {
+			out[ty.Name+"."+m.Name] = m.Doc
+		}
+	}
+	return out
+}
+
+// short writes a duration as the docs do: "1s", "1m", "20ms", "7 days".
+func short(d time.Duration) string {
+	switch {
+	case d >= 48*time.Hour && d%(24*time.Hour) == 0:
+		return fmt.Sprintf("%d days", d/(24*time.Hour))
+	case d >= time.Hour && d%time.Hour == 0:
+		return fmt.Sprintf("%dh", d/time.Hour)
+	case d >= time.Minute && d%time.Minute == 0:
+		return fmt.Sprintf("%dm", d/time.Minute)
+	}
+	return d.String()
+}
+
+// Each option's doc, and each doc that states a fixed duration, states the
+// value the code uses: change one and this fails until the other follows.
+func TestOptionDocsStateTheDefaults(t *testing.T) {
+	d := docs(t)
+	require.Equal(t, "1m", short(time.Minute))
+	require.Equal(t, "1h", short(time.Hour))
+	require.Equal(t, "20ms", short(20*time.Millisecond))
+	require.Equal(t, "7 days", short(7*24*time.Hour))
+	require.Equal(t, "10m", short(10*time.Minute))
+	tests := []struct {
+		doc, says string
+	}{
+		{"WithPrefix", `(default "` + newOptions(nil).prefix + `")`},
+		{"WithTimeout", "(default " + short(defaultTimeout) + ")"},
+		{"WithReservationHorizon", "(default " + short(defaultHorizon) + ")"},
+		{"WithLease", fmt.Sprintf("(defaults %d and %s)", defaultLease, short(defaultLeaseFor))},
+		{"WithHeadroom", "(default " + short(defaultHeadroom) + ")"},
+		{"WithPacing", fmt.Sprintf("(default %v)", newOptions(nil).pacing)},
+		{"WithFailureDelay", "(default " + short(defaultFailureDelay) + ", plus jitter)"},
+		{"WithMaxSuspension", "(default " + short(defaultMaxSuspension) + ")"},
+		{"WithSlotExpiry", "(default " + short(defaultSlotExpiry) + ","},
+		{"WithDefaultLimits", "asks Redis again after " + short(noLimitsCacheFor)},
+		{"Limiter.SetLimits", "expire after " + short(defaultIdleExpiry) + " without any decision"},
+		{"Limiter.Resume", "within " + strings.TrimSuffix(short(suspensionCacheMax), "s") + " s"},
+		{"RateLimited", "suspends for " + short(defaultSuspension)},
+		{"Observe", fmt.Sprintf("said it for %d minutes", defaultLearnFor/time.Minute)},
+		{"Observe", fmt.Sprintf("every %v minutes (to keep a learned one in force for its %d)", (defaultLearnFor / 4).Minutes(), defaultLearnFor/time.Minute)},
+	}
+	for _, tt := range tests {
+		text, ok := d[tt.doc]
+		if !assert.True(t, ok, "no doc for %s", tt.doc) {
+			continue
+		}
+		assert.Contains(t, strings.Join(strings.Fields(text), " "), tt.says, "%s's doc does not state the value the code uses", tt.doc)
+	}
+}
+
+// The Limit doc states the bounds SetLimits enforces, and the scripts
+// enforce the same ones on limits read from Redis.
+func TestLimitDocsStateTheBounds(t *testing.T) {
+	text := strings.Join(strings.Fields(docs(t)["Limit"]), " ")
+	for _, says := range []string{
+		fmt.Sprintf("at most %d rate tiers", maxTiers),
+		fmt.Sprintf("Per is at most %s", short(maxPer)),
+		fmt.Sprintf("at most %d calls per second", maxRatePerSecond),
+		fmt.Sprintf("Burst and a window's N are at most %d", maxBurst),
+		fmt.Sprintf("InFlight's N is at most %d", maxInFlight),
+	} {
+		assert.Contains(t, text, says, "the Limit doc does not state a bound the code enforces")
+	}
+
+	lib, err := os.ReadFile("../internal/lua/lib.lua")
+	require.NoError(t, err)
+	num := func(expr string) float64 { // "30 * 24 * 3600 * 1000", "1e6"
+		v := 1.0
+		for _, f := range strings.Split(expr, "*") {
+			x, err := strconv.ParseFloat(strings.TrimSpace(f), 64)
+			require.NoError(t, err, "lib.lua: %q", expr)
+			v *= x
+		}
+		return v
+	}
+	constant := func(name string) float64 {
+		m := regexp.MustCompile(`(?m)^local ` + name + ` = ([0-9e.* ]+)`).FindSubmatch(lib)
+		require.NotNil(t, m, "lib.lua has no %s", name)
+		return num(string(m[1]))
+	}
+	assert.Equal(t, float64(maxTiers), constant("MAX_TIERS"), "lib.lua's MAX_TIERS")
+	assert.Equal(t, float64(maxPer.Milliseconds()), constant("MAX_PER_MS"), "lib.lua's MAX_PER_MS")
+	assert.Equal(t, float64(maxRatePerSecond), constant("MAX_RATE_PER_SEC"), "lib.lua's MAX_RATE_PER_SEC")
+	assert.Equal(t, float64(maxBurst), constant("MAX_BURST"), "lib.lua's MAX_BURST")
+	m := regexp.MustCompile(`'limits\.InFlight', 1, ([0-9e.]+),`).FindSubmatch(lib)
+	require.NotNil(t, m, "lib.lua's check of an in-flight limit")
+	assert.Equal(t, float64(maxInFlight), num(string(m[1])), "lib.lua's in-flight bound")
+}
