@@ -185,47 +185,65 @@ func (m *middleware) process(ctx context.Context, t *asynq.Task, next asynq.Hand
 	}
 	ev.cost = cost
 	ks := m.l.keys.get(key)
-	now := m.now()
-	if ks.noLimits(now) {
-		ev.Outcome, ev.Cached = Unthrottled, true
-		return m.run(ctx, t, next, ks, ev)
-	}
-	if retryAt, ok := ks.suspendedUntil(now); ok {
-		ev.Cached = true
-		return m.deferDecision(ctx, t, ks, Decision{RetryAfter: retryAt.Sub(now), Reason: RefusedBySuspension}, ev, Deferred)
-	}
-	leasing := o.lease > 1 && o.leaseFor > 0 && cost < o.lease
-	if leasing && ks.lease.take(now, o.lease, cost) {
-		ev.Outcome, ev.Leased = Ran, true
-		return m.run(ctx, t, next, ks, ev)
+	if done, err := m.decideInProcess(ctx, t, next, ks, &ev); done {
+		return err
 	}
 	asked := 0
-	if leasing {
+	if o.lease > 1 && o.leaseFor > 0 && cost < o.lease {
 		asked = ks.lease.request(o.lease)
 	}
 	d, err := m.decideAndWait(ctx, key, t, id, asked, cost, ks, &ev)
+	return m.act(ctx, t, next, ks, ev, d, err)
+}
+
+// decideInProcess decides without Redis when this process knows the
+// answer: the key has no limits, or is suspended (both cached for a few
+// seconds), or a token its process leased is left. It reports whether it
+// decided, and the task's result then.
+func (m *middleware) decideInProcess(ctx context.Context, t *asynq.Task, next asynq.Handler, ks *keyState, ev *Event) (bool, error) {
+	o := &m.l.o
+	now := m.now()
+	if ks.noLimits(now) {
+		ev.Outcome, ev.Cached = Unthrottled, true
+		return true, m.run(ctx, t, next, ks, *ev)
+	}
+	if retryAt, ok := ks.suspendedUntil(now); ok {
+		ev.Cached = true
+		return true, m.deferDecision(ctx, t, ks, Decision{RetryAfter: retryAt.Sub(now), Reason: RefusedBySuspension}, *ev, Deferred)
+	}
+	if o.lease > 1 && o.leaseFor > 0 && ev.cost < o.lease && ks.lease.take(now, o.lease, ev.cost) {
+		ev.Outcome, ev.Leased = Ran, true
+		return true, m.run(ctx, t, next, ks, *ev)
+	}
+	return false, nil
+}
+
+// act carries out decision d (or err, when Redis could not decide) on task
+// t: run it, defer it, run it unthrottled (no limits), or reject it.
+func (m *middleware) act(ctx context.Context, t *asynq.Task, next asynq.Handler, ks *keyState, ev Event, d Decision, err error) error {
+	key := ev.Key
 	switch {
 	case errors.Is(err, ErrNoLimits):
 		ks.setNoLimits(m.now().Add(noLimitsCacheFor))
 		if ks.warnOnce() {
-			o.logger.Warn("throttle: key has no limits, running its tasks unthrottled; call SetLimits or use WithDefaultLimits",
+			m.l.o.logger.Warn("throttle: key has no limits, running its tasks unthrottled; call SetLimits or use WithDefaultLimits",
 				"key", key, "task_type", t.Type())
 		}
 		ev.Outcome = Unthrottled
 		return m.run(ctx, t, next, ks, ev)
 	case errors.Is(err, ErrCostTooHigh):
-		return m.badTask(ctx, t, id, key, err)
+		return m.badTask(ctx, t, ev.TaskID, key, err)
 	case err != nil:
 		return m.cannotDecide(ctx, t, ks, next, ev, err)
 	case !d.Allowed:
 		return m.deferDecision(ctx, t, ks, d, ev, Deferred)
 	}
 	if d.wait > 0 && d.wait > m.waitBudget(ctx, 0)/2 {
-		// Admitted at a paced slot further ahead than the task's deadline
+		// Admitted at a paced time further ahead than the task's deadline
 		// lets it wait and leaves its handler at least as long: give the
 		// admission back and defer the task to it (it comes back with its
 		// whole timeout).
-		m.giveBack(ctx, key, d, cost)
+		m.giveBack(ctx, key, d, ev.cost)
 		return m.deferDecision(ctx, t, ks, Decision{RetryAfter: d.wait, Reason: RefusedByQueue}, ev, Deferred)
 	}
 	if d.Slot != "" {
