@@ -6,6 +6,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/go-redis/redis_rate/v10"
 	"github.com/redis/go-redis/v9"
@@ -31,6 +32,9 @@ func BenchmarkTake(b *testing.B) {
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: 64, ContextTimeoutEnabled: true})
 	b.Cleanup(func() { _ = rdb.Close() })
 	ctx := context.Background()
+	// A handler's context: cancellable, with asynq's deadline.
+	hctx, cancel := context.WithTimeout(ctx, time.Hour)
+	b.Cleanup(cancel)
 
 	lim := throttle.NewLimiter(rdb)
 	if err := lim.SetLimits(ctx, "bench", throttle.PerSecond(benchRate)); err != nil {
@@ -53,6 +57,10 @@ func BenchmarkTake(b *testing.B) {
 				return false, err
 			}
 			return r.Allowed > 0, nil
+		}},
+		{"ours-handler-ctx", func() (bool, error) {
+			d, err := lim.Take(hctx, "bench")
+			return d.Allowed, err
 		}},
 	}
 	modes := []struct {

@@ -6,26 +6,32 @@ import (
 	"time"
 )
 
-// deadlineCtx is a parent context without a Done channel of its own
-// (context.Background, say) given a deadline: Deadline reports it, and Done
-// is closed when it passes, so go-redis ends a wait for a pool connection, a
-// dial and its retry backoff there, not only socket I/O. Unlike
-// context.WithTimeout it is reused from call to call: its timer and, unless
-// the deadline fired, its channel are allocated once.
+// deadlineCtx is a parent context given an earlier deadline: Deadline
+// reports it, and Done is closed when it passes or when the parent is done,
+// so go-redis ends a wait for a pool connection, a dial and its retry
+// backoff there, not only socket I/O. Unlike context.WithDeadline (four
+// allocations per call), it lives in a pooled call and is reused: its timer
+// is reset, its channel kept until it is closed. A parent that can be
+// canceled (a handler's context) is watched only once something asks for
+// Done: on the connection a lone decision keeps, go-redis never does, and
+// the watch (context.AfterFunc) would cost allocations on every decision.
 type deadlineCtx struct {
-	context.Context // the parent; its Done() is nil
+	context.Context // the parent
 
 	timer *time.Timer // runs expire at the deadline
 
-	mu       sync.Mutex
-	deadline time.Time
-	done     chan struct{}
-	err      error
+	mu        sync.Mutex
+	use       uint64 // counts the uses: a late timer or watch of an old one does nothing
+	deadline  time.Time
+	done      chan struct{}
+	err       error
+	stopWatch func() bool // stops the watch of the parent, once Done was asked for
 }
 
 // start makes d the parent with deadline at. It must not be in use.
 func (d *deadlineCtx) start(parent context.Context, at time.Time) {
 	d.mu.Lock()
+	d.use++
 	d.Context = parent
 	d.deadline = at
 	if d.err != nil || d.done == nil {
@@ -44,6 +50,11 @@ func (d *deadlineCtx) start(parent context.Context, at time.Time) {
 func (d *deadlineCtx) stop() {
 	d.timer.Stop()
 	d.mu.Lock()
+	if d.stopWatch != nil {
+		d.stopWatch()
+		d.stopWatch = nil
+	}
+	d.use++
 	d.Context = nil
 	d.deadline = time.Time{}
 	d.mu.Unlock()
@@ -55,10 +66,18 @@ func (d *deadlineCtx) stop() {
 func (d *deadlineCtx) expire() {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.err != nil || d.deadline.IsZero() || time.Now().Before(d.deadline) {
+	if d.deadline.IsZero() || time.Now().Before(d.deadline) {
 		return
 	}
-	d.err = context.DeadlineExceeded
+	d.end(context.DeadlineExceeded)
+}
+
+// end closes Done with err, unless it is closed already. d.mu is held.
+func (d *deadlineCtx) end(err error) {
+	if d.err != nil {
+		return
+	}
+	d.err = err
 	close(d.done)
 }
 
@@ -69,27 +88,32 @@ func (d *deadlineCtx) Deadline() (time.Time, bool) {
 	return d.deadline, !d.deadline.IsZero()
 }
 
-// Done is closed when the deadline passes.
+// Done is closed when the deadline passes or the parent is done.
 func (d *deadlineCtx) Done() <-chan struct{} {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if d.stopWatch == nil && d.err == nil && d.Context != nil && d.Context.Done() != nil {
+		use := d.use
+		d.stopWatch = context.AfterFunc(d.Context, func() {
+			d.mu.Lock()
+			defer d.mu.Unlock()
+			if d.use == use && d.Context != nil {
+				d.end(d.Context.Err())
+			}
+		})
+	}
 	return d.done
 }
 
-// Err is context.DeadlineExceeded once Done is closed.
+// Err is the reason Done is closed: context.DeadlineExceeded, or the
+// parent's error (which closes Done, when nothing watched the parent yet).
 func (d *deadlineCtx) Err() error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return d.err
-}
-
-// Value is the parent's.
-func (d *deadlineCtx) Value(key any) any {
-	d.mu.Lock()
-	p := d.Context
-	d.mu.Unlock()
-	if p == nil {
-		return nil
+	if d.err == nil && d.Context != nil {
+		if err := d.Context.Err(); err != nil {
+			d.end(err)
+		}
 	}
-	return p.Value(key)
+	return d.err
 }

@@ -119,15 +119,9 @@ func (f *flight) sendAlone(ctx context.Context, c *call) {
 		end = time.Now().Add(f.timeout)
 		deadline = end.Add(-f.reach.reserve(f.timeout))
 		if d, ok := ctx.Deadline(); !ok || d.After(end) {
-			if ctx.Done() == nil {
-				c.dctx.start(ctx, deadline)
-				ctx = &c.dctx
-				defer c.dctx.stop()
-			} else {
-				var cancel context.CancelFunc
-				ctx, cancel = context.WithDeadline(ctx, deadline)
-				defer cancel()
-			}
+			c.dctx.start(ctx, deadline)
+			ctx = &c.dctx
+			defer c.dctx.stop()
 		} else {
 			deadline, end = time.Time{}, d
 		}

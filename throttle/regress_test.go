@@ -173,41 +173,65 @@ func TestShortLivedLimitersHoldNoConnection(t *testing.T) {
 
 // A decision ends within WithTimeout whatever it waits on: a pool with no
 // free connection, or a Redis that refuses connections while the client
-// redials (with the client settings the README recommends).
+// redials (with the client settings the README recommends), called with a
+// plain context or with a handler's (cancellable, with asynq's far
+// deadline); and a handler's context canceled during the wait ends it then.
 func TestDecisionEndsWithinItsTimeout(t *testing.T) {
-	ctx := context.Background()
 	const timeout = 300 * time.Millisecond
-	t.Run("no free pool connection", func(t *testing.T) {
+	handler, cancel := context.WithTimeout(context.Background(), time.Hour)
+	t.Cleanup(cancel)
+	contexts := []struct {
+		name string
+		ctx  context.Context
+	}{{"plain context", context.Background()}, {"handler context", handler}}
+	// exhausted returns a Limiter whose client's only connection is taken.
+	exhausted := func(t *testing.T) *throttle.Limiter {
 		s := redistest.Start(t)
 		rdb := redis.NewClient(&redis.Options{Addr: s.Addr, PoolSize: 1, ContextTimeoutEnabled: true})
 		t.Cleanup(func() { _ = rdb.Close() })
 		l := throttle.NewLimiter(rdb, throttle.WithDefaultLimits(throttle.PerSecond(100)), throttle.WithTimeout(timeout))
-		_, err := l.Take(ctx, "api")
+		_, err := l.Take(context.Background(), "api")
 		require.NoError(t, err)
 		// The only connection blocks on BLPOP for 5 s.
-		go func() { _ = rdb.BLPop(ctx, 5*time.Second, "nothing").Err() }()
+		go func() { _ = rdb.BLPop(context.Background(), 5*time.Second, "nothing").Err() }()
 		require.Eventually(t, func() bool { return rdb.PoolStats().IdleConns == 0 }, time.Second, 5*time.Millisecond)
-		start := time.Now()
-		_, err = l.Take(ctx, "api")
-		took := time.Since(start)
-		assert.ErrorIs(t, err, context.DeadlineExceeded)
-		assert.Less(t, took, 3*timeout, "Take waited for a pool connection past WithTimeout (%v)", timeout)
-	})
-	t.Run("Redis refusing connections", func(t *testing.T) {
-		s := redistest.Start(t)
-		rdb := redis.NewClient(&redis.Options{Addr: s.Addr, ContextTimeoutEnabled: true, DialTimeout: time.Second})
-		t.Cleanup(func() { _ = rdb.Close() })
-		l := throttle.NewLimiter(rdb, throttle.WithDefaultLimits(throttle.PerSecond(100)), throttle.WithTimeout(timeout))
-		_, err := l.Take(ctx, "api")
-		require.NoError(t, err)
-		s.Stop()
-		for range 3 {
+		return l
+	}
+	for _, c := range contexts {
+		t.Run("no free pool connection, "+c.name, func(t *testing.T) {
+			l := exhausted(t)
 			start := time.Now()
-			_, err = l.Take(ctx, "api")
+			_, err := l.Take(c.ctx, "api")
 			took := time.Since(start)
-			assert.Error(t, err)
-			assert.Less(t, took, 3*timeout, "Take against a Redis refusing connections took %v (WithTimeout %v)", took, timeout)
-		}
+			assert.ErrorIs(t, err, context.DeadlineExceeded)
+			assert.Less(t, took, 3*timeout, "Take waited for a pool connection past WithTimeout (%v)", timeout)
+		})
+		t.Run("Redis refusing connections, "+c.name, func(t *testing.T) {
+			s := redistest.Start(t)
+			rdb := redis.NewClient(&redis.Options{Addr: s.Addr, ContextTimeoutEnabled: true, DialTimeout: time.Second})
+			t.Cleanup(func() { _ = rdb.Close() })
+			l := throttle.NewLimiter(rdb, throttle.WithDefaultLimits(throttle.PerSecond(100)), throttle.WithTimeout(timeout))
+			_, err := l.Take(c.ctx, "api")
+			require.NoError(t, err)
+			s.Stop()
+			for range 3 {
+				start := time.Now()
+				_, err = l.Take(c.ctx, "api")
+				took := time.Since(start)
+				assert.Error(t, err)
+				assert.Less(t, took, 3*timeout, "Take against a Redis refusing connections took %v (WithTimeout %v)", took, timeout)
+			}
+		})
+	}
+	t.Run("handler context canceled while waiting for a pool connection", func(t *testing.T) {
+		l := exhausted(t)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
+		time.AfterFunc(50*time.Millisecond, cancel)
+		start := time.Now()
+		_, err := l.Take(ctx, "api")
+		took := time.Since(start)
+		assert.ErrorIs(t, err, context.Canceled)
+		assert.Less(t, took, 150*time.Millisecond, "a caller canceled after 50ms waited on (WithTimeout %v)", timeout)
 	})
 }
 

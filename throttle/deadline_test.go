@@ -1,0 +1,86 @@
+package throttle
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// closed reports whether ch is closed (without waiting).
+func closed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}
+
+// deadlineCtx keeps the context contract over reuse: Done closes at its
+// deadline or when the parent is done, Err says which, and nothing of one
+// use leaks into the next.
+func TestDeadlineCtxClosesAtItsDeadlineOrItsParents(t *testing.T) {
+	var d deadlineCtx
+
+	t.Run("the deadline passes", func(t *testing.T) {
+		d.start(context.Background(), time.Now().Add(20*time.Millisecond))
+		defer d.stop()
+		assert.Nil(t, d.Err())
+		select {
+		case <-d.Done():
+		case <-time.After(time.Second):
+			t.Fatal("Done not closed a second after a 20ms deadline")
+		}
+		assert.ErrorIs(t, d.Err(), context.DeadlineExceeded)
+	})
+
+	t.Run("a watched parent is canceled", func(t *testing.T) {
+		parent, cancel := context.WithCancel(context.Background())
+		d.start(parent, time.Now().Add(time.Hour))
+		defer d.stop()
+		done := d.Done() // asked for: the parent is watched
+		require.False(t, closed(done))
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(time.Second):
+			t.Fatal("Done not closed after the parent was canceled")
+		}
+		assert.ErrorIs(t, d.Err(), context.Canceled)
+	})
+
+	t.Run("a parent canceled before anything asked for Done", func(t *testing.T) {
+		parent, cancel := context.WithCancel(context.Background())
+		d.start(parent, time.Now().Add(time.Hour))
+		defer d.stop()
+		cancel()
+		assert.ErrorIs(t, d.Err(), context.Canceled, "Err reports the parent's")
+		assert.True(t, closed(d.Done()), "Done is closed once Err is not nil")
+	})
+
+	t.Run("an old use's parent canceled late closes nothing", func(t *testing.T) {
+		old, cancelOld := context.WithCancel(context.Background())
+		d.start(old, time.Now().Add(time.Hour))
+		_ = d.Done()
+		d.stop()
+		d.start(context.Background(), time.Now().Add(time.Hour))
+		defer d.stop()
+		cancelOld()
+		time.Sleep(20 * time.Millisecond)
+		assert.False(t, closed(d.Done()), "the next use was closed by the old parent")
+		assert.Nil(t, d.Err())
+		dl, ok := d.Deadline()
+		assert.True(t, ok)
+		assert.WithinDuration(t, time.Now().Add(time.Hour), dl, time.Second)
+	})
+
+	t.Run("values come from the parent", func(t *testing.T) {
+		type k struct{}
+		d.start(context.WithValue(context.Background(), k{}, "v"), time.Now().Add(time.Hour))
+		defer d.stop()
+		assert.Equal(t, "v", d.Value(k{}))
+	})
+}
