@@ -97,18 +97,18 @@ sha_decide=$(cli -x SCRIPT LOAD <"$work/decide.lua")
 sha_rr=$(cli -x SCRIPT LOAD <"$work/redis_rate.lua")
 
 keys=(3 't:{c}:b' 't:{c}:r' 't:{c}:f')
-# ARGV (internal/lua/decide.go): n, the options "granule_us horizon_us
+# ARGV (internal/lua/decide.go): the options "granule_us horizon_us
 # lapse_us idle_ms lease headroom_us flags slot_expiry_us|defaults", then
-# (task ID, cost) per caller.
+# (task ID, cost) per caller; none for a lone caller without an ID, of cost 1.
 # Limiter.Take: no granule, no reservation, no lease, exact bucket.
-take=(1 '0 0 300000000 604800000 0 0 0 30000000|' '' 1)
+take=('0 0 300000000 604800000 0 0 0 30000000|')
 # The middleware (ByProvider defaults): 1 s granule, 1 min horizon, 20 ms
 # headroom, pacing on (flags 2), a task ID per call (redis-benchmark's -r).
-mw=(1 '1000000 60000000 300000000 604800000 0 20000 2 30000000|' 'id:__rand_int__' 1)
+mw=('1000000 60000000 300000000 604800000 0 20000 2 30000000|' 'id:__rand_int__' 1)
 # Reserving behind a queue: as mw with a horizon that always holds the slot.
-resv=(1 '1000000 1000000000000 300000000 604800000 0 20000 2 30000000|' 'id:__rand_int__' 1)
+resv=('1000000 1000000000000 300000000 604800000 0 20000 2 30000000|' 'id:__rand_int__' 1)
 # Limiter.Enqueue: as resv, booking (flags 1|2): every caller gets a slot.
-book=(1 '1000000 1000000000000 300000000 604800000 0 20000 3 30000000|' 'id:__rand_int__' 1)
+book=('1000000 1000000000000 300000000 604800000 0 20000 3 30000000|' 'id:__rand_int__' 1)
 
 declare -A result dumpof nocron
 # measure NAME COMMAND...: instructions per call over $n pipelined calls.

@@ -467,11 +467,13 @@ func (f *flight) exec(ctx context.Context, runs []*run) {
 	}
 }
 
-// appendArgs builds the command of a run: its key's template, the number of
-// decisions, and one task ID each.
+// appendArgs builds the command of a run: its key's template, and a task ID
+// and a cost per decision (nothing for a lone Take: the script's default).
 func (r *run) appendArgs(args []any) []any {
 	args = append(args, r.calls[0].tmpl...)
-	args[lua.NArg] = len(r.calls)
+	if len(r.calls) == 1 {
+		return lua.AppendCallers(args, r.calls[0].id, r.calls[0].cost)
+	}
 	for _, c := range r.calls {
 		args = append(args, c.id, c.cost)
 	}

@@ -70,8 +70,7 @@ type DecideReply struct {
 // Decide runs decide.lua for one caller.
 //
 //	KEYS[1] bucket hash  KEYS[2] reservations  KEYS[3] slots in flight
-//	ARGV[1] number of decisions n (callers decided in this run, in order)
-//	ARGV[2] the options, one string (a Limiter sends the same few again
+//	ARGV[1] the options, one string (a Limiter sends the same few again
 //	        and again, and the script parses each once):
 //	        "granule horizon lapse idle lease headroom flags slot_expiry|defaults"
 //	        granule, horizon (0 = never reserve), lapse, headroom and
@@ -79,7 +78,8 @@ type DecideReply struct {
 //	        expiry) in milliseconds; lease: tokens an admitted caller may
 //	        take for its process (0 = 1); flags: 1 book, 2 pace, 4 probe;
 //	        defaults: the default limits as FormatTiers writes them ("" none)
-//	then n pairs: task ID ("" = no reservation), cost; one per decision
+//	then a pair per caller decided in this run, in order: task ID ("" = no
+//	reservation), cost. No pair at all is one caller: "", 1.
 //
 // Reply: the n decisions joined by ';', each one string (reading it costs no
 // allocation):
@@ -98,9 +98,7 @@ type DecideReply struct {
 // A caller refused only for a slot gets by "inflight" and the time one is
 // expected to free, in the order callers were refused.
 func Decide(ctx context.Context, r *Runner, k Keys, a DecideArgs) (DecideReply, error) {
-	args := AppendDecideArgs(nil, r.Mode(), k, a)
-	args[NArg] = 1
-	args = append(args, a.TaskID, max(a.Cost, 1))
+	args := AppendCallers(AppendDecideArgs(nil, r.Mode(), k, a), a.TaskID, max(a.Cost, 1))
 	s, err := r.Do(ctx, decideScript, args)
 	if err != nil {
 		return DecideReply{}, err
@@ -112,25 +110,28 @@ func Decide(ctx context.Context, r *Runner, k Keys, a DecideArgs) (DecideReply, 
 // themselves (pipelines) and recover with Runner.Recover.
 var DecideScript = decideScript
 
-// Positions in the command AppendDecideArgs builds.
-const (
-	firstARGV = 6 // after the verb, the function or sha, 3 and the three keys
-	// NArg is where the number of decisions goes (ARGV[1]); the caller sets it.
-	NArg = firstARGV
-)
-
 // AppendDecideArgs appends a call of decide.lua in mode m to dst without its
 // callers: the verb and function (or sha), 3 (the number of keys), the three
-// keys, ARGV[1] (1: the caller sets the number of decisions at NArg) and
-// ARGV[2], the options. The caller appends a task ID and a cost per
-// decision. a.TaskID and a.Cost are ignored.
+// keys and ARGV[1], the options. AppendCallers adds the callers. a.TaskID
+// and a.Cost are ignored.
 func AppendDecideArgs(dst []any, m Mode, k Keys, a DecideArgs) []any {
 	verb, id := decideScript.Head(m)
-	return append(dst, verb, id, 3, k.Bucket, k.Reservations, k.Slots, 1, FormatOptions(a))
+	return append(dst, verb, id, 3, k.Bucket, k.Reservations, k.Slots, FormatOptions(a))
+}
+
+// AppendCallers appends the callers of a run to a command AppendDecideArgs
+// built: each one's task ID and cost, in the order args holds them. A lone
+// caller without a task ID and of cost 1 (a Take) is the script's default,
+// and is sent as nothing: fewer arguments, a cheaper call.
+func AppendCallers(dst []any, args ...any) []any {
+	if len(args) == 2 && args[0] == "" && args[1] == 1 {
+		return dst
+	}
+	return append(dst, args...)
 }
 
 // FormatOptions writes the options of a decision as decide.lua reads them
-// (ARGV[2]).
+// (ARGV[1]).
 func FormatOptions(a DecideArgs) string {
 	flags := 0
 	if a.Book {

@@ -50,7 +50,7 @@ local PACE_EARLY = 200000   -- us a paced holder may come back before its granul
 -- fraction of a microsecond after its own.
 local HOLDER_SLACK = 1
 
--- read_options reads the run's options (ARGV[2], see decide.go). A Limiter
+-- read_options reads the run's options (ARGV[1], see decide.go). A Limiter
 -- sends a few distinct ones, one per kind of call: each is parsed once and
 -- kept between calls of the function library, like parsed limits (under
 -- EVAL, for one call). The table is shared: nothing writes to it.
@@ -80,7 +80,7 @@ local function read_options(s)
   n_options = n_options + 1
   return o
 end
-local CALLERS_AT = 3   -- ARGV: the number of callers, the options, then (task ID, cost) each
+local CALLERS_AT = 2   -- ARGV: the options, then (task ID, cost) per caller; none: one, ('', 1)
 
 -- is_paced says whether reserved instants are exact. With a bucket whose
 -- burst is below its rate per granule, instants on whole granules would
@@ -676,8 +676,8 @@ end
 -- admits the caller when every bucket has c tokens and room for the
 -- headroom (the rules of short and admit, on the same helpers), writes T
 -- and returns the reply; otherwise it returns nil, changing nothing, and
--- the general path decides. The general path costs a lone Take 137k
--- instructions, this one 107k (bench/callgrind.sh, Redis 7.0).
+-- the general path decides. (The general path cost a lone Take 137k
+-- instructions, this one 107k: bench/callgrind.sh, Redis 7.0.)
 local function take_now(key, o, now, L, hasT, spec, owed, x, c)
   local tiers = spec.tiers
   for i = 1, #tiers do
@@ -707,17 +707,23 @@ local function take_now(key, o, now, L, hasT, spec, owed, x, c)
   return string.format('1|0|%d||%d|%d|%d', math.floor(remaining), now, extra, spec.gen)
 end
 
+-- OWED is the table of what the buckets owe, made once per function
+-- library and refilled by every run (a new one per run cost a lone Take 1k
+-- instructions in allocation and garbage collection).
+local OWED = {}
+
 -- decide_run is the decide function: it decides for every caller of the
 -- run and returns their replies joined by ';'.
 local function decide_run(KEYS, ARGV)
-  local n, o = tonumber(ARGV[1]), read_options(ARGV[2])
+  local o, n = read_options(ARGV[1]), math.floor((#ARGV - 1) / 2)
+  if n < 1 then n = 1 end
   local now = now_us()
   local h = redis.call('HMGET', KEYS[1], 'L', 'T', 's', 'O')
   local spec, L, until_ = read_limits(o, h, now)
   if not spec then return all_n(L, n) end
   local ts, x, vnext, stored = read_T(h[2], now)
   if vnext > now + o.horizon + MAX_SKEW then vnext = 0 end
-  local owed = bucket_owed(stored, ts, spec.tiers, now, o.headroom)
+  local owed = bucket_owed(stored, ts, spec.tiers, now, o.headroom, OWED)
   if n == 1 and not (until_ and until_ > now) and not spec.windows and not spec.inflight and
       vnext <= now and not o.book then
     local c = ARGV[CALLERS_AT + 1]

@@ -336,12 +336,14 @@ end
 -- as empty now: still no refill, and no freeze for longer. A full bucket
 -- reads as owing down to -headroom x rate (it has been full for that
 -- long): headroom is what a caller keeps room for, and a bucket full for
--- longer has that room. Whoever takes from it adds to max(owed, 0).
-local function bucket_owed(pairs_, ts, tiers, now, headroom)
-  local owed = {}
+-- longer has that room. Whoever takes from it adds to max(owed, 0). The
+-- table into, when given, is filled instead of a new one (entries past
+-- the tiers are left as they are).
+local function bucket_owed(pairs_, ts, tiers, now, headroom, into)
+  local owed = into or {}
   local elapsed = ts and now - ts or 0
-  for i, t in ipairs(tiers) do
-    local v = 0
+  for i = 1, #tiers do
+    local t, v = tiers[i], 0
     if t.kind == 'b' then
       local floor = -headroom * t.rate
       v = pairs_ ~= '' and stored_owed(pairs_, t)
@@ -383,8 +385,8 @@ local T_FMT = {[0] = '%d %d %d', '%d %d %d %d:%d', '%d %d %d %d:%d %d:%d',
 -- full_in returns how long (us) until every token bucket is full again.
 local function full_in(tiers, owed)
   local longest = 0
-  for i, t in ipairs(tiers) do
-    local v = owed[i]
+  for i = 1, #tiers do
+    local t, v = tiers[i], owed[i]
     if t.kind == 'b' and v > 0 and v / t.rate > longest then longest = v / t.rate end
   end
   return math.ceil(longest)
@@ -396,15 +398,24 @@ end
 local function write_T(tiers, owed, now, x, q)
   local xr = 0
   if x > now then xr = math.floor((x - now) / 1000) end
+  local owing, only = 0, 0
+  for i = 1, #tiers do
+    if tiers[i].kind == 'b' and owed[i] > 0 then owing, only = owing + 1, i end
+  end
+  if owing == 0 then
+    if q == 0 then return false end
+    return string.format('%d %d %d', now, xr, q)
+  elseif owing == 1 then -- the common case, without a table
+    return string.format('%d %d %d %d:%d', now, xr, q, tiers[only].per, owed[only])
+  end
   local a, k = {now, xr, q}, 3
-  for i, t in ipairs(tiers) do
-    local v = owed[i]
+  for i = 1, #tiers do
+    local t, v = tiers[i], owed[i]
     if t.kind == 'b' and v > 0 then
       a[k + 1], a[k + 2] = t.per, v
       k = k + 2
     end
   end
-  if k == 3 and q == 0 then return false end
   return string.format(T_FMT[(k - 3) / 2], unpack(a, 1, k))
 end
 

@@ -498,14 +498,12 @@ func TestDecideManyEqualsOneByOne(t *testing.T) {
 			for _, id := range ids {
 				a := mode
 				a.TaskID = id
-				args := AppendDecideArgs(nil, ModeEval, one.k, a)
-				args[NArg] = 1
-				s, err := one.run.Do(one.ctx, DecideScript, append(args, id, 1))
+				args := AppendCallers(AppendDecideArgs(nil, ModeEval, one.k, a), id, 1)
+				s, err := one.run.Do(one.ctx, DecideScript, args)
 				require.NoError(t, err)
 				want = append(want, s)
 			}
 			args := AppendDecideArgs(nil, ModeEval, many.k, mode)
-			args[NArg] = len(ids)
 			for _, id := range ids {
 				args = append(args, id, 1)
 			}
