@@ -707,10 +707,11 @@ local function take_now(key, o, now, L, hasT, spec, owed, x, c)
   return string.format('1|0|%d||%d|%d|%d', math.floor(remaining), now, extra, spec.gen)
 end
 
--- OWED is the table of what the buckets owe, made once per function
--- library and refilled by every run (a new one per run cost a lone Take 1k
--- instructions in allocation and garbage collection).
-local OWED = {}
+-- OWED and STORED are the tables of what the buckets owe and what T
+-- stored, made once per function library and refilled by every run (a new
+-- one per run costs a lone Take 1k instructions in allocation and garbage
+-- collection).
+local OWED, STORED = {}, {}
 
 -- decide_run is the decide function: it decides for every caller of the
 -- run and returns their replies joined by ';'.
@@ -721,7 +722,7 @@ local function decide_run(KEYS, ARGV)
   local h = redis.call('HMGET', KEYS[1], 'L', 'T', 's', 'O')
   local spec, L, until_ = read_limits(o, h, now)
   if not spec then return all_n(L, n) end
-  local ts, x, vnext, stored = read_T(h[2], now)
+  local ts, x, vnext, stored = read_T(h[2], now, STORED)
   if vnext > now + o.horizon + MAX_SKEW then vnext = 0 end
   local owed = bucket_owed(stored, ts, spec.tiers, now, o.headroom, OWED)
   if n == 1 and not (until_ and until_ > now) and not spec.windows and not spec.inflight and

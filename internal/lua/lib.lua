@@ -17,13 +17,14 @@
 --        key has no L (so that SetLimits from any process carries them over)
 --     O  what was learned below L: quotas a provider stated (observe.lua)
 --        and the adaptive cut (suspend.lua); see read_O
---     T  bucket state: "ts x q per_ms:owed ...": as of ts (us of Redis
---        TIME) each token bucket that is not full owes owed / per_us tokens
---        of its burst (a whole number: a take adds per_us x cost, each
---        microsecond refills rate, so the arithmetic is exact); x is when
---        the key expires (ms after ts, a memo that spares most PEXPIREs, 0
---        unknown); q is when the queue of reservations ends: callers
---        without a reservation wait for it (0 none)
+--     T  bucket state, binary (read_T): ts, x, q, then per_ms and owed of
+--        each token bucket that is not full: as of ts (us of Redis TIME)
+--        the bucket owes owed / per_us tokens of its burst (a whole number
+--        below 2^53: a take adds per_us x cost, each microsecond refills
+--        rate, so the arithmetic is exact); x is when the key expires (us,
+--        a memo that spares most PEXPIREs, 0 unknown); q is when the queue
+--        of reservations ends: callers without a reservation wait for it
+--        (0 none)
 --     Ww<per_ms>  a window's state (window.lua): calls admitted per
 --        sub-window, then the calls reserved per sub-window
 --     s  suspended until (us)
@@ -56,6 +57,7 @@ local MAX_RATE = 1e15
 local MAX_WAIT = 1e13                      -- us (~116 days): no honest wait is longer
 local MAX_SKEW = 3600 * 1e6                -- us a stored time may run ahead of TIME
 local MAX_TTL_MS = 1e13
+local MAX_TIME = 2^53                       -- us: times are whole numbers below it
 local SLACK = 1e-3                         -- us of float rounding absorbed, and no more
 local MAX_LIMITS_LEN = 256                 -- bytes of the L field: 4 tiers fit in 100
 local WINDOW_SLICES = 20                   -- sub-windows per window: >= 95 % of its quota
@@ -167,7 +169,6 @@ local function parse_limits(s)
         -- this large would make some Lua tables grow an array part to it).
         t = {kind = 'b', rate = r, per = p, burst = b, e = p * 1000 / r, p = p * 1000,
              full = b * p * 1000, key = string.format('%d', p)}
-        t.pat = ' ' .. t.key .. ':(%d+)'   -- its owed in T (stored_owed)
       end
       for j = 1, n - 1 do
         if tiers[j].key == t.key then
@@ -255,7 +256,7 @@ local function with_quota(t, q)
   if t.kind == 'b' then
     local b = math.min(t.burst, q)
     return {kind = 'b', rate = q, per = t.per, burst = b, e = t.p / q, p = t.p,
-            full = b * t.p, key = t.key, pat = t.pat, ceiling = t}
+            full = b * t.p, key = t.key, ceiling = t}
   end
   return {kind = 'w', n = q, per = t.per, p = t.p, sub = t.sub, key = t.key, ceiling = t}
 end
@@ -304,32 +305,120 @@ local function read_pairs(raw, pattern)
   return out
 end
 
--- read_T splits the T field: ts, x, q and the pairs "per_ms:owed ..." of
--- the buckets that owe ('' none; stored_owed reads one). A field that does
--- not start with three whole numbers reads as empty. The expiry memo x is
--- not trusted after the clock stepped back (ts after now): the key's
--- expiry may not have followed the clock.
-local function read_T(T, now)
-  if not T then return nil, 0, 0, '' end
-  local ts, x, q, rest = string.match(T, '^(%d+) (%d+) (%d+)(.*)$')
-  if not ts then return nil, 0, 0, '' end
-  ts, x = tonumber(ts), tonumber(x)
-  -- The expiry memo is kept in ms after ts, so that T stays within a
-  -- compact hash's 64 bytes.
-  if x > 0 and ts <= now then x = ts + x * 1000 else x = 0 end
-  return ts, x, tonumber(q), rest
+-- The T field is binary: IEEE 754 doubles of 8 bytes, little-endian
+-- (struct's '<d'): ts, x, q, then per_ms and owed of each bucket that owes.
+-- As text, it cost a lone decision 17k of its 93k instructions in pattern
+-- matching, number parsing and formatting (bench/callgrind.sh), and %d
+-- could not write an owed above 2^63 (a bucket of millions of calls per 30
+-- days), which read back as a full bucket. Redis has the struct library;
+-- miniredis has not, and gets the codec below, which writes and reads the
+-- same bytes (TestTheTwoCodecsOfTWriteTheSameBytes holds it to Redis's).
+
+-- double_bytes writes x as struct.pack('<d', x) does (a NaN is never
+-- written: its bits are not portable).
+local function double_bytes(x)
+  local sign = 0
+  if x < 0 or (x == 0 and 1 / x < 0) then sign, x = 128, -x end
+  local e, m -- the biased exponent, and the 52 bits of the mantissa as a whole number
+  if x == math.huge then
+    e, m = 2047, 0
+  elseif x == 0 then
+    e, m = 0, 0
+  else
+    local f, ex = math.frexp(x) -- x = f * 2^ex, 0.5 <= f < 1
+    e = ex + 1022
+    if e <= 0 then -- subnormal: x = m * 2^-1074
+      e, m = 0, math.ldexp(f, ex + 1074)
+    else
+      m = (f * 2 - 1) * 4503599627370496 -- 2^52: exact
+    end
+  end
+  local b1 = m % 256; m = (m - b1) / 256
+  local b2 = m % 256; m = (m - b2) / 256
+  local b3 = m % 256; m = (m - b3) / 256
+  local b4 = m % 256; m = (m - b4) / 256
+  local b5 = m % 256; m = (m - b5) / 256
+  local b6 = m % 256; m = (m - b6) / 256
+  return string.char(b1, b2, b3, b4, b5, b6, m + (e % 16) * 16, (e - e % 16) / 16 + sign)
 end
 
--- stored_owed reads what bucket t owed in the pairs of T (nil: nothing,
--- or not a number).
-local function stored_owed(pairs_, t)
-  local v = string.match(pairs_, t.pat)
-  return v and tonumber(v)
+-- bytes_double reads the double at pos of s, as struct.unpack('<d') does.
+local function bytes_double(s, pos)
+  local b1, b2, b3, b4, b5, b6, b7, b8 = string.byte(s, pos, pos + 7)
+  local sign = 1
+  if b8 >= 128 then sign, b8 = -1, b8 - 128 end
+  local e = b8 * 16 + (b7 - b7 % 16) / 16
+  local m = ((((((b7 % 16) * 256 + b6) * 256 + b5) * 256 + b4) * 256 + b3) * 256 + b2) * 256 + b1
+  if e == 2047 then
+    if m == 0 then return sign * math.huge end
+    return 0 / 0
+  elseif e == 0 then
+    return sign * math.ldexp(m, -1074)
+  end
+  return sign * math.ldexp(m + 4503599627370496, e - 1075)
+end
+
+-- bin_pack and bin_unpack are struct.pack and struct.unpack, or on
+-- miniredis the same for formats of '<' and 'd's only: bin_unpack(fmt, s,
+-- pos) returns the numbers, then the position after them. They are picked
+-- on first use (pick_codec): a function library cannot see struct, nor
+-- rawget, while it loads.
+local bin_pack, bin_unpack = nil, nil
+
+local function lua_pack(fmt, ...)
+  local out = {}
+  for i = 1, select('#', ...) do out[i] = double_bytes((select(i, ...))) end
+  return table.concat(out)
+end
+
+local function lua_unpack(fmt, s, pos)
+  pos = pos or 1
+  local out, n = {}, #fmt - 1
+  for i = 1, n do
+    out[i] = bytes_double(s, pos)
+    pos = pos + 8
+  end
+  out[n + 1] = pos
+  return unpack(out, 1, n + 1)
+end
+
+local function pick_codec()
+  local lib = rawget(_G, 'struct') -- (a missing global read plainly is an error)
+  if lib then
+    bin_pack, bin_unpack = lib.pack, lib.unpack
+  else
+    bin_pack, bin_unpack = lua_pack, lua_unpack
+  end
+end
+
+-- read_T splits the T field: ts, x (the key's expiry, a memo that spares
+-- most PEXPIREs; 0 unknown), q (when the queue of reservations ends; 0
+-- none) and what each bucket that owes owed, by minus its period (into, a
+-- table, when given, is filled instead of a new one, after it is cleared of
+-- what it held). A field of another length, or with a time that is not a
+-- whole number, reads as empty. The memo x is not trusted after the clock
+-- stepped back (ts after now): the key's expiry may not have followed the
+-- clock.
+local function read_T(T, now, into)
+  if not bin_pack then pick_codec() end
+  local stored = into or {}
+  for k in pairs(stored) do stored[k] = nil end
+  if not T or #T < 24 or (#T - 24) % 16 ~= 0 then return nil, 0, 0, stored end
+  local ts, x, q, pos = bin_unpack('<ddd', T)
+  if not (ts >= 0 and ts < MAX_TIME and ts == math.floor(ts)) then return nil, 0, 0, stored end
+  if not (x > 0 and x < MAX_TIME and ts <= now) then x = 0 end
+  if not (q >= 0 and q < MAX_TIME) then q = 0 end
+  while pos < #T do
+    local per, owed
+    per, owed, pos = bin_unpack('<dd', T, pos)
+    if per == per and owed == owed and owed ~= math.huge then stored[-per] = owed end
+  end
+  return ts, x, q, stored
 end
 
 -- bucket_owed returns what each token bucket owes of its burst at now, in
--- per_us units of tokens (0: full; windows get 0), from the pairs of T
--- stored at ts. Time since refills rate per microsecond; a clock that
+-- per_us units of tokens (0: full; windows get 0), from what T stored at
+-- ts (read_T). Time since refills rate per microsecond; a clock that
 -- stepped back makes a tier owe more, never less, so it refills nothing
 -- until the clock is back where it was. A tier owing more than a whole
 -- burst beyond MAX_SKEW (a step back of over an hour, or garbage) is taken
@@ -339,14 +428,14 @@ end
 -- longer has that room. Whoever takes from it adds to max(owed, 0). The
 -- table into, when given, is filled instead of a new one (entries past
 -- the tiers are left as they are).
-local function bucket_owed(pairs_, ts, tiers, now, headroom, into)
+local function bucket_owed(stored, ts, tiers, now, headroom, into)
   local owed = into or {}
   local elapsed = ts and now - ts or 0
   for i = 1, #tiers do
     local t, v = tiers[i], 0
     if t.kind == 'b' then
       local floor = -headroom * t.rate
-      v = pairs_ ~= '' and stored_owed(pairs_, t)
+      v = stored[-t.per]
       if not v then
         v = floor
       else
@@ -378,9 +467,8 @@ local function wait_for(t, owed, c, headroom)
   return math.ceil(need / t.rate)
 end
 
--- T_FMT formats the T field with 0 to 4 token buckets in one call.
-local T_FMT = {[0] = '%d %d %d', '%d %d %d %d:%d', '%d %d %d %d:%d %d:%d',
-               '%d %d %d %d:%d %d:%d %d:%d', '%d %d %d %d:%d %d:%d %d:%d %d:%d'}
+-- T_FMT is the format of the T field with 0 to 4 token buckets owing.
+local T_FMT = {[0] = '<ddd', '<ddddd', '<ddddddd', '<ddddddddd', '<ddddddddddd'}
 
 -- full_in returns how long (us) until every token bucket is full again.
 local function full_in(tiers, owed)
@@ -396,19 +484,18 @@ end
 -- x and the end of the queue of reservations q, or false when there is
 -- nothing to keep.
 local function write_T(tiers, owed, now, x, q)
-  local xr = 0
-  if x > now then xr = math.floor((x - now) / 1000) end
+  if not bin_pack then pick_codec() end
   local owing, only = 0, 0
   for i = 1, #tiers do
     if tiers[i].kind == 'b' and owed[i] > 0 then owing, only = owing + 1, i end
   end
   if owing == 0 then
     if q == 0 then return false end
-    return string.format('%d %d %d', now, xr, q)
+    return bin_pack('<ddd', now, x, q)
   elseif owing == 1 then -- the common case, without a table
-    return string.format('%d %d %d %d:%d', now, xr, q, tiers[only].per, owed[only])
+    return bin_pack('<ddddd', now, x, q, tiers[only].per, owed[only])
   end
-  local a, k = {now, xr, q}, 3
+  local a, k = {now, x, q}, 3
   for i = 1, #tiers do
     local t, v = tiers[i], owed[i]
     if t.kind == 'b' and v > 0 then
@@ -416,7 +503,7 @@ local function write_T(tiers, owed, now, x, q)
       k = k + 2
     end
   end
-  return string.format(T_FMT[(k - 3) / 2], unpack(a, 1, k))
+  return bin_pack(T_FMT[(k - 3) / 2], unpack(a, 1, k))
 end
 
 -- Slots in flight.

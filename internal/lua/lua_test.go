@@ -868,19 +868,19 @@ func TestStateMemoIsCompact(t *testing.T) {
 	}
 	T := fresh.mr.HGet(fresh.k.Bucket, "T")
 	assert.Less(t, len(T), 64, "T of a busy two-tier key: %q", T)
-	var ts, x int64
-	_, err := fmt.Sscanf(T, "%d %d", &ts, &x)
-	require.NoError(t, err, "T = %q", T)
+	f := decodeT(t, T)
+	ts, x := int64(f[0]), int64(f[1])
 	ttl := fresh.mr.TTL(fresh.k.Bucket)
 	require.Positive(t, ttl, "the key's TTL")
 	// (miniredis counts a TTL down only on FastForward: the TTL read is
 	// the one set at the first call, at testEpoch, which the memo renews
-	// no sooner than 1/8 of the idle expiry later.) Each write rounds the
-	// memo down to a ms: never later than the expiry, so a renewal is never
-	// skipped, at worst made early.
+	// no sooner than 1/8 of the idle expiry later.) The memo is the time
+	// the expiry was set for, which PEXPIRE rounds up to a ms: never later
+	// than the expiry, so a renewal is never skipped.
 	expiry := testEpoch().UnixMicro() + ttl.Microseconds()
-	assert.LessOrEqual(t, ts+x*1000, expiry, "the memo (T = %q) is not after the key's expiry", T)
-	assert.InDelta(t, expiry, ts+x*1000, 5*1000, "the memo (T = %q) is the key's expiry, within a ms per write", T)
+	assert.LessOrEqual(t, x, expiry, "the memo (T = %v) is not after the key's expiry", f)
+	assert.InDelta(t, expiry, x, 5*1000, "the memo (T = %v) is the key's expiry, within a ms per write", f)
+	assert.Equal(t, ts, testEpoch().UnixMicro()+4*123457, "T's time: the last decision's")
 
 }
 

@@ -60,10 +60,10 @@ for i, t in ipairs(in_force.tiers) do
       -- Tokens kept, clamped to the new burst: owes what the new burst
       -- lacks of them.
       v = old_owed[o] - (old.tiers[o].burst - t.burst) * t.p
-    elseif stored_owed(stored, t) then
+    elseif stored[-t.per] then
       -- State without the limits it was computed under: the tokens it owed
       -- at ts, with no refill since (the rate it had is unknown).
-      v = stored_owed(stored, t)
+      v = stored[-t.per]
       if ts and now < ts then v = v + (ts - now) * t.rate end
     end
     if v < 0 then v = 0 end

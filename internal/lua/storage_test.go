@@ -1,6 +1,9 @@
 package lua
 
 import (
+	"context"
+	"encoding/binary"
+	"math"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -8,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/asynq-throttle/asynq-throttle/internal/redistest"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -76,4 +81,111 @@ func TestAKeyOnDefaultLimitsExpiresOnceItsBucketsAreFull(t *testing.T) {
 	e.setLimits(Tier{Rate: 1, PerMS: 1000, Burst: 10})
 	require.Equal(t, StatusAllowed, e.decide(DecideArgs{IdleExpiry: time.Hour}).Status)
 	assert.Equal(t, time.Hour, e.mr.TTL(e.k.Bucket), "a key with limits in Redis: the idle expiry")
+}
+
+// decodeT reads the T field: its doubles (ts, x, q, then per and owed of
+// each bucket that owes).
+func decodeT(t *testing.T, T string) []float64 {
+	t.Helper()
+	require.Zero(t, len(T)%8, "T is whole doubles: %q", T)
+	var out []float64
+	for i := 0; i < len(T); i += 8 {
+		out = append(out, math.Float64frombits(binary.LittleEndian.Uint64([]byte(T[i:i+8]))))
+	}
+	return out
+}
+
+// encodeT writes a T field of the given doubles.
+func encodeT(vals ...float64) string {
+	b := make([]byte, 0, 8*len(vals))
+	for _, v := range vals {
+		b = binary.LittleEndian.AppendUint64(b, math.Float64bits(v))
+	}
+	return string(b)
+}
+
+// Whatever bytes are found in T, a decision is made without a script
+// error, a refusal asks for a positive wait, and the admin scripts work; a
+// field of the wrong shape reads as a fresh bucket.
+func TestGarbageInTheBinaryStateDecidesLikeAFreshBucket(t *testing.T) {
+	tier := Tier{Rate: 10, PerMS: 1000, Burst: 10}
+	now := float64(testEpoch().UnixMicro())
+	nan, inf := math.NaN(), math.Inf(1)
+	tests := []struct {
+		name  string
+		value string
+		fresh bool // a take leaves 9 of 10 tokens: the bucket read as full
+	}{
+		{"text", "1700000000000000 0 0 1000:5000000", true},
+		{"one byte short", encodeT(now, 0, 0, 1000, 5e6)[:39], true},
+		{"ts NaN", encodeT(nan, 0, 0, 1000, 5e6), true},
+		{"ts negative", encodeT(-1, 0, 0, 1000, 5e6), true},
+		{"ts a fraction", encodeT(now+0.5, 0, 0, 1000, 5e6), true},
+		{"ts beyond 2^53", encodeT(1e300, 0, 0, 1000, 5e6), true},
+		{"owed NaN", encodeT(now, 0, 0, 1000, nan), true},
+		{"owed infinite", encodeT(now, 0, 0, 1000, inf), true},
+		{"owed negative", encodeT(now, 0, 0, 1000, -5e6), true},
+		{"owed huge", encodeT(now, 0, 0, 1000, 1e300), false},
+		{"x and q garbage", encodeT(now, nan, inf, 1000, 5e6), false},
+		{"q far future", encodeT(now, 0, 1e300, 1000, 5e6), false},
+		{"another period only", encodeT(now, 0, 0, 60000, 5e6), true},
+		{"per NaN", encodeT(now, 0, 0, nan, 5e6), true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := newEnv(t)
+			e.setLimits(tier)
+			e.mr.HSet(e.k.Bucket, "T", tt.value)
+			r, err := Decide(e.ctx, e.run, e.k, DecideArgs{IdleExpiry: time.Hour})
+			require.NoError(t, err, "Decide with T %s", tt.name)
+			require.Contains(t, []int{StatusAllowed, StatusDenied}, r.Status, "%+v", r)
+			if r.Status == StatusDenied {
+				assert.Positive(t, r.RetryAfter, "RetryAfter of a refusal (%+v)", r)
+			}
+			if tt.fresh {
+				assert.Equal(t, int64(9), r.Remaining, "T %s: the bucket reads as full", tt.name)
+			}
+			r, err = Decide(e.ctx, e.run, e.k, DecideArgs{TaskID: "a", Horizon: time.Minute, Lapse: time.Minute, IdleExpiry: time.Hour})
+			require.NoError(t, err, "a reserving Decide with T %s", tt.name)
+			_, err = Inspect(e.ctx, e.run, e.k, nil, 0)
+			assert.NoError(t, err, "Inspect with T %s", tt.name)
+			_, err = Suspend(e.ctx, e.run, e.k, time.Second, time.Hour)
+			assert.NoError(t, err, "Suspend with T %s", tt.name)
+			_, err = Resume(e.ctx, e.run, e.k)
+			assert.NoError(t, err, "Resume with T %s", tt.name)
+			sr, err := SetLimits(e.ctx, e.run, e.k, time.Hour, []Tier{tier}, nil)
+			assert.NoError(t, err, "SetLimits with T %s", tt.name)
+			assert.Empty(t, sr.Field)
+		})
+	}
+}
+
+// T is written by struct.pack on Redis and by lib.lua's own codec where
+// struct is missing (miniredis): on a real Redis both write the same bytes
+// for every value a field holds, and each reads what the other wrote.
+func TestTheTwoCodecsOfTWriteTheSameBytes(t *testing.T) {
+	rdb := redistest.Start(t).Client(t)
+	values := []string{"0", "1", "2", "1000", "3600000", "1700000000000000", "1796144054226011",
+		"9007199254740991", "9007199254740992", "1e300", "2.5e21", "0.1", "123456.789",
+		"4.9406564584124654e-324", "2.2250738585072014e-308", "1.7976931348623157e308", "inf", "-0", "-7.25"}
+	script := helpers + `
+local out = {}
+for i, s in ipairs(ARGV) do
+  local v = tonumber(s)
+  if s == 'inf' then v = math.huge elseif s == '-0' then v = -0.0 end
+  local c, l = struct.pack('<d', v), double_bytes(v)
+  local back1 = struct.unpack('<d', l)
+  local back2 = bytes_double(c, 1)
+  out[i] = (c == l and 'same' or 'differ') .. ' ' .. ((back1 == v and back2 == v) and 'read' or 'unread')
+end
+return out`
+	args := make([]any, len(values))
+	for i, v := range values {
+		args[i] = v
+	}
+	got, err := rdb.Eval(context.Background(), script, nil, args...).StringSlice()
+	require.NoError(t, err)
+	for i, v := range values {
+		assert.Equal(t, "same read", got[i], "the codecs on %s", v)
+	}
 }
