@@ -208,7 +208,7 @@ func since(ts []time.Time, from time.Time) []time.Time {
 // recoverer finds their lease expired (lease 30 s, then 30 s of grace, and
 // it runs every minute): up to about 2 minutes. This test waits for that;
 // it runs in parallel with the others.
-func TestFaultRedisKilledMidDrain(t *testing.T) {
+func TestFaultRedisKilledMidDrainLosesNoTask(t *testing.T) {
 	t.Parallel()
 	s := redistest.StartPersistent(t)
 	tl, pr := &timeline{}, newProbe()
@@ -438,7 +438,7 @@ func seconds(from, to time.Time) string {
 // 2 s of the promotion; decisions written to the old master after the
 // promotion are lost with it (asynchronous replication), so the bound may
 // be exceeded, by at most one burst.
-func TestFaultSentinelFailover(t *testing.T) {
+func TestFaultSentinelFailoverLosesNoTask(t *testing.T) {
 	t.Parallel()
 	sen := redistest.StartSentinel(t)
 	tl := &timeline{}
@@ -481,7 +481,7 @@ func TestFaultSentinelFailover(t *testing.T) {
 // limiter's key and of asynq's queue to their replicas while 3 servers drain
 // 300 tasks. A manual failover loses no acknowledged write, so every task
 // runs exactly once and the bound holds.
-func TestFaultClusterFailover(t *testing.T) {
+func TestFaultClusterFailoverRunsEveryTaskOnce(t *testing.T) {
 	t.Parallel()
 	c := redistest.StartClusterWithReplicas(t)
 	tl := &timeline{}
@@ -530,7 +530,7 @@ func TestFaultClusterFailover(t *testing.T) {
 // (sockets open, no answer). Every decision returns within WithTimeout, the
 // failure policy decides (FailClosed defers, FailOpen runs), and every task
 // runs exactly once.
-func TestFaultRedisPaused(t *testing.T) {
+func TestFaultPausedRedisLeavesDecisionsToTheFailurePolicy(t *testing.T) {
 	t.Parallel()
 	const timeout = 500 * time.Millisecond
 	// Each pause returns when it was in force.

@@ -322,7 +322,7 @@ func TestE2EFleetHoldsTheLimit(t *testing.T) {
 
 // Tasks asynq would archive on a throttling error (MaxRetry(0), or on their
 // last attempt) are deferred by copy and all complete.
-func TestE2EArchiveTrap(t *testing.T) {
+func TestE2EArchiveTrapTasksAreDeferredByCopy(t *testing.T) {
 	t.Parallel()
 	var failedOnce sync.Map
 	f := startFleet(t, fleetConfig{
@@ -367,7 +367,7 @@ func TestE2EArchiveTrap(t *testing.T) {
 
 // Under a plain asynq.Server (only mux.Use), deferrals re-enqueue copies:
 // nothing is archived or failed, every job runs once.
-func TestE2EPlainServer(t *testing.T) {
+func TestE2EPlainServerDefersByCopy(t *testing.T) {
 	t.Parallel()
 	f := startFleet(t, fleetConfig{plain: true})
 	f.setLimits("crm", throttle.PerSecond(25))
@@ -421,7 +421,7 @@ func TestE2ERateLimitedSuspendsTheFleet(t *testing.T) {
 }
 
 // Lowering the limit mid-run takes effect from the next decision.
-func TestE2ESetLimitsMidRun(t *testing.T) {
+func TestE2ELoweredLimitAppliesFromTheNextDecision(t *testing.T) {
 	t.Parallel()
 	// When each admission was seen (the middleware's Ran event comes right
 	// after its decision, before the handler): a handler that starts late
@@ -559,7 +559,7 @@ func TestE2EUserConfigStillApplies(t *testing.T) {
 
 // When the limiter's Redis is down, FailOpen runs tasks unthrottled and
 // FailClosed defers them (retry count untouched) until Redis is back.
-func TestE2ERedisDownFailurePolicy(t *testing.T) {
+func TestE2ERedisDownAppliesTheFailurePolicy(t *testing.T) {
 	t.Parallel()
 	for _, failOpen := range []bool{true, false} {
 		t.Run(policyName(failOpen), func(t *testing.T) {

@@ -34,7 +34,7 @@ var eventMetrics = []string{
 
 // A scripted sequence of events gives exact counters; keys past the cap are
 // folded into "_other" and counted.
-func TestObserveScripted(t *testing.T) {
+func TestScriptedEventsGiveExactCounters(t *testing.T) {
 	c := metrics.New(nil, metrics.WithMaxKeys(2))
 	refused := errors.New("dial tcp 127.0.0.1:1: connect: connection refused")
 	for _, ev := range []throttle.Event{
@@ -129,7 +129,7 @@ func runTask(mw asynq.MiddlewareFunc, task *asynq.Task, h func() error) error {
 
 // The real middleware feeds the collector: a scripted sequence of tasks
 // against a real Redis gives exact counters.
-func TestMiddlewareFeedsCollector(t *testing.T) {
+func TestMiddlewareFeedsTheCollector(t *testing.T) {
 	ctx := context.Background()
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)
@@ -222,7 +222,7 @@ func closedAddr(t *testing.T) string {
 	return addr
 }
 
-func TestErrorClass(t *testing.T) {
+func TestErrorClassSortsRedisErrors(t *testing.T) {
 	ctx := context.Background()
 	rdb := redistest.Start(t).Client(t)
 	replyErr := rdb.Do(ctx, "NOSUCHCOMMAND").Err()
@@ -279,7 +279,7 @@ func gauges(t *testing.T, c prometheus.Collector) map[string]float64 {
 }
 
 // On scrape, the state of every key comes from a real Redis.
-func TestScrapeState(t *testing.T) {
+func TestScrapeReadsEveryKeysStateFromRedis(t *testing.T) {
 	ctx := context.Background()
 	rdb := redistest.Start(t).Client(t)
 	lim := throttle.NewLimiter(rdb)
@@ -354,7 +354,7 @@ func TestScrapeState(t *testing.T) {
 }
 
 // A Redis that is down makes the scrape report state_up 0 and no state.
-func TestScrapeRedisDown(t *testing.T) {
+func TestScrapeWithRedisDownReportsStateUp0(t *testing.T) {
 	dead := redis.NewClient(&redis.Options{Addr: closedAddr(t), MaxRetries: -1, DialerRetries: 1})
 	defer dead.Close()
 	g := gauges(t, metrics.New(throttle.NewLimiter(dead), metrics.WithScrapeTimeout(time.Second)))
@@ -365,7 +365,7 @@ func TestScrapeRedisDown(t *testing.T) {
 // A task refused by slots (its key's one slot in flight is held by a
 // running task) is counted as deferred with reason in_flight, and the
 // scrape shows the slot held, then given back.
-func TestMiddlewareRefusedBySlots(t *testing.T) {
+func TestTaskRefusedBySlotsCountsAsAnInFlightDeferral(t *testing.T) {
 	ctx := context.Background()
 	rdb := redistest.Start(t).Client(t)
 	lim := throttle.NewLimiter(rdb, throttle.WithLogger(slog.New(slog.DiscardHandler)))

@@ -14,7 +14,7 @@ import (
 // will be full again (on the Redis clock), so a step back makes it look
 // emptier, never fuller, and when the clock is back the bucket is exactly
 // where it was. The retry-after says when the bucket really has a token.
-func TestClockStepsBack(t *testing.T) {
+func TestClockSteppingBackNeverRefills(t *testing.T) {
 	t.Run("no refill, no error, no extra tokens when it returns", func(t *testing.T) {
 		r := newRig(t)
 		r.setLimits("k", throttle.PerSecond(1).WithBurst(5))
@@ -64,7 +64,7 @@ func TestClockStepsBack(t *testing.T) {
 // After the clock stepped back, a write covers the whole time until the
 // bucket is full again, measured from the (earlier) clock: the expiry of a
 // bucket on default limits never cuts its debt short.
-func TestClockStepsBack_StateOutlivesRefill(t *testing.T) {
+func TestClockSteppedBackStateOutlivesItsRefill(t *testing.T) {
 	r := newRig(t, throttle.WithDefaultLimits(throttle.PerSecond(1).WithBurst(10)))
 	r.advance(100 * time.Second)
 	for i := range 5 {

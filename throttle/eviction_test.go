@@ -96,7 +96,7 @@ func useLimiter(t *testing.T, rdb redis.UniversalClient) *logRecorder {
 // allkeys-* any key, under volatile-* any key with a TTL, which all of ours
 // have. Under noeviction, and when the policy cannot be read, it says so at
 // Debug only.
-func TestEvictionPolicyWarning(t *testing.T) {
+func TestLimiterWarnsWhenRedisMayEvictItsKeys(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		policy string

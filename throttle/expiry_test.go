@@ -11,7 +11,7 @@ import (
 	"github.com/asynq-throttle/asynq-throttle/throttle"
 )
 
-func TestTTLs(t *testing.T) {
+func TestEveryKeyHasATTLThatOutlivesItsState(t *testing.T) {
 	t.Run("every key written has a TTL", func(t *testing.T) {
 		r := newRig(t)
 		r.setLimits("k", throttle.PerSecond(1))

@@ -10,7 +10,7 @@ import (
 	"github.com/asynq-throttle/asynq-throttle/throttle"
 )
 
-func TestInspect(t *testing.T) {
+func TestInspectReportsLimitsTokensSuspensionAndQueue(t *testing.T) {
 	r := newRig(t)
 	r.setLimits("k", throttle.PerSecond(10), throttle.PerMinute(100))
 	for i := 0; i < 3; i++ {

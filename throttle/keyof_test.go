@@ -17,7 +17,7 @@ import (
 
 // A key that fails validation (here with '{', which would escape its
 // Redis Cluster hash tag) must not run a task silently unthrottled.
-func TestInvalidDerivedKeys(t *testing.T) {
+func TestInvalidDerivedKeyNeverRunsSilentlyUnthrottled(t *testing.T) {
 	ctx := context.Background()
 	rdb := redistest.Start(t).Client(t)
 	require.NoError(t, throttle.NewLimiter(rdb).SetLimits(ctx, "crm", throttle.PerSecond(100)))

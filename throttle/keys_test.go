@@ -11,7 +11,7 @@ import (
 	"github.com/asynq-throttle/asynq-throttle/throttle"
 )
 
-func TestInvalidKeys(t *testing.T) {
+func TestEveryCallRefusesAnInvalidKey(t *testing.T) {
 	r := newRig(t, throttle.WithDefaultLimits(throttle.PerSecond(1)))
 	for _, key := range []string{"", strings.Repeat("a", throttle.MaxKeyLen+1), "a{b", "a}b", "\x00", "tab\t", "\xff\xfe", "new\nline"} {
 		t.Run(fmt.Sprintf("%q", key), func(t *testing.T) {
@@ -33,7 +33,7 @@ func TestInvalidKeys(t *testing.T) {
 	assert.Empty(t, r.mr.Keys(), "Redis keys written for invalid limiter keys")
 }
 
-func TestRedisKeyNames(t *testing.T) {
+func TestRedisKeysCarryThePrefixAndTheHashTag(t *testing.T) {
 	tests := []struct {
 		name   string
 		opts   []throttle.Option

@@ -12,7 +12,7 @@ import (
 	"github.com/asynq-throttle/asynq-throttle/throttle"
 )
 
-func TestScriptFlush(t *testing.T) {
+func TestEveryCallSurvivesScriptFlush(t *testing.T) {
 	r := newRig(t)
 	r.setLimits("k", throttle.PerSecond(2))
 	assertAllowed(t, r.take("k"), "Take before SCRIPT FLUSH")
@@ -32,7 +32,7 @@ func TestScriptFlush(t *testing.T) {
 	}
 }
 
-func TestContextDeadline(t *testing.T) {
+func TestTakeHonoursACanceledContext(t *testing.T) {
 	r := newRig(t)
 	r.setLimits("k", throttle.PerSecond(1))
 	ctx, cancel := context.WithCancel(r.ctx)

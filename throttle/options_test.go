@@ -39,10 +39,10 @@ func TestTakeIsExactHeadroomKeepsRoom(t *testing.T) {
 	assert.Equal(t, 8, admitted("headroom", 200*time.Millisecond))
 }
 
-// TestWithLearnFor: a quota learned from a response lasts WithLearnFor (at
+// TestLearnedQuotaLastsWithLearnFor: a quota learned from a response lasts WithLearnFor (at
 // least two of the tier's periods) unless the provider says it again, then
 // the key is back to its configured limits.
-func TestWithLearnFor(t *testing.T) {
+func TestLearnedQuotaLastsWithLearnFor(t *testing.T) {
 	ctx := context.Background()
 	lim := throttle.NewLimiter(redistest.Start(t).Client(t), quietLog, throttle.WithLease(0, 0), throttle.WithLearnFor(time.Second))
 	require.NoError(t, lim.SetLimits(ctx, "crm", throttle.PerSecond(20)))
@@ -69,7 +69,7 @@ func TestWithLearnFor(t *testing.T) {
 // Invalid options are refused at construction, naming the option: a panic
 // from NewLimiter and ByProvider (a programming error), an error from
 // CheckOptions; never a task stalled at run time.
-func TestInvalidOptions(t *testing.T) {
+func TestInvalidOptionsAreRefusedAtConstruction(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
 	defer rdb.Close()
 	tests := []struct {

@@ -12,7 +12,7 @@ import (
 	"github.com/asynq-throttle/asynq-throttle/throttle"
 )
 
-func TestReserve_SlotsInDenyOrder(t *testing.T) {
+func TestReserveGivesSlotsInDenyOrder(t *testing.T) {
 	r := newRig(t)
 	r.setLimits("k", throttle.PerSecond(1))
 	const horizon = 10 * time.Second
@@ -55,12 +55,12 @@ func TestReserve_SlotsInDenyOrder(t *testing.T) {
 	assertAllowed(t, r.take("k"), "Take a token later")
 }
 
-// TestReserve_Schedule: reserved slots are exactly what the buckets can
+// TestReservedSlotsAreWhatTheBucketsAdmit: reserved slots are exactly what the buckets can
 // admit when the tasks come back. Without a granule, slots are spaced by the
 // tightest tier's interval. With one (asynq: 1 s), slots fall on granule
 // boundaries and each boundary gets as many tasks as every bucket will hold
 // at that instant: a greedy drain, simulated here independently.
-func TestReserve_Schedule(t *testing.T) {
+func TestReservedSlotsAreWhatTheBucketsAdmit(t *testing.T) {
 	tests := []struct {
 		name    string
 		limits  []throttle.Limit
@@ -106,7 +106,7 @@ func TestReserve_Schedule(t *testing.T) {
 	}
 }
 
-// greedySchedule is the reference for TestReserve_Schedule: buckets (full at
+// greedySchedule is the reference for TestReservedSlotsAreWhatTheBucketsAdmit: buckets (full at
 // start, minus drain) admit tasks one at a time, as early as they can, at
 // granule boundaries when granule > 0 (in microsecond steps otherwise).
 func greedySchedule(limits []throttle.Limit, drain int, start time.Time, granule time.Duration, n int) []time.Time {
@@ -165,10 +165,10 @@ func greedySchedule(limits []throttle.Limit, drain int, start time.Time, granule
 	return out
 }
 
-// TestReserve_ComeBackAtSlot: a caller that comes back at exactly
+// TestReserveHolderBackAtItsSlotIsAdmitted: a caller that comes back at exactly
 // throttle.ReservedAt(Decision) is admitted, for rates whose interval is not whole
 // microseconds.
-func TestReserve_ComeBackAtSlot(t *testing.T) {
+func TestReserveHolderBackAtItsSlotIsAdmitted(t *testing.T) {
 	for _, rate := range []int{1, 3, 7, 9, 11, 13} {
 		t.Run(fmt.Sprintf("PerSecond(%d)", rate), func(t *testing.T) {
 			r := newRig(t)
@@ -188,7 +188,7 @@ func TestReserve_ComeBackAtSlot(t *testing.T) {
 	}
 }
 
-func TestReserve_Horizon(t *testing.T) {
+func TestReserveStopsAtTheHorizon(t *testing.T) {
 	r := newRig(t)
 	r.setLimits("k", throttle.PerSecond(1))
 	const horizon = 2500 * time.Millisecond
@@ -212,7 +212,7 @@ func TestReserve_Horizon(t *testing.T) {
 	assert.Equal(t, epoch().Add(3*time.Second), throttle.ReservedAt(d), "Reserve(c) after RetryAfter: Slot")
 }
 
-func TestReserve_Lapse(t *testing.T) {
+func TestReservationLapsesAfterItsSlot(t *testing.T) {
 	r := newRig(t)
 	r.setLimits("k", throttle.PerSecond(1))
 	resv := redisKey("k", "r")
@@ -245,7 +245,7 @@ func TestReserve_Lapse(t *testing.T) {
 	assert.Equal(t, throttle.RefusedByTier, d.Reason, "Reserve(a) after its reservation lapsed: %+v", d)
 }
 
-func TestReserve_SuspensionAndQueue(t *testing.T) {
+func TestReserveDuringASuspensionQueuesAfterIt(t *testing.T) {
 	r := newRig(t)
 	r.setLimits("k", throttle.PerSecond(10))
 	r.suspend("k", 5*time.Second)
@@ -263,7 +263,7 @@ func TestReserve_SuspensionAndQueue(t *testing.T) {
 
 // Refused callers with IDs get their own reserved times, in the order they
 // were refused; a caller without one waits behind them.
-func TestReservationsInTheOrderCallersWereRefused(t *testing.T) {
+func TestReservationsFollowTheOrderCallersWereRefused(t *testing.T) {
 	r := newRig(t, throttle.WithDefaultLimits(throttle.PerSecond(1)))
 	_, err := r.lim.Take(r.ctx, "slack") // the only token
 	require.NoError(t, err)

@@ -10,7 +10,7 @@ import (
 	"github.com/asynq-throttle/asynq-throttle/throttle"
 )
 
-func TestSetLimits_AtRunTime(t *testing.T) {
+func TestSetLimitsAtRunTimeCarriesTokensOver(t *testing.T) {
 	tests := []struct {
 		name     string
 		before   []throttle.Limit
@@ -81,11 +81,11 @@ func TestSetLimits_AtRunTime(t *testing.T) {
 	}
 }
 
-// TestSetLimits_KeyOnDefaultLimits: a key that ran on the limiter's default
+// TestSetLimitsOnAKeyOnDefaultLimitsKeepsItsDebt: a key that ran on the limiter's default
 // limits has a bucket but no config in Redis. SetLimits must still bring its
 // tokens up to date under the limits it ran on and clamp them; it must not
 // hand out the new limits' full burst.
-func TestSetLimits_KeyOnDefaultLimits(t *testing.T) {
+func TestSetLimitsOnAKeyOnDefaultLimitsKeepsItsDebt(t *testing.T) {
 	r := newRig(t, throttle.WithDefaultLimits(throttle.PerMinute(1)))
 	assertAllowed(t, r.take("k"), "Take on the default 1/min")
 	r.advance(30 * time.Second) // half a token under the old limit
@@ -101,7 +101,7 @@ func TestSetLimits_KeyOnDefaultLimits(t *testing.T) {
 // A SetLimits from a Limiter that does not know the defaults the workers'
 // decisions used still carries their tokens over: the buckets record the
 // defaults they were computed under. The expiry follows the new limits.
-func TestSetLimits_FromALimiterWithoutTheDefaults(t *testing.T) {
+func TestSetLimitsFromALimiterWithoutTheDefaultsKeepsTheTokens(t *testing.T) {
 	r := newRig(t, throttle.WithDefaultLimits(throttle.PerMinute(600).WithBurst(10)))
 	n, _ := r.takeAll("k", 100)
 	require.Equal(t, 10, n, "burst of the default limit")
@@ -121,7 +121,7 @@ func TestSetLimits_FromALimiterWithoutTheDefaults(t *testing.T) {
 // A tier is identified by its period: whatever SetLimits does with the list,
 // a tier keeps its tokens. On a used-up 1000/s + 10/h key, reordering the
 // tiers, adding one in front or dropping the first admits nothing more.
-func TestSetLimits_TierDebtSurvivesEveryChange(t *testing.T) {
+func TestSetLimitsTierDebtSurvivesEveryChange(t *testing.T) {
 	sec, hour := throttle.PerSecond(1000), throttle.PerHour(10)
 	tests := []struct {
 		name  string
@@ -154,7 +154,7 @@ func TestSetLimits_TierDebtSurvivesEveryChange(t *testing.T) {
 	}
 }
 
-func TestNoLimitsAndDefaults(t *testing.T) {
+func TestRedisLimitsWinOverDefaultsAndNoneIsErrNoLimits(t *testing.T) {
 	ten := []throttle.Limit{throttle.PerSecond(10)}
 	five := []throttle.Limit{throttle.PerMinute(5)}
 	tests := []struct {
@@ -193,7 +193,7 @@ func TestNoLimitsAndDefaults(t *testing.T) {
 	}
 }
 
-func TestLimits_RoundTrip(t *testing.T) {
+func TestLimitsReadBackWhatSetLimitsStored(t *testing.T) {
 	tests := []struct {
 		name   string
 		limits []throttle.Limit

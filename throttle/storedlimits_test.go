@@ -12,7 +12,7 @@ import (
 	"github.com/asynq-throttle/asynq-throttle/throttle"
 )
 
-func TestSetLimits_FixesGarbageConfig(t *testing.T) {
+func TestSetLimitsReplacesGarbageLimits(t *testing.T) {
 	r := newRig(t)
 	r.hset(bucket("k"), "L", "abc/1000/1")
 	_, err := r.lim.Take(r.ctx, "k")
@@ -24,7 +24,7 @@ func TestSetLimits_FixesGarbageConfig(t *testing.T) {
 	assertRefused(t, d, throttle.RefusedByTier, 500*time.Millisecond, "refusal after that")
 }
 
-func TestHandWrittenConfig(t *testing.T) {
+func TestHandWrittenLimitsApplyOnTheNextCall(t *testing.T) {
 	t.Run("used on the next call", func(t *testing.T) {
 		r := newRig(t)
 		r.setLimits("k", throttle.PerSecond(10))
@@ -107,7 +107,7 @@ func garbageCases() []garbageCase {
 	return cases
 }
 
-func TestGarbageConfig_TakeNamesTheField(t *testing.T) {
+func TestGarbageLimitsMakeTakeNameTheField(t *testing.T) {
 	r := newRig(t)
 	for _, tc := range garbageCases() {
 		t.Run(tc.name, func(t *testing.T) {
@@ -132,10 +132,10 @@ func TestGarbageConfig_TakeNamesTheField(t *testing.T) {
 	}
 }
 
-// TestGarbageConfig_LimitsFailsLikeTake: Limits (and so Inspect) read the
+// TestGarbageLimitsFailInspectLikeTake: Limits (and so Inspect) read the
 // limits through the script's own validation, so limits Take refuses are
 // never reported as valid, and the error names the same field.
-func TestGarbageConfig_LimitsFailsLikeTake(t *testing.T) {
+func TestGarbageLimitsFailInspectLikeTake(t *testing.T) {
 	r := newRig(t)
 	for _, tc := range garbageCases() {
 		t.Run(tc.name, func(t *testing.T) {

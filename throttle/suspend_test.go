@@ -11,7 +11,7 @@ import (
 	"github.com/asynq-throttle/asynq-throttle/throttle"
 )
 
-func TestSuspend(t *testing.T) {
+func TestSuspendRefusesUntilItEndsAndIsCapped(t *testing.T) {
 	type step struct {
 		advance time.Duration
 		suspend time.Duration // 0: none
@@ -73,7 +73,7 @@ func TestSuspend(t *testing.T) {
 	}
 }
 
-func TestSuspend_RetryAfterCoversEmptyBucket(t *testing.T) {
+func TestSuspendRetryAfterCoversAnEmptyBucket(t *testing.T) {
 	r := newRig(t)
 	r.setLimits("k", throttle.PerMinute(1))
 	assertAllowed(t, r.take("k"), "Take")
@@ -82,7 +82,7 @@ func TestSuspend_RetryAfterCoversEmptyBucket(t *testing.T) {
 	assertRefused(t, r.take("k"), throttle.RefusedBySuspension, time.Minute, "Take while suspended with an empty bucket")
 }
 
-func TestSuspend_RejectsNonPositive(t *testing.T) {
+func TestSuspendRefusesANonPositiveDuration(t *testing.T) {
 	r := newRig(t)
 	for _, d := range []time.Duration{0, -time.Second} {
 		assert.Error(t, r.lim.Suspend(r.ctx, "k", d), "Suspend(k, %v)", d)

@@ -11,7 +11,7 @@ import (
 	"github.com/asynq-throttle/asynq-throttle/throttle"
 )
 
-func TestTake_BurstThenRefill(t *testing.T) {
+func TestTakeAdmitsTheBurstThenTheRefill(t *testing.T) {
 	tests := []struct {
 		name      string
 		limit     throttle.Limit
@@ -48,10 +48,10 @@ func TestTake_BurstThenRefill(t *testing.T) {
 	}
 }
 
-// TestTake_RetryAfterIsEnough: a refusal always asks to wait (RetryAfter >
+// TestTakeRetryAfterIsEnough: a refusal always asks to wait (RetryAfter >
 // 0), and coming back after exactly RetryAfter is admitted, for rates whose
 // token interval is not a whole number of microseconds.
-func TestTake_RetryAfterIsEnough(t *testing.T) {
+func TestTakeRetryAfterIsEnough(t *testing.T) {
 	for rate := 1; rate <= 40; rate++ {
 		t.Run(fmt.Sprintf("PerSecond(%d)", rate), func(t *testing.T) {
 			r := newRig(t)
@@ -69,9 +69,9 @@ func TestTake_RetryAfterIsEnough(t *testing.T) {
 	}
 }
 
-// TestTake_LongPeriodNotEarly: for long periods a token is not handed out
+// TestTakeOnALongPeriodIsNeverEarly: for long periods a token is not handed out
 // before it is due, and Remaining is never negative.
-func TestTake_LongPeriodNotEarly(t *testing.T) {
+func TestTakeOnALongPeriodIsNeverEarly(t *testing.T) {
 	for _, l := range []throttle.Limit{
 		throttle.PerSecond(1),
 		throttle.PerMinute(1),
@@ -95,7 +95,7 @@ func TestTake_LongPeriodNotEarly(t *testing.T) {
 	}
 }
 
-func TestTake_TiersAllOrNothing(t *testing.T) {
+func TestTakeTakesFromAllTiersOrNone(t *testing.T) {
 	r := newRig(t)
 	// 10/s with burst 10, and 3/min with burst 3: the minute tier runs dry first.
 	r.setLimits("k", throttle.PerSecond(10), throttle.PerMinute(3))
@@ -111,7 +111,7 @@ func TestTake_TiersAllOrNothing(t *testing.T) {
 	assert.InDelta(t, 0, s.Tokens[1], 1e-9, "tier 2 tokens after 3 takes")
 }
 
-func TestTake_TierWithLongestWaitRefuses(t *testing.T) {
+func TestTakeIsRefusedByTheTierWithTheLongestWait(t *testing.T) {
 	r := newRig(t)
 	// Tier 1: 1/s burst 5. Tier 2: 6/min burst 6 (one token per 10 s).
 	r.setLimits("k", throttle.PerSecond(1).WithBurst(5), throttle.PerMinute(6))
@@ -161,7 +161,7 @@ func TestLongIdleGivesOneBurst(t *testing.T) {
 	}
 }
 
-func TestRates_SlowestAndFastest(t *testing.T) {
+func TestSlowestAndFastestRatesAreExact(t *testing.T) {
 	t.Run("0.001/s", func(t *testing.T) {
 		r := newRig(t)
 		r.setLimits("k", throttle.Limit{N: 1, Per: 1000 * time.Second})
@@ -219,7 +219,7 @@ func (m *bucketModel) take(now int64) bool {
 	return false
 }
 
-func TestRates_NoPrecisionDrift(t *testing.T) {
+func TestRatesDoNotDriftFromAnExactBucket(t *testing.T) {
 	// miniredis runs a script in about 0.7 ms: 10^4 steps is a few seconds.
 	long, short := 10_000, 2_000
 	if testing.Short() {
@@ -278,7 +278,7 @@ func TestRates_NoPrecisionDrift(t *testing.T) {
 	}
 }
 
-func TestDecision_ReasonString(t *testing.T) {
+func TestReasonStringNamesEachReason(t *testing.T) {
 	for reason, want := range map[throttle.Reason]string{
 		throttle.Reason(0):           "allowed",
 		throttle.RefusedByTier:       "tier",

@@ -58,7 +58,7 @@ func TestNewTaskRefusesWhatNoWorkerCouldThrottle(t *testing.T) {
 	assert.ErrorIs(t, err, ErrInvalidKey)
 }
 
-func TestKeyOf(t *testing.T) {
+func TestKeyOfPicksHeaderThenFunctionThenPrefix(t *testing.T) {
 	byTenant := func(t *asynq.Task) string { return "tenant-" + string(t.Payload()) }
 	tests := []struct {
 		name    string

@@ -131,7 +131,7 @@ func closedAddr(t *testing.T) string {
 	return addr
 }
 
-func TestNormalise(t *testing.T) {
+func TestNormaliseMasksPortsDurationsAndTimes(t *testing.T) {
 	in := "$ asynq-throttle suspend slack 30s --redis redis://127.0.0.1:4242\n" +
 		"slack    100/1.5s 5/s:burst=8  8.0/8  29.9s  1m30s  at 15:04:05 (in 250ms) 2026-11-30T15:04:05.123Z \"queued_seconds\": 12.5 127.0.0.1:4242\n"
 	want := "$ asynq-throttle suspend slack 30s --redis redis://127.0.0.1:PORT\n" +
@@ -165,7 +165,7 @@ func TestUnreachableRedisIsOneLine(t *testing.T) {
 
 // Bad input: a message naming the accepted forms, exit code 2, before
 // Redis is even asked.
-func TestUsageErrors(t *testing.T) {
+func TestBadUsageExitsWith2NamingTheAcceptedForms(t *testing.T) {
 	tr := &transcript{t: t, redisURL: "redis://" + closedAddr(t)}
 	for _, args := range [][]string{
 		{"set", "slack", "10/fortnight"},

@@ -9,7 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-func TestSetLimits_Validation(t *testing.T) {
+func TestSetLimitsRefusesBadTiersWritingNothing(t *testing.T) {
 	tests := []struct {
 		name          string
 		tiers         []Tier
@@ -36,7 +36,7 @@ func TestSetLimits_Validation(t *testing.T) {
 	}
 }
 
-func TestSetLimits_Stores(t *testing.T) {
+func TestSetLimitsReplacesTheStoredLimits(t *testing.T) {
 	e := newEnv(t)
 	e.setLimits(Tier{Rate: 5, PerMS: 1000, Burst: 10}, Tier{Rate: 100, PerMS: 60000, Burst: 100})
 	e.setLimits(Tier{Rate: 3, PerMS: 1500, Burst: 2}) // replaces, not merges
@@ -49,7 +49,7 @@ func TestSetLimits_Stores(t *testing.T) {
 // A tier is identified by its period: whatever SetLimits does with the
 // list (reorder, add in front, drop others, change rate or burst), a tier's
 // tokens stay with it, clamped to a lower burst and never refilled by a raise.
-func TestSetLimits_TierIdentity(t *testing.T) {
+func TestSetLimitsKeepsEachTiersTokensByPeriod(t *testing.T) {
 	sec := Tier{Rate: 1000, PerMS: 1000, Burst: 1000}
 	hour := Tier{Rate: 10, PerMS: 3_600_000, Burst: 10}
 	tests := []struct {
@@ -83,7 +83,7 @@ func TestSetLimits_TierIdentity(t *testing.T) {
 // SetLimits from a caller that does not know the defaults the buckets were
 // computed under still carries their tokens over (the D field), clamps them
 // and resets the expiry.
-func TestSetLimits_KeyOnOtherDefaults(t *testing.T) {
+func TestSetLimitsCarriesTokensOverFromOtherDefaults(t *testing.T) {
 	e := newEnv(t)
 	defaults := []Tier{{Rate: 60, PerMS: 60000, Burst: 10}}
 	for range 10 {
@@ -101,7 +101,7 @@ func TestSetLimits_KeyOnOtherDefaults(t *testing.T) {
 	assert.Equal(t, 58*time.Second, r.RetryAfter, "retry after lowering")
 }
 
-func TestSuspend(t *testing.T) {
+func TestSuspendExtendsNeverShortensAndIsCapped(t *testing.T) {
 	e := newEnv(t)
 	steps := []struct {
 		at     time.Duration // since epoch
@@ -132,7 +132,7 @@ func TestSuspend(t *testing.T) {
 
 // Resume ends the suspension and the schedule built during it: fresh
 // callers run at once, and a former slot holder is decided by the buckets.
-func TestResume(t *testing.T) {
+func TestResumeEndsTheSuspensionAndItsSchedule(t *testing.T) {
 	e := newEnv(t)
 	e.setLimits(Tier{Rate: 10, PerMS: 1000, Burst: 10})
 	_, err := Suspend(e.ctx, e.run, e.k, time.Hour, time.Hour)
@@ -154,7 +154,7 @@ func TestResume(t *testing.T) {
 	assert.Zero(t, left, "Resume of a key not suspended")
 }
 
-func TestInspect(t *testing.T) {
+func TestInspectReportsTheStateWithoutWriting(t *testing.T) {
 	e := newEnv(t)
 	r, err := Inspect(e.ctx, e.run, e.k, nil, 0)
 	require.NoError(t, err, "Inspect without limits")
@@ -193,7 +193,7 @@ func TestInspect(t *testing.T) {
 // difference, a bucket never above its burst; a window counts a surcharge
 // at now, and takes a refund back only from the sub-window the call was
 // counted in (nothing without it), never below zero.
-func TestAdjust(t *testing.T) {
+func TestAdjustSettlesACostAfterTheFact(t *testing.T) {
 	e := newEnv(t)
 	e.setLimits(Tier{Rate: 10, PerMS: 1000, Burst: 10}, Tier{Kind: KindWindow, Rate: 20, PerMS: 60000})
 	r := e.decide(DecideArgs{IdleExpiry: time.Hour, Cost: 4})
@@ -231,7 +231,7 @@ func TestAdjust(t *testing.T) {
 // (Regression: on Window(10, 1s), 5 calls admitted at 0 ms whose real cost
 // was 0, 5 more at 902 ms, the refund at 954 ms, and at 1102 ms 10 more
 // were admitted: 15 real calls within 200 ms.)
-func TestAdjust_RefundComesOutOfTheCallsSubWindow(t *testing.T) {
+func TestAdjustRefundComesOutOfTheCallsSubWindow(t *testing.T) {
 	e := newEnv(t)
 	e.setLimits(Tier{Kind: KindWindow, Rate: 10, PerMS: 1000})
 	a := DecideArgs{IdleExpiry: time.Hour}
@@ -269,10 +269,10 @@ func TestAdjust_RefundComesOutOfTheCallsSubWindow(t *testing.T) {
 	assert.Len(t, real, 10, "the refund made room for 5 more, no more, within a second of 902 ms: %v", real)
 }
 
-// TestInspect_LapsedReservationsNotCounted: a reservation whose task never
+// TestInspectDoesNotCountLapsedReservations: a reservation whose task never
 // came back lapses; it is swept only when the next one is added, and
 // Inspect, told the lapse, does not count it meanwhile.
-func TestInspect_LapsedReservationsNotCounted(t *testing.T) {
+func TestInspectDoesNotCountLapsedReservations(t *testing.T) {
 	e := newEnv(t)
 	e.setLimits(Tier{Rate: 1, PerMS: 1000, Burst: 1})
 	a := DecideArgs{TaskID: "a", Horizon: time.Minute, Lapse: time.Minute, IdleExpiry: time.Hour}

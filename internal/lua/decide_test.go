@@ -12,7 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-func TestParseDecide(t *testing.T) {
+func TestParseDecideReadsEveryReplyAndRefusesBadOnes(t *testing.T) {
 	slot := testEpoch().Add(time.Second)
 	tests := []struct {
 		name  string
@@ -55,7 +55,7 @@ func TestParseDecide(t *testing.T) {
 	}
 }
 
-func TestParseDecideAllocs(t *testing.T) {
+func TestParseDecideDoesNotAllocate(t *testing.T) {
 	allocs := testing.AllocsPerRun(100, func() {
 		if _, err := ParseDecide("0|1000000|0|tier:1|1700000001000000|0|2"); err != nil {
 			t.Fatal(err)
@@ -64,7 +64,7 @@ func TestParseDecideAllocs(t *testing.T) {
 	assert.Zero(t, allocs, "ParseDecide allocates")
 }
 
-func TestDecide(t *testing.T) {
+func TestDecideAdmitsRefusesReservesAndSuspends(t *testing.T) {
 	e := newEnv(t)
 	e.setLimits(Tier{Rate: 2, PerMS: 1000, Burst: 2})
 	for i, want := range []int64{1, 0} {
@@ -91,7 +91,7 @@ func TestDecide(t *testing.T) {
 	assert.Equal(t, DecideReply{Status: StatusDenied, RetryAfter: 3 * time.Second, RefusedBy: "suspended", Generation: 1}, r, "Decide while suspended")
 }
 
-func TestDecide_Defaults(t *testing.T) {
+func TestDecideValidatesDefaultsWithoutStoringThem(t *testing.T) {
 	tests := []struct {
 		name     string
 		defaults []Tier
@@ -115,10 +115,10 @@ func TestDecide_Defaults(t *testing.T) {
 	}
 }
 
-// TestGarbageState: the bucket state, suspension and schedule are in Redis
+// TestGarbageStateStillDecides: the bucket state, suspension and schedule are in Redis
 // too. Whatever is found there, a decision is made without a script error
 // and a refusal asks for a wait that is positive and finite.
-func TestGarbageState(t *testing.T) {
+func TestGarbageStateStillDecides(t *testing.T) {
 	tier := Tier{Rate: 10, PerMS: 1000, Burst: 10}
 	tests := []struct {
 		name  string
@@ -170,9 +170,9 @@ func TestGarbageState(t *testing.T) {
 	}
 }
 
-// TestDecide_RetryAfterRoundsUp: the retry-after is the exact wait rounded up
+// TestDecideRetryAfterRoundsUp: the retry-after is the exact wait rounded up
 // to a microsecond, never down, for waits that are not whole microseconds.
-func TestDecide_RetryAfterRoundsUp(t *testing.T) {
+func TestDecideRetryAfterRoundsUp(t *testing.T) {
 	for _, rate := range []int64{3, 7, 9, 11, 13, 17, 19, 23} {
 		e := newEnv(t)
 		e.setLimits(Tier{Rate: rate, PerMS: 1000, Burst: 1})
@@ -240,7 +240,7 @@ func TestDecideManyEqualsOneByOne(t *testing.T) {
 
 // A lease takes extra tokens for the caller's process only while every tier
 // keeps at least the lease size behind, and never more than the bucket holds.
-func TestDecideLease(t *testing.T) {
+func TestDecideLeasesOnlyWhatEveryTierCanSpare(t *testing.T) {
 	e := newEnv(t)
 	e.setLimits(Tier{Rate: 10, PerMS: 1000, Burst: 20}, Tier{Rate: 1000, PerMS: 60000, Burst: 1000})
 	var extras []int64
@@ -272,7 +272,7 @@ func TestDecideLease(t *testing.T) {
 
 // A cost takes that many tokens of every tier, all or none; a cost above a
 // tier's burst is refused for good.
-func TestDecide_Cost(t *testing.T) {
+func TestDecideTakesTheCostFromEveryTier(t *testing.T) {
 	e := newEnv(t)
 	e.setLimits(Tier{Rate: 10, PerMS: 1000, Burst: 10})
 	r := e.decide(DecideArgs{IdleExpiry: time.Hour, Cost: 7})
@@ -291,7 +291,7 @@ func TestDecide_Cost(t *testing.T) {
 // Paced, a holder back in the granule before its slot is admitted at the
 // slot and told to wait for it; slots are exact instants, so a backlog
 // under a burst below its rate per second drains at the rate.
-func TestDecide_Pace(t *testing.T) {
+func TestDecidePacesHoldersToExactInstants(t *testing.T) {
 	e := newEnv(t)
 	e.setLimits(Tier{Rate: 40, PerMS: 1000, Burst: 5})
 	a := DecideArgs{Horizon: time.Minute, Lapse: time.Minute, IdleExpiry: time.Hour, Granule: time.Second, Pace: true}
@@ -323,7 +323,7 @@ func TestDecide_Pace(t *testing.T) {
 
 // Booking (enqueue-time throttling) reserves a slot even for a caller that
 // could run now, and the holder is admitted against it.
-func TestDecide_Book(t *testing.T) {
+func TestDecideBookingReservesASlotEvenWhenFree(t *testing.T) {
 	e := newEnv(t)
 	e.setLimits(Tier{Rate: 2, PerMS: 1000, Burst: 2})
 	a := DecideArgs{Horizon: time.Minute, Lapse: time.Minute, IdleExpiry: time.Hour, Granule: time.Second, Book: true}
@@ -346,7 +346,7 @@ func TestDecide_Book(t *testing.T) {
 // and a token, or nothing. A released slot goes to the next caller; a slot
 // whose lease ended is taken back; a caller refused a slot is told when one
 // is expected to free, callers refused later told later.
-func TestDecide_InFlight(t *testing.T) {
+func TestDecideTakesASlotInFlightWithTheTokens(t *testing.T) {
 	e := newEnv(t)
 	e.setLimits(Tier{Rate: 100, PerMS: 1000, Burst: 100}, Tier{Kind: KindInFlight, Rate: 2})
 	a := DecideArgs{IdleExpiry: time.Hour, SlotLease: 10 * time.Second}
@@ -429,11 +429,11 @@ func TestStateMemoIsCompact(t *testing.T) {
 
 }
 
-// TestDecideLease_NotOnAWindow: a key with a window tier grants no lease. A
+// TestDecideLeasesNothingOnAWindow: a key with a window tier grants no lease. A
 // leased call the process does not make in time is lost for a whole window
 // (a bucket has it back in 1/rate): scenario E's fleet, starting on a fresh
 // window of 100 per 2 s, made 46 calls in it and lost the rest to leases.
-func TestDecideLease_NotOnAWindow(t *testing.T) {
+func TestDecideLeasesNothingOnAWindow(t *testing.T) {
 	for _, tiers := range [][]Tier{
 		{{Kind: KindWindow, Rate: 100, PerMS: 2000}},
 		{{Rate: 1000, PerMS: 1000, Burst: 1000}, {Kind: KindWindow, Rate: 100000, PerMS: 60000}},

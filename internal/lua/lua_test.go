@@ -56,7 +56,7 @@ func (e *env) setLimits(tiers ...Tier) {
 
 func (e *env) at(d time.Duration) { e.mr.SetTime(testEpoch().Add(d)) }
 
-func TestNum(t *testing.T) {
+func TestNumReadsFiniteNumbersWithinInt64(t *testing.T) {
 	tests := []struct {
 		in   any
 		want int64
@@ -90,12 +90,12 @@ func TestNum(t *testing.T) {
 	}
 }
 
-func TestFormatTiers(t *testing.T) {
+func TestFormatTiersWritesRatePerMSBurst(t *testing.T) {
 	assert.Equal(t, "", FormatTiers(nil))
 	assert.Equal(t, "10/1000/20 50/60000/50", FormatTiers([]Tier{{Rate: 10, PerMS: 1000, Burst: 20}, {Rate: 50, PerMS: 60000, Burst: 50}}))
 }
 
-func TestScriptFlush(t *testing.T) {
+func TestScriptsSurviveScriptFlush(t *testing.T) {
 	e := newEnv(t)
 	calls := []struct {
 		name string
@@ -118,7 +118,7 @@ func TestScriptFlush(t *testing.T) {
 	assert.Equal(t, ModeEval, e.run.Mode(), "miniredis has no functions: the runner uses EVALSHA")
 }
 
-func TestErrBadReplyWraps(t *testing.T) {
+func TestBadReplyErrorWrapsErrBadReply(t *testing.T) {
 	err := errBadReply("decide", []any{"x"})
 	assert.True(t, errors.Is(err, ErrBadReply), "errors.Is(%v, ErrBadReply)", err)
 	assert.Contains(t, err.Error(), "decide", "error names the script")

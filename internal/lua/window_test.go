@@ -38,7 +38,7 @@ func maxIn(ts []int64, w int64) int {
 
 // A window admits at most N calls in any window of its length, whatever
 // its phase, and a steady backlog gets at least 95 % of N per window.
-func TestDecide_Window(t *testing.T) {
+func TestWindowAdmitsAtMostNInAnyWindow(t *testing.T) {
 	const n, per = 10, int64(1_000_000)
 	e := newEnv(t)
 	e.setLimits(Tier{Kind: KindWindow, Rate: n, PerMS: per / 1000})
@@ -63,7 +63,7 @@ func TestDecide_Window(t *testing.T) {
 // Headroom keeps room for dispatch jitter: a call is admitted only when it
 // would still be d later, so calls shifted by up to d never exceed the
 // bucket (or the window) at the provider.
-func TestDecide_Headroom(t *testing.T) {
+func TestHeadroomKeepsRoomForDispatchJitter(t *testing.T) {
 	const d = 20 * time.Millisecond
 	t.Run("bucket", func(t *testing.T) {
 		e := newEnv(t)
@@ -90,12 +90,12 @@ func TestDecide_Headroom(t *testing.T) {
 	})
 }
 
-// TestDecide_WindowCountsCallsAdmittedAhead: a paced admission is counted at
+// TestWindowCountsCallsAdmittedAhead: a paced admission is counted at
 // the instant its worker was told to call, which may be after the instant a
 // later decision is made. That decision counts it: a window that holds both
 // instants must see at most N. (Found by scenario E: 30 admitted now beside
 // 3 paced ones 300 ms ahead drew 429s from a strict 30 per second window.)
-func TestDecide_WindowCountsCallsAdmittedAhead(t *testing.T) {
+func TestWindowCountsCallsAdmittedAhead(t *testing.T) {
 	e := newEnv(t)
 	e.setLimits(Tier{Kind: KindWindow, Rate: 3, PerMS: 1000})
 	now := testEpoch().UnixMicro()
@@ -116,7 +116,7 @@ func TestDecide_WindowCountsCallsAdmittedAhead(t *testing.T) {
 // room is reserved, never a negative number (a batch reserved in the
 // sub-window of now while the last batch's calls are still in the window
 // read as -60 in bench scenario E's traces).
-func TestInspect_WindowWithReservationsAdmitsNone(t *testing.T) {
+func TestInspectWindowWithReservationsAdmitsNone(t *testing.T) {
 	e := newEnv(t)
 	e.setLimits(Tier{Kind: KindWindow, Rate: 2, PerMS: 1000})
 	// 2 calls admitted 10 ms ago, 2 reserved for 10 ms from now: the same
