@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"sort"
 	"strings"
 	"testing"
@@ -162,7 +161,7 @@ func TestMiddlewareFeedsTheCollector(t *testing.T) {
 	require.NoError(t, runTask(mw, asynq.NewTask("cleanup", nil), ok))
 	require.NoError(t, runTask(mw, asynq.NewTask("crm:sync", nil), ok))
 	// A Redis that refuses connections: fail closed, deferred by copy.
-	dead := redis.NewClient(&redis.Options{Addr: closedAddr(t), MaxRetries: -1, DialerRetries: 1})
+	dead := redis.NewClient(&redis.Options{Addr: redistest.ClosedAddr(t), MaxRetries: -1, DialerRetries: 1})
 	t.Cleanup(func() { dead.Close() })
 	deadLim := throttle.NewLimiter(dead, quiet, throttle.WithTaskRedis(rdb))
 	deadLim.OnEvent(c.Observe)
@@ -212,22 +211,12 @@ asynq_throttle_keys_folded_total 0
 	assert.Equal(t, uint64(6), histogram(t, c).GetSampleCount())
 }
 
-// closedAddr is a loopback address nothing listens on.
-func closedAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	addr := l.Addr().String()
-	require.NoError(t, l.Close())
-	return addr
-}
-
 func TestErrorClassSortsRedisErrors(t *testing.T) {
 	ctx := context.Background()
 	rdb := redistest.Start(t).Client(t)
 	replyErr := rdb.Do(ctx, "NOSUCHCOMMAND").Err()
 	require.Error(t, replyErr)
-	dead := redis.NewClient(&redis.Options{Addr: closedAddr(t), MaxRetries: -1, DialerRetries: 1})
+	dead := redis.NewClient(&redis.Options{Addr: redistest.ClosedAddr(t), MaxRetries: -1, DialerRetries: 1})
 	defer dead.Close()
 	refused := dead.Ping(ctx).Err()
 	require.Error(t, refused)
@@ -355,7 +344,7 @@ func TestScrapeReadsEveryKeysStateFromRedis(t *testing.T) {
 
 // A Redis that is down makes the scrape report state_up 0 and no state.
 func TestScrapeWithRedisDownReportsStateUp0(t *testing.T) {
-	dead := redis.NewClient(&redis.Options{Addr: closedAddr(t), MaxRetries: -1, DialerRetries: 1})
+	dead := redis.NewClient(&redis.Options{Addr: redistest.ClosedAddr(t), MaxRetries: -1, DialerRetries: 1})
 	defer dead.Close()
 	g := gauges(t, metrics.New(throttle.NewLimiter(dead), metrics.WithScrapeTimeout(time.Second)))
 	assert.Equal(t, 0.0, g["asynq_throttle_state_up{}"])

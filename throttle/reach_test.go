@@ -2,7 +2,6 @@ package throttle_test
 
 import (
 	"context"
-	"net"
 	"testing"
 	"time"
 
@@ -14,16 +13,6 @@ import (
 	"github.com/asynq-throttle/asynq-throttle/internal/redistest"
 	"github.com/asynq-throttle/asynq-throttle/throttle"
 )
-
-// closedAddr returns a local address nothing listens on.
-func closedAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	addr := ln.Addr().String()
-	require.NoError(t, ln.Close())
-	return addr
-}
 
 // Against a Redis that refuses connections, every Limiter call fails
 // within its WithTimeout with an error that names the cause (go-redis
@@ -37,7 +26,7 @@ func TestUnreachableRedisNamesTheCause(t *testing.T) {
 			name = "ContextTimeoutEnabled"
 		}
 		t.Run(name, func(t *testing.T) {
-			addr := closedAddr(t)
+			addr := redistest.ClosedAddr(t)
 			rdb := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: cte})
 			t.Cleanup(func() { _ = rdb.Close() })
 			lim := throttle.NewLimiter(rdb, quietLog, throttle.WithTimeout(timeout))
