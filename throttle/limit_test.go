@@ -107,7 +107,7 @@ func TestValidateKeyRefusesBadNames(t *testing.T) {
 	}
 	invalid := []string{
 		"", strings.Repeat("k", throttle.MaxKeyLen+1), strings.Repeat("é", throttle.MaxKeyLen/2) + "k",
-		"a{b", "a}b", "{slack}", "\x00", "tab\t", "new\nline", "\x7f", "\xff", "a\xc3", "\u200b", "\u00a0",
+		"a{b", "a}b", "{slack}", "\x00", "nul\x00", "tab\t", "new\nline", "\x7f", "\xff", "\xff\xfe", "a\xc3", "\u200b", "\u00a0",
 	}
 	for _, k := range invalid {
 		assert.ErrorIs(t, throttle.ValidateKey(k), throttle.ErrInvalidKey, "ValidateKey(%q)", k)

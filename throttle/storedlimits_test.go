@@ -107,48 +107,50 @@ func garbageCases() []garbageCase {
 	return cases
 }
 
-func TestGarbageLimitsMakeTakeNameTheField(t *testing.T) {
+// onGarbageLimits runs check once for each garbage case, on a key "k"
+// whose limits (L) are the case's, written by hand.
+func onGarbageLimits(t *testing.T, check func(t *testing.T, r *rig, tc garbageCase)) {
 	r := newRig(t)
 	for _, tc := range garbageCases() {
 		t.Run(tc.name, func(t *testing.T) {
 			r.t = t
 			r.mr.FlushAll()
 			r.hset(bucket("k"), "L", tc.L)
-			d, err := r.lim.Take(r.ctx, "k")
-			require.Error(t, err, "Take with %s: want an error, got %+v", tc.name, d)
-			assert.ErrorIs(t, err, throttle.ErrInvalidLimit, "Take with %s", tc.name)
-			var ce *throttle.ConfigError
-			if assert.ErrorAs(t, err, &ce, "Take with %s: %v", tc.name, err) {
-				assert.Equal(t, tc.field, ce.Field, "Take with %s: ConfigError.Field (reason %q)", tc.name, ce.Reason)
-				assert.Equal(t, "k", ce.Key, "Take with %s: ConfigError.Key", tc.name)
-				assert.NotEmpty(t, ce.Reason, "Take with %s: ConfigError.Reason", tc.name)
-				assert.Less(t, len(ce.Error()), 400, "Take with %s: the error quotes a bounded part of the value", tc.name)
-			}
-			assert.Empty(t, r.tierState("k"), "Take with %s wrote a bucket", tc.name)
-
-			_, err = r.lim.Inspect(r.ctx, "k")
-			assert.ErrorAs(t, err, &ce, "Inspect with %s", tc.name)
+			check(t, r, tc)
 		})
 	}
+}
+
+func TestGarbageLimitsMakeTakeNameTheField(t *testing.T) {
+	onGarbageLimits(t, func(t *testing.T, r *rig, tc garbageCase) {
+		d, err := r.lim.Take(r.ctx, "k")
+		require.Error(t, err, "Take with %s: want an error, got %+v", tc.name, d)
+		assert.ErrorIs(t, err, throttle.ErrInvalidLimit, "Take with %s", tc.name)
+		var ce *throttle.ConfigError
+		if assert.ErrorAs(t, err, &ce, "Take with %s: %v", tc.name, err) {
+			assert.Equal(t, tc.field, ce.Field, "Take with %s: ConfigError.Field (reason %q)", tc.name, ce.Reason)
+			assert.Equal(t, "k", ce.Key, "Take with %s: ConfigError.Key", tc.name)
+			assert.NotEmpty(t, ce.Reason, "Take with %s: ConfigError.Reason", tc.name)
+			assert.Less(t, len(ce.Error()), 400, "Take with %s: the error quotes a bounded part of the value", tc.name)
+		}
+		assert.Empty(t, r.tierState("k"), "Take with %s wrote a bucket", tc.name)
+
+		_, err = r.lim.Inspect(r.ctx, "k")
+		assert.ErrorAs(t, err, &ce, "Inspect with %s", tc.name)
+	})
 }
 
 // TestGarbageLimitsFailInspectLikeTake: Limits (and so Inspect) read the
 // limits through the script's own validation, so limits Take refuses are
 // never reported as valid, and the error names the same field.
 func TestGarbageLimitsFailInspectLikeTake(t *testing.T) {
-	r := newRig(t)
-	for _, tc := range garbageCases() {
-		t.Run(tc.name, func(t *testing.T) {
-			r.t = t
-			r.mr.FlushAll()
-			r.hset(bucket("k"), "L", tc.L)
-			got, err := throttle.Limits(r.lim, r.ctx, "k")
-			var ce *throttle.ConfigError
-			assert.ErrorAs(t, err, &ce, "Limits with %s: want a *ConfigError, got %v, %v", tc.name, got, err)
-			assert.ErrorIs(t, err, throttle.ErrInvalidLimit, "Limits with %s", tc.name)
-			if ce != nil {
-				assert.Equal(t, tc.field, ce.Field, "Limits with %s: ConfigError.Field (reason %q)", tc.name, ce.Reason)
-			}
-		})
-	}
+	onGarbageLimits(t, func(t *testing.T, r *rig, tc garbageCase) {
+		got, err := throttle.Limits(r.lim, r.ctx, "k")
+		var ce *throttle.ConfigError
+		assert.ErrorAs(t, err, &ce, "Limits with %s: want a *ConfigError, got %v, %v", tc.name, got, err)
+		assert.ErrorIs(t, err, throttle.ErrInvalidLimit, "Limits with %s", tc.name)
+		if ce != nil {
+			assert.Equal(t, tc.field, ce.Field, "Limits with %s: ConfigError.Field (reason %q)", tc.name, ce.Reason)
+		}
+	})
 }
