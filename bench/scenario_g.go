@@ -280,11 +280,7 @@ func (s *scenarioG) measureRates(ctx context.Context, e *env, lim *throttle.Limi
 // as v says, and the Redis CPU and commands they cost. next counts the
 // decisions of every slice.
 func (r *gRun) measure(ctx context.Context, e *env, lim *throttle.Limiter, v gVariant, g int, slice time.Duration, next *atomic.Int64) error {
-	cpu0, err := redisCPU(ctx, e.ctl)
-	if err != nil {
-		return err
-	}
-	st0, err := commandStats(ctx, e.ctl)
+	before, err := redisStats(ctx, e)
 	if err != nil {
 		return err
 	}
@@ -292,11 +288,7 @@ func (r *gRun) measure(ctx context.Context, e *env, lim *throttle.Limiter, v gVa
 		d, err := lim.Take(ctx, v.key(g, next.Add(1)))
 		return d.Allowed, err
 	})
-	cpu1, err := redisCPU(ctx, e.ctl)
-	if err != nil {
-		return err
-	}
-	st1, err := commandStats(ctx, e.ctl)
+	after, err := redisStats(ctx, e)
 	if err != nil {
 		return err
 	}
@@ -305,11 +297,11 @@ func (r *gRun) measure(ctx context.Context, e *env, lim *throttle.Limiter, v gVa
 	r.Errors += m.Errors
 	r.Refused += m.Refused
 	r.Elapsed += m.Elapsed
-	r.CPUPerDec += time.Duration((cpu1 - cpu0) * float64(time.Second))
-	r.Migrations += st1["exists"].calls - st0["exists"].calls
+	r.CPUPerDec += time.Duration((after.cpu - before.cpu) * float64(time.Second))
+	r.Migrations += after.cmds["exists"].calls - before.cmds["exists"].calls
 	for _, c := range []string{"fcall", "evalsha", "eval"} {
-		r.ScriptRuns += st1[c].calls - st0[c].calls
-		r.ScriptUsec += st1[c].usec - st0[c].usec
+		r.ScriptRuns += after.cmds[c].calls - before.cmds[c].calls
+		r.ScriptUsec += after.cmds[c].usec - before.cmds[c].usec
 	}
 	return nil
 }
