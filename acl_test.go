@@ -136,7 +136,7 @@ func redisKnows(t *testing.T, admin *redis.Client, cmd string) bool {
 	return len(v) == 1 && v[0] != nil
 }
 
-func TestACLWorkerAndOperator(t *testing.T) {
+func TestACLGrantsLetEachUserDoItsJob(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
 	admin := srv.Client(t)

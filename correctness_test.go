@@ -29,7 +29,7 @@ import (
 // from an earlier run, or by a task whose handler copied the headers. Such
 // a task is not this delivery's copy: a fresh copy is made, and the job
 // runs exactly once.
-func TestE2ECopyIDTakenByAnotherTask(t *testing.T) {
+func TestE2ECopyWhoseIDIsTakenIsMadeAfresh(t *testing.T) {
 	t.Parallel()
 	f := startFleet(t, fleetConfig{plain: true})
 	f.setLimits("crm", throttle.PerSecond(50))
@@ -67,7 +67,7 @@ func TestE2ECopyIDTakenByAnotherTask(t *testing.T) {
 // A copy that cannot be enqueued at first (the tasks' Redis unreachable for
 // a moment) is enqueued again until the task's deadline: nothing is lost or
 // archived. When it still fails, the task is kept and the error says where.
-func TestE2ECopyEnqueueRetried(t *testing.T) {
+func TestE2ECopyEnqueueIsRetriedUntilTheDeadline(t *testing.T) {
 	t.Parallel()
 	s := redistest.Start(t)
 	proxy := redistest.StartProxy(t, s.Addr)
@@ -176,7 +176,7 @@ func TestE2EResumeBringsTasksBack(t *testing.T) {
 // enqueued: each task waits in asynq's scheduled set for its slot and is
 // dequeued once, admitted against its reservation. The fleet holds the
 // limit, every task runs once under its own ID, and hardly any is deferred.
-func TestE2EEnqueueTimeThrottling(t *testing.T) {
+func TestE2EEnqueuedBacklogReservesItsSlotsAtEnqueue(t *testing.T) {
 	t.Parallel()
 	f := startFleet(t, fleetConfig{})
 	f.setLimits("crm", throttle.PerSecond(50).WithBurst(10))
@@ -211,7 +211,7 @@ func TestE2EEnqueueTimeThrottling(t *testing.T) {
 // rate, paced inside each second by the workers, and every second stays
 // within the bound: 220 tasks under 40/s burst 5 (without pacing: 5 a
 // second, 44 s).
-func TestE2EPacedSmallBurst(t *testing.T) {
+func TestE2EBurstBelowTheRateDrainsAtTheRate(t *testing.T) {
 	t.Parallel()
 	f := startFleet(t, fleetConfig{})
 	f.setLimits("crm", throttle.Limit{N: 40, Per: time.Second, Burst: 5})

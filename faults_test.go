@@ -162,28 +162,23 @@ func (f *fleet) waitAllRan(jobs int, within time.Duration) {
 }
 
 // auditAtLeastOnce checks that every job ran at least once and that nothing
-// was archived, and returns the jobs that ran more than once with their
-// number of extra runs.
-func (f *fleet) auditAtLeastOnce(jobs int) (dups map[string]int) {
+// was archived, and returns what it found (duplicates: the extra runs) and
+// the jobs that ran more than once with their number of extra runs.
+func (f *fleet) auditAtLeastOnce(jobs int) (c auditCounts, dups map[string]int) {
 	f.t.Helper()
 	dups = map[string]int{}
 	f.rec.mu.Lock()
 	for job, runs := range f.rec.runs {
 		if len(runs) > 1 {
 			dups[job] = len(runs) - 1
+			c.duplicates += len(runs) - 1
 		}
 	}
 	assert.Len(f.t, f.rec.runs, jobs, "distinct jobs done (the others are lost)")
+	c.lost = max(0, jobs-len(f.rec.runs))
 	f.rec.mu.Unlock()
-	q, err := f.insp.GetQueueInfo("default")
-	require.NoError(f.t, err)
-	assert.Zero(f.t, q.Archived, "archived tasks")
-	archived, err := f.insp.ListArchivedTasks("default")
-	require.NoError(f.t, err)
-	for _, a := range archived {
-		f.t.Errorf("archived: %s %s: %s", a.ID, a.Payload, a.LastErr)
-	}
-	return dups
+	c.archived = f.auditArchive(f.queueInfo())
+	return c, dups
 }
 
 // excessOver returns how far the busiest 1 s window of ts goes over bound.
@@ -208,7 +203,7 @@ func since(ts []time.Time, from time.Time) []time.Time {
 // recoverer finds their lease expired (lease 30 s, then 30 s of grace, and
 // it runs every minute): up to about 2 minutes. This test waits for that;
 // it runs in parallel with the others.
-func TestFaultRedisKilledMidDrain(t *testing.T) {
+func TestFaultRedisKilledMidDrainLosesNoTask(t *testing.T) {
 	t.Parallel()
 	s := redistest.StartPersistent(t)
 	tl, pr := &timeline{}, newProbe()
@@ -251,10 +246,8 @@ func TestFaultRedisKilledMidDrain(t *testing.T) {
 
 	f.waitAllRan(300, 200*time.Second)
 	allDone := time.Since(killedAt)
-	dups := f.auditAtLeastOnce(300)
-	extra := 0
+	found, dups := f.auditAtLeastOnce(300)
 	for job, n := range dups {
-		extra += n
 		assert.True(t, inFlight[idOf[job]], "%s ran %d extra times but was not in flight at the kill", job, n)
 	}
 	assert.LessOrEqual(t, len(dups), len(inFlight), "jobs run twice: at most the tasks in flight at the kill")
@@ -264,8 +257,8 @@ func TestFaultRedisKilledMidDrain(t *testing.T) {
 	ts := f.rec.times("crm")
 	after, _ := excessOver(since(ts, readyAt), faultBound)
 	busiest, excess := excessOver(ts, faultBound)
-	t.Logf("FIGURE redis-killed: lost %d archived 0 duplicates %d (in flight at kill: %d; %d done before it) first decision %.2fs after Redis accepted; max in 1s window after restart %d (bound %d; whole run %d, excess %d); all done %.0fs after the kill",
-		300-len(f.rec.runs), extra, len(inFlight), doneAtKill, first.Sub(readyAt).Seconds(), after, faultBound, busiest, excess, allDone.Seconds())
+	t.Logf("FIGURE redis-killed: %v (in flight at kill: %d; %d done before it) first decision %.2fs after Redis accepted; max in 1s window after restart %d (bound %d; whole run %d, excess %d); all done %.0fs after the kill",
+		found, len(inFlight), doneAtKill, first.Sub(readyAt).Seconds(), after, faultBound, busiest, excess, allDone.Seconds())
 	assert.Less(t, first.Sub(readyAt), 2*time.Second, "decisions did not resume within 2 s of Redis accepting connections")
 	assert.LessOrEqual(t, after, faultBound, "runs in a 1 s window after the restart")
 	assert.Zero(t, excess, "runs in a 1 s window, whole run")
@@ -438,7 +431,7 @@ func seconds(from, to time.Time) string {
 // 2 s of the promotion; decisions written to the old master after the
 // promotion are lost with it (asynchronous replication), so the bound may
 // be exceeded, by at most one burst.
-func TestFaultSentinelFailover(t *testing.T) {
+func TestFaultSentinelFailoverLosesNoTask(t *testing.T) {
 	t.Parallel()
 	sen := redistest.StartSentinel(t)
 	tl := &timeline{}
@@ -465,12 +458,12 @@ func TestFaultSentinelFailover(t *testing.T) {
 	pr.end()
 
 	f.waitDone(300, 60*time.Second)
-	f.audit(300)
+	found := f.audit(300)
 	oldAfter, err := scriptRuns(ctx, old)
 	require.NoError(t, err)
 	busiest, excess := excessOver(f.rec.times("crm"), faultBound)
-	t.Logf("FIGURE sentinel-failover: lost 0 archived 0 duplicates 0; promoted %s after SENTINEL FAILOVER, Sentinels agreed after %s; first decision on the new master after the promotion: a Limiter taking every 10 ms %s (%d errors, longest between two decisions %v), the fleet %s (%s after the Sentinels agreed); %d script runs on the old master after SENTINEL FAILOVER (their writes lost); max in 1s window %d (bound %d, excess %d, allowed %d); %v (%s -> %s)",
-		seconds(start, w.promoted), seconds(start, agreed), seconds(w.promoted, w.changed["probe"]), pr.errs, pr.longest.Round(time.Millisecond),
+	t.Logf("FIGURE sentinel-failover: %v; promoted %s after SENTINEL FAILOVER, Sentinels agreed after %s; first decision on the new master after the promotion: a Limiter taking every 10 ms %s (%d errors, longest between two decisions %v), the fleet %s (%s after the Sentinels agreed); %d script runs on the old master after SENTINEL FAILOVER (their writes lost); max in 1s window %d (bound %d, excess %d, allowed %d); %v (%s -> %s)",
+		found, seconds(start, w.promoted), seconds(start, agreed), seconds(w.promoted, w.changed["probe"]), pr.errs, pr.longest.Round(time.Millisecond),
 		seconds(w.promoted, w.changed["crm"]), seconds(agreed, w.changed["crm"]), oldAfter-oldBefore, busiest, faultBound, excess, faultBurst, tl.counts(), from, to)
 	decisionsBack(t, w, "probe", agreed)
 	assert.LessOrEqual(t, excess, faultBurst, "admissions over the bound across the failover: at most one burst")
@@ -481,7 +474,7 @@ func TestFaultSentinelFailover(t *testing.T) {
 // limiter's key and of asynq's queue to their replicas while 3 servers drain
 // 300 tasks. A manual failover loses no acknowledged write, so every task
 // runs exactly once and the bound holds.
-func TestFaultClusterFailover(t *testing.T) {
+func TestFaultClusterFailoverRunsEveryTaskOnce(t *testing.T) {
 	t.Parallel()
 	c := redistest.StartClusterWithReplicas(t)
 	tl := &timeline{}
@@ -516,10 +509,10 @@ func TestFaultClusterFailover(t *testing.T) {
 	pr.end()
 
 	f.waitDone(300, 60*time.Second)
-	f.audit(300)
+	found := f.audit(300)
 	busiest, excess := excessOver(f.rec.times("crm"), faultBound)
-	t.Logf("FIGURE cluster-failover: lost 0 archived 0 duplicates 0; promoted %s after CLUSTER FAILOVER, cluster settled after %s; first decision on the new master after the promotion: a Limiter taking every 10 ms %s (%d errors, longest between two decisions %v), the fleet %s (%s after the cluster settled); max in 1s window %d (bound %d, excess %d); queue's master failed over too: %v; %v (%s -> %s)",
-		seconds(start, w.promoted), seconds(start, settled), seconds(w.promoted, w.changed[probeKey]), pr.errs, pr.longest.Round(time.Millisecond),
+	t.Logf("FIGURE cluster-failover: %v; promoted %s after CLUSTER FAILOVER, cluster settled after %s; first decision on the new master after the promotion: a Limiter taking every 10 ms %s (%d errors, longest between two decisions %v), the fleet %s (%s after the cluster settled); max in 1s window %d (bound %d, excess %d); queue's master failed over too: %v; %v (%s -> %s)",
+		found, seconds(start, w.promoted), seconds(start, settled), seconds(w.promoted, w.changed[probeKey]), pr.errs, pr.longest.Round(time.Millisecond),
 		seconds(w.promoted, w.changed["crm"]), seconds(settled, w.changed["crm"]), busiest, faultBound, excess, queueMaster != keyMaster, tl.counts(), from, to)
 	decisionsBack(t, w, probeKey, settled)
 	assert.LessOrEqual(t, excess, faultBurst, "admissions over the bound across the failover: at most one burst")
@@ -530,7 +523,7 @@ func TestFaultClusterFailover(t *testing.T) {
 // (sockets open, no answer). Every decision returns within WithTimeout, the
 // failure policy decides (FailClosed defers, FailOpen runs), and every task
 // runs exactly once.
-func TestFaultRedisPaused(t *testing.T) {
+func TestFaultPausedRedisLeavesDecisionsToTheFailurePolicy(t *testing.T) {
 	t.Parallel()
 	const timeout = 500 * time.Millisecond
 	// Each pause returns when it was in force.
@@ -573,7 +566,7 @@ func TestFaultRedisPaused(t *testing.T) {
 				pausedAt, resumedAt := p.pause(t, limits)
 
 				f.waitDone(200, 60*time.Second)
-				f.audit(200)
+				found := f.audit(200)
 				longest, n := tl.longestDecision()
 				c := tl.counts()
 				ts := f.rec.times("crm")
@@ -591,8 +584,8 @@ func TestFaultRedisPaused(t *testing.T) {
 					}
 				}
 				f.rec.mu.Unlock()
-				t.Logf("FIGURE paused %s %s: longest decision %v of %d (WithTimeout %v); %v; decided and ran during the %.1fs pause %d (after its first 50 ms); max in 1s window %d (bound %d); lost 0 archived 0 duplicates 0",
-					p.name, policyName(failOpen), longest.Round(time.Millisecond), n, timeout, c, resumedAt.Sub(pausedAt).Seconds(), during, busiest, faultBound)
+				t.Logf("FIGURE paused %s %s: longest decision %v of %d (WithTimeout %v); %v; decided and ran during the %.1fs pause %d (after its first 50 ms); max in 1s window %d (bound %d); %v",
+					p.name, policyName(failOpen), longest.Round(time.Millisecond), n, timeout, c, resumedAt.Sub(pausedAt).Seconds(), during, busiest, faultBound, found)
 				assert.Less(t, longest, timeout+500*time.Millisecond, "a decision outlived WithTimeout (the pause lasted 3 s)")
 				if !failOpen {
 					assert.Positive(t, c.failedClosed, "FailClosed deferred no task while Redis was paused")

@@ -103,7 +103,7 @@ func (l *ledger) maxConcurrent() int {
 // InFlight(3) beside a rate: across three servers (30 workers), never more
 // than 3 handlers of the key run at once, every task runs once, and a
 // handler that panics gives its slot back.
-func TestE2EInFlightAcrossTheFleet(t *testing.T) {
+func TestE2EInFlightHoldsAcrossTheFleet(t *testing.T) {
 	t.Parallel()
 	var led ledger
 	var panicked atomic.Bool
@@ -136,7 +136,7 @@ func TestE2EInFlightAcrossTheFleet(t *testing.T) {
 
 // A worker process killed with SIGKILL while its handler holds a slot gives
 // the slot back when the slot's lease ends, and the next task runs.
-func TestE2EInFlightSlotOfAKilledWorker(t *testing.T) {
+func TestE2EKilledWorkerGivesItsSlotBack(t *testing.T) {
 	t.Parallel()
 	s := redistest.Start(t)
 	rdb := s.Client(t)

@@ -3,13 +3,9 @@ package throttle_test
 import (
 	"context"
 	"fmt"
-	"io"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -17,6 +13,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/asynq-throttle/asynq-throttle/internal/logtest"
 	"github.com/asynq-throttle/asynq-throttle/throttle"
 )
 
@@ -54,22 +51,6 @@ func (p *windowProvider) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
 	w.Header().Set("RateLimit", fmt.Sprintf(`"default";r=%d;t=%d`, p.quota-p.used, t))
 }
 
-// countingHandler counts log records whose message contains a string.
-type countingHandler struct {
-	slog.Handler
-	n    *atomic.Int64
-	want string
-}
-
-func (h countingHandler) Handle(ctx context.Context, r slog.Record) error {
-	if strings.Contains(r.Message, h.want) {
-		h.n.Add(1)
-	}
-	return nil
-}
-
-func (h countingHandler) Enabled(context.Context, slog.Level) bool { return true }
-
 // A key configured well above the provider's real quota learns it from the
 // provider's headers through Observe: the whole fleet follows the published
 // quota (no 429 once learned), Inspect shows the configured limit against the
@@ -79,10 +60,9 @@ func TestE2EObserveLearnsThePublishedQuota(t *testing.T) {
 	prov := &windowProvider{quota: 10}
 	srv := httptest.NewServer(prov)
 	t.Cleanup(srv.Close)
-	var learned atomic.Int64
-	logger := slog.New(countingHandler{Handler: slog.NewTextHandler(io.Discard, nil), n: &learned, want: "publishes a lower quota"})
+	logs := &logtest.Recorder{}
 	f := startFleet(t, fleetConfig{
-		opts: []throttle.Option{throttle.WithLogger(logger)},
+		opts: []throttle.Option{throttle.WithLogger(logs.Logger())},
 		handler: func(ctx context.Context, task *asynq.Task) error {
 			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, srv.URL, nil)
 			resp, err := srv.Client().Do(req)
@@ -106,7 +86,7 @@ func TestE2EObserveLearnsThePublishedQuota(t *testing.T) {
 	assert.Equal(t, []throttle.Limit{throttle.Window(100, time.Second)}, st.Limits, "configured: the ceiling")
 	assert.Equal(t, []throttle.Limit{throttle.Window(10, time.Second)}, st.InForce, "in force: the published quota")
 	assert.Greater(t, st.LearnedFor[0], 9*time.Minute)
-	assert.Equal(t, int64(1), learned.Load(), "the learned quota is logged once across the fleet")
+	assert.Len(t, logs.Find("publishes a lower quota"), 1, "the learned quota is logged once across the fleet")
 
 	prov.mu.Lock()
 	defer prov.mu.Unlock()

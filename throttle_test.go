@@ -260,25 +260,51 @@ func (f *fleet) waitDone(n int, within time.Duration) {
 	time.Sleep(200 * time.Millisecond)
 }
 
+// auditCounts is what an audit found: jobs never done, tasks archived, and
+// extra runs of jobs done more than once.
+type auditCounts struct{ lost, archived, duplicates int }
+
+func (c auditCounts) String() string {
+	return fmt.Sprintf("lost %d archived %d duplicates %d", c.lost, c.archived, c.duplicates)
+}
+
 // audit checks every job ran exactly once and nothing is archived, pending
-// or failed in asynq.
-func (f *fleet) audit(jobs int) {
+// or failed in asynq, and returns what it found.
+func (f *fleet) audit(jobs int) auditCounts {
 	f.t.Helper()
+	var c auditCounts
 	f.rec.mu.Lock()
 	for job, runs := range f.rec.runs {
 		assert.Len(f.t, runs, 1, "job %s ran %d times", job, len(runs))
+		c.duplicates += max(0, len(runs)-1)
 	}
 	assert.Len(f.t, f.rec.runs, jobs, "distinct jobs done")
+	c.lost = max(0, jobs-len(f.rec.runs))
 	f.rec.mu.Unlock()
+	q := f.queueInfo()
+	assert.Zero(f.t, q.Pending+q.Active+q.Scheduled+q.Retry, "tasks left in the queue: %+v", q)
+	c.archived = f.auditArchive(q)
+	return c
+}
+
+func (f *fleet) queueInfo() *asynq.QueueInfo {
+	f.t.Helper()
 	q, err := f.insp.GetQueueInfo("default")
 	require.NoError(f.t, err)
+	return q
+}
+
+// auditArchive checks that q holds no archived task, names each one found,
+// and returns how many there are.
+func (f *fleet) auditArchive(q *asynq.QueueInfo) int {
+	f.t.Helper()
 	assert.Zero(f.t, q.Archived, "archived tasks")
-	assert.Zero(f.t, q.Pending+q.Active+q.Scheduled+q.Retry, "tasks left in the queue: %+v", q)
 	archived, err := f.insp.ListArchivedTasks("default")
 	require.NoError(f.t, err)
 	for _, a := range archived {
 		f.t.Errorf("archived: %s %s: %s", a.ID, a.Payload, a.LastErr)
 	}
+	return q.Archived
 }
 
 func (f *fleet) setLimits(key string, limits ...throttle.Limit) {
@@ -322,7 +348,7 @@ func TestE2EFleetHoldsTheLimit(t *testing.T) {
 
 // Tasks asynq would archive on a throttling error (MaxRetry(0), or on their
 // last attempt) are deferred by copy and all complete.
-func TestE2EArchiveTrap(t *testing.T) {
+func TestE2EArchiveTrapTasksAreDeferredByCopy(t *testing.T) {
 	t.Parallel()
 	var failedOnce sync.Map
 	f := startFleet(t, fleetConfig{
@@ -367,7 +393,7 @@ func TestE2EArchiveTrap(t *testing.T) {
 
 // Under a plain asynq.Server (only mux.Use), deferrals re-enqueue copies:
 // nothing is archived or failed, every job runs once.
-func TestE2EPlainServer(t *testing.T) {
+func TestE2EPlainServerDefersByCopy(t *testing.T) {
 	t.Parallel()
 	f := startFleet(t, fleetConfig{plain: true})
 	f.setLimits("crm", throttle.PerSecond(25))
@@ -421,7 +447,7 @@ func TestE2ERateLimitedSuspendsTheFleet(t *testing.T) {
 }
 
 // Lowering the limit mid-run takes effect from the next decision.
-func TestE2ESetLimitsMidRun(t *testing.T) {
+func TestE2ELoweredLimitAppliesFromTheNextDecision(t *testing.T) {
 	t.Parallel()
 	// When each admission was seen (the middleware's Ran event comes right
 	// after its decision, before the handler): a handler that starts late
@@ -559,7 +585,7 @@ func TestE2EUserConfigStillApplies(t *testing.T) {
 
 // When the limiter's Redis is down, FailOpen runs tasks unthrottled and
 // FailClosed defers them (retry count untouched) until Redis is back.
-func TestE2ERedisDownFailurePolicy(t *testing.T) {
+func TestE2ERedisDownAppliesTheFailurePolicy(t *testing.T) {
 	t.Parallel()
 	for _, failOpen := range []bool{true, false} {
 		t.Run(policyName(failOpen), func(t *testing.T) {

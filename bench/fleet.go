@@ -148,92 +148,124 @@ func (f *fleet) stop() {
 func startFleet(e *env, spec fleetSpec, c *counters) (*fleet, error) {
 	f := &fleet{}
 	for i := range spec.servers {
-		rdb := e.newClient(spec.concurrency + 20)
-		f.clients = append(f.clients, rdb)
-		cfg := asynq.Config{
-			Concurrency:     spec.concurrency,
-			Queues:          map[string]int{spec.queue: 1},
-			Logger:          asynqLogger{verbose: e.verbose, prefix: fmt.Sprintf("[%s #%d] ", spec.variant, i)},
-			ShutdownTimeout: 3 * time.Second,
-		}
-		mux := asynq.NewServeMux()
-		var onLimited limitedFunc
-		var srv *asynq.Server
-		switch {
-		case spec.custom != nil:
-			mw, closer, err := spec.custom(i, rdb, &cfg)
-			if err != nil {
-				f.stop()
-				return nil, fmt.Errorf("%s server %d: %w", spec.variant, i, err)
-			}
-			if closer != nil {
-				f.closers = append(f.closers, closer)
-			}
-			onLimited = func(resp *http.Response) error { return fmt.Errorf("provider: %s", resp.Status) }
-			mux.Use(mw)
-			srv = asynq.NewServerFromRedisClient(rdb, cfg)
-		case spec.variant == vAsynq:
-			onLimited = func(resp *http.Response) error { return fmt.Errorf("provider: %s", resp.Status) }
-			srv = asynq.NewServerFromRedisClient(rdb, cfg)
-		case spec.variant == vSleep:
-			limits := map[string]redis_rate.Limit{}
-			for k, q := range spec.limits {
-				limits[k] = redis_rate.Limit{Rate: int(q.Rate), Burst: int(q.Burst), Period: time.Second}
-			}
-			if spec.sleepLimits != nil {
-				limits = spec.sleepLimits
-			}
-			onLimited = func(resp *http.Response) error {
-				return &providerLimitedError{RetryAfter: retryAfter(resp)}
-			}
-			mux.Use(sleepMiddleware(redis_rate.NewLimiter(rdb), spec.prefix, limits, c))
-			srv = asynq.NewServerFromRedisClient(rdb, cfg)
-		case spec.variant == vWiki:
-			// Each process gets quota/servers, as the wiki's per-process
-			// limiter must to keep the fleet under the provider's quota.
-			lims := map[string]*rate.Limiter{}
-			for k, q := range spec.limits {
-				burst := max(1, int(q.Burst)/spec.servers)
-				lims[k] = rate.NewLimiter(rate.Limit(q.Rate/float64(spec.servers)), burst)
-			}
-			onLimited = func(resp *http.Response) error { return &RateLimitError{RetryIn: retryAfter(resp)} }
-			mux.Use(wikiMiddleware(lims, c))
-			cfg.IsFailure = func(err error) bool { return !IsRateLimitError(err) }
-			cfg.RetryDelayFunc = wikiRetryDelay
-			srv = asynq.NewServerFromRedisClient(rdb, cfg)
-		case spec.variant == vNaive, spec.variant == vOurs:
-			opts := []throttle.Option{
-				throttle.WithPrefix(spec.prefix),
-				throttle.WithLogger(slog.New(slog.DiscardHandler)),
-			}
-			opts = append(opts, spec.throttleOptions...)
-			if spec.variant == vNaive {
-				opts = append(opts, throttle.WithReservationHorizon(0))
-			}
-			onLimited = func(resp *http.Response) error { return throttle.Observe(context.Background(), resp) }
-			if c.trace != nil {
-				// Outermost: when asynq handed the task over, before any
-				// decision or pacing wait.
-				mux.Use(c.trace.dequeued)
-			}
-			lim := throttle.NewLimiter(rdb, opts...)
-			lim.OnEvent(c.observe)
-			mux.Use(lim.Middleware())
-			srv = worker.NewServer(rdb, cfg)
-		default:
+		if err := f.startServer(e, spec, c, i); err != nil {
 			f.stop()
-			return nil, fmt.Errorf("unknown variant %q", spec.variant)
+			return nil, err
 		}
-		for typ, h := range spec.handlers {
-			mux.Handle(typ, h(onLimited))
-		}
-		if err := srv.Start(mux); err != nil {
-			f.stop()
-			return nil, fmt.Errorf("start %s server %d: %w", spec.variant, i, err)
-		}
-		f.servers = append(f.servers, srv)
 	}
 	return f, nil
+}
+
+// startServer starts server i of spec's fleet, on a client of its own:
+// asynq's server with the variant's throttle, and spec's handlers.
+func (f *fleet) startServer(e *env, spec fleetSpec, c *counters, i int) error {
+	rdb := e.newClient(spec.concurrency + 20)
+	f.clients = append(f.clients, rdb)
+	cfg := asynq.Config{
+		Concurrency:     spec.concurrency,
+		Queues:          map[string]int{spec.queue: 1},
+		Logger:          asynqLogger{verbose: e.verbose, prefix: fmt.Sprintf("[%s #%d] ", spec.variant, i)},
+		ShutdownTimeout: 3 * time.Second,
+	}
+	mux := asynq.NewServeMux()
+	srv, onLimited, err := f.variantServer(spec, c, i, rdb, &cfg, mux)
+	if err != nil {
+		return err
+	}
+	for typ, h := range spec.handlers {
+		mux.Handle(typ, h(onLimited))
+	}
+	if err := srv.Start(mux); err != nil {
+		return fmt.Errorf("start %s server %d: %w", spec.variant, i, err)
+	}
+	f.servers = append(f.servers, srv)
+	return nil
+}
+
+// providerStatus reports a provider's 429 as a plain error.
+func providerStatus(resp *http.Response) error { return fmt.Errorf("provider: %s", resp.Status) }
+
+// variantServer makes server i as spec's variant runs it: its throttle on
+// mux (and cfg changed as the variant needs), and how its handlers report a
+// provider's 429.
+func (f *fleet) variantServer(spec fleetSpec, c *counters, i int, rdb *redis.Client, cfg *asynq.Config, mux *asynq.ServeMux) (*asynq.Server, limitedFunc, error) {
+	switch {
+	case spec.custom != nil:
+		mw, closer, err := spec.custom(i, rdb, cfg)
+		if err != nil {
+			return nil, nil, fmt.Errorf("%s server %d: %w", spec.variant, i, err)
+		}
+		if closer != nil {
+			f.closers = append(f.closers, closer)
+		}
+		mux.Use(mw)
+		return asynq.NewServerFromRedisClient(rdb, *cfg), providerStatus, nil
+	case spec.variant == vAsynq:
+		return asynq.NewServerFromRedisClient(rdb, *cfg), providerStatus, nil
+	case spec.variant == vSleep:
+		mux.Use(sleepMiddleware(redis_rate.NewLimiter(rdb), spec.prefix, spec.redisRateLimits(), c))
+		onLimited := func(resp *http.Response) error {
+			return &providerLimitedError{RetryAfter: retryAfter(resp)}
+		}
+		return asynq.NewServerFromRedisClient(rdb, *cfg), onLimited, nil
+	case spec.variant == vWiki:
+		mux.Use(wikiMiddleware(spec.perProcessLimiters(), c))
+		cfg.IsFailure = func(err error) bool { return !IsRateLimitError(err) }
+		cfg.RetryDelayFunc = wikiRetryDelay
+		onLimited := func(resp *http.Response) error { return &RateLimitError{RetryIn: retryAfter(resp)} }
+		return asynq.NewServerFromRedisClient(rdb, *cfg), onLimited, nil
+	case spec.variant == vNaive, spec.variant == vOurs:
+		if c.trace != nil {
+			// Outermost: when asynq handed the task over, before any
+			// decision or pacing wait.
+			mux.Use(c.trace.dequeued)
+		}
+		lim := throttle.NewLimiter(rdb, spec.throttleOpts()...)
+		lim.OnEvent(c.observe)
+		mux.Use(lim.Middleware())
+		onLimited := func(resp *http.Response) error { return throttle.Observe(context.Background(), resp) }
+		return worker.NewServer(rdb, *cfg), onLimited, nil
+	}
+	return nil, nil, fmt.Errorf("unknown variant %q", spec.variant)
+}
+
+// redisRateLimits are sleep's redis_rate limits: sleepLimits, else limits
+// as per-second buckets.
+func (spec fleetSpec) redisRateLimits() map[string]redis_rate.Limit {
+	if spec.sleepLimits != nil {
+		return spec.sleepLimits
+	}
+	limits := map[string]redis_rate.Limit{}
+	for k, q := range spec.limits {
+		limits[k] = redis_rate.Limit{Rate: int(q.Rate), Burst: int(q.Burst), Period: time.Second}
+	}
+	return limits
+}
+
+// perProcessLimiters are wiki's x/time/rate limiters: each process gets
+// quota/servers, as the wiki's per-process limiter must to keep the fleet
+// under the provider's quota.
+func (spec fleetSpec) perProcessLimiters() map[string]*rate.Limiter {
+	lims := map[string]*rate.Limiter{}
+	for k, q := range spec.limits {
+		burst := max(1, int(q.Burst)/spec.servers)
+		lims[k] = rate.NewLimiter(rate.Limit(q.Rate/float64(spec.servers)), burst)
+	}
+	return lims
+}
+
+// throttleOpts are the Limiter options of ours and naive (naive: without
+// reservations).
+func (spec fleetSpec) throttleOpts() []throttle.Option {
+	opts := []throttle.Option{
+		throttle.WithPrefix(spec.prefix),
+		throttle.WithLogger(slog.New(slog.DiscardHandler)),
+	}
+	opts = append(opts, spec.throttleOptions...)
+	if spec.variant == vNaive {
+		opts = append(opts, throttle.WithReservationHorizon(0))
+	}
+	return opts
 }
 
 // setLimits stores the fleet-wide limits of ours and naive in Redis.

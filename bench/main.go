@@ -43,6 +43,54 @@ func main() {
 }
 
 func run() int {
+	o, err := parseFlags()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "bench: %v\n", err)
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	e := o.env
+	closeRedis, code := e.connect(ctx, o.redisURL)
+	if closeRedis == nil {
+		return code
+	}
+	defer closeRedis()
+	e.prov = newProvider()
+	defer e.prov.Close()
+
+	w := os.Stdout
+	printHeader(ctx, e, w)
+	want, err := chosenScenarios(o.scenarios)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "bench: %v\n", err)
+		return 2
+	}
+	began := time.Now()
+	results, status := runScenarios(ctx, e, w, want)
+	fmt.Fprintf(w, "\ntotal wall time %v\n", time.Since(began).Round(time.Second))
+	if o.jsonOut != "" {
+		if err := writeResults(o.jsonOut, results); err != nil {
+			fmt.Fprintf(os.Stderr, "bench: -json: %v\n", err)
+			status = 1
+		}
+	}
+	if ctx.Err() != nil {
+		return 130
+	}
+	return status
+}
+
+// options are the command line: where Redis is, which scenarios to run,
+// where the JSON goes, and the env the scenarios run in (without Redis).
+type options struct {
+	redisURL, scenarios, jsonOut string
+	env                          *env
+}
+
+// parseFlags reads and checks the flags; an error names the bad flag.
+func parseFlags() (*options, error) {
 	redisURL := flag.String("redis", "", "use this Redis (redis://...) instead of starting a redis-server")
 	scenarios := flag.String("scenario", "A,B,C,D,E,F", "scenarios to run, comma-separated: A, B, C, D, E, F; G (many keys) and S (soak) run only when named; A3 alone (small rates, part of A) when named")
 	quick := flag.Bool("quick", false, "short smoke run (fewer tasks, shorter measurements)")
@@ -59,104 +107,125 @@ func run() int {
 	fSemaRetry := flag.Duration("f-sema-retry", defaultFSemaRetry, "scenario F: how long the semaphore variant defers a task refused a slot")
 	fVars := flag.String("f-variants", strings.Join(fVariants, ","), "scenario F: variants to run, comma-separated")
 	flag.Parse()
-	if *bRounds < 1 {
-		fmt.Fprintf(os.Stderr, "bench: -b-rounds must be at least 1, got %d\n", *bRounds)
-		return 2
+
+	e := &env{quick: *quick, verbose: *verbose, bRounds: *bRounds, eRounds: *eRounds, eTrace: *eTrace, ePhase: *ePhase,
+		fShort: *fShort, fLong: *fLong, fLongTime: *fLongTime, fSemaRetry: *fSemaRetry, runID: strconv.FormatInt(time.Now().Unix()%100000, 10)}
+	if err := e.checkCounts(); err != nil {
+		return nil, err
 	}
-	if *eRounds < 1 {
-		fmt.Fprintf(os.Stderr, "bench: -e-rounds must be at least 1, got %d\n", *eRounds)
-		return 2
+	var err error
+	if e.eVariants, err = variantList("-e-variants", *eVars, eVariants); err != nil {
+		return nil, err
 	}
-	if *fShort < 1 || *fLong < 1 {
-		fmt.Fprintf(os.Stderr, "bench: -f-short and -f-long must be at least 1, got %d and %d\n", *fShort, *fLong)
-		return 2
+	if e.fVariants, err = variantList("-f-variants", *fVars, fVariants); err != nil {
+		return nil, err
 	}
-	if *fLongTime < 100*time.Millisecond || *fLongTime > time.Minute {
-		fmt.Fprintf(os.Stderr, "bench: -f-long-time must be from 100ms to 1m, got %v\n", *fLongTime)
-		return 2
-	}
-	if *ePhase != -1 && (*ePhase < 0 || *ePhase >= 1) {
-		fmt.Fprintf(os.Stderr, "bench: -e-phase must be from 0 to 1 (or -1), got %v\n", *ePhase)
-		return 2
-	}
-	var eVarList []string
-	for _, v := range strings.Split(*eVars, ",") {
-		v = strings.ToLower(strings.TrimSpace(v))
-		if !slices.Contains(eVariants, v) {
-			fmt.Fprintf(os.Stderr, "bench: -e-variants: unknown variant %q (want %s)\n", v, strings.Join(eVariants, ", "))
-			return 2
-		}
-		eVarList = append(eVarList, v)
-	}
-	var fVarList []string
-	for _, v := range strings.Split(*fVars, ",") {
-		v = strings.ToLower(strings.TrimSpace(v))
-		if !slices.Contains(fVariants, v) {
-			fmt.Fprintf(os.Stderr, "bench: -f-variants: unknown variant %q (want %s)\n", v, strings.Join(fVariants, ", "))
-			return 2
-		}
-		fVarList = append(fVarList, v)
-	}
-	if *fSemaRetry < time.Second {
-		fmt.Fprintf(os.Stderr, "bench: -f-sema-retry must be at least 1s (asynq's resolution), got %v\n", *fSemaRetry)
-		return 2
+	if e.fSemaRetry < time.Second {
+		return nil, fmt.Errorf("-f-sema-retry must be at least 1s (asynq's resolution), got %v", e.fSemaRetry)
 	}
 	set := map[string]bool{}
 	flag.Visit(func(f *flag.Flag) { set[f.Name] = true })
-	if *quick && !set["e-rounds"] {
-		*eRounds = 1
-	}
-	if *quick && !set["f-short"] {
-		*fShort = 60
-	}
-	if *quick && !set["f-long"] {
-		*fLong = 8
-	}
+	e.quickDefaults(set)
+	return &options{redisURL: *redisURL, scenarios: *scenarios, jsonOut: *jsonOut, env: e}, nil
+}
 
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
+// checkCounts checks the rounds, backlogs, run time and phase the flags set.
+func (e *env) checkCounts() error {
+	switch {
+	case e.bRounds < 1:
+		return fmt.Errorf("-b-rounds must be at least 1, got %d", e.bRounds)
+	case e.eRounds < 1:
+		return fmt.Errorf("-e-rounds must be at least 1, got %d", e.eRounds)
+	case e.fShort < 1 || e.fLong < 1:
+		return fmt.Errorf("-f-short and -f-long must be at least 1, got %d and %d", e.fShort, e.fLong)
+	case e.fLongTime < 100*time.Millisecond || e.fLongTime > time.Minute:
+		return fmt.Errorf("-f-long-time must be from 100ms to 1m, got %v", e.fLongTime)
+	case e.ePhase != -1 && (e.ePhase < 0 || e.ePhase >= 1):
+		return fmt.Errorf("-e-phase must be from 0 to 1 (or -1), got %v", e.ePhase)
+	}
+	return nil
+}
 
-	e := &env{quick: *quick, verbose: *verbose, bRounds: *bRounds, eRounds: *eRounds, eVariants: eVarList, eTrace: *eTrace, ePhase: *ePhase,
-		fShort: *fShort, fLong: *fLong, fLongTime: *fLongTime, fSemaRetry: *fSemaRetry, fVariants: fVarList, runID: strconv.FormatInt(time.Now().Unix()%100000, 10)}
-	if *redisURL != "" {
-		opts, err := redis.ParseURL(*redisURL)
+// variantList reads a comma-separated list of variants, each one of known.
+func variantList(flagName, list string, known []string) ([]string, error) {
+	var out []string
+	for _, v := range strings.Split(list, ",") {
+		v = strings.ToLower(strings.TrimSpace(v))
+		if !slices.Contains(known, v) {
+			return nil, fmt.Errorf("%s: unknown variant %q (want %s)", flagName, v, strings.Join(known, ", "))
+		}
+		out = append(out, v)
+	}
+	return out, nil
+}
+
+// quickDefaults shortens what a -quick run measures, where the flags in
+// set did not say otherwise.
+func (e *env) quickDefaults(set map[string]bool) {
+	if !e.quick {
+		return
+	}
+	if !set["e-rounds"] {
+		e.eRounds = 1
+	}
+	if !set["f-short"] {
+		e.fShort = 60
+	}
+	if !set["f-long"] {
+		e.fLong = 8
+	}
+}
+
+// connect opens the control client on the Redis of redisURL, or on a
+// redis-server it starts (and empties: it is the harness's own). close
+// closes both; it is nil, with the exit code, when there is no Redis.
+func (e *env) connect(ctx context.Context, redisURL string) (close func(), code int) {
+	stopServer := func() {}
+	if redisURL != "" {
+		opts, err := redis.ParseURL(redisURL)
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "bench: -redis: %v\n", err)
-			return 2
+			return nil, 2
 		}
 		e.opts = opts
 	} else {
 		srv, err := startRedis()
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "bench: %v\n", err)
-			return 1
+			return nil, 1
 		}
-		defer srv.Stop()
+		stopServer = srv.Stop
 		e.opts, e.own = &redis.Options{Addr: srv.Addr}, true
 	}
 	e.ctl = e.newClient(64)
-	defer e.ctl.Close()
+	close = func() {
+		e.ctl.Close()
+		stopServer()
+	}
 	if err := e.ctl.Ping(ctx).Err(); err != nil {
 		fmt.Fprintf(os.Stderr, "bench: redis %s: %v\n", e.opts.Addr, err)
-		return 1
+		close()
+		return nil, 1
 	}
 	if e.own {
 		if err := e.ctl.FlushAll(ctx).Err(); err != nil {
 			fmt.Fprintf(os.Stderr, "bench: %v\n", err)
-			return 1
+			close()
+			return nil, 1
 		}
 	}
-	e.prov = newProvider()
-	defer e.prov.Close()
+	return close, 0
+}
 
-	w := os.Stdout
-	printHeader(ctx, e, w)
-	results := map[string]any{}
-	type scenario struct {
-		name string
-		run  func(context.Context, *env, io.Writer) (any, error)
-	}
-	all := []scenario{
+// scenario is one of the harness's measurements.
+type scenario struct {
+	name string
+	run  func(context.Context, *env, io.Writer) (any, error)
+}
+
+// allScenarios are the scenarios in the order they run.
+func allScenarios() []scenario {
+	return []scenario{
 		{"A", func(ctx context.Context, e *env, w io.Writer) (any, error) { return runA(ctx, e, w) }},
 		{"A3", func(ctx context.Context, e *env, w io.Writer) (any, error) {
 			small, err := runA3(ctx, e)
@@ -171,18 +240,28 @@ func run() int {
 		{"G", func(ctx context.Context, e *env, w io.Writer) (any, error) { return runG(ctx, e, w) }},
 		{"S", func(ctx context.Context, e *env, w io.Writer) (any, error) { return runS(ctx, e, w) }},
 	}
+}
+
+// chosenScenarios reads -scenario's comma-separated names.
+func chosenScenarios(list string) (map[string]bool, error) {
+	all := allScenarios()
 	want := map[string]bool{}
-	for _, s := range strings.Split(*scenarios, ",") {
+	for _, s := range strings.Split(list, ",") {
 		s = strings.ToUpper(strings.TrimSpace(s))
 		if find(all, func(sc scenario) bool { return sc.name == s }) == nil {
-			fmt.Fprintf(os.Stderr, "bench: unknown scenario %q (want A, A3, B, C, D, E, F, G or S)\n", s)
-			return 2
+			return nil, fmt.Errorf("unknown scenario %q (want A, A3, B, C, D, E, F, G or S)", s)
 		}
 		want[s] = true
 	}
+	return want, nil
+}
+
+// runScenarios runs the scenarios in want, in order, until ctx ends, and
+// returns their results and the exit status (1 when one failed).
+func runScenarios(ctx context.Context, e *env, w io.Writer, want map[string]bool) (map[string]any, int) {
+	results := map[string]any{}
 	status := 0
-	began := time.Now()
-	for _, sc := range all {
+	for _, sc := range allScenarios() {
 		if !want[sc.name] || ctx.Err() != nil {
 			continue
 		}
@@ -193,21 +272,16 @@ func run() int {
 			status = 1
 		}
 	}
-	fmt.Fprintf(w, "\ntotal wall time %v\n", time.Since(began).Round(time.Second))
-	if *jsonOut != "" {
-		b, err := json.MarshalIndent(results, "", "  ")
-		if err == nil {
-			err = os.WriteFile(*jsonOut, b, 0o644)
-		}
-		if err != nil {
-			fmt.Fprintf(os.Stderr, "bench: -json: %v\n", err)
-			status = 1
-		}
+	return results, status
+}
+
+// writeResults writes the results as indented JSON to path.
+func writeResults(path string, results map[string]any) error {
+	b, err := json.MarshalIndent(results, "", "  ")
+	if err != nil {
+		return err
 	}
-	if ctx.Err() != nil {
-		return 130
-	}
-	return status
+	return os.WriteFile(path, b, 0o644)
 }
 
 func printHeader(ctx context.Context, e *env, w io.Writer) {

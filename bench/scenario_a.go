@@ -151,113 +151,32 @@ func drainOnce(ctx context.Context, e *env, s *scenarioA, dc *drainCase, variant
 	defer func() { _ = e.cleanup(context.Background(), queue, prefix) }()
 	set := newTaskSet(dc.Tasks)
 	c := newCounters()
-	fleetVariant := variant
-	switch variant {
-	case vOursEnqueue:
-		fleetVariant = vOurs
-	case vAsynqPaced:
-		fleetVariant = vAsynq
-	}
-	spec := fleetSpec{
-		variant: fleetVariant, servers: s.Servers, concurrency: s.Concurrency,
-		queue: queue, prefix: prefix,
-		limits:   map[string]quota{key: {Rate: dc.Rate * headroom, Burst: math.Floor(dc.Burst * headroom)}},
-		handlers: map[string]func(limitedFunc) asynq.Handler{"api:call": providerHandler(e.prov, set, key)},
-	}
-	if fleetVariant == vAsynq {
-		spec.limits = nil // asynq alone: nothing throttles, and the provider does not limit either
-	}
+	spec := drainSpec(e, s, dc, variant, queue, prefix, key, set)
 	if err := setLimits(ctx, e, spec); err != nil {
 		return drainResult{}, err
 	}
-	mk := func(i int) *asynq.Task { return keyedTask("api:call", payload(i), throttle.Key(key)) }
+	d := &drain{e: e, dc: dc, variant: variant, spec: spec, key: key, c: c,
+		mk: func(i int) *asynq.Task { return keyedTask("api:call", payload(i), throttle.Key(key)) }}
 	r := drainResult{Variant: variant}
 	before, err := redisStats(ctx, e)
 	if err != nil {
 		return drainResult{}, err
 	}
 	spanStart := time.Now()
-	var f *fleet
-	var start time.Time
-	switch variant {
-	case vAsynqPaced:
-		// One producer, one task every 1/rate of the limit, while the fleet runs.
-		e.prov.reset(nil)
-		if f, err = startFleet(e, spec, c); err != nil {
-			return drainResult{}, err
-		}
-		client := asynq.NewClientFromRedisClient(e.ctl)
-		every := time.Duration(float64(time.Second) / (dc.Rate * headroom))
-		start = time.Now()
-		for i := range dc.Tasks {
-			if d := time.Until(start.Add(time.Duration(i) * every)); d > 0 {
-				time.Sleep(d)
-			}
-			if _, err = client.EnqueueContext(ctx, mk(i), asynq.Queue(queue)); err != nil {
-				f.stop()
-				return drainResult{}, fmt.Errorf("enqueue task %d: %w", i, err)
-			}
-		}
-		r.Enqueue = time.Since(start)
-	case vOursEnqueue:
-		// A producer enqueueing while the fleet runs, as in production:
-		// slots are reserved from the first Enqueue, so the clock starts
-		// there (the enqueue's own time counts against the drain).
-		e.prov.reset(map[string]quota{key: {Rate: dc.Rate, Burst: dc.Burst}})
-		if f, err = startFleet(e, spec, c); err != nil {
-			return drainResult{}, err
-		}
-		start = time.Now()
-		lim := throttle.NewLimiter(e.ctl, throttle.WithPrefix(prefix))
-		client := asynq.NewClientFromRedisClient(e.ctl)
-		var scheduled atomic.Int64
-		err = enqueueWith(ctx, dc.Tasks, func(ctx context.Context, i int) error {
-			info, err := lim.Enqueue(ctx, client, mk(i), asynq.Queue(queue))
-			if err == nil && info.State == asynq.TaskStateScheduled {
-				scheduled.Add(1)
-			}
-			return err
-		})
-		r.Enqueue, r.Scheduled = time.Since(start), scheduled.Load()
-		if err != nil {
-			f.stop()
-			return drainResult{}, err
-		}
-	default:
-		t0 := time.Now()
-		if err := enqueue(ctx, e, queue, dc.Tasks, mk); err != nil {
-			return drainResult{}, err
-		}
-		r.Enqueue = time.Since(t0)
-		if variant == vAsynq {
-			e.prov.reset(nil)
-		} else {
-			e.prov.reset(map[string]quota{key: {Rate: dc.Rate, Burst: dc.Burst}})
-		}
-		start = time.Now()
-		if f, err = startFleet(e, spec, c); err != nil {
-			return drainResult{}, err
-		}
+	f, start, err := d.start(ctx, &r)
+	if err != nil {
+		return drainResult{}, err
 	}
 	finished := waitFor(ctx, start.Add(s.Cap), set.finished)
 	after, err := redisStats(ctx, e)
 	r.Span = time.Since(spanStart)
-	var idle0, idle1 redisSnapshot
 	if err == nil {
-		// The fleet with nothing left to do: what it costs Redis per second.
-		idle0, err = redisStats(ctx, e)
-		time.Sleep(idleSample)
-		if err == nil {
-			idle1, err = redisStats(ctx, e)
-		}
+		err = r.sampleIdle(ctx, e)
 	}
 	f.stop()
 	if err != nil {
 		return drainResult{}, err
 	}
-	idleCmds, _ := sumCalls(idle1.sub(idle0))
-	r.IdleCmdsPerSec = float64(idleCmds) / idleSample.Seconds()
-	r.IdleCPUPerSec = time.Duration((idle1.cpu - idle0.cpu) / idleSample.Seconds() * float64(time.Second))
 	ep := e.prov.endpoint(key)
 	r.Finished = finished
 	r.Elapsed = set.elapsed(start)
@@ -273,18 +192,154 @@ func drainOnce(ctx context.Context, e *env, s *scenarioA, dc *drainCase, variant
 	if !finished {
 		r.Elapsed = s.Cap
 	}
-	if r.Completed > 0 {
-		n := float64(r.Completed)
-		r.DenialsPerTask = float64(r.Denials) / n
-		r.CmdsPerTask = float64(r.RedisCmds) / n
-		r.ScriptsPerTask = float64(r.RedisScripts) / n
-		r.CPUPerTask = time.Duration(float64(r.RedisCPU) / n)
-		r.NetCPUPerTask = time.Duration((float64(r.RedisCPU) - float64(r.IdleCPUPerSec)*r.Span.Seconds()) / n)
-		r.IdleCmdsPerTask = r.IdleCmdsPerSec * r.Span.Seconds() / n
-	}
+	r.perTask()
 	p := set.percentiles(0.5, 0.99)
 	r.P50, r.P99 = p[0], p[1]
 	return r, nil
+}
+
+// drainSpec is the fleet of variant for a drain of dc's tasks on key:
+// ours-enqueue runs ours' workers, asynq-paced asynq's; asynq alone has no
+// limits (and the provider does not limit it either).
+func drainSpec(e *env, s *scenarioA, dc *drainCase, variant, queue, prefix, key string, set *taskSet) fleetSpec {
+	fleetVariant := variant
+	switch variant {
+	case vOursEnqueue:
+		fleetVariant = vOurs
+	case vAsynqPaced:
+		fleetVariant = vAsynq
+	}
+	spec := fleetSpec{
+		variant: fleetVariant, servers: s.Servers, concurrency: s.Concurrency,
+		queue: queue, prefix: prefix,
+		limits:   map[string]quota{key: {Rate: dc.Rate * headroom, Burst: math.Floor(dc.Burst * headroom)}},
+		handlers: map[string]func(limitedFunc) asynq.Handler{"api:call": providerHandler(e.prov, set, key)},
+	}
+	if fleetVariant == vAsynq {
+		spec.limits = nil
+	}
+	return spec
+}
+
+// drain is one variant's drain of scenario A on its way to the fleet.
+type drain struct {
+	e       *env
+	dc      *drainCase
+	variant string
+	spec    fleetSpec
+	key     string
+	c       *counters
+	mk      func(i int) *asynq.Task
+}
+
+// start puts the tasks in the queue and starts the fleet, each in the
+// order the variant's producer and workers would, and returns the fleet
+// and when the drain's clock started. It records the enqueue's time in r.
+func (d *drain) start(ctx context.Context, r *drainResult) (*fleet, time.Time, error) {
+	switch d.variant {
+	case vAsynqPaced:
+		return d.startPaced(ctx, r)
+	case vOursEnqueue:
+		return d.startEnqueueTime(ctx, r)
+	}
+	t0 := time.Now()
+	if err := enqueue(ctx, d.e, d.spec.queue, d.dc.Tasks, d.mk); err != nil {
+		return nil, time.Time{}, err
+	}
+	r.Enqueue = time.Since(t0)
+	if d.variant == vAsynq {
+		d.e.prov.reset(nil)
+	} else {
+		d.e.prov.reset(map[string]quota{d.key: {Rate: d.dc.Rate, Burst: d.dc.Burst}})
+	}
+	start := time.Now()
+	f, err := startFleet(d.e, d.spec, d.c)
+	return f, start, err
+}
+
+// startPaced starts the fleet, then one producer that enqueues a task
+// every 1/rate of the limit while it runs.
+func (d *drain) startPaced(ctx context.Context, r *drainResult) (*fleet, time.Time, error) {
+	d.e.prov.reset(nil)
+	f, err := startFleet(d.e, d.spec, d.c)
+	if err != nil {
+		return nil, time.Time{}, err
+	}
+	client := asynq.NewClientFromRedisClient(d.e.ctl)
+	every := time.Duration(float64(time.Second) / (d.dc.Rate * headroom))
+	start := time.Now()
+	for i := range d.dc.Tasks {
+		if w := time.Until(start.Add(time.Duration(i) * every)); w > 0 {
+			time.Sleep(w)
+		}
+		if _, err = client.EnqueueContext(ctx, d.mk(i), asynq.Queue(d.spec.queue)); err != nil {
+			f.stop()
+			return nil, time.Time{}, fmt.Errorf("enqueue task %d: %w", i, err)
+		}
+	}
+	r.Enqueue = time.Since(start)
+	return f, start, nil
+}
+
+// startEnqueueTime starts the fleet, then a producer that enqueues through
+// Limiter.Enqueue while it runs, as in production: slots are reserved from
+// the first Enqueue, so the clock starts there (the enqueue's own time
+// counts against the drain).
+func (d *drain) startEnqueueTime(ctx context.Context, r *drainResult) (*fleet, time.Time, error) {
+	d.e.prov.reset(map[string]quota{d.key: {Rate: d.dc.Rate, Burst: d.dc.Burst}})
+	f, err := startFleet(d.e, d.spec, d.c)
+	if err != nil {
+		return nil, time.Time{}, err
+	}
+	start := time.Now()
+	lim := throttle.NewLimiter(d.e.ctl, throttle.WithPrefix(d.spec.prefix))
+	client := asynq.NewClientFromRedisClient(d.e.ctl)
+	var scheduled atomic.Int64
+	err = enqueueWith(ctx, d.dc.Tasks, func(ctx context.Context, i int) error {
+		info, err := lim.Enqueue(ctx, client, d.mk(i), asynq.Queue(d.spec.queue))
+		if err == nil && info.State == asynq.TaskStateScheduled {
+			scheduled.Add(1)
+		}
+		return err
+	})
+	r.Enqueue, r.Scheduled = time.Since(start), scheduled.Load()
+	if err != nil {
+		f.stop()
+		return nil, time.Time{}, err
+	}
+	return f, start, nil
+}
+
+// sampleIdle measures what the fleet costs Redis per second with nothing
+// left to do.
+func (r *drainResult) sampleIdle(ctx context.Context, e *env) error {
+	idle0, err := redisStats(ctx, e)
+	time.Sleep(idleSample)
+	if err != nil {
+		return err
+	}
+	idle1, err := redisStats(ctx, e)
+	if err != nil {
+		return err
+	}
+	idleCmds, _ := sumCalls(idle1.sub(idle0))
+	r.IdleCmdsPerSec = float64(idleCmds) / idleSample.Seconds()
+	r.IdleCPUPerSec = time.Duration((idle1.cpu - idle0.cpu) / idleSample.Seconds() * float64(time.Second))
+	return nil
+}
+
+// perTask divides the run's counts by the tasks completed.
+func (r *drainResult) perTask() {
+	if r.Completed == 0 {
+		return
+	}
+	n := float64(r.Completed)
+	r.DenialsPerTask = float64(r.Denials) / n
+	r.CmdsPerTask = float64(r.RedisCmds) / n
+	r.ScriptsPerTask = float64(r.RedisScripts) / n
+	r.CPUPerTask = time.Duration(float64(r.RedisCPU) / n)
+	r.NetCPUPerTask = time.Duration((float64(r.RedisCPU) - float64(r.IdleCPUPerSec)*r.Span.Seconds()) / n)
+	r.IdleCmdsPerTask = r.IdleCmdsPerSec * r.Span.Seconds() / n
 }
 
 // idleSample is how long scenario A samples a fleet's idle Redis traffic.
@@ -368,6 +423,31 @@ func (c *drainCase) print(w io.Writer, s *scenarioA, base, paced *drainResult, f
 	for _, r := range c.Results {
 		t.col(r.Variant)
 	}
+	c.outcomeRows(t)
+	c.costRows(t, base, paced)
+	t.row("enqueue->run p50", each(c.Results, func(r drainResult) string { return secs(r.P50) }))
+	t.row("enqueue->run p99", each(c.Results, func(r drainResult) string { return secs(r.P99) }))
+	t.row("left: pending/active/sched/retry/archived", each(c.Results, func(r drainResult) string { return r.Left.String() }))
+	t.print(w)
+
+	c.printCommands(w, base, paced)
+	if base != nil {
+		c.printTargets(w, base, paced)
+	}
+	if c.Burst < c.Rate {
+		c.printPacedDrains(w)
+	}
+	if ours := find(c.Results, func(r drainResult) bool { return r.Variant == vOurs }); ours != nil {
+		c.printAgainstOurs(w, ours)
+	}
+	if first {
+		printANotes(w)
+	}
+}
+
+// outcomeRows are what each variant's drain achieved: completion, tasks
+// done once, the provider's calls and 429s, and the denials on the way.
+func (c *drainCase) outcomeRows(t *table) {
 	target := time.Duration(1.05*float64(c.Ideal)) + 2*time.Second
 	if c.Burst < c.Rate {
 		target = time.Duration(targetPacedDrain * float64(c.Ideal))
@@ -417,6 +497,11 @@ func (c *drainCase) print(w io.Writer, s *scenarioA, base, paced *drainResult, f
 	t.row("  decisions Redis could not make", each(c.Results, func(r drainResult) string {
 		return ifThrottle(r.Variant, fmt.Sprint(r.Failed))
 	}))
+}
+
+// costRows are what each variant's drain cost: enqueue time, and Redis
+// commands and CPU per task, against asynq alone (base) and asynq-paced.
+func (c *drainCase) costRows(t *table, base, paced *drainResult) {
 	t.row("enqueue wall time (16 producers)", each(c.Results, func(r drainResult) string { return secs(r.Enqueue) }))
 	t.row("  enqueued for a slot ahead (ProcessIn)", each(c.Results, func(r drainResult) string {
 		if r.Variant != vOursEnqueue {
@@ -461,54 +546,57 @@ func (c *drainCase) print(w io.Writer, s *scenarioA, base, paced *drainResult, f
 			return ratio(float64(r.CPUPerTask), float64(paced.CPUPerTask))
 		}))
 	}
-	t.row("enqueue->run p50", each(c.Results, func(r drainResult) string { return secs(r.P50) }))
-	t.row("enqueue->run p99", each(c.Results, func(r drainResult) string { return secs(r.P99) }))
-	t.row("left: pending/active/sched/retry/archived", each(c.Results, func(r drainResult) string { return r.Left.String() }))
-	t.print(w)
+}
 
-	c.printCommands(w, base, paced)
-	if base != nil {
-		for _, tg := range []struct {
-			variant string
-			target  float64
-		}{{vOursEnqueue, targetEnqueueRatio}, {vOurs, targetMiddlewareRatio}} {
-			r := find(c.Results, func(r drainResult) bool { return r.Variant == tg.variant })
-			if r == nil {
-				continue
-			}
-			fmt.Fprintf(w, "ratio %s/asynq alone  Redis cmds/task %s %s  Redis CPU/task %s %s  (targets <= %.1fx)", tg.variant,
-				ratio(r.CmdsPerTask, base.CmdsPerTask), verdict(r.CmdsPerTask/base.CmdsPerTask <= tg.target),
-				ratio(float64(r.CPUPerTask), float64(base.CPUPerTask)), verdict(float64(r.CPUPerTask)/float64(base.CPUPerTask) <= tg.target),
-				tg.target)
-			if paced != nil {
-				fmt.Fprintf(w, "; against asynq-paced: cmds %s, CPU %s", ratio(r.CmdsPerTask, paced.CmdsPerTask),
-					ratio(float64(r.CPUPerTask), float64(paced.CPUPerTask)))
-			}
-			fmt.Fprintln(w)
+// printTargets compares ours and ours-enqueue with asynq alone (base) on
+// issue 16's targets.
+func (c *drainCase) printTargets(w io.Writer, base, paced *drainResult) {
+	for _, tg := range []struct {
+		variant string
+		target  float64
+	}{{vOursEnqueue, targetEnqueueRatio}, {vOurs, targetMiddlewareRatio}} {
+		r := find(c.Results, func(r drainResult) bool { return r.Variant == tg.variant })
+		if r == nil {
+			continue
 		}
-	}
-	if c.Burst < c.Rate {
-		for _, r := range c.Results {
-			fmt.Fprintf(w, "drain %-12s %.2fx of tasks/rate %s (target <= %.2fx), %d 429s (target 0)\n", r.Variant,
-				r.Elapsed.Seconds()/c.Ideal.Seconds(), verdict(r.Finished && r.Elapsed.Seconds()/c.Ideal.Seconds() <= targetPacedDrain),
-				targetPacedDrain, r.Provider429)
+		fmt.Fprintf(w, "ratio %s/asynq alone  Redis cmds/task %s %s  Redis CPU/task %s %s  (targets <= %.1fx)", tg.variant,
+			ratio(r.CmdsPerTask, base.CmdsPerTask), verdict(r.CmdsPerTask/base.CmdsPerTask <= tg.target),
+			ratio(float64(r.CPUPerTask), float64(base.CPUPerTask)), verdict(float64(r.CPUPerTask)/float64(base.CPUPerTask) <= tg.target),
+			tg.target)
+		if paced != nil {
+			fmt.Fprintf(w, "; against asynq-paced: cmds %s, CPU %s", ratio(r.CmdsPerTask, paced.CmdsPerTask),
+				ratio(float64(r.CPUPerTask), float64(paced.CPUPerTask)))
 		}
+		fmt.Fprintln(w)
 	}
-	if ours := find(c.Results, func(r drainResult) bool { return r.Variant == vOurs }); ours != nil {
-		for _, r := range c.Results {
-			if r.Variant == vOurs || r.Variant == vAsynq || r.Variant == vAsynqPaced || r.Variant == vOursEnqueue {
-				continue
-			}
-			fmt.Fprintf(w, "ratio ours/%-5s  completion %s  denials/task %s  Redis cmds/task %s  Redis CPU/task %s  p99 %s  429s %d vs %d\n",
-				r.Variant, ratio(ours.Elapsed.Seconds(), r.Elapsed.Seconds()),
-				ratio(ours.DenialsPerTask, r.DenialsPerTask), ratio(ours.CmdsPerTask, r.CmdsPerTask),
-				ratio(float64(ours.CPUPerTask), float64(r.CPUPerTask)),
-				ratio(ours.P99.Seconds(), r.P99.Seconds()), ours.Provider429, r.Provider429)
+}
+
+// printPacedDrains says, for a burst below the rate, how long each
+// variant's drain took against tasks/rate.
+func (c *drainCase) printPacedDrains(w io.Writer) {
+	for _, r := range c.Results {
+		fmt.Fprintf(w, "drain %-12s %.2fx of tasks/rate %s (target <= %.2fx), %d 429s (target 0)\n", r.Variant,
+			r.Elapsed.Seconds()/c.Ideal.Seconds(), verdict(r.Finished && r.Elapsed.Seconds()/c.Ideal.Seconds() <= targetPacedDrain),
+			targetPacedDrain, r.Provider429)
+	}
+}
+
+// printAgainstOurs compares ours with each of the other throttles.
+func (c *drainCase) printAgainstOurs(w io.Writer, ours *drainResult) {
+	for _, r := range c.Results {
+		if r.Variant == vOurs || r.Variant == vAsynq || r.Variant == vAsynqPaced || r.Variant == vOursEnqueue {
+			continue
 		}
+		fmt.Fprintf(w, "ratio ours/%-5s  completion %s  denials/task %s  Redis cmds/task %s  Redis CPU/task %s  p99 %s  429s %d vs %d\n",
+			r.Variant, ratio(ours.Elapsed.Seconds(), r.Elapsed.Seconds()),
+			ratio(ours.DenialsPerTask, r.DenialsPerTask), ratio(ours.CmdsPerTask, r.CmdsPerTask),
+			ratio(float64(ours.CPUPerTask), float64(r.CPUPerTask)),
+			ratio(ours.P99.Seconds(), r.P99.Seconds()), ours.Provider429, r.Provider429)
 	}
-	if !first {
-		return
-	}
+}
+
+// printANotes explains scenario A's figures.
+func printANotes(w io.Writer) {
 	fmt.Fprintln(w, "notes: completion = fleet start to the last task's success (tasks are enqueued first; the provider's bucket starts full at fleet start);")
 	fmt.Fprintln(w, "       ours-enqueue: the fleet runs first and 16 producers call Limiter.Enqueue; completion counts from the first Enqueue.")
 	fmt.Fprintln(w, "       asynq alone: no limiter and a provider without quota, the reference of the Redis cost per task (issue 16's targets);")

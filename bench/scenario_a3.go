@@ -78,97 +78,21 @@ func (c *smallCase) outOfOrder() int {
 // never showed). The four drains run at once, each with its own fleet,
 // queue, key and provider endpoint, to keep the scenario short.
 func runA3(ctx context.Context, e *env) ([]*smallCase, error) {
-	const servers, concurrency = 2, 10
-	var cases []*smallCase
-	for _, rc := range []struct{ rate, tasks int }{{5, 30}, {1, 10}} {
-		if e.quick {
-			rc.tasks = rc.tasks / 2
-		}
-		for _, path := range []string{pathMiddleware, pathEnqueue} {
-			cases = append(cases, &smallCase{Rate: rc.rate, Tasks: rc.tasks, Path: path})
-		}
-	}
-	type drain struct {
-		c             *smallCase
-		queue, prefix string
-		endpoint      string
-		cnt           *counters
-		f             *fleet
-		mu            sync.Mutex
-		done          map[int]bool
-		last          time.Time
-		start         time.Time
-	}
-	drains := make([]*drain, len(cases))
+	cases := smallCases(e.quick)
+	drains := make([]*smallDrain, len(cases))
 	quotas := map[string]quota{}
 	for i, c := range cases {
 		queue, prefix := e.names("a3", fmt.Sprintf("%d-%s", c.Rate, strings.ToLower(strings.ReplaceAll(c.Path, ".", "-"))))
-		d := &drain{c: c, queue: queue, prefix: prefix, endpoint: "a3-" + strconv.Itoa(i), cnt: newCounters(), done: map[int]bool{}}
+		d := &smallDrain{c: c, queue: queue, prefix: prefix, endpoint: "a3-" + strconv.Itoa(i), cnt: newCounters(), done: map[int]bool{}}
 		drains[i] = d
 		quotas[d.endpoint] = quota{Rate: float64(c.Rate), Burst: float64(c.Rate)}
 	}
-	defer func() {
-		var wg sync.WaitGroup
-		for _, d := range drains {
-			if d.f != nil {
-				wg.Go(d.f.stop)
-			}
-		}
-		wg.Wait()
-		for _, d := range drains {
-			_ = e.cleanup(context.Background(), d.queue, d.prefix)
-		}
-	}()
+	defer stopSmallDrains(e, drains)
 	e.prov.reset(quotas)
-	const key = "api"
 	for _, d := range drains {
-		handler := func(onLimited limitedFunc) asynq.Handler {
-			return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
-				idx, _, err := parsePayload(t.Payload())
-				if err != nil {
-					return fmt.Errorf("%w: %v", asynq.SkipRetry, err)
-				}
-				resp, err := e.prov.call(ctx, d.endpoint)
-				if err != nil {
-					return err
-				}
-				if resp.StatusCode == http.StatusTooManyRequests {
-					return onLimited(resp)
-				}
-				d.mu.Lock()
-				if !d.done[idx] {
-					d.done[idx] = true
-					d.last = time.Now()
-					d.c.Order = append(d.c.Order, idx)
-					d.c.At = append(d.c.At, d.last.Sub(d.start))
-				}
-				d.mu.Unlock()
-				return nil
-			})
-		}
-		spec := fleetSpec{
-			variant: vOurs, servers: servers, concurrency: concurrency, queue: d.queue, prefix: d.prefix,
-			throttleLimits: map[string][]throttle.Limit{key: {throttle.PerSecond(d.c.Rate)}},
-			handlers:       map[string]func(limitedFunc) asynq.Handler{"api:call": handler},
-		}
-		if err := setLimits(ctx, e, spec); err != nil {
+		if err := d.startFleet(ctx, e); err != nil {
 			return cases, err
 		}
-		mk := func(i int) *asynq.Task { return keyedTask("api:call", payload(i), throttle.Key(key)) }
-		client := asynq.NewClientFromRedisClient(e.ctl)
-		if d.c.Path == pathMiddleware {
-			// The backlog first, in order, from one producer.
-			for i := range d.c.Tasks {
-				if _, err := client.EnqueueContext(ctx, mk(i), asynq.Queue(d.queue)); err != nil {
-					return cases, fmt.Errorf("enqueue task %d: %w", i, err)
-				}
-			}
-		}
-		f, err := startFleet(e, spec, d.cnt)
-		if err != nil {
-			return cases, err
-		}
-		d.f, d.start = f, time.Now()
 	}
 	// Limiter.Enqueue: one producer each, in order, while the fleet runs;
 	// the drain counts from the first Enqueue.
@@ -176,45 +100,166 @@ func runA3(ctx context.Context, e *env) ([]*smallCase, error) {
 		if d.c.Path != pathEnqueue {
 			continue
 		}
-		lim := throttle.NewLimiter(e.ctl, throttle.WithPrefix(d.prefix))
-		client := asynq.NewClientFromRedisClient(e.ctl)
-		d.start = time.Now()
-		for i := range d.c.Tasks {
-			task := keyedTask("api:call", payload(i), throttle.Key(key))
-			if _, err := lim.Enqueue(ctx, client, task, asynq.Queue(d.queue)); err != nil {
-				_ = lim.Close()
-				return cases, fmt.Errorf("Limiter.Enqueue task %d: %w", i, err)
-			}
+		if err := d.enqueueWhileRunning(ctx, e); err != nil {
+			return cases, err
 		}
-		_ = lim.Close()
 	}
 	capAt := time.Now().Add(4*cases[len(cases)-1].ideal() + 10*time.Second)
 	waitFor(ctx, capAt, func() bool {
 		for _, d := range drains {
-			d.mu.Lock()
-			n := len(d.done)
-			d.mu.Unlock()
-			if n < d.c.Tasks {
+			if d.doneCount() < d.c.Tasks {
 				return false
 			}
 		}
 		return true
 	})
 	for _, d := range drains {
-		d.mu.Lock()
-		d.c.Finished = len(d.done) == d.c.Tasks
-		if !d.c.Finished {
-			d.c.Elapsed = time.Since(d.start)
-		} else {
-			d.c.Elapsed = d.last.Sub(d.start)
-		}
-		d.mu.Unlock()
-		d.c.Deferrals = d.cnt.denials.Load()
-		d.c.Limited = e.prov.endpoint(d.endpoint).limited.Load()
-		d.c.Left = inspectQueue(e, d.queue)
+		d.finish(e)
 		progress("A3/%d/s %s: %d/%d in %v", d.c.Rate, d.c.Path, len(d.c.Order), d.c.Tasks, d.c.Elapsed.Round(time.Millisecond))
 	}
 	return cases, nil
+}
+
+// smallCases are A3's drains: two small rates, each through both paths.
+func smallCases(quick bool) []*smallCase {
+	var cases []*smallCase
+	for _, rc := range []struct{ rate, tasks int }{{5, 30}, {1, 10}} {
+		if quick {
+			rc.tasks = rc.tasks / 2
+		}
+		for _, path := range []string{pathMiddleware, pathEnqueue} {
+			cases = append(cases, &smallCase{Rate: rc.rate, Tasks: rc.tasks, Path: path})
+		}
+	}
+	return cases
+}
+
+// smallDrain is one of A3's drains under way: its own fleet, queue, key and
+// provider endpoint, and the tasks whose call succeeded.
+type smallDrain struct {
+	c             *smallCase
+	queue, prefix string
+	endpoint      string
+	cnt           *counters
+	f             *fleet
+	mu            sync.Mutex
+	done          map[int]bool
+	last          time.Time
+	start         time.Time
+}
+
+// a3Key is the key every A3 drain throttles (each under its own prefix).
+const a3Key = "api"
+
+// stopSmallDrains stops the drains' fleets together, then removes their
+// queues and keys.
+func stopSmallDrains(e *env, drains []*smallDrain) {
+	var wg sync.WaitGroup
+	for _, d := range drains {
+		if d.f != nil {
+			wg.Go(d.f.stop)
+		}
+	}
+	wg.Wait()
+	for _, d := range drains {
+		_ = e.cleanup(context.Background(), d.queue, d.prefix)
+	}
+}
+
+// handler calls the drain's provider endpoint and records the first
+// success of each task.
+func (d *smallDrain) handler(e *env) func(onLimited limitedFunc) asynq.Handler {
+	return func(onLimited limitedFunc) asynq.Handler {
+		return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
+			idx, _, err := parsePayload(t.Payload())
+			if err != nil {
+				return fmt.Errorf("%w: %v", asynq.SkipRetry, err)
+			}
+			resp, err := e.prov.call(ctx, d.endpoint)
+			if err != nil {
+				return err
+			}
+			if resp.StatusCode == http.StatusTooManyRequests {
+				return onLimited(resp)
+			}
+			d.mu.Lock()
+			if !d.done[idx] {
+				d.done[idx] = true
+				d.last = time.Now()
+				d.c.Order = append(d.c.Order, idx)
+				d.c.At = append(d.c.At, d.last.Sub(d.start))
+			}
+			d.mu.Unlock()
+			return nil
+		})
+	}
+}
+
+// startFleet sets the drain's limit and starts its fleet; on the
+// middleware path, the backlog is enqueued first, in order, from one
+// producer.
+func (d *smallDrain) startFleet(ctx context.Context, e *env) error {
+	const servers, concurrency = 2, 10
+	spec := fleetSpec{
+		variant: vOurs, servers: servers, concurrency: concurrency, queue: d.queue, prefix: d.prefix,
+		throttleLimits: map[string][]throttle.Limit{a3Key: {throttle.PerSecond(d.c.Rate)}},
+		handlers:       map[string]func(limitedFunc) asynq.Handler{"api:call": d.handler(e)},
+	}
+	if err := setLimits(ctx, e, spec); err != nil {
+		return err
+	}
+	if d.c.Path == pathMiddleware {
+		client := asynq.NewClientFromRedisClient(e.ctl)
+		for i := range d.c.Tasks {
+			if _, err := client.EnqueueContext(ctx, smallTask(i), asynq.Queue(d.queue)); err != nil {
+				return fmt.Errorf("enqueue task %d: %w", i, err)
+			}
+		}
+	}
+	f, err := startFleet(e, spec, d.cnt)
+	if err != nil {
+		return err
+	}
+	d.f, d.start = f, time.Now()
+	return nil
+}
+
+func smallTask(i int) *asynq.Task { return keyedTask("api:call", payload(i), throttle.Key(a3Key)) }
+
+// enqueueWhileRunning enqueues the drain's tasks in order through
+// Limiter.Enqueue, its fleet running; the drain counts from the first.
+func (d *smallDrain) enqueueWhileRunning(ctx context.Context, e *env) error {
+	lim := throttle.NewLimiter(e.ctl, throttle.WithPrefix(d.prefix))
+	defer lim.Close()
+	client := asynq.NewClientFromRedisClient(e.ctl)
+	d.start = time.Now()
+	for i := range d.c.Tasks {
+		if _, err := lim.Enqueue(ctx, client, smallTask(i), asynq.Queue(d.queue)); err != nil {
+			return fmt.Errorf("Limiter.Enqueue task %d: %w", i, err)
+		}
+	}
+	return nil
+}
+
+func (d *smallDrain) doneCount() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return len(d.done)
+}
+
+// finish records the drain's outcome in its case.
+func (d *smallDrain) finish(e *env) {
+	d.mu.Lock()
+	d.c.Finished = len(d.done) == d.c.Tasks
+	if !d.c.Finished {
+		d.c.Elapsed = time.Since(d.start)
+	} else {
+		d.c.Elapsed = d.last.Sub(d.start)
+	}
+	d.mu.Unlock()
+	d.c.Deferrals = d.cnt.denials.Load()
+	d.c.Limited = e.prov.endpoint(d.endpoint).limited.Load()
+	d.c.Left = inspectQueue(e, d.queue)
 }
 
 // printA3 prints scenario A3's table.

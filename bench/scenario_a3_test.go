@@ -7,7 +7,7 @@ import (
 	"github.com/stretchr/testify/assert"
 )
 
-func TestSmallCaseFigures(t *testing.T) {
+func TestSmallCaseReportsOrderRateAndIdealTime(t *testing.T) {
 	s := time.Second
 	tests := []struct {
 		name  string

@@ -136,19 +136,7 @@ func holOnce(ctx context.Context, e *env, s *scenarioB, variant string, withSlow
 		nSlow = s.SlowTasks
 	}
 	total := s.FastTasks + nSlow
-	// Spread the slow tasks evenly through the queue.
-	slow := make([]bool, total)
-	idx := make([]int, total)
-	var ns, nf int
-	for i := range total {
-		if nSlow > 0 && (i*nSlow)/total != ((i+1)*nSlow)/total {
-			slow[i], idx[i] = true, ns
-			ns++
-		} else {
-			idx[i] = nf
-			nf++
-		}
-	}
+	slow, idx := interleave(total, nSlow)
 	fast, slowSet := newTaskSet(s.FastTasks), newTaskSet(max(nSlow, 1))
 	c := newCounters()
 	spec := fleetSpec{
@@ -175,40 +163,18 @@ func holOnce(ctx context.Context, e *env, s *scenarioB, variant string, withSlow
 		return holRun{}, err
 	}
 	e.prov.reset(map[string]quota{"slow": {Rate: s.SlowRate, Burst: s.SlowRate}})
-	cmds0, _, err := redisCalls(ctx, e.ctl)
+	fr, err := runFleetUntil(ctx, e, spec, c, s.Cap, fast.finished)
 	if err != nil {
 		return holRun{}, err
 	}
-	cpu0, err := redisCPU(ctx, e.ctl)
-	if err != nil {
-		return holRun{}, err
-	}
-	start := time.Now()
-	f, err := startFleet(e, spec, c)
-	if err != nil {
-		return holRun{}, err
-	}
-	finished := waitFor(ctx, start.Add(s.Cap), fast.finished)
-	cmds1, _, err := redisCalls(ctx, e.ctl)
-	cpu1, err2 := redisCPU(ctx, e.ctl)
-	f.stop()
-	if err := errors.Join(err, err2); err != nil {
-		return holRun{}, err
-	}
-	r := holRun{
-		Finished: finished,
-		Elapsed:  fast.elapsed(start),
-		FastDone: int(fast.done.Load()),
-		FastDup:  fast.duplicates(),
-		Denials:  c.denials.Load(),
-		Slow429:  e.prov.endpoint("slow").limited.Load(),
-		Cmds:     cmds1 - cmds0,
-		CPU:      cpu1 - cpu0,
-	}
+	r := holRun{Finished: fr.finished, Elapsed: fast.elapsed(fr.start), Cmds: fr.cmds, CPU: fr.cpu}
+	r.FastDone, r.FastDup = int(fast.done.Load()), fast.duplicates()
+	r.Denials = c.denials.Load()
+	r.Slow429 = e.prov.endpoint("slow").limited.Load()
 	if withSlow {
 		r.SlowDone, r.SlowDup = int(slowSet.done.Load()), slowSet.duplicates()
 	}
-	if !finished {
+	if !r.Finished {
 		r.Elapsed = s.Cap
 	}
 	if r.Elapsed > 0 {
@@ -217,21 +183,105 @@ func holOnce(ctx context.Context, e *env, s *scenarioB, variant string, withSlow
 	return r, nil
 }
 
+// interleave spreads nSlow slow tasks evenly through a queue of total
+// tasks, and numbers the slow and the fast ones each from 0.
+func interleave(total, nSlow int) (slow []bool, idx []int) {
+	slow, idx = make([]bool, total), make([]int, total)
+	var ns, nf int
+	for i := range total {
+		if nSlow > 0 && (i*nSlow)/total != ((i+1)*nSlow)/total {
+			slow[i], idx[i] = true, ns
+			ns++
+		} else {
+			idx[i] = nf
+			nf++
+		}
+	}
+	return slow, idx
+}
+
+// fleetRun is what runFleetUntil measured: whether the run got done, when
+// the fleet started, and the Redis commands and CPU (seconds) it cost.
+type fleetRun struct {
+	finished bool
+	start    time.Time
+	cmds     int64
+	cpu      float64
+}
+
+// runFleetUntil starts spec's fleet, waits for done (at most limit after
+// its start), and stops it.
+func runFleetUntil(ctx context.Context, e *env, spec fleetSpec, c *counters, limit time.Duration, done func() bool) (fleetRun, error) {
+	cmds0, _, err := redisCalls(ctx, e.ctl)
+	if err != nil {
+		return fleetRun{}, err
+	}
+	cpu0, err := redisCPU(ctx, e.ctl)
+	if err != nil {
+		return fleetRun{}, err
+	}
+	start := time.Now()
+	f, err := startFleet(e, spec, c)
+	if err != nil {
+		return fleetRun{}, err
+	}
+	finished := waitFor(ctx, start.Add(limit), done)
+	cmds1, _, err := redisCalls(ctx, e.ctl)
+	cpu1, err2 := redisCPU(ctx, e.ctl)
+	f.stop()
+	if err := errors.Join(err, err2); err != nil {
+		return fleetRun{}, err
+	}
+	return fleetRun{finished: finished, start: start, cmds: cmds1 - cmds0, cpu: cpu1 - cpu0}, nil
+}
+
 func (s *scenarioB) print(w io.Writer) {
 	t := newTable("metric")
 	for _, r := range s.Results {
 		t.col(r.Variant)
 	}
-	mixed := func(r holResult, f func(holResult) string) string {
-		if r.Mixed.Runs == 0 {
-			return "-"
-		}
-		return f(r)
+	s.soloRows(t)
+	s.mixedRows(t)
+	s.extraRows(t)
+	t.print(w)
+	s.printRounds(w)
+	ours := find(s.Results, func(r holResult) bool { return r.Variant == vOurs })
+	if ours == nil {
+		return
 	}
-	perTask := func(h holRun) (cmds float64, cpu time.Duration) {
-		n := float64(max(h.FastDone+h.SlowDone, 1))
-		return float64(h.Cmds) / n, time.Duration(h.CPU / n * float64(time.Second))
+	s.printRatios(w, ours)
+	fmt.Fprintf(w, "notes: tasks/s = fast tasks done / (fleet start to the last fast task), summed over %d rounds of one solo and one mixed run, alternating which runs first;\n", s.Rounds)
+	fmt.Fprintln(w, "       each variant's own solo runs are its reference, round by round; a mixed run that hit the cap is not repeated; asynq alone runs the fast tasks only.")
+	fmt.Fprintln(w, "       Redis commands and CPU (used_cpu_user+sys) are deltas over each run, per task run (fast and throttled).")
+}
+
+// perTask is a run's Redis commands and CPU per task it ran (fast and
+// throttled).
+func perTask(h holRun) (cmds float64, cpu time.Duration) {
+	n := float64(max(h.FastDone+h.SlowDone, 1))
+	return float64(h.Cmds) / n, time.Duration(h.CPU / n * float64(time.Second))
+}
+
+// mixedOr is f(r), or "-" when r has no run beside the throttled provider.
+func mixedOr(r holResult, f func(holResult) string) string {
+	if r.Mixed.Runs == 0 {
+		return "-"
 	}
+	return f(r)
+}
+
+// extra is what the throttled provider's tasks add to a run, per throttled
+// task in the queue (each was decided, and most deferred, meanwhile), of
+// what f counts; false when the runs cannot tell.
+func (s *scenarioB) extra(r holResult, f func(h holRun) float64) (float64, bool) {
+	if !r.Mixed.Finished || r.Mixed.Runs == 0 || r.Solo.Runs == 0 {
+		return 0, false
+	}
+	return (f(r.Mixed)/float64(r.Mixed.Runs) - f(r.Solo)/float64(r.Solo.Runs)) / float64(s.SlowTasks), true
+}
+
+// soloRows are the fast provider's figures alone.
+func (s *scenarioB) soloRows(t *table) {
 	t.row("fast alone: tasks/s", each(s.Results, func(r holResult) string { return fmt.Sprintf("%.0f", r.Solo.Throughput) }))
 	t.row(fmt.Sprintf("fast alone: runs x done (of %d)", s.FastTasks), each(s.Results, func(r holResult) string {
 		return fmt.Sprintf("%dx %s", r.Solo.Runs, onceness(r.Solo.FastDone, r.Solo.Runs*s.FastTasks, r.Solo.FastDup))
@@ -244,8 +294,12 @@ func (s *scenarioB) print(w io.Writer) {
 		_, c := perTask(r.Solo)
 		return micros(c)
 	}))
+}
+
+// mixedRows are the fast provider's figures beside the throttled one.
+func (s *scenarioB) mixedRows(t *table) {
 	t.row("fast beside throttled: tasks/s", each(s.Results, func(r holResult) string {
-		return mixed(r, func(r holResult) string {
+		return mixedOr(r, func(r holResult) string {
 			if !r.Mixed.Finished {
 				return fmt.Sprintf("DNF %.0f", r.Mixed.Throughput)
 			}
@@ -253,12 +307,12 @@ func (s *scenarioB) print(w io.Writer) {
 		})
 	}))
 	t.row(fmt.Sprintf("fast beside throttled: runs x done (of %d)", s.FastTasks), each(s.Results, func(r holResult) string {
-		return mixed(r, func(r holResult) string {
+		return mixedOr(r, func(r holResult) string {
 			return fmt.Sprintf("%dx %s", r.Mixed.Runs, onceness(r.Mixed.FastDone, r.Mixed.Runs*s.FastTasks, r.Mixed.FastDup))
 		})
 	}))
 	t.row("beside / alone, all rounds", each(s.Results, func(r holResult) string {
-		return mixed(r, func(r holResult) string { return ratio(r.Mixed.Throughput, r.Solo.Throughput) })
+		return mixedOr(r, func(r holResult) string { return ratio(r.Mixed.Throughput, r.Solo.Throughput) })
 	}))
 	t.row(fmt.Sprintf("beside / alone, lowest round (target >= %.2f)", targetHOL), each(s.Results, func(r holResult) string {
 		if len(r.Rounds) == 0 {
@@ -267,52 +321,51 @@ func (s *scenarioB) print(w io.Writer) {
 		return fmt.Sprintf("%.2fx", r.minRound())
 	}))
 	t.row("fast wall time beside throttled, per run", each(s.Results, func(r holResult) string {
-		return mixed(r, func(r holResult) string { return secs(r.Mixed.Elapsed / time.Duration(max(r.Mixed.Runs, 1))) })
+		return mixedOr(r, func(r holResult) string { return secs(r.Mixed.Elapsed / time.Duration(max(r.Mixed.Runs, 1))) })
 	}))
 	t.row("throttled tasks run meanwhile, all runs (dup)", each(s.Results, func(r holResult) string {
-		return mixed(r, func(r holResult) string { return fmt.Sprintf("%d (%d)", r.Mixed.SlowDone, r.Mixed.SlowDup) })
+		return mixedOr(r, func(r holResult) string { return fmt.Sprintf("%d (%d)", r.Mixed.SlowDone, r.Mixed.SlowDup) })
 	}))
 	t.row("beside throttled: Redis commands per task run", each(s.Results, func(r holResult) string {
-		return mixed(r, func(r holResult) string {
+		return mixedOr(r, func(r holResult) string {
 			c, _ := perTask(r.Mixed)
 			return fmt.Sprintf("%.1f", c)
 		})
 	}))
 	t.row("beside throttled: Redis CPU per task run", each(s.Results, func(r holResult) string {
-		return mixed(r, func(r holResult) string {
+		return mixedOr(r, func(r holResult) string {
 			_, c := perTask(r.Mixed)
 			return micros(c)
 		})
 	}))
-	// What the throttled provider's tasks add to a run, per throttled task
-	// in the queue (each was decided, and most deferred, meanwhile).
-	extra := func(r holResult, f func(h holRun) float64) (float64, bool) {
-		if !r.Mixed.Finished || r.Mixed.Runs == 0 || r.Solo.Runs == 0 {
-			return 0, false
-		}
-		return (f(r.Mixed)/float64(r.Mixed.Runs) - f(r.Solo)/float64(r.Solo.Runs)) / float64(s.SlowTasks), true
-	}
+}
+
+// extraRows are what the throttled provider's tasks cost.
+func (s *scenarioB) extraRows(t *table) {
 	t.row("  Redis commands per throttled task (mixed - solo)", each(s.Results, func(r holResult) string {
-		v, ok := extra(r, func(h holRun) float64 { return float64(h.Cmds) })
+		v, ok := s.extra(r, func(h holRun) float64 { return float64(h.Cmds) })
 		if !ok {
 			return "-"
 		}
 		return fmt.Sprintf("%.1f", v)
 	}))
 	t.row("  Redis CPU per throttled task (mixed - solo)", each(s.Results, func(r holResult) string {
-		v, ok := extra(r, func(h holRun) float64 { return h.CPU })
+		v, ok := s.extra(r, func(h holRun) float64 { return h.CPU })
 		if !ok {
 			return "-"
 		}
 		return micros(time.Duration(v * float64(time.Second)))
 	}))
 	t.row("  throttled provider 429s", each(s.Results, func(r holResult) string {
-		return mixed(r, func(r holResult) string { return fmt.Sprint(r.Mixed.Slow429) })
+		return mixedOr(r, func(r holResult) string { return fmt.Sprint(r.Mixed.Slow429) })
 	}))
 	t.row("  denials", each(s.Results, func(r holResult) string {
-		return mixed(r, func(r holResult) string { return fmt.Sprint(r.Mixed.Denials) })
+		return mixedOr(r, func(r holResult) string { return fmt.Sprint(r.Mixed.Denials) })
 	}))
-	t.print(w)
+}
+
+// printRounds shows beside / alone round by round.
+func (s *scenarioB) printRounds(w io.Writer) {
 	for _, r := range s.Results {
 		if len(r.Rounds) == 0 {
 			continue
@@ -327,10 +380,10 @@ func (s *scenarioB) print(w io.Writer) {
 		}
 		fmt.Fprintln(w)
 	}
-	ours := find(s.Results, func(r holResult) bool { return r.Variant == vOurs })
-	if ours == nil {
-		return
-	}
+}
+
+// printRatios compares ours with the other variants.
+func (s *scenarioB) printRatios(w io.Writer, ours *holResult) {
 	for _, r := range s.Results {
 		if r.Variant != vOurs && r.Mixed.Runs > 0 {
 			fmt.Fprintf(w, "ratio ours/%-5s  fast tasks/s beside throttled %s  (alone %s)\n", r.Variant,
@@ -343,7 +396,4 @@ func (s *scenarioB) print(w io.Writer) {
 		fmt.Fprintf(w, "ratio ours beside throttled / asynq alone, per task run: Redis commands %s, Redis CPU %s\n",
 			ratio(oc, ac), ratio(float64(ocpu), float64(acpu)))
 	}
-	fmt.Fprintf(w, "notes: tasks/s = fast tasks done / (fleet start to the last fast task), summed over %d rounds of one solo and one mixed run, alternating which runs first;\n", s.Rounds)
-	fmt.Fprintln(w, "       each variant's own solo runs are its reference, round by round; a mixed run that hit the cap is not repeated; asynq alone runs the fast tasks only.")
-	fmt.Fprintln(w, "       Redis commands and CPU (used_cpu_user+sys) are deltas over each run, per task run (fast and throttled).")
 }

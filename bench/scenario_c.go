@@ -91,10 +91,7 @@ func runC(ctx context.Context, e *env, w io.Writer) (*scenarioC, error) {
 	}
 	rr := redis_rate.NewLimiter(rdb)
 	rrLimit := redis_rate.PerSecond(cRate)
-	impls := []struct {
-		name string
-		op   func() (bool, error)
-	}{
+	impls := []decImpl{
 		{vOurs, func() (bool, error) {
 			d, err := lim.Take(ctx, "c")
 			return d.Allowed, err
@@ -117,40 +114,8 @@ func runC(ctx context.Context, e *env, w io.Writer) (*scenarioC, error) {
 		sent = append(sent, capture.stop())
 	}
 
-	// The machine is shared: alternate the two in short slices so that a
-	// burst of outside load hits both alike. At one goroutine, where the
-	// ratio is closest to its target, the point is made cRuns1 times and
-	// the median ratio kept.
 	for _, g := range []int{1, 32, 128} {
-		runs := make([]decRun, len(impls))
-		nRuns := 1
-		if g == 1 {
-			nRuns = cRuns1
-		}
-		for range nRuns {
-			one := make([]decRun, len(impls))
-			for round := range cRounds {
-				for i := range impls {
-					k := (i + round) % len(impls)
-					r := measureDecisions(impls[k].op, g, s.Duration/cRounds)
-					for _, acc := range []*decRun{&one[k], &runs[k]} {
-						acc.Impl, acc.Goroutines = impls[k].name, g
-						acc.Decisions += r.Decisions
-						acc.Refused += r.Refused
-						acc.Errors += r.Errors
-						acc.Elapsed += r.Elapsed
-					}
-				}
-			}
-			if g == 1 {
-				s.Ratios1 = append(s.Ratios1, (float64(one[0].Decisions)/one[0].Elapsed.Seconds())/
-					(float64(one[1].Decisions)/one[1].Elapsed.Seconds()))
-			}
-		}
-		for _, r := range runs {
-			r.PerSec = float64(r.Decisions) / r.Elapsed.Seconds()
-			s.Results = append(s.Results, r)
-		}
+		s.measurePoint(impls, g)
 	}
 	if len(s.Ratios1) > 0 {
 		sorted := slices.Clone(s.Ratios1)
@@ -174,6 +139,49 @@ func runC(ctx context.Context, e *env, w io.Writer) (*scenarioC, error) {
 	progress("C: done")
 	s.print(w)
 	return s, nil
+}
+
+// decImpl is one of the rate limiters scenario C compares: op makes one
+// decision.
+type decImpl struct {
+	name string
+	op   func() (bool, error)
+}
+
+// measurePoint measures impls' decisions/s at g goroutines. The machine is
+// shared: it alternates them in short slices so that a burst of outside
+// load hits all alike. At one goroutine, where the ratio is closest to its
+// target, the point is made cRuns1 times and each run's ratio kept.
+func (s *scenarioC) measurePoint(impls []decImpl, g int) {
+	runs := make([]decRun, len(impls))
+	nRuns := 1
+	if g == 1 {
+		nRuns = cRuns1
+	}
+	for range nRuns {
+		one := make([]decRun, len(impls))
+		for round := range cRounds {
+			for i := range impls {
+				k := (i + round) % len(impls)
+				r := measureDecisions(impls[k].op, g, s.Duration/cRounds)
+				for _, acc := range []*decRun{&one[k], &runs[k]} {
+					acc.Impl, acc.Goroutines = impls[k].name, g
+					acc.Decisions += r.Decisions
+					acc.Refused += r.Refused
+					acc.Errors += r.Errors
+					acc.Elapsed += r.Elapsed
+				}
+			}
+		}
+		if g == 1 {
+			s.Ratios1 = append(s.Ratios1, (float64(one[0].Decisions)/one[0].Elapsed.Seconds())/
+				(float64(one[1].Decisions)/one[1].Elapsed.Seconds()))
+		}
+	}
+	for _, r := range runs {
+		r.PerSec = float64(r.Decisions) / r.Elapsed.Seconds()
+		s.Results = append(s.Results, r)
+	}
 }
 
 // measureDecisions runs op from exactly g goroutines for d.

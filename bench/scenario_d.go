@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"strconv"
@@ -102,35 +101,19 @@ func overheadOnce(ctx context.Context, e *env, s *scenarioD, variant string, con
 	if err != nil {
 		return overheadRun{}, err
 	}
-	cmds0, _, err := redisCalls(ctx, e.ctl)
+	fr, err := runFleetUntil(ctx, e, spec, newCounters(), s.Cap, set.finished)
 	if err != nil {
 		return overheadRun{}, err
 	}
-	cpu0, err := redisCPU(ctx, e.ctl)
-	if err != nil {
-		return overheadRun{}, err
-	}
-	start := time.Now()
-	f, err := startFleet(e, spec, newCounters())
-	if err != nil {
-		return overheadRun{}, err
-	}
-	finished := waitFor(ctx, start.Add(s.Cap), set.finished)
-	cmds1, _, err := redisCalls(ctx, e.ctl)
-	cpu1, err2 := redisCPU(ctx, e.ctl)
-	f.stop()
-	if err := errors.Join(err, err2); err != nil {
-		return overheadRun{}, err
-	}
-	r := overheadRun{Variant: variant, Concurrency: conc, Finished: finished,
-		Done: int(set.done.Load()), Dup: set.duplicates(), Elapsed: set.elapsed(start)}
-	if !finished {
+	r := overheadRun{Variant: variant, Concurrency: conc, Finished: fr.finished,
+		Done: int(set.done.Load()), Dup: set.duplicates(), Elapsed: set.elapsed(fr.start)}
+	if !fr.finished {
 		r.Elapsed = s.Cap
 	}
 	if r.Elapsed > 0 {
 		r.PerSec = float64(r.Done) / r.Elapsed.Seconds()
 	}
-	r.cmds, r.cpu = cmds1-cmds0, cpu1-cpu0
+	r.cmds, r.cpu = fr.cmds, fr.cpu
 	return r, nil
 }
 

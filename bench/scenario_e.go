@@ -249,62 +249,27 @@ func eOnce(ctx context.Context, e *env, s *scenarioE, sp *strictProvider, varian
 	}()
 	specs := make([]fleetSpec, len(s.Providers))
 	for i, p := range s.Providers {
-		queue, prefix := e.names("e", variant+"-"+p.Name)
-		ef := &eFleet{p: p, queue: queue, prefix: prefix, c: newCounters()}
+		ef, spec, err := newEFleet(ctx, e, s, sp, variant, p)
 		fleets = append(fleets, ef)
-		specs[i] = fleetSpec{
-			variant: variant, servers: s.Servers, concurrency: s.Concurrency, queue: queue, prefix: prefix,
-			handlers:        map[string]func(limitedFunc) asynq.Handler{"e:call": eHandler(sp, p, variant, &ef.trace)},
-			throttleLimits:  map[string][]throttle.Limit{p.Name: oursLimits(p)},
-			throttleOptions: oursOptions(p),
-			sleepLimits:     map[string]redis_rate.Limit{p.Name: sleepLimit(p)},
-		}
-		if err := setLimits(ctx, e, specs[i]); err != nil {
-			return nil, err
-		}
-		// A backlog the fleet cannot finish: 1.5 x what the quota allows.
-		n := int(1.5*(p.perSecond()*s.RunFor.Seconds())) + p.Quota + p.Burst
-		err := enqueue(ctx, e, queue, n, func(i int) *asynq.Task {
-			return keyedTask("e:call", []byte(strconv.Itoa(i)), throttle.Key(p.Name))
-		})
 		if err != nil {
 			return nil, err
 		}
+		specs[i] = spec
 	}
 	if e.ePhase >= 0 {
-		// Start at this fraction of a second: where asynq's one-second
-		// forwarder ticks fall (the servers start together) and where the
-		// first calls fall in the providers' windows.
-		now := time.Now()
-		at := now.Truncate(time.Second).Add(time.Duration(e.ePhase * float64(time.Second)))
-		if at.Before(now) {
-			at = at.Add(time.Second)
-		}
-		time.Sleep(time.Until(at))
+		waitForPhase(e.ePhase)
 	}
-	start := time.Now()
+	span := eSpan{start: time.Now()}
 	models := map[string]quotaModel{}
 	halvedAt := map[string]time.Time{}
 	for _, p := range s.Providers {
-		models[p.Name], halvedAt[p.Name] = p.model(start)
+		models[p.Name], halvedAt[p.Name] = p.model(span.start)
 	}
 	var stopSampling []func()
 	if e.eTrace != "" {
-		for _, ef := range fleets {
-			ef.trace = newRunTrace(start)
-			ef.c.trace = ef.trace
-			if variant == vOurs || variant == vNaive {
-				l := throttle.NewLimiter(e.ctl, throttle.WithPrefix(ef.prefix))
-				base := ef.prefix + ":{" + ef.p.Name + "}:"
-				stopSampling = append(stopSampling, ef.trace.sample(l, e.ctl, ef.p.Name, base+"b", base+"r"))
-			}
-		}
+		stopSampling = startTraces(e, fleets, variant, span.start)
 	}
-	defer func() {
-		for _, stop := range stopSampling {
-			stop()
-		}
-	}()
+	defer func() { stopEach(stopSampling) }() // nil once stopped below
 	sp.reset(models)
 	health := watchHealth(e)
 	for i, ef := range fleets {
@@ -314,50 +279,120 @@ func eOnce(ctx context.Context, e *env, s *scenarioE, sp *strictProvider, varian
 		}
 		ef.f = f
 	}
-	t := time.NewTimer(time.Until(start.Add(s.RunFor)))
+	t := time.NewTimer(time.Until(span.start.Add(s.RunFor)))
 	select {
 	case <-t.C:
 	case <-ctx.Done():
 		t.Stop()
 		return nil, ctx.Err()
 	}
-	end := time.Now()
-	tickGap, slowestPing := health()
-	for _, stop := range stopSampling {
-		stop()
-	}
+	span.end = time.Now()
+	span.tickGap, span.slowestPing = health()
+	stopEach(stopSampling)
 	stopSampling = nil
 	out := map[string]eRun{}
 	for _, ef := range fleets {
-		calls := sp.snapshot(ef.p.Name)
-		r := analyzeE(ef.p, calls, start, end, s.Warmup, halvedAt[ef.p.Name])
-		r.Suspensions, r.Failed = ef.c.suspensions.Load(), ef.c.failed.Load()
-		r.TickGap, r.SlowestPing = tickGap, slowestPing
-		r.PerSecond = perSecond(calls, start, end)
-		out[ef.p.Name] = r
-		if ef.trace != nil {
-			name := fmt.Sprintf("E-r%02d-%s-%s.log", round+1, variant, ef.p.Name)
-			header := []string{
-				fmt.Sprintf("scenario E round %d, variant %s, provider %s (%s); started %s", round+1, variant, ef.p.Name, ef.p.Doc, start.Format(time.RFC3339Nano)),
-				fmt.Sprintf("share %.2f (measured from +%v); 429s %d; suspensions %d; failed decisions %d; harness: longest tick gap %v, slowest PING %v",
-					r.Share, s.Warmup, r.Limited, r.Suspensions, r.Failed, tickGap.Round(time.Millisecond), slowestPing.Round(time.Millisecond)),
-				"provider admitted/refused per second since the start: " + timeline(calls, start, end),
-				"deferrals by reason: " + lockedReasons(ef.c),
-			}
-			if err := ef.trace.write(e.eTrace, name, header); err != nil {
-				progress("E: -e-trace: %v", err)
-			}
-		}
-		if e.verbose {
-			progress("E/%s %s: admitted/refused per second since the start: %s; deferrals %s, failed decisions %d; queue pending/active/sched/retry/archived %s; harness: longest tick gap %v, slowest PING %v",
-				variant, ef.p.Name, timeline(calls, start, end), reasons(ef.c.byReason), ef.c.failed.Load(), inspectQueue(e, ef.queue),
-				tickGap.Round(time.Millisecond), slowestPing.Round(time.Millisecond))
-			for msg, n := range ef.c.failedErrs {
-				progress("E/%s %s: %d decisions failed with: %s", variant, ef.p.Name, n, msg)
-			}
-		}
+		out[ef.p.Name] = ef.result(e, s, sp, variant, round, span, halvedAt[ef.p.Name])
 	}
 	return out, nil
+}
+
+// newEFleet makes provider p's fleet of variant for one run (not started
+// yet): its limits set and a backlog it cannot finish, 1.5 x what the
+// quota allows, in its queue. The fleet is returned even with an error, to
+// be cleaned up.
+func newEFleet(ctx context.Context, e *env, s *scenarioE, sp *strictProvider, variant string, p providerSpec) (*eFleet, fleetSpec, error) {
+	queue, prefix := e.names("e", variant+"-"+p.Name)
+	ef := &eFleet{p: p, queue: queue, prefix: prefix, c: newCounters()}
+	spec := fleetSpec{
+		variant: variant, servers: s.Servers, concurrency: s.Concurrency, queue: queue, prefix: prefix,
+		handlers:        map[string]func(limitedFunc) asynq.Handler{"e:call": eHandler(sp, p, variant, &ef.trace)},
+		throttleLimits:  map[string][]throttle.Limit{p.Name: oursLimits(p)},
+		throttleOptions: oursOptions(p),
+		sleepLimits:     map[string]redis_rate.Limit{p.Name: sleepLimit(p)},
+	}
+	if err := setLimits(ctx, e, spec); err != nil {
+		return ef, spec, err
+	}
+	n := int(1.5*(p.perSecond()*s.RunFor.Seconds())) + p.Quota + p.Burst
+	err := enqueue(ctx, e, queue, n, func(i int) *asynq.Task {
+		return keyedTask("e:call", []byte(strconv.Itoa(i)), throttle.Key(p.Name))
+	})
+	return ef, spec, err
+}
+
+// waitForPhase waits for the next instant at this fraction of a second:
+// where asynq's one-second forwarder ticks fall (the servers start
+// together) and where the first calls fall in the providers' windows.
+func waitForPhase(phase float64) {
+	now := time.Now()
+	at := now.Truncate(time.Second).Add(time.Duration(phase * float64(time.Second)))
+	if at.Before(now) {
+		at = at.Add(time.Second)
+	}
+	time.Sleep(time.Until(at))
+}
+
+// startTraces gives every fleet a trace of the run from start and, for the
+// variants with our Limiter, samples its key's state; it returns the
+// functions that stop the sampling.
+func startTraces(e *env, fleets []*eFleet, variant string, start time.Time) []func() {
+	var stops []func()
+	for _, ef := range fleets {
+		ef.trace = newRunTrace(start)
+		ef.c.trace = ef.trace
+		if variant == vOurs || variant == vNaive {
+			l := throttle.NewLimiter(e.ctl, throttle.WithPrefix(ef.prefix))
+			base := ef.prefix + ":{" + ef.p.Name + "}:"
+			stops = append(stops, ef.trace.sample(l, e.ctl, ef.p.Name, base+"b", base+"r"))
+		}
+	}
+	return stops
+}
+
+func stopEach(stops []func()) {
+	for _, stop := range stops {
+		stop()
+	}
+}
+
+// eSpan is one run of scenario E as the harness saw it: when it ran, and
+// how late the harness's own timers and Redis were meanwhile.
+type eSpan struct {
+	start, end           time.Time
+	tickGap, slowestPing time.Duration
+}
+
+// result is the provider's figures for the run; with -e-trace it writes the
+// run's trace, with -v it logs the run.
+func (ef *eFleet) result(e *env, s *scenarioE, sp *strictProvider, variant string, round int, span eSpan, halvedAt time.Time) eRun {
+	calls := sp.snapshot(ef.p.Name)
+	r := analyzeE(ef.p, calls, span.start, span.end, s.Warmup, halvedAt)
+	r.Suspensions, r.Failed = ef.c.suspensions.Load(), ef.c.failed.Load()
+	r.TickGap, r.SlowestPing = span.tickGap, span.slowestPing
+	r.PerSecond = perSecond(calls, span.start, span.end)
+	if ef.trace != nil {
+		name := fmt.Sprintf("E-r%02d-%s-%s.log", round+1, variant, ef.p.Name)
+		header := []string{
+			fmt.Sprintf("scenario E round %d, variant %s, provider %s (%s); started %s", round+1, variant, ef.p.Name, ef.p.Doc, span.start.Format(time.RFC3339Nano)),
+			fmt.Sprintf("share %.2f (measured from +%v); 429s %d; suspensions %d; failed decisions %d; harness: longest tick gap %v, slowest PING %v",
+				r.Share, s.Warmup, r.Limited, r.Suspensions, r.Failed, span.tickGap.Round(time.Millisecond), span.slowestPing.Round(time.Millisecond)),
+			"provider admitted/refused per second since the start: " + timeline(calls, span.start, span.end),
+			"deferrals by reason: " + lockedReasons(ef.c),
+		}
+		if err := ef.trace.write(e.eTrace, name, header); err != nil {
+			progress("E: -e-trace: %v", err)
+		}
+	}
+	if e.verbose {
+		progress("E/%s %s: admitted/refused per second since the start: %s; deferrals %s, failed decisions %d; queue pending/active/sched/retry/archived %s; harness: longest tick gap %v, slowest PING %v",
+			variant, ef.p.Name, timeline(calls, span.start, span.end), reasons(ef.c.byReason), ef.c.failed.Load(), inspectQueue(e, ef.queue),
+			span.tickGap.Round(time.Millisecond), span.slowestPing.Round(time.Millisecond))
+		for msg, n := range ef.c.failedErrs {
+			progress("E/%s %s: %d decisions failed with: %s", variant, ef.p.Name, n, msg)
+		}
+	}
+	return r
 }
 
 // timeline is "50/0 48/2 ...": calls admitted/refused in each second of the
@@ -606,84 +641,126 @@ func bucketShare(p providerSpec, calls []callRecord, start, from, end time.Time)
 }
 
 func (s *scenarioE) print(w io.Writer) {
-	variants := s.Variants
-	t := newTable("provider / metric", variants...)
-	res := func(p, v string) eResult {
-		return *find(s.Results, func(r eResult) bool { return r.Provider == p && r.Variant == v })
-	}
-	row := func(name string, p providerSpec, f func(eResult) string) {
-		t.row(name, each(variants, func(v string) string { return f(res(p.Name, v)) }))
-	}
-	blank := each(variants, func(string) string { return "" })
+	r := eRows{s: s, t: newTable("provider / metric", s.Variants...)}
+	blank := each(s.Variants, func(string) string { return "" })
 	for _, p := range s.Providers {
-		t.row(p.Name+": "+p.Doc, blank)
+		r.t.row(p.Name+": "+p.Doc, blank)
 		if p.Kind != kindIETF {
-			row("  provider 429s, per run (target 0 for ours)", p, func(r eResult) string {
-				return perRun(r.Runs, func(x eRun) int { return x.Limited })
-			})
-			row(fmt.Sprintf("  throughput / quota, mean (min) (target >= %.2f)", p.Target), p, func(r eResult) string {
-				return meanMin(r.Runs, func(x eRun) float64 { return x.Share })
-			})
-			row("  throughput / quota, per run", p, func(r eResult) string {
-				return shares(r.Runs, func(x eRun) float64 { return x.Share })
-			})
+			r.quotaRows(p)
 		} else {
-			row("  provider 429s before the halving, per run (target 0)", p, func(r eResult) string {
-				return perRun(r.Runs, func(x eRun) int { return x.LimitedBefore })
-			})
-			row(fmt.Sprintf("  throughput / quota before the halving (target >= %.2f)", p.Target), p, func(r eResult) string {
-				return meanMin(r.Runs, func(x eRun) float64 { return x.ShareBefore })
-			})
-			row("  throughput / quota before the halving, per run", p, func(r eResult) string {
-				return shares(r.Runs, func(x eRun) float64 { return x.ShareBefore })
-			})
-			row("  halved at (s after start), per run", p, func(r eResult) string {
-				return strings.Join(each(r.Runs, func(x eRun) string { return fmt.Sprintf("%.1f", x.HalvedAt.Seconds()) }), " ")
-			})
-			row("  s from the halving to obeying it, per run (-: not by the end)", p, func(r eResult) string {
-				return strings.Join(each(r.Runs, func(x eRun) string {
-					if !x.Obeyed {
-						return "-"
-					}
-					return fmt.Sprintf("%.1f", x.ObeyAfter.Seconds())
-				}), " ")
-			})
-			row("  429s from the halving on, per run (its cost)", p, func(r eResult) string {
-				return perRun(r.Runs, func(x eRun) int { return x.LimitedAfter })
-			})
-			row("  throughput / halved quota, from 1 window after it", p, func(r eResult) string {
-				return meanMin(r.Runs, func(x eRun) float64 { return x.ShareAfter })
-			})
+			r.halvingRows(p)
 		}
-		row(fmt.Sprintf("  runs below %.2f of the quota (a lost window; target none)", eRunFloor), p, func(r eResult) string {
-			return below(r.Runs, p.judged)
-		})
-		row("  suspensions (429 -> fleet pause), all runs", p, func(r eResult) string {
-			if r.Variant == vSleep {
-				return "-"
-			}
-			return fmt.Sprint(total64(r.Runs, func(x eRun) int64 { return x.Suspensions }))
-		})
-		row("  decisions Redis could not make (fail closed: 5 s deferral)", p, func(r eResult) string {
-			if r.Variant == vSleep {
-				return "-"
-			}
-			return fmt.Sprint(total64(r.Runs, func(x eRun) int64 { return x.Failed }))
-		})
+		r.outcomeRows(p)
 	}
-	t.row("harness, per run (all four providers at once)", blank)
-	first := s.Providers[0]
-	row("  longest pause of the harness process, 10 ms ticker (s)", first, func(r eResult) string {
+	r.t.row("harness, per run (all four providers at once)", blank)
+	r.harnessRows()
+	r.t.print(w)
+	s.printVerdicts(w)
+	s.printRatios(w)
+	fmt.Fprintf(w, "notes: every limiter is set to the quota the provider documents (ours and naive: oursLimits, a bucket of quota per window until throttle.Window; sleep: redis_rate, the same).\n")
+	fmt.Fprintf(w, "       throughput / quota = calls the provider admitted in the measured span / what its quota allows in it; measured from %v after the start, over whole windows (aligned to the provider's clock for fixed windows).\n", s.Warmup)
+	fmt.Fprintln(w, "       429s count every call the provider refused during the run; obeying = from the halving to the provider's last 429 (none in the run's last 2 windows).")
+	fmt.Fprintf(w, "       every run is judged, not only the mean: a run below %.2f of the quota (the IETF provider's before its halving) lost a whole window or more; -e-trace DIR keeps each run's calls, decisions and key state.\n", eRunFloor)
+	fmt.Fprintln(w, "       a run whose harness paused for 0.5 s or more (a busy machine) can fail decisions (1 s WithTimeout); ours and naive then fail closed, deferring tasks 5 s: a throughput dip that is the machine's.")
+}
+
+// result is variant v's result for provider p.
+func (s *scenarioE) result(p, v string) eResult {
+	return *find(s.Results, func(r eResult) bool { return r.Provider == p && r.Variant == v })
+}
+
+// eRows writes the rows of scenario E's table: a row shows what f says of
+// each variant's result for a provider.
+type eRows struct {
+	s *scenarioE
+	t *table
+}
+
+func (r eRows) row(name string, p providerSpec, f func(eResult) string) {
+	r.t.row(name, each(r.s.Variants, func(v string) string { return f(r.s.result(p.Name, v)) }))
+}
+
+// quotaRows are a fixed quota's 429s and share.
+func (r eRows) quotaRows(p providerSpec) {
+	r.row("  provider 429s, per run (target 0 for ours)", p, func(r eResult) string {
+		return perRun(r.Runs, func(x eRun) int { return x.Limited })
+	})
+	r.row(fmt.Sprintf("  throughput / quota, mean (min) (target >= %.2f)", p.Target), p, func(r eResult) string {
+		return meanMin(r.Runs, func(x eRun) float64 { return x.Share })
+	})
+	r.row("  throughput / quota, per run", p, func(r eResult) string {
+		return shares(r.Runs, func(x eRun) float64 { return x.Share })
+	})
+}
+
+// halvingRows are the IETF provider's 429s and share before its quota is
+// halved, and how the fleet followed it after.
+func (r eRows) halvingRows(p providerSpec) {
+	r.row("  provider 429s before the halving, per run (target 0)", p, func(r eResult) string {
+		return perRun(r.Runs, func(x eRun) int { return x.LimitedBefore })
+	})
+	r.row(fmt.Sprintf("  throughput / quota before the halving (target >= %.2f)", p.Target), p, func(r eResult) string {
+		return meanMin(r.Runs, func(x eRun) float64 { return x.ShareBefore })
+	})
+	r.row("  throughput / quota before the halving, per run", p, func(r eResult) string {
+		return shares(r.Runs, func(x eRun) float64 { return x.ShareBefore })
+	})
+	r.row("  halved at (s after start), per run", p, func(r eResult) string {
+		return strings.Join(each(r.Runs, func(x eRun) string { return fmt.Sprintf("%.1f", x.HalvedAt.Seconds()) }), " ")
+	})
+	r.row("  s from the halving to obeying it, per run (-: not by the end)", p, func(r eResult) string {
+		return strings.Join(each(r.Runs, func(x eRun) string {
+			if !x.Obeyed {
+				return "-"
+			}
+			return fmt.Sprintf("%.1f", x.ObeyAfter.Seconds())
+		}), " ")
+	})
+	r.row("  429s from the halving on, per run (its cost)", p, func(r eResult) string {
+		return perRun(r.Runs, func(x eRun) int { return x.LimitedAfter })
+	})
+	r.row("  throughput / halved quota, from 1 window after it", p, func(r eResult) string {
+		return meanMin(r.Runs, func(x eRun) float64 { return x.ShareAfter })
+	})
+}
+
+// outcomeRows are the runs judged below the floor, and the suspensions and
+// failed decisions of every run.
+func (r eRows) outcomeRows(p providerSpec) {
+	r.row(fmt.Sprintf("  runs below %.2f of the quota (a lost window; target none)", eRunFloor), p, func(r eResult) string {
+		return below(r.Runs, p.judged)
+	})
+	r.row("  suspensions (429 -> fleet pause), all runs", p, func(r eResult) string {
+		if r.Variant == vSleep {
+			return "-"
+		}
+		return fmt.Sprint(total64(r.Runs, func(x eRun) int64 { return x.Suspensions }))
+	})
+	r.row("  decisions Redis could not make (fail closed: 5 s deferral)", p, func(r eResult) string {
+		if r.Variant == vSleep {
+			return "-"
+		}
+		return fmt.Sprint(total64(r.Runs, func(x eRun) int64 { return x.Failed }))
+	})
+}
+
+// harnessRows show how late the harness's own timers and Redis were.
+func (r eRows) harnessRows() {
+	first := r.s.Providers[0]
+	r.row("  longest pause of the harness process, 10 ms ticker (s)", first, func(r eResult) string {
 		return strings.Join(each(r.Runs, func(x eRun) string { return fmt.Sprintf("%.2f", x.TickGap.Seconds()) }), " ")
 	})
-	row("  slowest Redis PING, one every 50 ms (s)", first, func(r eResult) string {
+	r.row("  slowest Redis PING, one every 50 ms (s)", first, func(r eResult) string {
 		return strings.Join(each(r.Runs, func(x eRun) string { return fmt.Sprintf("%.2f", x.SlowestPing.Seconds()) }), " ")
 	})
-	t.print(w)
-	for _, v := range variants {
+}
+
+// printVerdicts judges every run of every provider, variant by variant.
+func (s *scenarioE) printVerdicts(w io.Writer) {
+	for _, v := range s.Variants {
 		var bad []string
 		for _, p := range s.Providers {
-			r := res(p.Name, v)
+			r := s.result(p.Name, v)
 			if n := countBelow(r.Runs, p.judged); n > 0 {
 				bad = append(bad, fmt.Sprintf("%s %d of %d (%s)", p.Name, n, len(r.Runs), below(r.Runs, p.judged)))
 			}
@@ -694,13 +771,17 @@ func (s *scenarioE) print(w io.Writer) {
 		}
 		fmt.Fprintf(w, "per run, %-5s  %s\n", v+":", verdict)
 	}
+}
+
+// printRatios compares ours with sleep and naive, provider by provider.
+func (s *scenarioE) printRatios(w io.Writer) {
 	for _, other := range []string{vSleep, vNaive} {
-		if !slices.Contains(variants, other) || !slices.Contains(variants, vOurs) {
+		if !slices.Contains(s.Variants, other) || !slices.Contains(s.Variants, vOurs) {
 			continue
 		}
 		var parts []string
 		for _, p := range s.Providers {
-			o, b := res(p.Name, vOurs), res(p.Name, other)
+			o, b := s.result(p.Name, vOurs), s.result(p.Name, other)
 			if p.Kind == kindIETF {
 				parts = append(parts, fmt.Sprintf("%s: share %s after %s, 429s %d vs %d before, %d vs %d after", p.Name,
 					ratio(mean(o.Runs, func(x eRun) float64 { return x.ShareBefore }), mean(b.Runs, func(x eRun) float64 { return x.ShareBefore })),
@@ -715,11 +796,6 @@ func (s *scenarioE) print(w io.Writer) {
 		}
 		fmt.Fprintf(w, "ratio ours/%-5s  %s\n", other, strings.Join(parts, "; "))
 	}
-	fmt.Fprintf(w, "notes: every limiter is set to the quota the provider documents (ours and naive: oursLimits, a bucket of quota per window until throttle.Window; sleep: redis_rate, the same).\n")
-	fmt.Fprintf(w, "       throughput / quota = calls the provider admitted in the measured span / what its quota allows in it; measured from %v after the start, over whole windows (aligned to the provider's clock for fixed windows).\n", s.Warmup)
-	fmt.Fprintln(w, "       429s count every call the provider refused during the run; obeying = from the halving to the provider's last 429 (none in the run's last 2 windows).")
-	fmt.Fprintf(w, "       every run is judged, not only the mean: a run below %.2f of the quota (the IETF provider's before its halving) lost a whole window or more; -e-trace DIR keeps each run's calls, decisions and key state.\n", eRunFloor)
-	fmt.Fprintln(w, "       a run whose harness paused for 0.5 s or more (a busy machine) can fail decisions (1 s WithTimeout); ours and naive then fail closed, deferring tasks 5 s: a throughput dip that is the machine's.")
 }
 
 // plural is "1 round", "5 rounds".

@@ -182,46 +182,12 @@ func slotsOnce(ctx context.Context, e *env, c fCase, variant string, semaRetry t
 	set := newTaskSet(c.Tasks)
 	cnt := newCounters()
 	var led slotLedger
-	handler := func(limitedFunc) asynq.Handler {
-		return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
-			idx, enq, err := parsePayload(t.Payload())
-			if err != nil {
-				return fmt.Errorf("%w: %v", asynq.SkipRetry, err)
-			}
-			start := time.Now()
-			if err := sleepCtx(ctx, c.RunTime); err != nil { // the call to the provider
-				return err
-			}
-			led.add(start, time.Now())
-			set.complete(idx, enq, start)
-			return nil
-		})
-	}
 	spec := fleetSpec{
 		variant: variant, servers: fServers, concurrency: fConcurrency, queue: queue, prefix: prefix,
-		handlers: map[string]func(limitedFunc) asynq.Handler{fKey + ":call": handler},
+		handlers: map[string]func(limitedFunc) asynq.Handler{fKey + ":call": slotsHandler(c.RunTime, set, &led)},
 	}
-	switch variant {
-	case vOurs:
-		l := throttle.NewLimiter(e.ctl, throttle.WithPrefix(prefix))
-		if err := l.SetLimits(ctx, fKey, throttle.PerSecond(100), throttle.InFlight(fSlots)); err != nil {
-			return slotRun{}, err
-		}
-	case fNaive:
-		spec.custom = func(i int, rdb *redis.Client, cfg *asynq.Config) (asynq.MiddlewareFunc, func(), error) {
-			blindConfig(cfg)
-			rng := rand.New(rand.NewPCG(uint64(i), uint64(time.Now().UnixNano())))
-			return blindMiddleware(rdb, prefix+":slots", fSlots, 30*time.Second, rng, cnt), nil, nil
-		}
-	case fSemaphore:
-		spec.custom = func(i int, rdb *redis.Client, cfg *asynq.Config) (asynq.MiddlewareFunc, func(), error) {
-			blindConfig(cfg)
-			sema, err := newAsynqSemaphore(e, semaScope)
-			if err != nil {
-				return nil, nil, err
-			}
-			return semaphoreMiddleware(sema, semaRetry, cnt), func() { _ = sema.Close() }, nil
-		}
+	if err := slotsVariant(ctx, e, &spec, cnt, semaScope, semaRetry); err != nil {
+		return slotRun{}, err
 	}
 	err := enqueue(ctx, e, queue, c.Tasks, func(i int) *asynq.Task {
 		return keyedTask(fKey+":call", payload(i), throttle.Key(fKey))
@@ -247,14 +213,74 @@ func slotsOnce(ctx context.Context, e *env, c fCase, variant string, semaRetry t
 	if err != nil {
 		return slotRun{}, err
 	}
-	first, last, busy, worst := led.summary()
 	r := slotRun{
 		Variant: variant, Case: c.Name, Finished: finished,
-		Busy: busy, WorstInFlight: worst,
 		Deferrals: cnt.denials.Load(), Failed: cnt.failed.Load(),
 		Completed: int(set.done.Load()), Duplicates: set.duplicates(),
 		Left: inspectQueue(e, queue),
 	}
+	r.fromLedger(&led, began)
+	if r.Completed > 0 {
+		r.DeferralsPer = float64(r.Deferrals) / float64(r.Completed)
+		r.ScriptsPerTask = float64(scripts1-scripts0) / float64(r.Completed)
+	}
+	return r, nil
+}
+
+// slotsHandler is scenario F's task: a call to the provider that takes
+// runTime, recorded in led.
+func slotsHandler(runTime time.Duration, set *taskSet, led *slotLedger) func(limitedFunc) asynq.Handler {
+	return func(limitedFunc) asynq.Handler {
+		return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
+			idx, enq, err := parsePayload(t.Payload())
+			if err != nil {
+				return fmt.Errorf("%w: %v", asynq.SkipRetry, err)
+			}
+			start := time.Now()
+			if err := sleepCtx(ctx, runTime); err != nil { // the call to the provider
+				return err
+			}
+			led.add(start, time.Now())
+			set.complete(idx, enq, start)
+			return nil
+		})
+	}
+}
+
+// slotsVariant sets up spec's variant: ours' limits in Redis, or the
+// middleware of the blind-backoff semaphore (naive) or asynq's semaphore
+// (scoped to semaScope, deferring a refused task by semaRetry).
+func slotsVariant(ctx context.Context, e *env, spec *fleetSpec, cnt *counters, semaScope string, semaRetry time.Duration) error {
+	switch spec.variant {
+	case vOurs:
+		l := throttle.NewLimiter(e.ctl, throttle.WithPrefix(spec.prefix))
+		return l.SetLimits(ctx, fKey, throttle.PerSecond(100), throttle.InFlight(fSlots))
+	case fNaive:
+		prefix := spec.prefix
+		spec.custom = func(i int, rdb *redis.Client, cfg *asynq.Config) (asynq.MiddlewareFunc, func(), error) {
+			blindConfig(cfg)
+			rng := rand.New(rand.NewPCG(uint64(i), uint64(time.Now().UnixNano())))
+			return blindMiddleware(rdb, prefix+":slots", fSlots, 30*time.Second, rng, cnt), nil, nil
+		}
+	case fSemaphore:
+		spec.custom = func(i int, rdb *redis.Client, cfg *asynq.Config) (asynq.MiddlewareFunc, func(), error) {
+			blindConfig(cfg)
+			sema, err := newAsynqSemaphore(e, semaScope)
+			if err != nil {
+				return nil, nil, err
+			}
+			return semaphoreMiddleware(sema, semaRetry, cnt), func() { _ = sema.Close() }, nil
+		}
+	}
+	return nil
+}
+
+// fromLedger fills in what the ledger of the handlers' runs says: how busy
+// the slots were, the most in flight at once, and when the runs began and
+// ended (the fleet started at began).
+func (r *slotRun) fromLedger(led *slotLedger, began time.Time) {
+	first, last, busy, worst := led.summary()
+	r.Busy, r.WorstInFlight = busy, worst
 	led.mu.Lock()
 	r.Runs = len(led.spans)
 	led.mu.Unlock()
@@ -262,11 +288,6 @@ func slotsOnce(ctx context.Context, e *env, c fCase, variant string, semaRetry t
 		r.Wall, r.Completion = last.Sub(first), last.Sub(began)
 		r.Utilisation = busy.Seconds() / (fSlots * r.Wall.Seconds())
 	}
-	if r.Completed > 0 {
-		r.DeferralsPer = float64(r.Deferrals) / float64(r.Completed)
-		r.ScriptsPerTask = float64(scripts1-scripts0) / float64(r.Completed)
-	}
-	return r, nil
 }
 
 // blindConfig makes a server of naive or semaphore defer as ours does on

@@ -100,141 +100,167 @@ func runG(ctx context.Context, e *env, w io.Writer) (*scenarioG, error) {
 
 	rdb := e.newClient(256)
 	defer rdb.Close()
-	names := make([]string, s.Keys)
-	for i := range names {
-		names[i] = fmt.Sprintf("slack:T%05d", i)
-	}
-	redisKey := func(name string) string { return s.Prefix + ":{" + name + "}:b" }
-	s.Example = redisKey(names[0])
-	hot := make([]string, 32)
-	for i := range hot {
-		hot[i] = fmt.Sprintf("hot-%02d", i)
-	}
+	k := newGKeys(s.Keys, s.Prefix)
+	s.Example = k.redisKey(k.names[0])
 
 	// Two Limiters, as two processes would have: an operator's that sets the
-	// limits, a worker's that decides. Each warms up on a key of its own, so
-	// that the connection pool and buffers exist before the first heap
-	// figure.
+	// limits, a worker's that decides.
 	op := throttle.NewLimiter(rdb, throttle.WithPrefix(s.Prefix))
 	lim := throttle.NewLimiter(rdb, throttle.WithPrefix(s.Prefix))
-	for _, k := range append([]string{"one"}, hot...) {
-		if err := op.SetLimits(ctx, k, gHotLimits...); err != nil {
-			return s, fmt.Errorf("SetLimits %s: %w", k, err)
-		}
-	}
-	if err := parallel(64, 20_000, func(i int) error {
-		_, err := lim.Take(ctx, hot[i%len(hot)])
-		return err
-	}); err != nil {
+	if err := warmUp(ctx, op, lim, k.hot); err != nil {
 		return s, err
 	}
 	s.Heap0 = heapAfterGC()
-
-	// Idle keys: limits only.
 	used0, err := usedMemory(ctx, rdb)
 	if err != nil {
 		return s, err
 	}
+	if err := s.measureIdle(ctx, rdb, op, k, used0); err != nil {
+		return s, err
+	}
+	if err := s.measureActive(ctx, rdb, lim, k, used0); err != nil {
+		return s, err
+	}
+	if err := s.measureRates(ctx, e, lim, k, slice); err != nil {
+		return s, err
+	}
+	if err := s.measureBusy(ctx, rdb, lim, k); err != nil {
+		return s, err
+	}
+	// Where the bytes go: the same key names and field values written by
+	// hand, one element at a time, on another database.
+	if s.Breakdown, err = breakdown(ctx, e, s, k.names, k.redisKey); err != nil {
+		return s, err
+	}
+	if !s.IdleSkipped {
+		s.waitIdle(ctx)
+	}
+	runtime.KeepAlive(op)
+	runtime.KeepAlive(lim)
+	s.print(w)
+	return s, nil
+}
+
+// gKeys are scenario G's keys: the tenants', the 32 hot ones, and the
+// Redis key of a name under the run's prefix.
+type gKeys struct {
+	names, hot []string
+	redisKey   func(name string) string
+}
+
+func newGKeys(n int, prefix string) gKeys {
+	k := gKeys{names: make([]string, n), hot: make([]string, 32)}
+	for i := range k.names {
+		k.names[i] = fmt.Sprintf("slack:T%05d", i)
+	}
+	for i := range k.hot {
+		k.hot[i] = fmt.Sprintf("hot-%02d", i)
+	}
+	k.redisKey = func(name string) string { return prefix + ":{" + name + "}:b" }
+	return k
+}
+
+// warmUp sets the hot keys' limits and decides on them, each Limiter on
+// keys of its own, so that the connection pool and buffers exist before
+// the first heap figure.
+func warmUp(ctx context.Context, op, lim *throttle.Limiter, hot []string) error {
+	for _, k := range append([]string{"one"}, hot...) {
+		if err := op.SetLimits(ctx, k, gHotLimits...); err != nil {
+			return fmt.Errorf("SetLimits %s: %w", k, err)
+		}
+	}
+	return parallel(64, 20_000, func(i int) error {
+		_, err := lim.Take(ctx, hot[i%len(hot)])
+		return err
+	})
+}
+
+// measureIdle sets every tenant key's limits and measures what an idle key
+// (limits only) costs, from used_memory at used0.
+func (s *scenarioG) measureIdle(ctx context.Context, rdb *redis.Client, op *throttle.Limiter, k gKeys, used0 int64) error {
 	start := time.Now()
-	if err := parallel(64, s.Keys, func(i int) error { return op.SetLimits(ctx, names[i], gTenantLimits...) }); err != nil {
-		return s, fmt.Errorf("SetLimits: %w", err)
+	if err := parallel(64, s.Keys, func(i int) error { return op.SetLimits(ctx, k.names[i], gTenantLimits...) }); err != nil {
+		return fmt.Errorf("SetLimits: %w", err)
 	}
 	s.SetLimitsTime = time.Since(start)
 	s.HeapOp = heapAfterGC()
 	used1, err := usedMemory(ctx, rdb)
 	if err != nil {
-		return s, err
+		return err
 	}
 	s.IdleInfo = float64(used1-used0) / float64(s.Keys)
-	s.IdleUsage, s.IdleEnc, err = memoryUsage(ctx, rdb, sampleKeys(names[:], s.Sample, redisKey))
+	s.IdleUsage, s.IdleEnc, err = memoryUsage(ctx, rdb, sampleKeys(k.names[:], s.Sample, k.redisKey))
 	if err != nil {
-		return s, err
+		return err
 	}
-	if s.IdleFields, err = rdb.HGetAll(ctx, redisKey(names[0])).Result(); err != nil {
-		return s, err
+	if s.IdleFields, err = rdb.HGetAll(ctx, k.redisKey(k.names[0])).Result(); err != nil {
+		return err
 	}
 	progress("G: limits on %d keys in %v: %.0f B/key (INFO), %.0f B/key (MEMORY USAGE)", s.Keys, s.SetLimitsTime.Round(time.Millisecond), s.IdleInfo, s.IdleUsage)
+	return nil
+}
 
-	// Active keys: one decision each writes the bucket state.
-	start = time.Now()
+// measureActive makes one decision on each tenant key, which writes its
+// bucket state, and measures what an active key costs.
+func (s *scenarioG) measureActive(ctx context.Context, rdb *redis.Client, lim *throttle.Limiter, k gKeys, used0 int64) error {
+	start := time.Now()
 	var refused atomic.Int64
 	if err := parallel(64, s.Keys, func(i int) error {
-		d, err := lim.Take(ctx, names[i])
+		d, err := lim.Take(ctx, k.names[i])
 		if err == nil && !d.Allowed {
 			refused.Add(1)
 		}
 		return err
 	}); err != nil {
-		return s, fmt.Errorf("Take: %w", err)
+		return fmt.Errorf("Take: %w", err)
 	}
 	s.TakeTime = time.Since(start)
 	if refused.Load() > 0 {
-		return s, fmt.Errorf("%d first decisions refused", refused.Load())
+		return fmt.Errorf("%d first decisions refused", refused.Load())
 	}
 	s.HeapLive = heapAfterGC()
 	used2, err := usedMemory(ctx, rdb)
 	if err != nil {
-		return s, err
+		return err
 	}
 	s.ActiveInfo = float64(used2-used0) / float64(s.Keys)
-	s.ActiveUsage, s.ActiveEnc, err = memoryUsage(ctx, rdb, sampleKeys(names, s.Sample, redisKey))
+	s.ActiveUsage, s.ActiveEnc, err = memoryUsage(ctx, rdb, sampleKeys(k.names, s.Sample, k.redisKey))
 	if err != nil {
-		return s, err
+		return err
 	}
-	if s.ActiveField, err = rdb.HGetAll(ctx, redisKey(names[0])).Result(); err != nil {
-		return s, err
+	if s.ActiveField, err = rdb.HGetAll(ctx, k.redisKey(k.names[0])).Result(); err != nil {
+		return err
 	}
 	progress("G: one decision on each key in %v: %.0f B/key (INFO), %.0f B/key (MEMORY USAGE)", s.TakeTime.Round(time.Millisecond), s.ActiveInfo, s.ActiveUsage)
+	return nil
+}
 
-	// Decisions/s: one key, 32 keys (one per goroutine of 32), all keys in
-	// turn; alternating slices, so that outside load hits all alike. It runs
-	// within a minute of the decisions above, so the worker's Limiter still
-	// knows every key (a key it forgot costs one migration check again).
-	variants := []struct {
-		name string
-		key  func(g int, n int64) string
-	}{
+// gVariant is a way of spreading decisions over keys: key names the key of
+// goroutine g's n-th decision.
+type gVariant struct {
+	name string
+	key  func(g int, n int64) string
+}
+
+// measureRates measures decisions/s on one key, 32 keys (one per goroutine
+// of 32) and all keys in turn, in alternating slices, so that outside load
+// hits all alike. It runs within a minute of the decisions above, so the
+// worker's Limiter still knows every key (a key it forgot costs one
+// migration check again).
+func (s *scenarioG) measureRates(ctx context.Context, e *env, lim *throttle.Limiter, k gKeys, slice time.Duration) error {
+	variants := []gVariant{
 		{"one key", func(int, int64) string { return "one" }},
-		{"32 keys", func(g int, _ int64) string { return hot[g%len(hot)] }},
-		{fmt.Sprintf("%d keys", s.Keys), func(_ int, n int64) string { return names[n%int64(len(names))] }},
+		{"32 keys", func(g int, _ int64) string { return k.hot[g%len(k.hot)] }},
+		{fmt.Sprintf("%d keys", s.Keys), func(_ int, n int64) string { return k.names[n%int64(len(k.names))] }},
 	}
 	var next atomic.Int64
 	for _, g := range []int{1, 32} {
 		runs := make([]gRun, len(variants))
 		for round := range cRounds {
 			for i := range variants {
-				k := (i + round) % len(variants)
-				v := variants[k]
-				cpu0, err := redisCPU(ctx, e.ctl)
-				if err != nil {
-					return s, err
-				}
-				st0, err := commandStats(ctx, e.ctl)
-				if err != nil {
-					return s, err
-				}
-				r := measureKeyed(g, slice, func(g int) (bool, error) {
-					d, err := lim.Take(ctx, v.key(g, next.Add(1)))
-					return d.Allowed, err
-				})
-				cpu1, err := redisCPU(ctx, e.ctl)
-				if err != nil {
-					return s, err
-				}
-				st1, err := commandStats(ctx, e.ctl)
-				if err != nil {
-					return s, err
-				}
-				runs[k].Variant, runs[k].Goroutines = v.name, g
-				runs[k].Decisions += r.Decisions
-				runs[k].Errors += r.Errors
-				runs[k].Refused += r.Refused
-				runs[k].Elapsed += r.Elapsed
-				runs[k].CPUPerDec += time.Duration((cpu1 - cpu0) * float64(time.Second))
-				runs[k].Migrations += st1["exists"].calls - st0["exists"].calls
-				for _, c := range []string{"fcall", "evalsha", "eval"} {
-					runs[k].ScriptRuns += st1[c].calls - st0[c].calls
-					runs[k].ScriptUsec += st1[c].usec - st0[c].usec
+				j := (i + round) % len(variants)
+				if err := runs[j].measure(ctx, e, lim, variants[j], g, slice, &next); err != nil {
+					return err
 				}
 			}
 		}
@@ -247,52 +273,115 @@ func runG(ctx context.Context, e *env, w io.Writer) (*scenarioG, error) {
 			progress("G: %s, %d goroutines: %.0f decisions/s", r.Variant, r.Goroutines, r.PerSec)
 		}
 	}
+	return nil
+}
 
-	// Busy keys: a key whose minute tier owes more writes a longer T.
-	busy := names[len(names)-s.BusySample:]
+// measure adds to r one slice of decisions by g goroutines spread over keys
+// as v says, and the Redis CPU and commands they cost. next counts the
+// decisions of every slice.
+func (r *gRun) measure(ctx context.Context, e *env, lim *throttle.Limiter, v gVariant, g int, slice time.Duration, next *atomic.Int64) error {
+	before, err := redisStats(ctx, e)
+	if err != nil {
+		return err
+	}
+	m := measureKeyed(g, slice, func(g int) (bool, error) {
+		d, err := lim.Take(ctx, v.key(g, next.Add(1)))
+		return d.Allowed, err
+	})
+	after, err := redisStats(ctx, e)
+	if err != nil {
+		return err
+	}
+	r.Variant, r.Goroutines = v.name, g
+	r.Decisions += m.Decisions
+	r.Errors += m.Errors
+	r.Refused += m.Refused
+	r.Elapsed += m.Elapsed
+	r.CPUPerDec += time.Duration((after.cpu - before.cpu) * float64(time.Second))
+	r.Migrations += after.cmds["exists"].calls - before.cmds["exists"].calls
+	for _, c := range []string{"fcall", "evalsha", "eval"} {
+		r.ScriptRuns += after.cmds[c].calls - before.cmds[c].calls
+		r.ScriptUsec += after.cmds[c].usec - before.cmds[c].usec
+	}
+	return nil
+}
+
+// measureBusy measures busy keys: a key whose minute tier owes more writes
+// a longer T.
+func (s *scenarioG) measureBusy(ctx context.Context, rdb *redis.Client, lim *throttle.Limiter, k gKeys) error {
+	busy := k.names[len(k.names)-s.BusySample:]
 	if err := parallel(64, len(busy), func(i int) error {
 		_, err := lim.TakeN(ctx, busy[i], 20)
 		return err
 	}); err != nil {
-		return s, fmt.Errorf("TakeN: %w", err)
+		return fmt.Errorf("TakeN: %w", err)
 	}
-	s.BusyUsage, s.BusyEnc, err = memoryUsage(ctx, rdb, sampleKeys(busy, len(busy), redisKey))
+	var err error
+	s.BusyUsage, s.BusyEnc, err = memoryUsage(ctx, rdb, sampleKeys(busy, len(busy), k.redisKey))
 	if err != nil {
-		return s, err
+		return err
 	}
-	if s.BusyT, err = rdb.HGet(ctx, redisKey(busy[0]), "T").Result(); err != nil {
-		return s, err
-	}
+	s.BusyT, err = rdb.HGet(ctx, k.redisKey(busy[0]), "T").Result()
+	return err
+}
 
-	// Where the bytes go: the same key names and field values written by
-	// hand, one element at a time, on another database.
-	if s.Breakdown, err = breakdown(ctx, e, s, names, redisKey); err != nil {
-		return s, err
-	}
-
-	// Process memory once the keys go idle: a Limiter forgets a key a
-	// minute after its last use, at its next sweep (every minute).
-	if !s.IdleSkipped {
-		progress("G: waiting up to 150s for both Limiters to forget the idle keys")
-		start = time.Now()
-		target := s.Heap0 + (s.HeapLive-s.Heap0)/10
-		for {
-			s.HeapIdle = heapAfterGC()
-			if s.HeapIdle <= target {
-				s.IdleSwept = true
-				break
-			}
-			if time.Since(start) > 150*time.Second || ctx.Err() != nil {
-				break
-			}
-			time.Sleep(5 * time.Second)
+// waitIdle measures the process's memory once the keys go idle: a Limiter
+// forgets a key a minute after its last use, at its next sweep (every
+// minute).
+func (s *scenarioG) waitIdle(ctx context.Context) {
+	progress("G: waiting up to 150s for both Limiters to forget the idle keys")
+	start := time.Now()
+	target := s.Heap0 + (s.HeapLive-s.Heap0)/10
+	for {
+		s.HeapIdle = heapAfterGC()
+		if s.HeapIdle <= target {
+			s.IdleSwept = true
+			break
 		}
-		s.IdleWait = time.Since(start)
+		if time.Since(start) > 150*time.Second || ctx.Err() != nil {
+			break
+		}
+		time.Sleep(5 * time.Second)
 	}
-	runtime.KeepAlive(op)
-	runtime.KeepAlive(lim)
-	s.print(w)
-	return s, nil
+	s.IdleWait = time.Since(start)
+}
+
+// memStep is one element the breakdown writes to every key: cmd writes it
+// to the i-th.
+type memStep struct {
+	what, note string
+	cmd        func(p redis.Pipeliner, i int)
+}
+
+// measureSteps empties c's database, writes each step to n keys in turn,
+// and reports what each step adds to used_memory per key.
+func measureSteps(ctx context.Context, c *redis.Client, n int, steps ...memStep) ([]memRow, error) {
+	if err := c.FlushDB(ctx).Err(); err != nil {
+		return nil, err
+	}
+	var rows []memRow
+	prev, err := usedMemory(ctx, c)
+	if err != nil {
+		return nil, err
+	}
+	for _, st := range steps {
+		for lo := 0; lo < n; lo += 1000 {
+			p := c.Pipeline()
+			for i := lo; i < min(lo+1000, n); i++ {
+				st.cmd(p, i)
+			}
+			if _, err := p.Exec(ctx); err != nil {
+				return nil, fmt.Errorf("%s: %w", st.what, err)
+			}
+		}
+		used, err := usedMemory(ctx, c)
+		if err != nil {
+			return nil, err
+		}
+		rows = append(rows, memRow{What: st.what, PerKey: float64(used-prev) / float64(n), Note: st.note})
+		prev = used
+	}
+	return rows, nil
 }
 
 // parallel runs fn(0..n-1) on g goroutines and returns the first error.
@@ -406,71 +495,40 @@ func breakdown(ctx context.Context, e *env, s *scenarioG, names []string, redisK
 	n := len(names)
 	L, T, busyT := s.IdleFields["L"], s.ActiveField["T"], s.BusyT
 	short := func(name string) string { return "t:{" + name + "}:b" }
-	type step struct {
-		what, note string
-		cmd        func(p redis.Pipeliner, i int)
-	}
-	fresh := func(steps ...step) ([]memRow, error) {
-		if err := c.FlushDB(ctx).Err(); err != nil {
-			return nil, err
-		}
-		var rows []memRow
-		prev, err := usedMemory(ctx, c)
-		if err != nil {
-			return nil, err
-		}
-		for _, st := range steps {
-			for lo := 0; lo < n; lo += 1000 {
-				p := c.Pipeline()
-				for i := lo; i < min(lo+1000, n); i++ {
-					st.cmd(p, i)
-				}
-				if _, err := p.Exec(ctx); err != nil {
-					return nil, fmt.Errorf("%s: %w", st.what, err)
-				}
-			}
-			used, err := usedMemory(ctx, c)
-			if err != nil {
-				return nil, err
-			}
-			rows = append(rows, memRow{What: st.what, PerKey: float64(used-prev) / float64(n), Note: st.note})
-			prev = used
-		}
-		return rows, nil
-	}
+	fresh := func(steps ...memStep) ([]memRow, error) { return measureSteps(ctx, c, n, steps...) }
 	ttl := 7 * 24 * time.Hour
 	rows, err := fresh(
-		step{"key: dict entry, name, a 1-byte string", fmt.Sprintf("%q (%d B)", redisKey(names[0]), len(redisKey(names[0]))),
+		memStep{"key: dict entry, name, a 1-byte string", fmt.Sprintf("%q (%d B)", redisKey(names[0]), len(redisKey(names[0]))),
 			func(p redis.Pipeliner, i int) { p.Set(ctx, redisKey(names[i]), "x", 0) }},
-		step{"  the string -> a hash holding L (listpack)", fmt.Sprintf("L = %q (%d B)", L, len(L)),
+		memStep{"  the string -> a hash holding L (listpack)", fmt.Sprintf("L = %q (%d B)", L, len(L)),
 			func(p redis.Pipeliner, i int) {
 				p.Del(ctx, redisKey(names[i]))
 				p.HSet(ctx, redisKey(names[i]), "L", L)
 			}},
-		step{"  + its TTL (expires dict entry)", "every key expires after WithIdleExpiry",
+		memStep{"  + its TTL (expires dict entry)", "every key expires after WithIdleExpiry",
 			func(p redis.Pipeliner, i int) { p.Expire(ctx, redisKey(names[i]), ttl) }},
-		step{"  + T, the bucket state (active)", fmt.Sprintf("T = %q (%d B)", T, len(T)),
+		memStep{"  + T, the bucket state (active)", fmt.Sprintf("T = %q (%d B)", T, len(T)),
 			func(p redis.Pipeliner, i int) { p.HSet(ctx, redisKey(names[i]), "T", T) }},
-		step{"  T of a busier key (> 64 B: hashtable)", fmt.Sprintf("T = %q (%d B)", busyT, len(busyT)),
+		memStep{"  T of a busier key (> 64 B: hashtable)", fmt.Sprintf("T = %q (%d B)", busyT, len(busyT)),
 			func(p redis.Pipeliner, i int) { p.HSet(ctx, redisKey(names[i]), "T", busyT) }},
 	)
 	if err != nil {
 		return nil, err
 	}
 	alt, err := fresh(
-		step{"the three steps above at once, shorter name", fmt.Sprintf("%q (%d B)", short(names[0]), len(short(names[0]))),
+		memStep{"the three steps above at once, shorter name", fmt.Sprintf("%q (%d B)", short(names[0]), len(short(names[0]))),
 			func(p redis.Pipeliner, i int) {
 				p.HSet(ctx, short(names[i]), "L", L)
 				p.Expire(ctx, short(names[i]), ttl)
 			}},
-		step{"  + T", "",
+		memStep{"  + T", "",
 			func(p redis.Pipeliner, i int) { p.HSet(ctx, short(names[i]), "T", T) }},
 	)
 	if err != nil {
 		return nil, err
 	}
 	noTTL, err := fresh(
-		step{"the first two steps at once (no TTL)", "", func(p redis.Pipeliner, i int) { p.HSet(ctx, redisKey(names[i]), "L", L) }},
+		memStep{"the first two steps at once (no TTL)", "", func(p redis.Pipeliner, i int) { p.HSet(ctx, redisKey(names[i]), "L", L) }},
 	)
 	if err != nil {
 		return nil, err

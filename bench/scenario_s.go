@@ -95,60 +95,109 @@ func runS(ctx context.Context, e *env, w io.Writer) (*scenarioS, error) {
 		return s, err
 	}
 
-	start := time.Now()
-	startUS := start.UnixMicro()
-	since := func(t time.Time) float64 { return t.Sub(start).Seconds() }
-	var (
-		mu        sync.Mutex
-		adm       []admission
-		refused   atomic.Int64
-		stop      atomic.Bool
-		wg        sync.WaitGroup
-		errKinds  sync.Map // kind -> *atomic.Int64
-		decisions atomic.Int64
-	)
-	countErr := func(err error) {
-		kind := "other: " + err.Error()
-		switch {
-		case errors.Is(err, context.DeadlineExceeded):
-			kind = "timeout"
-		case strings.Contains(err.Error(), "NOSCRIPT"), strings.Contains(err.Error(), "Function not found"):
-			kind = "script missing"
-		}
-		v, _ := errKinds.LoadOrStore(kind, new(atomic.Int64))
-		v.(*atomic.Int64).Add(1)
+	load := &soakLoad{start: time.Now()}
+	load.run(ctx, lims, key, s.Goroutines)
+	runErr := s.timeline(ctx, e, op, key, load.start)
+	load.end()
+	if runErr != nil {
+		return s, runErr
 	}
-	for _, lim := range lims {
-		for range s.Goroutines {
-			wg.Go(func() {
-				var mine []admission
-				for !stop.Load() {
-					sent := time.Now()
-					d, err := lim.Take(ctx, key)
-					got := time.Now()
-					decisions.Add(1)
-					switch {
-					case err != nil:
-						countErr(err)
-						time.Sleep(10 * time.Millisecond)
-					case d.Allowed:
-						mine = append(mine, admission{t: (since(sent) + since(got)) / 2, w: got.Sub(sent).Seconds()})
-					default:
-						refused.Add(1)
-						// A caller that waits as told (at most 100 ms, so that
-						// a suspension is polled), with some jitter.
-						wait := min(d.RetryAfter, 100*time.Millisecond)
-						time.Sleep(wait + time.Duration(rand.Int64N(int64(wait)/10+1)))
-					}
-				}
-				mu.Lock()
-				adm = append(adm, mine...)
-				mu.Unlock()
-			})
-		}
+	st1, err := commandStats(ctx, e.ctl)
+	if err != nil {
+		return s, err
 	}
+	for _, c := range []string{"fcall", "evalsha", "eval"} {
+		s.ScriptRuns += st1[c].calls - st0[c].calls
+	}
+	s.Decision = load.decisions.Load()
+	s.Admitted, s.Refused = int64(len(load.adm)), load.refused.Load()
+	load.errKinds.Range(func(k, v any) bool { s.Errors[k.(string)] = v.(*atomic.Int64).Load(); return true })
+	writes, lines := mon.stop()
+	monitoring = false
+	exact, err := s.replay(writes, lines, load.start.UnixMicro())
+	if err != nil {
+		return s, err
+	}
+	s.check(exact, load.adm)
+	s.print(w)
+	return s, nil
+}
 
-	// The timeline, as fractions of the run.
+// soakLoad is the callers of the soak: goroutines that take from one key
+// until stopped, each as a caller that waits as told, and what they got.
+type soakLoad struct {
+	start     time.Time
+	mu        sync.Mutex
+	adm       []admission // on the callers' clock: brackets' midpoints and widths
+	refused   atomic.Int64
+	stop      atomic.Bool
+	wg        sync.WaitGroup
+	errKinds  sync.Map // kind -> *atomic.Int64
+	decisions atomic.Int64
+}
+
+func (l *soakLoad) since(t time.Time) float64 { return t.Sub(l.start).Seconds() }
+
+// run starts n callers on each Limiter.
+func (l *soakLoad) run(ctx context.Context, lims []*throttle.Limiter, key string, n int) {
+	for _, lim := range lims {
+		for range n {
+			l.wg.Go(func() { l.call(ctx, lim, key) })
+		}
+	}
+}
+
+// call takes from key until the load stops.
+func (l *soakLoad) call(ctx context.Context, lim *throttle.Limiter, key string) {
+	var mine []admission
+	for !l.stop.Load() {
+		sent := time.Now()
+		d, err := lim.Take(ctx, key)
+		got := time.Now()
+		l.decisions.Add(1)
+		switch {
+		case err != nil:
+			l.countErr(err)
+			time.Sleep(10 * time.Millisecond)
+		case d.Allowed:
+			mine = append(mine, admission{t: (l.since(sent) + l.since(got)) / 2, w: got.Sub(sent).Seconds()})
+		default:
+			l.refused.Add(1)
+			// A caller that waits as told (at most 100 ms, so that
+			// a suspension is polled), with some jitter.
+			wait := min(d.RetryAfter, 100*time.Millisecond)
+			time.Sleep(wait + time.Duration(rand.Int64N(int64(wait)/10+1)))
+		}
+	}
+	l.mu.Lock()
+	l.adm = append(l.adm, mine...)
+	l.mu.Unlock()
+}
+
+// countErr counts an error by its kind.
+func (l *soakLoad) countErr(err error) {
+	kind := "other: " + err.Error()
+	switch {
+	case errors.Is(err, context.DeadlineExceeded):
+		kind = "timeout"
+	case strings.Contains(err.Error(), "NOSCRIPT"), strings.Contains(err.Error(), "Function not found"):
+		kind = "script missing"
+	}
+	v, _ := l.errKinds.LoadOrStore(kind, new(atomic.Int64))
+	v.(*atomic.Int64).Add(1)
+}
+
+// end stops the callers and waits for them.
+func (l *soakLoad) end() {
+	l.stop.Store(true)
+	l.wg.Wait()
+}
+
+// timeline does to the key and the server what the soak does, each at its
+// fraction of the run from start, records it in s.Events, and waits for the
+// end of the run.
+func (s *scenarioS) timeline(ctx context.Context, e *env, op *throttle.Limiter, key string, start time.Time) error {
+	since := func(t time.Time) float64 { return t.Sub(start).Seconds() }
 	at := func(f float64) time.Time { return start.Add(time.Duration(f * float64(s.Duration))) }
 	do := func(when time.Time, what string, fn func() error) error {
 		select {
@@ -177,44 +226,31 @@ func runS(ctx context.Context, e *env, w io.Writer) (*scenarioS, error) {
 		}},
 		{0.65, "SetLimits " + limitsString(soakPhases[2]) + " (lower)", func() error { return op.SetLimits(ctx, key, soakPhases[2]...) }},
 	}
-	var runErr error
 	for _, st := range steps {
-		if runErr = do(at(st.f), st.what, st.fn); runErr != nil {
-			break
+		if err := do(at(st.f), st.what, st.fn); err != nil {
+			return err
 		}
 	}
-	if runErr == nil {
-		select {
-		case <-time.After(time.Until(at(1))):
-		case <-ctx.Done():
-			runErr = ctx.Err()
-		}
+	select {
+	case <-time.After(time.Until(at(1))):
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
 	}
-	stop.Store(true)
-	wg.Wait()
-	if runErr != nil {
-		return s, runErr
-	}
-	st1, err := commandStats(ctx, e.ctl)
-	if err != nil {
-		return s, err
-	}
-	for _, c := range []string{"fcall", "evalsha", "eval"} {
-		s.ScriptRuns += st1[c].calls - st0[c].calls
-	}
-	s.Decision = decisions.Load()
-	s.Admitted, s.Refused = int64(len(adm)), refused.Load()
-	errKinds.Range(func(k, v any) bool { s.Errors[k.(string)] = v.(*atomic.Int64).Load(); return true })
-	writes, lines := mon.stop()
-	monitoring = false
+}
+
+// replay reads the admissions, the changes of limits and the suspension
+// back from the bucket's state writes (MONITOR), on the Redis clock, in
+// seconds since startUS, and returns the admissions' exact times.
+func (s *scenarioS) replay(writes []stateWrite, lines int, startUS int64) ([]admission, error) {
 	rp, err := admissionsFromWrites(writes)
 	if err != nil {
-		return s, fmt.Errorf("replaying the state writes: %w", err)
+		return nil, fmt.Errorf("replaying the state writes: %w", err)
 	}
 	s.MonitorLines, s.StateWrites, s.Disagree = lines, len(writes), rp.disagree
 	s.Replayed = int64(len(rp.admitted))
 	if len(rp.changes) != len(soakPhases) || len(rp.suspend) != 1 {
-		return s, fmt.Errorf("MONITOR saw %d SetLimits and %d suspensions, want %d and 1", len(rp.changes), len(rp.suspend), len(soakPhases))
+		return nil, fmt.Errorf("MONITOR saw %d SetLimits and %d suspensions, want %d and 1", len(rp.changes), len(rp.suspend), len(soakPhases))
 	}
 	rel := func(us int64) float64 { return float64(us-startUS) / 1e6 }
 	exact := make([]admission, len(rp.admitted))
@@ -224,34 +260,16 @@ func runS(ctx context.Context, e *env, w io.Writer) (*scenarioS, error) {
 	s.Changes = []float64{rel(rp.changes[1]), rel(rp.changes[2])}
 	// The suspension began at the script's TIME: its end less its length.
 	s.Suspended = [2]float64{rel(rp.suspend[0][1] - s.Suspension.Microseconds()), rel(rp.suspend[0][1])}
+	return exact, nil
+}
 
-	// The check, on the exact times; and on the callers' brackets, as a
-	// cross-check that needs no MONITOR.
-	ev := func(prefix string) soakEvent {
-		return *find(s.Events, func(e soakEvent) bool { return strings.HasPrefix(e.What, prefix) })
-	}
-	raise, lower := ev("SetLimits "+limitsString(soakPhases[1])), ev("SetLimits "+limitsString(soakPhases[2]))
-	schedule := func(tier int, exactTimes bool) tierSchedule {
-		sch := tierSchedule{name: fmt.Sprintf("tier %d (per %v)", tier+1, soakPhases[0][tier].Per)}
-		for k, phase := range soakPhases {
-			l := phase[tier]
-			step := tierStep{rate: float64(l.N) / l.Per.Seconds(), burst: float64(l.Burst)}
-			switch {
-			case k == 0:
-			case exactTimes:
-				step.at, step.late = s.Changes[k-1], s.Changes[k-1]
-			case k == 1:
-				step.at, step.late = raise.Sent, raise.Replied
-			default:
-				step.at, step.late = lower.Sent, lower.Replied
-			}
-			sch.steps = append(sch.steps, step)
-		}
-		return sch
-	}
+// check checks every window of each tier on the exact times, and on the
+// callers' brackets as a cross-check that needs no MONITOR; and counts the
+// admissions of each phase and in the suspension.
+func (s *scenarioS) check(exact, brackets []admission) {
 	for tier := range 2 {
-		s.Tiers = append(s.Tiers, worstWindow(exact, schedule(tier, true)))
-		s.Brackets = append(s.Brackets, worstWindow(adm, schedule(tier, false)))
+		s.Tiers = append(s.Tiers, worstWindow(exact, s.schedule(tier, true)))
+		s.Brackets = append(s.Brackets, worstWindow(brackets, s.schedule(tier, false)))
 	}
 	s.AdmittedPerPhase = make([]int, 3)
 	for _, a := range exact {
@@ -267,8 +285,8 @@ func runS(ctx context.Context, e *env, w io.Writer) (*scenarioS, error) {
 			s.AdmittedPerPhase[2]++
 		}
 	}
-	widths := make([]float64, len(adm))
-	for i, a := range adm {
+	widths := make([]float64, len(brackets))
+	for i, a := range brackets {
 		widths[i] = a.w
 	}
 	slices.Sort(widths)
@@ -276,8 +294,31 @@ func runS(ctx context.Context, e *env, w io.Writer) (*scenarioS, error) {
 		sec := func(f float64) time.Duration { return time.Duration(f * float64(time.Second)) }
 		s.WidthP50, s.WidthP99, s.WidthMax = sec(widths[n/2]), sec(widths[n*99/100]), sec(widths[n-1])
 	}
-	s.print(w)
-	return s, nil
+}
+
+// schedule is a tier's limits over the run: changed at the exact times
+// MONITOR saw, or within the brackets of the SetLimits calls.
+func (s *scenarioS) schedule(tier int, exactTimes bool) tierSchedule {
+	ev := func(prefix string) soakEvent {
+		return *find(s.Events, func(e soakEvent) bool { return strings.HasPrefix(e.What, prefix) })
+	}
+	raise, lower := ev("SetLimits "+limitsString(soakPhases[1])), ev("SetLimits "+limitsString(soakPhases[2]))
+	sch := tierSchedule{name: fmt.Sprintf("tier %d (per %v)", tier+1, soakPhases[0][tier].Per)}
+	for k, phase := range soakPhases {
+		l := phase[tier]
+		step := tierStep{rate: float64(l.N) / l.Per.Seconds(), burst: float64(l.Burst)}
+		switch {
+		case k == 0:
+		case exactTimes:
+			step.at, step.late = s.Changes[k-1], s.Changes[k-1]
+		case k == 1:
+			step.at, step.late = raise.Sent, raise.Replied
+		default:
+			step.at, step.late = lower.Sent, lower.Replied
+		}
+		sch.steps = append(sch.steps, step)
+	}
+	return sch
 }
 
 // limitsString writes limits as the CLI does: "100/s:burst=20 4800/m:burst=400".

@@ -7,14 +7,14 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-func TestMonitorArgs(t *testing.T) {
+func TestMonitorArgsSplitsAQuotedLine(t *testing.T) {
 	line := `1796061319.070809 [0 lua] "HSET" "throttle:{soak}:b" "T" "1796061319070809 0 0 1000:1000000" "D" "a \"q\""` + "\r\n"
 	assert.Equal(t, []string{"HSET", "throttle:{soak}:b", "T", "1796061319070809 0 0 1000:1000000", "D", `a "q"`}, monitorArgs(line))
 }
 
 // Two tiers: 100/s burst 20 and 4800/min burst 400. The replay counts the
 // calls each write admitted from what every tier owes.
-func TestAdmissionsFromWrites(t *testing.T) {
+func TestAdmissionsAreCountedFromStateWrites(t *testing.T) {
 	writes := []stateWrite{
 		{at: 10, L: "100/1000/20 4800/60000/400 #1", hasL: true},
 		{T: "1000000 0 0 1000:1000000 60000:60000000", hasT: true},  // 1 call

@@ -14,7 +14,7 @@ import (
 // at is a fixed instant on a whole second, so that windows align with it.
 var at = time.Unix(1_796_040_000, 0)
 
-func TestWindowModelGitHub(t *testing.T) {
+func TestWindowModelAnswersLikeGitHub(t *testing.T) {
 	m := &windowModel{n: 3, w: 2 * time.Second}
 	for i := range 3 {
 		h := http.Header{}
@@ -30,7 +30,7 @@ func TestWindowModelGitHub(t *testing.T) {
 	assert.True(t, m.serve(at.Add(2*time.Second), http.Header{}), "the next window")
 }
 
-func TestWindowModelIETFHalves(t *testing.T) {
+func TestWindowModelHalvesItsIETFQuota(t *testing.T) {
 	m := &windowModel{n: 4, w: time.Second, ietf: true, halveAt: at.Add(time.Second)}
 	h := http.Header{}
 	require.True(t, m.serve(at.Add(300*time.Millisecond), h))
@@ -78,7 +78,7 @@ func TestSlidingModelNeverExceeds(t *testing.T) {
 	}
 }
 
-func TestBucketModel(t *testing.T) {
+func TestBucketModelAdmitsItsBurstThenItsRate(t *testing.T) {
 	m := newBucketModel(10, 5, at)
 	for i := range 5 {
 		require.True(t, m.serve(at, http.Header{}), "burst call %d", i)
@@ -90,7 +90,7 @@ func TestBucketModel(t *testing.T) {
 	assert.False(t, m.serve(at.Add(150*time.Millisecond), http.Header{}))
 }
 
-func TestAnalyzeE(t *testing.T) {
+func TestAnalyzeEMeasuresTheShareOfTheQuota(t *testing.T) {
 	calls := func(every time.Duration, from, to time.Duration) []callRecord {
 		var out []callRecord
 		for d := from; d < to; d += every {
@@ -146,7 +146,7 @@ func TestAnalyzeE(t *testing.T) {
 	assert.InDelta(t, 1.0, r.ShareAfter, 0.02)
 }
 
-func TestAlignedWindows(t *testing.T) {
+func TestAlignedWindowsSpanWholeWindowsOnly(t *testing.T) {
 	a, b := alignedWindows(at.Add(300*time.Millisecond), at.Add(7900*time.Millisecond), 2*time.Second)
 	assert.Equal(t, at.Add(2*time.Second), a)
 	assert.Equal(t, at.Add(6*time.Second), b)

@@ -31,7 +31,7 @@ func bucketAdmissions(s tierSchedule, until float64) []admission {
 	return out
 }
 
-func TestWorstWindow(t *testing.T) {
+func TestWorstWindowFindsAnyAdmissionAboveTheBound(t *testing.T) {
 	steady := tierSchedule{name: "1s", steps: []tierStep{{rate: 100, burst: 20}}}
 	changing := tierSchedule{name: "1s", steps: []tierStep{
 		// Each change is known to within 1 ms, the simulation's step.
@@ -73,7 +73,7 @@ func TestWorstWindow(t *testing.T) {
 	assert.Less(t, r.Certain, r.Excess, "%+v", r)
 }
 
-func TestTierScheduleIntegral(t *testing.T) {
+func TestTierScheduleCountsARaiseEarlyAndALoweringLate(t *testing.T) {
 	s := tierSchedule{steps: []tierStep{{rate: 100, burst: 20}, {at: 1, late: 1.5, rate: 200, burst: 40}, {at: 3, late: 3.5, rate: 50, burst: 10}}}
 	assert.InDelta(t, 100.0, s.integral(1), 1e-9, "before the raise")
 	assert.InDelta(t, 300.0, s.integral(2), 1e-9, "a raise counts from its earliest moment")

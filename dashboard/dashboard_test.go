@@ -70,7 +70,7 @@ func post(t *testing.T, url, body string, pageHeader bool, extra ...string) (int
 
 // The page and its assets are served under the prefix, with nothing
 // fetched from elsewhere.
-func TestServesEmbeddedPage(t *testing.T) {
+func TestPageIsServedFromTheEmbeddedAssets(t *testing.T) {
 	rdb := redistest.Start(t).Client(t)
 	srv := mount(t, dashboard.New(throttle.NewLimiter(rdb), dashboard.WithTitle("fleet limits")))
 
@@ -111,7 +111,7 @@ func TestServesEmbeddedPage(t *testing.T) {
 
 // api/keys shows every key's state and the decisions its Limiter's
 // middleware made in this process.
-func TestAPIKeys(t *testing.T) {
+func TestAPIKeysShowsStateAndDecisions(t *testing.T) {
 	ctx := context.Background()
 	rdb := redistest.Start(t).Client(t)
 	lim := throttle.NewLimiter(rdb)
@@ -185,7 +185,7 @@ func TestAPIKeys(t *testing.T) {
 
 // Actions are refused in read-only mode (the default) and without the
 // page's header or from another origin; allowed, they change Redis.
-func TestActions(t *testing.T) {
+func TestActionsNeedWritableModeAndTheSameOrigin(t *testing.T) {
 	ctx := context.Background()
 	rdb := redistest.Start(t).Client(t)
 	lim := throttle.NewLimiter(rdb)
@@ -253,9 +253,9 @@ func TestActions(t *testing.T) {
 	assert.Equal(t, []throttle.Limit{throttle.Window(5000, time.Hour), throttle.InFlight(4)}, st.Limits)
 }
 
-// TestAPIKeysInForce: a key cut by adaptive mode after a 429 shows the
+// TestAPIKeysShowsTheLimitInForce: a key cut by adaptive mode after a 429 shows the
 // limit in force beside the configured one, and its burst in force.
-func TestAPIKeysInForce(t *testing.T) {
+func TestAPIKeysShowsTheLimitInForce(t *testing.T) {
 	ctx := context.Background()
 	rdb := redistest.Start(t).Client(t)
 	lim := throttle.NewLimiter(rdb)
@@ -286,7 +286,7 @@ func TestAPIKeysInForce(t *testing.T) {
 // rebinding) sends that name as Host and as Origin, so the same-origin
 // check passes: the Host check refuses it, for actions and reads alike.
 // Issue 20 (D4) observed this POST suspend the key for an hour.
-func TestRefusesRebindingHost(t *testing.T) {
+func TestRebindingHostIsRefused(t *testing.T) {
 	ctx := context.Background()
 	rdb := redistest.Start(t).Client(t)
 	lim := throttle.NewLimiter(rdb)
@@ -333,7 +333,7 @@ func TestRefusesRebindingHost(t *testing.T) {
 // The Host check: localhost and IP addresses by default, the names given
 // to WithAllowedHosts besides, compared without case, port or final dot;
 // nothing else, not even names under .localhost.
-func TestAllowedHosts(t *testing.T) {
+func TestHostCheckAllowsLocalhostIPsAndNamedHosts(t *testing.T) {
 	lim := throttle.NewLimiter(redistest.Start(t).Client(t))
 	byDefault := dashboard.New(lim)
 	withOps := dashboard.New(lim, dashboard.WithAllowedHosts("ops.example.com", "Dash.Internal:8443"))

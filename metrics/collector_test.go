@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"sort"
 	"strings"
 	"testing"
@@ -34,7 +33,7 @@ var eventMetrics = []string{
 
 // A scripted sequence of events gives exact counters; keys past the cap are
 // folded into "_other" and counted.
-func TestObserveScripted(t *testing.T) {
+func TestScriptedEventsGiveExactCounters(t *testing.T) {
 	c := metrics.New(nil, metrics.WithMaxKeys(2))
 	refused := errors.New("dial tcp 127.0.0.1:1: connect: connection refused")
 	for _, ev := range []throttle.Event{
@@ -129,7 +128,7 @@ func runTask(mw asynq.MiddlewareFunc, task *asynq.Task, h func() error) error {
 
 // The real middleware feeds the collector: a scripted sequence of tasks
 // against a real Redis gives exact counters.
-func TestMiddlewareFeedsCollector(t *testing.T) {
+func TestMiddlewareFeedsTheCollector(t *testing.T) {
 	ctx := context.Background()
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)
@@ -162,7 +161,7 @@ func TestMiddlewareFeedsCollector(t *testing.T) {
 	require.NoError(t, runTask(mw, asynq.NewTask("cleanup", nil), ok))
 	require.NoError(t, runTask(mw, asynq.NewTask("crm:sync", nil), ok))
 	// A Redis that refuses connections: fail closed, deferred by copy.
-	dead := redis.NewClient(&redis.Options{Addr: closedAddr(t), MaxRetries: -1, DialerRetries: 1})
+	dead := redis.NewClient(&redis.Options{Addr: redistest.ClosedAddr(t), MaxRetries: -1, DialerRetries: 1})
 	t.Cleanup(func() { dead.Close() })
 	deadLim := throttle.NewLimiter(dead, quiet, throttle.WithTaskRedis(rdb))
 	deadLim.OnEvent(c.Observe)
@@ -212,22 +211,12 @@ asynq_throttle_keys_folded_total 0
 	assert.Equal(t, uint64(6), histogram(t, c).GetSampleCount())
 }
 
-// closedAddr is a loopback address nothing listens on.
-func closedAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	addr := l.Addr().String()
-	require.NoError(t, l.Close())
-	return addr
-}
-
-func TestErrorClass(t *testing.T) {
+func TestErrorClassSortsRedisErrors(t *testing.T) {
 	ctx := context.Background()
 	rdb := redistest.Start(t).Client(t)
 	replyErr := rdb.Do(ctx, "NOSUCHCOMMAND").Err()
 	require.Error(t, replyErr)
-	dead := redis.NewClient(&redis.Options{Addr: closedAddr(t), MaxRetries: -1, DialerRetries: 1})
+	dead := redis.NewClient(&redis.Options{Addr: redistest.ClosedAddr(t), MaxRetries: -1, DialerRetries: 1})
 	defer dead.Close()
 	refused := dead.Ping(ctx).Err()
 	require.Error(t, refused)
@@ -279,7 +268,7 @@ func gauges(t *testing.T, c prometheus.Collector) map[string]float64 {
 }
 
 // On scrape, the state of every key comes from a real Redis.
-func TestScrapeState(t *testing.T) {
+func TestScrapeReadsEveryKeysStateFromRedis(t *testing.T) {
 	ctx := context.Background()
 	rdb := redistest.Start(t).Client(t)
 	lim := throttle.NewLimiter(rdb)
@@ -354,8 +343,8 @@ func TestScrapeState(t *testing.T) {
 }
 
 // A Redis that is down makes the scrape report state_up 0 and no state.
-func TestScrapeRedisDown(t *testing.T) {
-	dead := redis.NewClient(&redis.Options{Addr: closedAddr(t), MaxRetries: -1, DialerRetries: 1})
+func TestScrapeWithRedisDownReportsStateUp0(t *testing.T) {
+	dead := redis.NewClient(&redis.Options{Addr: redistest.ClosedAddr(t), MaxRetries: -1, DialerRetries: 1})
 	defer dead.Close()
 	g := gauges(t, metrics.New(throttle.NewLimiter(dead), metrics.WithScrapeTimeout(time.Second)))
 	assert.Equal(t, 0.0, g["asynq_throttle_state_up{}"])
@@ -365,7 +354,7 @@ func TestScrapeRedisDown(t *testing.T) {
 // A task refused by slots (its key's one slot in flight is held by a
 // running task) is counted as deferred with reason in_flight, and the
 // scrape shows the slot held, then given back.
-func TestMiddlewareRefusedBySlots(t *testing.T) {
+func TestTaskRefusedBySlotsCountsAsAnInFlightDeferral(t *testing.T) {
 	ctx := context.Background()
 	rdb := redistest.Start(t).Client(t)
 	lim := throttle.NewLimiter(rdb, throttle.WithLogger(slog.New(slog.DiscardHandler)))

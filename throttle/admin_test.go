@@ -18,7 +18,7 @@ import (
 // Keys finds a key by any of its Redis keys (limits, a suspension alone,
 // reservations alone), sorted, only under its own prefix; Delete removes
 // everything of a key.
-func TestKeysAndDelete(t *testing.T) {
+func TestKeysFindsAndDeleteRemovesEveryPartOfAKey(t *testing.T) {
 	ctx := context.Background()
 	rdb := redistest.Start(t).Client(t)
 	lim := throttle.NewLimiter(rdb)
@@ -71,7 +71,7 @@ func TestKeysAndDelete(t *testing.T) {
 }
 
 // On a Cluster, Keys walks every master: 40 keys spread over three.
-func TestKeysCluster(t *testing.T) {
+func TestKeysWalksEveryClusterMaster(t *testing.T) {
 	ctx := context.Background()
 	c := redistest.StartCluster(t)
 	rdb := c.Client(t)

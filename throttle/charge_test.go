@@ -17,7 +17,7 @@ import (
 // the provider, each reporting what the task cost so far) settles the cost
 // once per change: the task ends up charged the last actual cost, not the
 // difference counted twice. Run with -race: the cost is shared state.
-func TestChargeConcurrentInOneHandler(t *testing.T) {
+func TestConcurrentChargesSettleTheCostOnce(t *testing.T) {
 	ctx := context.Background()
 	rdb := redistest.Start(t).Client(t)
 	lim := throttle.NewLimiter(rdb, quietLog, throttle.WithHeadroom(0), throttle.WithLease(0, 0))

@@ -43,7 +43,7 @@ func (l *logCapture) Printf(_ context.Context, format string, v ...any) {
 // connection back 250 ms after the last lone decision, into the closed
 // pool, and go-redis logged "Unexpected conn[N] state changed by hook to
 // CLOSED, closing it", 32 times in one run of bench scenarios B and C.)
-func TestNoLogAfterClientClosed(t *testing.T) {
+func TestClosingTheClientAfterALimiterLogsNothing(t *testing.T) {
 	logs := &logCapture{}
 	redis.SetLogger(logs) // (go-redis's logger is global: no t.Parallel here)
 	t.Cleanup(func() { redis.SetLogger(stderrLogger{}) })

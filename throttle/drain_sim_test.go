@@ -350,7 +350,7 @@ func TestBacklogDrainsAtTheRateForEveryShapeOfLimit(t *testing.T) {
 // in the second, a batch came back after its slot, the next one a period
 // after that, and aligned windows went without a call: 7 runs of 8 in
 // bench scenario E's IETF provider at phase 0.9.)
-func TestWindowBacklogWhateverTheForwarderPhase(t *testing.T) {
+func TestWindowBacklogKeepsItsRateWhateverTheForwarderPhase(t *testing.T) {
 	for _, phase := range []float64{0.1, 0.9, 0.97} {
 		for seed := int64(1); seed <= 2; seed++ {
 			s := newDrainSim(t, seed, 3)

@@ -19,7 +19,7 @@ import (
 // would hold a slot (and, for a slot now, tokens) until it lapsed, and keep
 // the task out of its group until then. So Limiter.Enqueue enqueues
 // grouped tasks as they are.
-func TestEnqueueGroupedTaskAsIs(t *testing.T) {
+func TestEnqueueLeavesGroupedTasksAsTheyAre(t *testing.T) {
 	ctx := context.Background()
 	rdb := redistest.Start(t).Client(t)
 	lim := throttle.NewLimiter(rdb, quietLog)

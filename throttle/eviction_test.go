@@ -3,8 +3,6 @@ package throttle_test
 import (
 	"context"
 	"log/slog"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -13,82 +11,27 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/asynq-throttle/asynq-throttle/internal/logtest"
 	"github.com/asynq-throttle/asynq-throttle/internal/redistest"
 	"github.com/asynq-throttle/asynq-throttle/throttle"
 )
 
-// logRecorder is a slog.Handler that keeps every record, at every level.
-type logRecorder struct {
-	mu   sync.Mutex
-	recs []slog.Record
-}
-
-func (h *logRecorder) Enabled(context.Context, slog.Level) bool { return true }
-
-func (h *logRecorder) Handle(_ context.Context, r slog.Record) error {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.recs = append(h.recs, r.Clone())
-	return nil
-}
-
-func (h *logRecorder) WithAttrs([]slog.Attr) slog.Handler { return h }
-func (h *logRecorder) WithGroup(string) slog.Handler      { return h }
-
-// find returns the records whose message contains substr.
-func (h *logRecorder) find(substr string) []slog.Record {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	var out []slog.Record
-	for _, r := range h.recs {
-		if strings.Contains(r.Message, substr) {
-			out = append(out, r)
-		}
-	}
-	return out
-}
-
-// atLeast returns the records at level or above.
-func (h *logRecorder) atLeast(level slog.Level) []slog.Record {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	var out []slog.Record
-	for _, r := range h.recs {
-		if r.Level >= level {
-			out = append(out, r)
-		}
-	}
-	return out
-}
-
-func attr(r slog.Record, key string) string {
-	var v string
-	r.Attrs(func(a slog.Attr) bool {
-		if a.Key == key {
-			v = a.Value.String()
-			return false
-		}
-		return true
-	})
-	return v
-}
-
 // useLimiter creates a Limiter on rdb logging to a recorder, uses it as an
 // application would (a middleware, decisions), and waits until its eviction
 // check has logged its Debug or Warn line.
-func useLimiter(t *testing.T, rdb redis.UniversalClient) *logRecorder {
+func useLimiter(t *testing.T, rdb redis.UniversalClient) *logtest.Recorder {
 	t.Helper()
-	h := &logRecorder{}
+	h := &logtest.Recorder{}
 	l := throttle.NewLimiter(rdb, throttle.WithLogger(slog.New(h)),
 		throttle.WithDefaultLimits(throttle.PerSecond(100)), throttle.WithTimeout(2*time.Second))
 	_ = l.Middleware()
 	for range 5 {
 		_, _ = l.Take(context.Background(), "api")
 	}
-	require.Eventually(t, func() bool { return len(h.find("maxmemory")) > 0 },
+	require.Eventually(t, func() bool { return len(h.Find("maxmemory")) > 0 },
 		5*time.Second, 10*time.Millisecond, "the eviction check logged nothing")
 	// The check ends with its one line: nothing more will come.
-	require.Len(t, h.find("maxmemory"), 1, "the eviction check logged more than once")
+	require.Len(t, h.Find("maxmemory"), 1, "the eviction check logged more than once")
 	return h
 }
 
@@ -96,7 +39,7 @@ func useLimiter(t *testing.T, rdb redis.UniversalClient) *logRecorder {
 // allkeys-* any key, under volatile-* any key with a TTL, which all of ours
 // have. Under noeviction, and when the policy cannot be read, it says so at
 // Debug only.
-func TestEvictionPolicyWarning(t *testing.T) {
+func TestLimiterWarnsWhenRedisMayEvictItsKeys(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		policy string
@@ -113,7 +56,7 @@ func TestEvictionPolicyWarning(t *testing.T) {
 			t.Parallel()
 			s := redistest.Start(t, "--maxmemory-policy", tc.policy)
 			h := useLimiter(t, s.Client(t))
-			warns := h.atLeast(slog.LevelWarn)
+			warns := h.AtLeast(slog.LevelWarn)
 			if !tc.warn {
 				assert.Empty(t, warns, "warnings under noeviction")
 				return
@@ -122,9 +65,9 @@ func TestEvictionPolicyWarning(t *testing.T) {
 			w := warns[0]
 			assert.Contains(t, w.Message, "maxmemory-policy noeviction", "the warning says what to set")
 			assert.Contains(t, w.Message, "over-admits", "the warning says what goes wrong")
-			assert.Equal(t, tc.policy, attr(w, "maxmemory_policy"))
-			assert.Equal(t, s.Addr, attr(w, "redis"))
-			t.Logf("WARN %s maxmemory_policy=%s redis=%s", w.Message, attr(w, "maxmemory_policy"), attr(w, "redis"))
+			assert.Equal(t, tc.policy, logtest.Attr(w, "maxmemory_policy").String())
+			assert.Equal(t, s.Addr, logtest.Attr(w, "redis").String())
+			t.Logf("WARN %s maxmemory_policy=%s redis=%s", w.Message, logtest.Attr(w, "maxmemory_policy").String(), logtest.Attr(w, "redis").String())
 		})
 	}
 
@@ -135,8 +78,8 @@ func TestEvictionPolicyWarning(t *testing.T) {
 		rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 		t.Cleanup(func() { _ = rdb.Close() })
 		h := useLimiter(t, rdb)
-		assert.Empty(t, h.atLeast(slog.LevelInfo), "a Redis without INFO memory made the limiter noisy")
-		require.Len(t, h.find("cannot read maxmemory-policy"), 1)
+		assert.Empty(t, h.AtLeast(slog.LevelInfo), "a Redis without INFO memory made the limiter noisy")
+		require.Len(t, h.Find("cannot read maxmemory-policy"), 1)
 	})
 
 	// A Redis that is down when the Limiter is created: Debug only.
@@ -145,11 +88,11 @@ func TestEvictionPolicyWarning(t *testing.T) {
 		s := redistest.Start(t)
 		rdb := s.Client(t)
 		s.Stop()
-		h := &logRecorder{}
+		h := &logtest.Recorder{}
 		throttle.NewLimiter(rdb, throttle.WithLogger(slog.New(h)))
-		require.Eventually(t, func() bool { return len(h.find("cannot read maxmemory-policy")) == 1 },
+		require.Eventually(t, func() bool { return len(h.Find("cannot read maxmemory-policy")) == 1 },
 			5*time.Second, 10*time.Millisecond)
-		assert.Empty(t, h.atLeast(slog.LevelInfo))
+		assert.Empty(t, h.AtLeast(slog.LevelInfo))
 	})
 
 	// On a Cluster every master is asked; one warning names the ones that
@@ -161,10 +104,10 @@ func TestEvictionPolicyWarning(t *testing.T) {
 		t.Cleanup(func() { _ = node.Close() })
 		require.NoError(t, node.ConfigSet(context.Background(), "maxmemory-policy", "allkeys-lru").Err())
 		h := useLimiter(t, c.Client(t))
-		warns := h.atLeast(slog.LevelWarn)
+		warns := h.AtLeast(slog.LevelWarn)
 		require.Len(t, warns, 1)
-		assert.Equal(t, "allkeys-lru", attr(warns[0], "maxmemory_policy"))
-		assert.Equal(t, c.Addrs[1], attr(warns[0], "redis"), "the warning names the master that may evict, only it")
+		assert.Equal(t, "allkeys-lru", logtest.Attr(warns[0], "maxmemory_policy").String())
+		assert.Equal(t, c.Addrs[1], logtest.Attr(warns[0], "redis").String(), "the warning names the master that may evict, only it")
 	})
 
 	// A failover client (Sentinel) asks the master it would write to.
@@ -172,9 +115,9 @@ func TestEvictionPolicyWarning(t *testing.T) {
 		t.Parallel()
 		s := redistest.StartSentinel(t, "--maxmemory-policy", "volatile-lru")
 		h := useLimiter(t, s.Client(t))
-		warns := h.atLeast(slog.LevelWarn)
+		warns := h.AtLeast(slog.LevelWarn)
 		require.Len(t, warns, 1)
-		assert.Equal(t, "volatile-lru", attr(warns[0], "maxmemory_policy"))
-		assert.Equal(t, s.Master(t), attr(warns[0], "redis"), "the warning names the master")
+		assert.Equal(t, "volatile-lru", logtest.Attr(warns[0], "maxmemory_policy").String())
+		assert.Equal(t, s.Master(t), logtest.Attr(warns[0], "redis").String(), "the warning names the master")
 	})
 }

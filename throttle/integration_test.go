@@ -71,7 +71,7 @@ func clientsOf(t *testing.T, s *redistest.Server, n int) []redis.UniversalClient
 
 // The fleet-wide bound: 4 limiters x 8 goroutines at 100/s burst 20 never
 // admit more than burst + rate x elapsed, and admit nearly that many.
-func TestIntegrationFleetBound(t *testing.T) {
+func TestIntegrationFleetHoldsTheBound(t *testing.T) {
 	s := redistest.Start(t)
 	clients := clientsOf(t, s, 4)
 	ctx := context.Background()
@@ -87,7 +87,7 @@ func TestIntegrationFleetBound(t *testing.T) {
 }
 
 // NOSCRIPT after SCRIPT FLUSH is reloaded transparently: no caller sees it.
-func TestIntegrationScriptFlush(t *testing.T) {
+func TestIntegrationScriptFlushIsReloadedUnseen(t *testing.T) {
 	s := redistest.Start(t)
 	clients := clientsOf(t, s, 4)
 	ctx := context.Background()
@@ -121,7 +121,7 @@ func TestIntegrationScriptFlush(t *testing.T) {
 
 // A Redis restart loses the script cache (and, without persistence, the
 // data): the next call reloads the script and works.
-func TestIntegrationRestart(t *testing.T) {
+func TestIntegrationRestartReloadsTheScript(t *testing.T) {
 	s := redistest.Start(t)
 	rdb := s.Client(t)
 	ctx := context.Background()
@@ -141,7 +141,7 @@ func TestIntegrationRestart(t *testing.T) {
 // closes it (CLIENT KILL here; a restart, an idle timeout or a proxy alike),
 // the decision runs again on the pool instead of failing, as the pool's own
 // health check would have spared it.
-func TestIntegrationKeptConnectionKilled(t *testing.T) {
+func TestIntegrationKilledKeptConnectionRetriesOnThePool(t *testing.T) {
 	s := redistest.Start(t)
 	rdb := redis.NewClient(&redis.Options{Addr: s.Addr, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = rdb.Close() })
@@ -162,7 +162,7 @@ func TestIntegrationKeptConnectionKilled(t *testing.T) {
 }
 
 // With Redis gone, a decision fails within its deadline instead of hanging.
-func TestIntegrationRedisDown(t *testing.T) {
+func TestIntegrationRedisDownFailsWithinTheDeadline(t *testing.T) {
 	s := redistest.Start(t)
 	rdb := s.Client(t)
 	l := throttle.NewLimiter(rdb, throttle.WithDefaultLimits(throttle.PerSecond(5)), throttle.WithTimeout(300*time.Millisecond))
@@ -177,7 +177,7 @@ func TestIntegrationRedisDown(t *testing.T) {
 // A Redis that hangs (SIGSTOP: sockets open, no answer) costs a decision its
 // WithTimeout, not the client's read timeout, and decisions work again once
 // it answers.
-func TestIntegrationRedisHangs(t *testing.T) {
+func TestIntegrationHungRedisCostsOnlyTheTimeout(t *testing.T) {
 	for _, opts := range []redis.Options{
 		{ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second}, // decisions fly on their own goroutine
 		{ContextTimeoutEnabled: true},                                   // a lone decision flies on its caller's
@@ -230,7 +230,7 @@ func redisHangs(t *testing.T, opts redis.Options) {
 
 // Every script runs on a 3-master Redis Cluster: all keys of one limiter key
 // share a hash tag, and keys spread over the masters stay independent.
-func TestIntegrationCluster(t *testing.T) {
+func TestIntegrationEveryScriptRunsOnACluster(t *testing.T) {
 	c := redistest.StartCluster(t)
 	rdb := c.Client(t)
 	ctx := context.Background()
@@ -269,7 +269,7 @@ func TestIntegrationCluster(t *testing.T) {
 // only for a few seconds after it was last put back, and peeks the socket
 // before every command after that. Between renewals, lone decisions take
 // nothing from the pool; no connection leaks across renewals.
-func TestIntegrationKeptConnectionRenewed(t *testing.T) {
+func TestIntegrationKeptConnectionIsRenewed(t *testing.T) {
 	s := redistest.Start(t)
 	rdb := redis.NewClient(&redis.Options{Addr: s.Addr, PoolSize: 8, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = rdb.Close() })

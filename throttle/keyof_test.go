@@ -11,13 +11,14 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/asynq-throttle/asynq-throttle/internal/logtest"
 	"github.com/asynq-throttle/asynq-throttle/internal/redistest"
 	"github.com/asynq-throttle/asynq-throttle/throttle"
 )
 
 // A key that fails validation (here with '{', which would escape its
 // Redis Cluster hash tag) must not run a task silently unthrottled.
-func TestInvalidDerivedKeys(t *testing.T) {
+func TestInvalidDerivedKeyNeverRunsSilentlyUnthrottled(t *testing.T) {
 	ctx := context.Background()
 	rdb := redistest.Start(t).Client(t)
 	require.NoError(t, throttle.NewLimiter(rdb).SetLimits(ctx, "crm", throttle.PerSecond(100)))
@@ -26,7 +27,7 @@ func TestInvalidDerivedKeys(t *testing.T) {
 	// (asynq archives it: SkipRetry), with an error and a log line that
 	// name the key.
 	t.Run("WithKeyFunc", func(t *testing.T) {
-		logs := &logRecorder{}
+		logs := &logtest.Recorder{}
 		mw := throttle.ByProvider(rdb, throttle.WithLogger(slog.New(logs)),
 			throttle.WithKeyFunc(func(t *asynq.Task) string { return "crm{" + string(t.Payload()) + "}" }))
 		var ran atomic.Int64
@@ -37,10 +38,10 @@ func TestInvalidDerivedKeys(t *testing.T) {
 		assert.Contains(t, err.Error(), `"crm{acme}"`)
 		assert.Contains(t, err.Error(), "WithKeyFunc")
 		assert.Zero(t, ran.Load(), "the handler ran")
-		lines := logs.atLeast(slog.LevelError)
+		lines := logs.AtLeast(slog.LevelError)
 		require.Len(t, lines, 1, "log lines at Error")
-		assert.Equal(t, "crm{acme}", attr(lines[0], "key"))
-		assert.Contains(t, attr(lines[0], "err"), "WithKeyFunc")
+		assert.Equal(t, "crm{acme}", logtest.Attr(lines[0], "key").String())
+		assert.Contains(t, logtest.Attr(lines[0], "err").String(), "WithKeyFunc")
 	})
 
 	// From the task type's prefix: the type may never have been meant as a
@@ -48,7 +49,7 @@ func TestInvalidDerivedKeys(t *testing.T) {
 	// unthrottled as a type without a prefix does, with one warning per
 	// task type.
 	t.Run("type prefix", func(t *testing.T) {
-		logs := &logRecorder{}
+		logs := &logtest.Recorder{}
 		mw := throttle.ByProvider(rdb, throttle.WithLogger(slog.New(logs)))
 		var ran atomic.Int64
 		h := func() error { ran.Add(1); return nil }
@@ -56,11 +57,11 @@ func TestInvalidDerivedKeys(t *testing.T) {
 			require.NoError(t, runTask(mw, asynq.NewTask(typ, nil), h), "task type %q", typ)
 		}
 		assert.Equal(t, int64(4), ran.Load(), "tasks run, unthrottled")
-		lines := logs.find("unthrottled")
+		lines := logs.Find("unthrottled")
 		require.Len(t, lines, 2, "one warning per task type")
 		for i, typ := range []string{"a{b}:sync", "c}:export"} {
 			assert.Equal(t, slog.LevelWarn, lines[i].Level)
-			assert.Equal(t, typ, attr(lines[i], "task_type"))
+			assert.Equal(t, typ, logtest.Attr(lines[i], "task_type").String())
 		}
 	})
 

@@ -70,7 +70,7 @@ func TestLeaseChunksKeepTheirOwnExpiry(t *testing.T) {
 
 // A decision under a new limits generation drops what is left of earlier
 // leases; drop forgets every leased token.
-func TestLeaseDroppedOnChange(t *testing.T) {
+func TestLeaseIsDroppedOnAChangeOfLimits(t *testing.T) {
 	const d = 50 * time.Millisecond
 	now := time.Unix(1_700_000_000, 0)
 	var l lease

@@ -12,7 +12,7 @@ import (
 	"github.com/asynq-throttle/asynq-throttle/throttle"
 )
 
-func TestLimitConstructors(t *testing.T) {
+func TestLimitConstructorsSetNAndPer(t *testing.T) {
 	tests := []struct {
 		got  throttle.Limit
 		want throttle.Limit
@@ -35,7 +35,7 @@ func TestLimitConstructors(t *testing.T) {
 	assert.Equal(t, 0, base.Burst, "WithBurst changed its receiver")
 }
 
-func TestSetLimits_InvalidLimits(t *testing.T) {
+func TestSetLimitsRefusesInvalidLimitsNamingTheField(t *testing.T) {
 	five := []throttle.Limit{throttle.PerSecond(1), throttle.PerMinute(1), throttle.PerHour(1), throttle.PerHour(2), throttle.PerHour(3)}
 	tests := []struct {
 		name   string
@@ -69,7 +69,7 @@ func TestSetLimits_InvalidLimits(t *testing.T) {
 	}
 }
 
-func TestSetLimits_ValidBoundaries(t *testing.T) {
+func TestSetLimitsAcceptsTheBoundaries(t *testing.T) {
 	four := []throttle.Limit{throttle.PerSecond(10), throttle.PerMinute(100), throttle.PerHour(1000), {N: 10000, Per: 24 * time.Hour}}
 	tests := []struct {
 		name   string
@@ -100,21 +100,21 @@ func TestSetLimits_ValidBoundaries(t *testing.T) {
 	}
 }
 
-func TestValidateKey(t *testing.T) {
+func TestValidateKeyRefusesBadNames(t *testing.T) {
 	valid := []string{"slack", "github:org-1", "ünïcode", "with space", "a", strings.Repeat("k", throttle.MaxKeyLen), strings.Repeat("é", throttle.MaxKeyLen/2)}
 	for _, k := range valid {
 		assert.NoError(t, throttle.ValidateKey(k), "ValidateKey(%q)", k)
 	}
 	invalid := []string{
 		"", strings.Repeat("k", throttle.MaxKeyLen+1), strings.Repeat("é", throttle.MaxKeyLen/2) + "k",
-		"a{b", "a}b", "{slack}", "\x00", "tab\t", "new\nline", "\x7f", "\xff", "a\xc3", "\u200b", "\u00a0",
+		"a{b", "a}b", "{slack}", "\x00", "nul\x00", "tab\t", "new\nline", "\x7f", "\xff", "\xff\xfe", "a\xc3", "\u200b", "\u00a0",
 	}
 	for _, k := range invalid {
 		assert.ErrorIs(t, throttle.ValidateKey(k), throttle.ErrInvalidKey, "ValidateKey(%q)", k)
 	}
 }
 
-func TestValidKeysWork(t *testing.T) {
+func TestValidKeysDecide(t *testing.T) {
 	r := newRig(t)
 	for _, k := range []string{"slack", "github:org-1", "ünïcode", strings.Repeat("k", throttle.MaxKeyLen)} {
 		r.setLimits(k, throttle.PerSecond(1))

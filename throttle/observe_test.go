@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/asynq-throttle/asynq-throttle/internal/logtest"
 	"github.com/asynq-throttle/asynq-throttle/internal/redistest"
 	"github.com/asynq-throttle/asynq-throttle/throttle"
 )
@@ -57,7 +58,7 @@ func TestObserveBoundsCallsAndWarnings(t *testing.T) {
 	rdb := redistest.Start(t).Client(t)
 	calls := &countHook{}
 	rdb.AddHook(calls)
-	logs := &logRecorder{}
+	logs := &logtest.Recorder{}
 	lim := throttle.NewLimiter(rdb, throttle.WithLogger(slog.New(logs)), throttle.WithLease(0, 0))
 	require.NoError(t, lim.SetLimits(ctx, "api", throttle.PerSecond(10), throttle.PerMinute(300)))
 	inForce := func() []throttle.Limit {
@@ -83,7 +84,7 @@ func TestObserveBoundsCallsAndWarnings(t *testing.T) {
 	require.NoError(t, err)
 	t.Logf("2,000 responses in %v: %d Redis calls", elapsed, sent)
 	assert.LessOrEqual(t, sent, int64(1+elapsed/time.Second), "Redis calls for 2,000 responses with a changing window (at most one a second)")
-	assert.Equal(t, 1, len(logs.find("no tier for")), "warnings for a period without a tier")
+	assert.Equal(t, 1, len(logs.Find("no tier for")), "warnings for a period without a tier")
 	assert.Equal(t, []throttle.Limit{throttle.PerSecond(10).WithBurst(10), throttle.PerMinute(300).WithBurst(300)}, inForce(), "nothing learned")
 
 	observe := func(policy string) {
@@ -102,5 +103,5 @@ func TestObserveBoundsCallsAndWarnings(t *testing.T) {
 		observe(`"s";q=8;w=1`)
 		return inForce()[0] == throttle.PerSecond(8).WithBurst(8)
 	}, 5*time.Second, 100*time.Millisecond, "a higher published quota never reached Redis")
-	assert.Equal(t, 1, len(logs.find("no tier for")), "warnings for a period without a tier, once per key")
+	assert.Equal(t, 1, len(logs.Find("no tier for")), "warnings for a period without a tier, once per key")
 }

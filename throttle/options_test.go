@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -38,10 +39,10 @@ func TestTakeIsExactHeadroomKeepsRoom(t *testing.T) {
 	assert.Equal(t, 8, admitted("headroom", 200*time.Millisecond))
 }
 
-// TestWithLearnFor: a quota learned from a response lasts WithLearnFor (at
+// TestLearnedQuotaLastsWithLearnFor: a quota learned from a response lasts WithLearnFor (at
 // least two of the tier's periods) unless the provider says it again, then
 // the key is back to its configured limits.
-func TestWithLearnFor(t *testing.T) {
+func TestLearnedQuotaLastsWithLearnFor(t *testing.T) {
 	ctx := context.Background()
 	lim := throttle.NewLimiter(redistest.Start(t).Client(t), quietLog, throttle.WithLease(0, 0), throttle.WithLearnFor(time.Second))
 	require.NoError(t, lim.SetLimits(ctx, "crm", throttle.PerSecond(20)))
@@ -63,4 +64,38 @@ func TestWithLearnFor(t *testing.T) {
 	st, err = lim.Inspect(ctx, "crm")
 	require.NoError(t, err)
 	assert.Equal(t, []throttle.Limit{throttle.PerSecond(20).WithBurst(20)}, st.InForce, "back to the configured limit")
+}
+
+// Invalid options are refused at construction, naming the option: a panic
+// from NewLimiter and ByProvider (a programming error), an error from
+// CheckOptions; never a task stalled at run time.
+func TestInvalidOptionsAreRefusedAtConstruction(t *testing.T) {
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
+	defer rdb.Close()
+	tests := []struct {
+		opt  throttle.Option
+		name string
+	}{
+		{throttle.WithDefaultLimits(throttle.Limit{N: 0, Per: time.Second}), "WithDefaultLimits"},
+		{throttle.WithDefaultLimits(throttle.PerSecond(1), throttle.PerSecond(2)), "WithDefaultLimits"},
+		{throttle.WithTimeout(-time.Second), "WithTimeout"},
+		{throttle.WithPrefix(""), "WithPrefix"},
+		{throttle.WithMaxSuspension(0), "WithMaxSuspension"},
+		{throttle.WithReservationHorizon(-time.Second), "WithReservationHorizon"},
+		{throttle.WithSlotExpiry(time.Millisecond), "WithSlotExpiry"},
+		{throttle.WithHeadroom(2 * time.Second), "WithHeadroom"},
+		{throttle.WithFailureDelay(0), "WithFailureDelay"},
+		{throttle.WithLease(-1, time.Second), "WithLease"},
+		{throttle.WithLogger(nil), "WithLogger"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := throttle.CheckOptions(tt.opt)
+			require.Error(t, err, "CheckOptions(%s)", tt.name)
+			assert.Contains(t, err.Error(), tt.name, "the error names the option")
+			assert.PanicsWithError(t, err.Error(), func() { throttle.NewLimiter(rdb, tt.opt) }, "NewLimiter(%s)", tt.name)
+			assert.PanicsWithError(t, err.Error(), func() { throttle.ByProvider(rdb, tt.opt) }, "ByProvider(%s)", tt.name)
+		})
+	}
+	assert.NoError(t, throttle.CheckOptions(throttle.WithTimeout(0), throttle.WithLease(0, 0), throttle.WithDefaultLimits(throttle.PerSecond(1))))
 }

@@ -404,13 +404,13 @@ func drawSlotLimits(t *rapid.T, label string) []throttle.Limit {
 	return limits
 }
 
-// TestProperty_SlotsCostsTiers drives TakeN (with costs), Release, Extend,
+// TestPropertySlotsCostsAndTiersMatchTheModel drives TakeN (with costs), Release, Extend,
 // Adjust, SetLimits and the clock at random, on the real scripts and on the
 // reference model, and checks every decision against the model; that a
 // slot is admitted only while fewer than n holders' leases last; that
 // every bucket admits at most burst + rate x span units and every window n
 // per period; and what Inspect reports.
-func TestProperty_SlotsCostsTiers(t *testing.T) {
+func TestPropertySlotsCostsAndTiersMatchTheModel(t *testing.T) {
 	env := newPropEnv(t)
 	ctx := context.Background()
 	rapid.Check(t, func(t *rapid.T) {

@@ -197,9 +197,9 @@ func drawStep(t *rapid.T, label string) int64 {
 	return rapid.Int64Range(0, hi).Draw(t, label)
 }
 
-// TestProperty_MatchesReferenceModel drives the real scripts and the reference
+// TestPropertyScriptsMatchTheReferenceModel drives the real scripts and the reference
 // model with the same random operations and compares every decision.
-func TestProperty_MatchesReferenceModel(t *testing.T) {
+func TestPropertyScriptsMatchTheReferenceModel(t *testing.T) {
 	env := newPropEnv(t)
 	ctx := context.Background()
 	const maxSusp = 10 * time.Second
@@ -287,13 +287,13 @@ var (
 	resvBursts = []int{1, 2, 4, 5, 8, 10}
 )
 
-// TestProperty_Reservations checks the reservation invariants under random
+// TestPropertyReservationsKeepTheirInvariants checks the reservation invariants under random
 // Take / Reserve / clock traffic: admissions never exceed burst + rate*t in
 // any window of any tier; slots are issued in order, spaced, within the
 // horizon; fresh callers wait behind outstanding slots; a holder back early
 // is told exactly how long to wait; a holder back exactly at its slot, first
 // in line, is admitted as long as no holder before it came back late.
-func TestProperty_Reservations(t *testing.T) {
+func TestPropertyReservationsKeepTheirInvariants(t *testing.T) {
 	env := newPropEnv(t)
 	ctx := context.Background()
 	rapid.Check(t, func(t *rapid.T) {

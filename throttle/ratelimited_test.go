@@ -13,7 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-func TestFromResponse(t *testing.T) {
+func TestFromResponseTellsARateLimitFromOtherFailures(t *testing.T) {
 	now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
 	in := func(d time.Duration) string { return now.Add(d).Format(http.TimeFormat) }
 	tests := []struct {
@@ -67,7 +67,7 @@ func TestFromResponse(t *testing.T) {
 	assert.NoError(t, Observe(context.Background(), nil))
 }
 
-func TestRateLimitedWrapped(t *testing.T) {
+func TestRateLimitedIsFoundThroughWrapping(t *testing.T) {
 	err := fmt.Errorf("slack: users.list: %w", RateLimited(3*time.Second))
 	var rl *RateLimitedError
 	require.True(t, errors.As(err, &rl))

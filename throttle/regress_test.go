@@ -88,7 +88,7 @@ func TestLeasedTokensDroppedByAChangeInThisProcess(t *testing.T) {
 // path that ran it: a key without limits, and a decision Redis could not
 // make under FailOpen (there the suspension is this process's own, and
 // WithMaxSuspension still caps a provider's absurd Retry-After).
-func TestRateLimitedOnEveryPath(t *testing.T) {
+func TestRateLimitedSuspendsOnEveryPath(t *testing.T) {
 	ctx := context.Background()
 	t.Run("key without limits", func(t *testing.T) {
 		rdb := redistest.Start(t).Client(t)
@@ -279,7 +279,7 @@ func portOf(t *testing.T, addr string) string {
 // On a Cluster whose scripts and functions were flushed, a decision whose
 // key lives on a reachable master is made even while another master is
 // down: loading the library there fails, and the call falls back to EVAL.
-func TestClusterMissingScriptWithANodeDown(t *testing.T) {
+func TestClusterMissingScriptFallsBackToEvalWithANodeDown(t *testing.T) {
 	ctx := context.Background()
 	c := redistest.StartCluster(t)
 	rdb := c.Client(t)
@@ -311,7 +311,7 @@ func TestClusterMissingScriptWithANodeDown(t *testing.T) {
 // A task's Cost takes that many tokens of every tier; Charge in its handler
 // settles the actual cost; TakeN does the same for direct callers, and a
 // cost no tier can ever hold is refused with ErrCostTooHigh.
-func TestCosts(t *testing.T) {
+func TestCostTakesTokensAndChargeSettlesIt(t *testing.T) {
 	ctx := context.Background()
 	rdb := redistest.Start(t).Client(t)
 	lim := throttle.NewLimiter(rdb, quietLog, throttle.WithHeadroom(0), throttle.WithLease(0, 0))
@@ -373,7 +373,7 @@ func TestCosts(t *testing.T) {
 // quota lowers the tier of its period, fleet-wide in Redis, under the
 // configured ceiling; remaining 0 with a reset suspends the key; a 429
 // comes back as RateLimited. Outside the middleware it is FromResponse.
-func TestObserveThroughTheMiddleware(t *testing.T) {
+func TestObserveInAHandlerLearnsFromTheResponse(t *testing.T) {
 	ctx := context.Background()
 	rdb := redistest.Start(t).Client(t)
 	lim := throttle.NewLimiter(rdb, quietLog, throttle.WithLease(0, 0))

@@ -14,7 +14,7 @@ import (
 // SetLimits refuses bad limits before anything reaches Redis: the error
 // names the field (and what to do), and the key keeps its last good limits,
 // their generation and the tokens its buckets hold.
-func TestSetLimits_BadInputKeepsTheLastGoodLimits(t *testing.T) {
+func TestSetLimitsBadInputKeepsTheLastGoodLimits(t *testing.T) {
 	good := []throttle.Limit{throttle.PerSecond(10), throttle.PerMinute(100).WithBurst(20)}
 	tests := []struct {
 		name   string

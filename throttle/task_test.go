@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/asynq-throttle/asynq-throttle/internal/keyspace"
 	"github.com/hibiken/asynq"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -58,7 +57,7 @@ func TestNewTaskRefusesWhatNoWorkerCouldThrottle(t *testing.T) {
 	assert.ErrorIs(t, err, ErrInvalidKey)
 }
 
-func TestKeyOf(t *testing.T) {
+func TestKeyOfPicksHeaderThenFunctionThenPrefix(t *testing.T) {
 	byTenant := func(t *asynq.Task) string { return "tenant-" + string(t.Payload()) }
 	tests := []struct {
 		name    string
@@ -130,16 +129,5 @@ func TestDeferDelayComesBackWhenItCanRun(t *testing.T) {
 			reserved: true, reservedAt: base.Add(-2 * time.Second)}, 3700 * time.Millisecond},
 	} {
 		assert.Equal(t, tt.want, m.deferDelay(tt.d), "%s: deferDelay(%+v) at %v", tt.name, tt.d, base)
-	}
-}
-
-func TestKeyNameRules(t *testing.T) {
-	ok := []string{"slack", "github:org-1", "ünïcode", "with space", strings.Repeat("k", keyspace.MaxKeyLen)}
-	for _, k := range ok {
-		assert.NoError(t, ValidateKey(k), "ValidateKey(%q)", k)
-	}
-	bad := []string{"", strings.Repeat("k", keyspace.MaxKeyLen+1), "a{b", "a}b", "nul\x00", "tab\t", "\xff\xfe"}
-	for _, k := range bad {
-		assert.ErrorIs(t, ValidateKey(k), ErrInvalidKey, "ValidateKey(%q)", k)
 	}
 }

@@ -55,7 +55,7 @@ func TestConfigRecognisesDeferrals(t *testing.T) {
 	assert.False(t, IsDeferral(plain))
 }
 
-func TestConfigDefaults(t *testing.T) {
+func TestConfigKeepsTheUsersSettings(t *testing.T) {
 	cfg := Config(asynq.Config{DelayedTaskCheckInterval: 3 * time.Second, TaskCheckInterval: time.Second})
 	assert.Equal(t, 3*time.Second, cfg.DelayedTaskCheckInterval, "the user's interval is kept")
 	assert.Equal(t, time.Second, cfg.TaskCheckInterval, "the user's interval is kept")

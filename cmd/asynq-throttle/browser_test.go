@@ -142,7 +142,7 @@ func secondsLeft(s string) int {
 // The page shows the keys in Redis, a suspension set from the CLI with its
 // countdown, and its Suspend button suspends the key in Redis; read-only
 // mode (the default) refuses it, in the page and on the server.
-func TestBrowser(t *testing.T) {
+func TestBrowserPageShowsKeysAndSuspendsOnlyWhenWritable(t *testing.T) {
 	ctx := chromium(t)
 	srv := redistest.Start(t)
 	url := "redis://" + srv.Addr
@@ -266,7 +266,7 @@ func writeScreenshot(t *testing.T, ctx context.Context) {
 // The dashboard in a worker process, with the metrics collector: a fleet
 // drains backlogs while the page shows decisions per second, the backlog
 // forecast, and a 429's suspension. -screenshot saves it for the README.
-func TestDashboardWithFleet(t *testing.T) {
+func TestDashboardShowsAFleetDraining(t *testing.T) {
 	ctx := chromium(t)
 	srv := redistest.Start(t)
 	url := "redis://" + srv.Addr

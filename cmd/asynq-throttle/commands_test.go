@@ -20,7 +20,7 @@ import (
 
 // The operator's day: set limits, suspend, look, resume, delete, against a
 // real redis-server.
-func TestSession(t *testing.T) {
+func TestOperatorSessionMatchesItsGolden(t *testing.T) {
 	srv := redistest.Start(t)
 	tr := &transcript{t: t, redisURL: "redis://" + srv.Addr + "/0"}
 	tr.run("list")
@@ -80,7 +80,7 @@ func TestSession(t *testing.T) {
 }
 
 // --prefix selects another limiter's keys.
-func TestPrefix(t *testing.T) {
+func TestPrefixSelectsAnotherLimitersKeys(t *testing.T) {
 	srv := redistest.Start(t)
 	url := "redis://" + srv.Addr
 	require.Equal(t, 0, cli(t, url, "--prefix", "billing", "set", "stripe", "100/s").code)
@@ -94,7 +94,7 @@ func TestPrefix(t *testing.T) {
 }
 
 // On a Cluster (redis+cluster:// URL), list finds the keys of every master.
-func TestCluster(t *testing.T) {
+func TestListFindsTheKeysOfEveryClusterMaster(t *testing.T) {
 	c := redistest.StartCluster(t)
 	url := "redis+cluster://" + c.Addrs[0] + "?addr=" + c.Addrs[1]
 	tr := &transcript{t: t, redisURL: url}
@@ -111,7 +111,7 @@ func TestCluster(t *testing.T) {
 
 // watch without a terminal prints logfmt lines per refresh; -o json one
 // object per refresh.
-func TestWatchPlain(t *testing.T) {
+func TestWatchWithoutATerminalPrintsALinePerRefresh(t *testing.T) {
 	srv := redistest.Start(t)
 	url := "redis://" + srv.Addr
 	require.Equal(t, 0, cli(t, url, "set", "slack", "5/s:burst=8", "100/m").code)

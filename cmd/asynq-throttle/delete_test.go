@@ -147,7 +147,7 @@ func TestDeleteQuestionEndsOnInterrupt(t *testing.T) {
 // delete refuses at once instead of asking.
 func TestDeleteRefusesWithStdinFromDevNull(t *testing.T) {
 	cmd := exec.Command(os.Args[0], "delete", "crm") // Stdin nil: os.DevNull
-	cmd.Env = append(os.Environ(), envRunMain+"=1", "REDIS_URL=redis://"+closedAddr(t))
+	cmd.Env = append(os.Environ(), envRunMain+"=1", "REDIS_URL=redis://"+redistest.ClosedAddr(t))
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	err := cmd.Run()

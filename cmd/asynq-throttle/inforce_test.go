@@ -16,11 +16,11 @@ import (
 	"github.com/asynq-throttle/asynq-throttle/throttle"
 )
 
-// TestLimitsInForce: a key running below its configured limits (a quota
+// TestKeyBelowItsConfiguredLimitsShowsTheLimitInForce: a key running below its configured limits (a quota
 // learned from the provider's headers through Observe, or adaptive mode's
 // cut after a 429) says so in list and get, with the limit in force, and
 // its tokens are shown against the burst in force, never below 0.
-func TestLimitsInForce(t *testing.T) {
+func TestKeyBelowItsConfiguredLimitsShowsTheLimitInForce(t *testing.T) {
 	ctx := context.Background()
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)

@@ -61,14 +61,8 @@ not show it) is an error naming the closest key, unless --force.`,
 			if err := throttle.ValidateKey(args[0]); err != nil {
 				return usageError{err}
 			}
-			if !force {
-				lim, err := a.limiter(cmd.Context())
-				if err != nil {
-					return err
-				}
-				if err := a.requireKnown(cmd.Context(), lim, args[0], "shows it"); err != nil {
-					return err
-				}
+			if _, err := a.knownLimiter(cmd.Context(), args[0], force, "shows it"); err != nil {
+				return err
 			}
 			return a.show(cmd, args[0])
 		},
@@ -164,14 +158,9 @@ in Redis (no limits, no state) is refused as a likely typo, unless --force
 			if d > a.maxSuspension {
 				return usagef("duration %v: at most %v", d, a.maxSuspension)
 			}
-			lim, err := a.limiter(cmd.Context())
+			lim, err := a.knownLimiter(cmd.Context(), key, force, "suspends it")
 			if err != nil {
 				return err
-			}
-			if !force {
-				if err := a.requireKnown(cmd.Context(), lim, key, "suspends it"); err != nil {
-					return err
-				}
 			}
 			if err := lim.Suspend(cmd.Context(), key, d); err != nil {
 				return err
@@ -195,14 +184,9 @@ func (a *app) resumeCmd() *cobra.Command {
 			if err := throttle.ValidateKey(args[0]); err != nil {
 				return usageError{err}
 			}
-			lim, err := a.limiter(cmd.Context())
+			lim, err := a.knownLimiter(cmd.Context(), args[0], force, "resumes it")
 			if err != nil {
 				return err
-			}
-			if !force {
-				if err := a.requireKnown(cmd.Context(), lim, args[0], "resumes it"); err != nil {
-					return err
-				}
 			}
 			if _, err := lim.Resume(cmd.Context(), args[0]); err != nil {
 				return err
@@ -235,14 +219,9 @@ Redis is refused as a likely typo, unless --force.`,
 			if !yes && !isTerminal(a.stdin) {
 				return usagef("delete: no terminal on stdin to confirm on: pass --yes to delete %s without confirmation", key)
 			}
-			lim, err := a.limiter(cmd.Context())
+			lim, err := a.knownLimiter(cmd.Context(), key, force, "deletes it")
 			if err != nil {
 				return err
-			}
-			if !force {
-				if err := a.requireKnown(cmd.Context(), lim, key, "deletes it"); err != nil {
-					return err
-				}
 			}
 			if !yes {
 				ok, err := a.confirmDelete(cmd.Context(), lim, key)

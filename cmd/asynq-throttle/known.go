@@ -17,6 +17,17 @@ func forceFlag(cmd *cobra.Command, force *bool, does string) {
 	cmd.Flags().BoolVar(force, "force", false, does+" even if the key has nothing in Redis (no limits, no state)")
 }
 
+// knownLimiter returns the Limiter for a command on key, which must be
+// known (see requireKnown) unless force: does says what the command would
+// have done.
+func (a *app) knownLimiter(ctx context.Context, key string, force bool, does string) (*throttle.Limiter, error) {
+	lim, err := a.limiter(ctx)
+	if err != nil || force {
+		return lim, err
+	}
+	return lim, a.requireKnown(ctx, lim, key, does)
+}
+
 // requireKnown fails when key has nothing in Redis (no limits, no state:
 // a key list does not show), so that a typo is not silently obeyed. The
 // error names the closest key that exists; does is what --force would do

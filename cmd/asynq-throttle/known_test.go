@@ -66,7 +66,7 @@ func TestUnknownKeyIsAnError(t *testing.T) {
 	assert.Greater(t, st.SuspendedFor, 5*time.Second)
 }
 
-func TestClosestKey(t *testing.T) {
+func TestClosestKeyFindsTheKeyATypoMeant(t *testing.T) {
 	keys := []string{"github", "hubspot", "slack", "stripe"}
 	for _, tc := range []struct{ name, want string }{
 		{"slakc", "slack"},   // swapped letters: one edit

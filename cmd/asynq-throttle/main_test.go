@@ -5,7 +5,6 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,6 +16,8 @@ import (
 	"github.com/redis/go-redis/v9/logging"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/asynq-throttle/asynq-throttle/internal/redistest"
 )
 
 var update = flag.Bool("update", false, "rewrite the testdata/*.golden files from this run")
@@ -121,17 +122,7 @@ func golden(t *testing.T, name, got string) {
 	assert.Equal(t, string(want), got, "output differs from %s (go test ./cmd/asynq-throttle -run %s -update rewrites it)", path, t.Name())
 }
 
-// closedAddr is a loopback address nothing listens on.
-func closedAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	addr := l.Addr().String()
-	require.NoError(t, l.Close())
-	return addr
-}
-
-func TestNormalise(t *testing.T) {
+func TestNormaliseMasksPortsDurationsAndTimes(t *testing.T) {
 	in := "$ asynq-throttle suspend slack 30s --redis redis://127.0.0.1:4242\n" +
 		"slack    100/1.5s 5/s:burst=8  8.0/8  29.9s  1m30s  at 15:04:05 (in 250ms) 2026-11-30T15:04:05.123Z \"queued_seconds\": 12.5 127.0.0.1:4242\n"
 	want := "$ asynq-throttle suspend slack 30s --redis redis://127.0.0.1:PORT\n" +
@@ -144,11 +135,11 @@ func TestNormalise(t *testing.T) {
 func TestUnreachableRedisIsOneLine(t *testing.T) {
 	for _, args := range [][]string{
 		{"list"},
-		{"--redis", "redis+cluster://" + closedAddr(t), "list"},
+		{"--redis", "redis+cluster://" + redistest.ClosedAddr(t), "list"},
 	} {
 		t.Run(strings.Join(args, " "), func(t *testing.T) {
 			cmd := exec.Command(os.Args[0], args...)
-			cmd.Env = append(os.Environ(), envRunMain+"=1", "REDIS_URL=redis://"+closedAddr(t)+"/0")
+			cmd.Env = append(os.Environ(), envRunMain+"=1", "REDIS_URL=redis://"+redistest.ClosedAddr(t)+"/0")
 			var out, errb bytes.Buffer
 			cmd.Stdout, cmd.Stderr = &out, &errb
 			err := cmd.Run()
@@ -165,8 +156,8 @@ func TestUnreachableRedisIsOneLine(t *testing.T) {
 
 // Bad input: a message naming the accepted forms, exit code 2, before
 // Redis is even asked.
-func TestUsageErrors(t *testing.T) {
-	tr := &transcript{t: t, redisURL: "redis://" + closedAddr(t)}
+func TestBadUsageExitsWith2NamingTheAcceptedForms(t *testing.T) {
+	tr := &transcript{t: t, redisURL: "redis://" + redistest.ClosedAddr(t)}
 	for _, args := range [][]string{
 		{"set", "slack", "10/fortnight"},
 		{"set", "slack", "10/s:b=20"},

@@ -33,7 +33,6 @@ func openRedis(raw string) (redis.UniversalClient, error) {
 		return nil, fmt.Errorf("bad Redis URL: %v (want %s)", err, urlForms)
 	}
 	q := u.Query()
-	unset := func(name string) bool { return !q.Has(name) }
 	base, kind, _ := strings.Cut(u.Scheme, "+")
 	if base != "redis" && base != "rediss" && !(base == "unix" && kind == "") {
 		return nil, fmt.Errorf("bad Redis URL %q: scheme %q (want %s)", redactURL(raw), u.Scheme, urlForms)
@@ -46,18 +45,7 @@ func openRedis(raw string) (redis.UniversalClient, error) {
 		if err != nil {
 			return nil, badURL(raw, err)
 		}
-		if unset("max_retries") {
-			o.MaxRetries = -1
-		}
-		if unset("dial_timeout") {
-			o.DialTimeout = cliDialTimeout
-		}
-		if unset("read_timeout") {
-			o.ReadTimeout = cliReadTimeout
-		}
-		if unset("dialer_retries") {
-			o.DialerRetries = 1
-		}
+		failFast(q, &o.MaxRetries, &o.DialTimeout, &o.ReadTimeout, &o.DialerRetries)
 		return redis.NewClient(o), nil
 	case "sentinel":
 		o, err := redis.ParseFailoverURL(plain.String())
@@ -67,39 +55,34 @@ func openRedis(raw string) (redis.UniversalClient, error) {
 		if o.MasterName == "" {
 			return nil, fmt.Errorf("bad Redis URL %q: a Sentinel URL needs ?master_name=NAME", redactURL(raw))
 		}
-		if unset("max_retries") {
-			o.MaxRetries = -1
-		}
-		if unset("dial_timeout") {
-			o.DialTimeout = cliDialTimeout
-		}
-		if unset("read_timeout") {
-			o.ReadTimeout = cliReadTimeout
-		}
-		if unset("dialer_retries") {
-			o.DialerRetries = 1
-		}
+		failFast(q, &o.MaxRetries, &o.DialTimeout, &o.ReadTimeout, &o.DialerRetries)
 		return redis.NewFailoverClient(o), nil
 	case "cluster":
 		o, err := redis.ParseClusterURL(plain.String())
 		if err != nil {
 			return nil, badURL(raw, err)
 		}
-		if unset("max_retries") {
-			o.MaxRetries = -1
-		}
-		if unset("dial_timeout") {
-			o.DialTimeout = cliDialTimeout
-		}
-		if unset("read_timeout") {
-			o.ReadTimeout = cliReadTimeout
-		}
-		if unset("dialer_retries") {
-			o.DialerRetries = 1
-		}
+		failFast(q, &o.MaxRetries, &o.DialTimeout, &o.ReadTimeout, &o.DialerRetries)
 		return redis.NewClusterClient(o), nil
 	}
 	return nil, fmt.Errorf("bad Redis URL %q: scheme %q (want %s)", redactURL(raw), u.Scheme, urlForms)
+}
+
+// failFast applies the CLI's connection settings to what the URL's query
+// q leaves unset: no retries, one dial attempt, short timeouts.
+func failFast(q url.Values, maxRetries *int, dialTimeout, readTimeout *time.Duration, dialerRetries *int) {
+	if !q.Has("max_retries") {
+		*maxRetries = -1
+	}
+	if !q.Has("dial_timeout") {
+		*dialTimeout = cliDialTimeout
+	}
+	if !q.Has("read_timeout") {
+		*readTimeout = cliReadTimeout
+	}
+	if !q.Has("dialer_retries") {
+		*dialerRetries = 1
+	}
 }
 
 func badURL(raw string, err error) error {

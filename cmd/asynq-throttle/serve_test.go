@@ -29,7 +29,7 @@ func TestServeListensOnLoopbackByDefault(t *testing.T) {
 // serve's dashboard answers localhost, IP addresses and --allowed-hosts,
 // and refuses a rebound host's action; /metrics answers any host, as an
 // exporter does.
-func TestServeAllowedHosts(t *testing.T) {
+func TestServeAnswersOnlyAllowedHosts(t *testing.T) {
 	srv := redistest.Start(t)
 	url := "redis://" + srv.Addr
 	require.Equal(t, exitOK, cli(t, url, "set", "slack", "5/s").code)

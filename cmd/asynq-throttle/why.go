@@ -131,149 +131,234 @@ func (a *app) findTask(id, queue string) (*asynq.TaskInfo, error) {
 
 // explain finds why info waits.
 func (a *app) explain(ctx context.Context, lim *throttle.Limiter, info *asynq.TaskInfo) (whyView, error) {
-	v := whyView{TaskID: info.ID, Queue: info.Queue, Type: info.Type, State: info.State.String()}
-	now := time.Now()
-	task := fmt.Sprintf("task %s (%s)", info.ID, info.Type)
-	runs := "asynq brings it back when it is due"
-	if !info.NextProcessAt.IsZero() && (info.State == asynq.TaskStateScheduled || info.State == asynq.TaskStateRetry) {
-		at := info.NextProcessAt
-		v.RunsAt = &at
-		runs = "asynq brings it back at " + when(at, now)
-	}
-	done := func(reason, format string, args ...any) (whyView, error) {
-		v.Reason = reason
-		v.Sentence = fmt.Sprintf(format, args...)
+	e := newExplanation(info, time.Now())
+	if v, ok := e.notWaiting(); ok {
 		return v, nil
 	}
-
-	switch info.State {
-	case asynq.TaskStateActive:
-		return done(reasonNotWaiting, "%s is not waiting: a worker is running it now.", task)
-	case asynq.TaskStateCompleted:
-		return done(reasonNotWaiting, "%s is not waiting: it has completed.", task)
-	case asynq.TaskStateArchived:
-		return done(reasonNotWaiting, "%s is not waiting: asynq archived it after its handler failed (%s); throttling never archives a task.", task, lastErr(info))
-	case asynq.TaskStateAggregating:
-		return done(reasonNotWaiting, "%s is waiting in aggregation group %q; asynq runs it when the group is flushed.", task, info.Group)
-	}
-
 	key, _, err := keyspace.KeyOfTask(asynq.NewTaskWithHeaders(info.Type, nil, info.Headers), nil)
 	if err != nil {
-		return done(reasonInvalidKey, "%s cannot be throttled: %v; the middleware fails it when it runs.", task, err)
+		return e.say(reasonInvalidKey, "%s cannot be throttled: %v; the middleware fails it when it runs.", e.task, err)
 	}
-	v.Key = key
+	e.v.Key, e.key = key, key
 	if key == "" {
-		if info.State == asynq.TaskStatePending {
-			return done(reasonNotThrottled, "%s is not throttled (no %s header, and its type has no \"provider:\" prefix); it runs as soon as a worker is free.", task, throttle.HeaderKey)
-		}
-		return done(reasonNotThrottled, "%s is not throttled (no %s header, and its type has no \"provider:\" prefix); %s.", task, throttle.HeaderKey, runs)
+		return e.withoutKey()
 	}
 	st, err := lim.Inspect(ctx, key)
 	var cfg *throttle.ConfigError
 	if errors.As(err, &cfg) {
-		return done(reasonNotThrottled, "%s cannot be decided: key %q has invalid limits in Redis (%s: %s), so the workers apply their failure policy; fix it with `asynq-throttle set`.", task, key, cfg.Field, cfg.Reason)
+		return e.say(reasonNotThrottled, "%s cannot be decided: key %q has invalid limits in Redis (%s: %s), so the workers apply their failure policy; fix it with `asynq-throttle set`.", e.task, key, cfg.Field, cfg.Reason)
 	}
 	if err != nil {
-		return v, err
+		return e.v, err
 	}
-	v.Throttled = st.Limits != nil
-	v.Generation = st.Generation
-	v.Cost = costOf(info)
-	_, v.InFlight = limitspec.Views(st)
-	task = fmt.Sprintf("task %s (key %q)", info.ID, key)
-	refuses := func(i int) {
-		v.Tier, v.Limit = i, formatLimit(st.Limits[i-1])
-	}
-	tooHigh := costTooHigh(st, v.Cost)
-	blocked := blocking(st, v.Cost)
-
+	e.withStatus(st)
 	if info.State == asynq.TaskStatePending {
-		switch {
-		case st.SuspendedFor > 0:
-			return done(reasonSuspended, "%s is pending, but key %q is suspended for another %s, so a worker that picks it up defers it until then.", task, key, formatDur(st.SuspendedFor))
-		case st.Limits == nil:
-			return done(reasonNotThrottled, "%s is pending and not throttled: key %q has no limits in Redis (the workers' default limits, if any, apply); it runs as soon as a worker is free.", task, key)
-		case tooHigh > 0:
-			refuses(tooHigh)
-			return done(reasonCostTooHigh, "%s can never be admitted: it costs %d, and %s (the middleware's decision fails with ErrCostTooHigh and its failure policy applies).", task, v.Cost, capacitySentence(st, tooHigh, key))
-		case blocked > 0 && st.Limits[blocked-1].Kind == throttle.KindInFlight:
-			refuses(blocked)
-			return done(reasonSlots, "%s is pending; a worker that picks it up now is refused by slots, because %s, and defers it to when one is expected to free (or waits for it, when that is within a second).", task, slotsSentence(st, blocked, key))
-		case blocked > 0:
-			refuses(blocked)
-			return done(reasonTier, "%s is pending; a worker that picks it up now defers it, because %s.", task, tierSentence(st, blocked, key, v.Cost))
-		case st.Reservations > 0:
-			return done(reasonQueued, "%s is pending; %d deferred tasks hold reserved slots ahead of it (the backlog drains in %s), so a worker that picks it up waits behind them.", task, st.Reservations, formatDur(st.QueuedFor))
-		}
-		return done(reasonPending, "%s is pending and key %q has room (%s), so it runs as soon as a worker is free.", task, key, room(st))
+		return e.pending()
 	}
+	return a.explainDelayed(ctx, e)
+}
 
-	// Scheduled or retry: it waits for asynq to bring it back.
-	if _, why, ok := deferral.Parse(info.LastErr); ok {
-		v.DeferredFor = why
-	} else if why := info.Headers[keyspace.DeferredReason]; why != "" && info.Headers[keyspace.Origin] != "" {
-		v.DeferredFor = why // a deferred copy
+// explanation is what explain has found out about a task so far.
+type explanation struct {
+	v    whyView
+	info *asynq.TaskInfo
+	task string // the task as sentences name it
+	runs string // when asynq brings it back, as sentences say it
+	key  string
+	st   throttle.Status
+	// tooHigh and blocked are the limits (1-based, 0 for none) that can
+	// never hold the task's cost, and that refuse it now.
+	tooHigh, blocked int
+}
+
+func newExplanation(info *asynq.TaskInfo, now time.Time) *explanation {
+	e := &explanation{
+		v:    whyView{TaskID: info.ID, Queue: info.Queue, Type: info.Type, State: info.State.String()},
+		info: info,
+		task: fmt.Sprintf("task %s (%s)", info.ID, info.Type),
+		runs: "asynq brings it back when it is due",
 	}
-	deferred := v.DeferredFor != "" || info.Headers[keyspace.Origin] != ""
-	if info.State == asynq.TaskStateRetry && !deferred && info.LastErr != "" {
-		return done(reasonHandlerError, "%s is waiting to retry after its handler failed (%s), not for throttling; %s.", task, info.LastErr, runs)
+	if !info.NextProcessAt.IsZero() && (info.State == asynq.TaskStateScheduled || info.State == asynq.TaskStateRetry) {
+		at := info.NextProcessAt
+		e.v.RunsAt = &at
+		e.runs = "asynq brings it back at " + when(at, now)
 	}
-	resvID := info.ID
-	if origin := info.Headers[keyspace.Origin]; origin != "" {
-		resvID = origin
+	return e
+}
+
+// say ends the explanation: the task waits for reason, in a sentence.
+func (e *explanation) say(reason, format string, args ...any) (whyView, error) {
+	e.v.Reason = reason
+	e.v.Sentence = fmt.Sprintf(format, args...)
+	return e.v, nil
+}
+
+// refuses records that limit i (1-based) of the key refuses the task.
+func (e *explanation) refuses(i int) {
+	e.v.Tier, e.v.Limit = i, formatLimit(e.st.Limits[i-1])
+}
+
+// notWaiting explains a task that is running, done, archived or grouped:
+// asynq, not throttling, holds it.
+func (e *explanation) notWaiting() (whyView, bool) {
+	var v whyView
+	switch e.info.State {
+	case asynq.TaskStateActive:
+		v, _ = e.say(reasonNotWaiting, "%s is not waiting: a worker is running it now.", e.task)
+	case asynq.TaskStateCompleted:
+		v, _ = e.say(reasonNotWaiting, "%s is not waiting: it has completed.", e.task)
+	case asynq.TaskStateArchived:
+		v, _ = e.say(reasonNotWaiting, "%s is not waiting: asynq archived it after its handler failed (%s); throttling never archives a task.", e.task, lastErr(e.info))
+	case asynq.TaskStateAggregating:
+		v, _ = e.say(reasonNotWaiting, "%s is waiting in aggregation group %q; asynq runs it when the group is flushed.", e.task, e.info.Group)
+	default:
+		return v, false
 	}
-	slot, ok, err := a.reservation(ctx, key, resvID)
-	if err != nil {
-		return v, err
+	return v, true
+}
+
+// withoutKey explains a task with no throttle key: nothing throttles it.
+func (e *explanation) withoutKey() (whyView, error) {
+	if e.info.State == asynq.TaskStatePending {
+		return e.say(reasonNotThrottled, "%s is not throttled (no %s header, and its type has no \"provider:\" prefix); it runs as soon as a worker is free.", e.task, throttle.HeaderKey)
 	}
-	if ok {
-		v.Slot = &slot
-		redisNow, err := a.rdb.Time(ctx).Result()
-		if err != nil {
-			return v, fmt.Errorf("read the Redis clock: %w", err)
-		}
-		if st.SuspendedFor > 0 && slot.Before(redisNow.Add(st.SuspendedFor)) {
-			return done(reasonSuspended, "%s is waiting because key %q is suspended for another %s (a 429 from the provider, or an operator); its reserved slot at %s falls inside the suspension, so it will be deferred again then, to run after it.",
-				task, key, formatDur(st.SuspendedFor), when(slot, redisNow))
-		}
-		after := ""
-		if st.SuspendedFor > 0 {
-			after = fmt.Sprintf(", after the key's suspension (%s left)", formatDur(st.SuspendedFor))
-		}
-		if v.RunsAt != nil && v.RunsAt.Sub(slot).Abs() < 1500*time.Millisecond {
-			// asynq's time and the slot agree (one clock is the enqueuer's,
-			// the other Redis'): say it once.
-			return done(reasonReserved, "%s is waiting for its reserved run slot at %s%s; asynq brings it back then and it runs without contending again.",
-				task, when(slot, redisNow), after)
-		}
-		return done(reasonReserved, "%s holds a reserved run slot at %s%s; %s.", task, when(slot, redisNow), after, runs)
-	}
-	bySlots := v.DeferredFor == throttle.RefusedBySlots.String()
+	return e.say(reasonNotThrottled, "%s is not throttled (no %s header, and its type has no \"provider:\" prefix); %s.", e.task, throttle.HeaderKey, e.runs)
+}
+
+// withStatus records the key's state, and which of its limits refuse the
+// task now or could never admit it.
+func (e *explanation) withStatus(st throttle.Status) {
+	e.st = st
+	e.v.Throttled = st.Limits != nil
+	e.v.Generation = st.Generation
+	e.v.Cost = costOf(e.info)
+	_, e.v.InFlight = limitspec.Views(st)
+	e.task = fmt.Sprintf("task %s (key %q)", e.info.ID, e.key)
+	e.tooHigh = costTooHigh(st, e.v.Cost)
+	e.blocked = blocking(st, e.v.Cost)
+}
+
+// blockedBySlots reports whether the limit that refuses the task now is
+// an in-flight limit.
+func (e *explanation) blockedBySlots() bool {
+	return e.blocked > 0 && e.st.Limits[e.blocked-1].Kind == throttle.KindInFlight
+}
+
+// pending explains a task ready to run: what a worker that picks it up now
+// would decide.
+func (e *explanation) pending() (whyView, error) {
+	task, key, st := e.task, e.key, e.st
 	switch {
 	case st.SuspendedFor > 0:
-		return done(reasonSuspended, "%s is waiting because key %q is suspended for another %s (a 429 from the provider, or an operator); %s.", task, key, formatDur(st.SuspendedFor), runs)
+		return e.say(reasonSuspended, "%s is pending, but key %q is suspended for another %s, so a worker that picks it up defers it until then.", task, key, formatDur(st.SuspendedFor))
 	case st.Limits == nil:
-		return done(reasonNotThrottled, "%s is waiting, but key %q has no limits in Redis now, so it runs unthrottled (or under the workers' defaults) when %s.", task, key, runs)
-	case tooHigh > 0:
-		refuses(tooHigh)
-		return done(reasonCostTooHigh, "%s can never be admitted: it costs %d, and %s (the middleware's decision fails with ErrCostTooHigh and its failure policy applies); %s.", task, v.Cost, capacitySentence(st, tooHigh, key), runs)
-	case blocked > 0 && st.Limits[blocked-1].Kind == throttle.KindInFlight:
-		refuses(blocked)
-		if bySlots {
-			return done(reasonSlots, "%s was refused by slots: %s, so it was deferred to when one is expected to free; %s.", task, slotsSentence(st, blocked, key), runs)
-		}
-		return done(reasonSlots, "%s is waiting because %s; %s.", task, slotsSentence(st, blocked, key), runs)
-	case blocked > 0:
-		refuses(blocked)
-		return done(reasonTier, "%s is waiting because %s; %s.", task, tierSentence(st, blocked, key, v.Cost), runs)
+		return e.say(reasonNotThrottled, "%s is pending and not throttled: key %q has no limits in Redis (the workers' default limits, if any, apply); it runs as soon as a worker is free.", task, key)
+	case e.tooHigh > 0:
+		e.refuses(e.tooHigh)
+		return e.say(reasonCostTooHigh, "%s can never be admitted: it costs %d, and %s (the middleware's decision fails with ErrCostTooHigh and its failure policy applies).", task, e.v.Cost, capacitySentence(st, e.tooHigh, key))
+	case e.blockedBySlots():
+		e.refuses(e.blocked)
+		return e.say(reasonSlots, "%s is pending; a worker that picks it up now is refused by slots, because %s, and defers it to when one is expected to free (or waits for it, when that is within a second).", task, slotsSentence(st, e.blocked, key))
+	case e.blocked > 0:
+		e.refuses(e.blocked)
+		return e.say(reasonTier, "%s is pending; a worker that picks it up now defers it, because %s.", task, tierSentence(st, e.blocked, key, e.v.Cost))
 	case st.Reservations > 0:
-		return done(reasonQueued, "%s is waiting behind %d tasks that reserved the next slots of key %q (the backlog drains in %s); %s.", task, st.Reservations, key, formatDur(st.QueuedFor), runs)
-	case !deferred:
-		return done(reasonScheduled, "%s was scheduled by its producer, not deferred by throttling; %s, and key %q has room now (%s).", task, runs, key, room(st))
-	case bySlots:
-		return done(reasonTokens, "%s was refused by slots (every in-flight slot of key %q was held), but key %q has room now (%s), so it should run when %s.", task, key, key, room(st), runs)
+		return e.say(reasonQueued, "%s is pending; %d deferred tasks hold reserved slots ahead of it (the backlog drains in %s), so a worker that picks it up waits behind them.", task, st.Reservations, formatDur(st.QueuedFor))
 	}
-	return done(reasonTokens, "%s was deferred, but key %q has room now (%s), so it should run when %s.", task, key, room(st), runs)
+	return e.say(reasonPending, "%s is pending and key %q has room (%s), so it runs as soon as a worker is free.", task, key, room(st))
+}
+
+// explainDelayed explains a scheduled or retry task, which waits for asynq
+// to bring it back: after a handler error, for its reserved slot, or for
+// what refused it.
+func (a *app) explainDelayed(ctx context.Context, e *explanation) (whyView, error) {
+	deferred := e.readDeferral()
+	if e.info.State == asynq.TaskStateRetry && !deferred && e.info.LastErr != "" {
+		return e.say(reasonHandlerError, "%s is waiting to retry after its handler failed (%s), not for throttling; %s.", e.task, e.info.LastErr, e.runs)
+	}
+	resvID := e.info.ID
+	if origin := e.info.Headers[keyspace.Origin]; origin != "" {
+		resvID = origin // a deferred copy holds its original's reservation
+	}
+	slot, ok, err := a.reservation(ctx, e.key, resvID)
+	if err != nil {
+		return e.v, err
+	}
+	if !ok {
+		return e.delayed(deferred)
+	}
+	e.v.Slot = &slot
+	redisNow, err := a.rdb.Time(ctx).Result()
+	if err != nil {
+		return e.v, fmt.Errorf("read the Redis clock: %w", err)
+	}
+	return e.reserved(slot, redisNow)
+}
+
+// readDeferral records why the middleware last deferred the task, and
+// reports whether throttling deferred it (it may have been scheduled by
+// its producer).
+func (e *explanation) readDeferral() bool {
+	if _, why, ok := deferral.Parse(e.info.LastErr); ok {
+		e.v.DeferredFor = why
+	} else if why := e.info.Headers[keyspace.DeferredReason]; why != "" && e.info.Headers[keyspace.Origin] != "" {
+		e.v.DeferredFor = why // a deferred copy
+	}
+	return e.v.DeferredFor != "" || e.info.Headers[keyspace.Origin] != ""
+}
+
+// reserved explains a task that holds a reserved slot (on the Redis clock,
+// whose now is redisNow).
+func (e *explanation) reserved(slot, redisNow time.Time) (whyView, error) {
+	task, key, st := e.task, e.key, e.st
+	if st.SuspendedFor > 0 && slot.Before(redisNow.Add(st.SuspendedFor)) {
+		return e.say(reasonSuspended, "%s is waiting because key %q is suspended for another %s (a 429 from the provider, or an operator); its reserved slot at %s falls inside the suspension, so it will be deferred again then, to run after it.",
+			task, key, formatDur(st.SuspendedFor), when(slot, redisNow))
+	}
+	after := ""
+	if st.SuspendedFor > 0 {
+		after = fmt.Sprintf(", after the key's suspension (%s left)", formatDur(st.SuspendedFor))
+	}
+	if e.v.RunsAt != nil && e.v.RunsAt.Sub(slot).Abs() < 1500*time.Millisecond {
+		// asynq's time and the slot agree (one clock is the enqueuer's,
+		// the other Redis'): say it once.
+		return e.say(reasonReserved, "%s is waiting for its reserved run slot at %s%s; asynq brings it back then and it runs without contending again.",
+			task, when(slot, redisNow), after)
+	}
+	return e.say(reasonReserved, "%s holds a reserved run slot at %s%s; %s.", task, when(slot, redisNow), after, e.runs)
+}
+
+// delayed explains a scheduled or retry task without a reserved slot:
+// what refuses it now, or that nothing does. deferred: throttling deferred
+// it.
+func (e *explanation) delayed(deferred bool) (whyView, error) {
+	task, key, st, runs := e.task, e.key, e.st, e.runs
+	bySlots := e.v.DeferredFor == throttle.RefusedBySlots.String()
+	switch {
+	case st.SuspendedFor > 0:
+		return e.say(reasonSuspended, "%s is waiting because key %q is suspended for another %s (a 429 from the provider, or an operator); %s.", task, key, formatDur(st.SuspendedFor), runs)
+	case st.Limits == nil:
+		return e.say(reasonNotThrottled, "%s is waiting, but key %q has no limits in Redis now, so it runs unthrottled (or under the workers' defaults) when %s.", task, key, runs)
+	case e.tooHigh > 0:
+		e.refuses(e.tooHigh)
+		return e.say(reasonCostTooHigh, "%s can never be admitted: it costs %d, and %s (the middleware's decision fails with ErrCostTooHigh and its failure policy applies); %s.", task, e.v.Cost, capacitySentence(st, e.tooHigh, key), runs)
+	case e.blockedBySlots():
+		e.refuses(e.blocked)
+		if bySlots {
+			return e.say(reasonSlots, "%s was refused by slots: %s, so it was deferred to when one is expected to free; %s.", task, slotsSentence(st, e.blocked, key), runs)
+		}
+		return e.say(reasonSlots, "%s is waiting because %s; %s.", task, slotsSentence(st, e.blocked, key), runs)
+	case e.blocked > 0:
+		e.refuses(e.blocked)
+		return e.say(reasonTier, "%s is waiting because %s; %s.", task, tierSentence(st, e.blocked, key, e.v.Cost), runs)
+	case st.Reservations > 0:
+		return e.say(reasonQueued, "%s is waiting behind %d tasks that reserved the next slots of key %q (the backlog drains in %s); %s.", task, st.Reservations, key, formatDur(st.QueuedFor), runs)
+	case !deferred:
+		return e.say(reasonScheduled, "%s was scheduled by its producer, not deferred by throttling; %s, and key %q has room now (%s).", task, runs, key, room(st))
+	case bySlots:
+		return e.say(reasonTokens, "%s was refused by slots (every in-flight slot of key %q was held), but key %q has room now (%s), so it should run when %s.", task, key, key, room(st), runs)
+	}
+	return e.say(reasonTokens, "%s was deferred, but key %q has room now (%s), so it should run when %s.", task, key, room(st), runs)
 }
 
 // costOf is what the task takes from every rate limit of its key (its

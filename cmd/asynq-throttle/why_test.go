@@ -22,7 +22,7 @@ import (
 
 // why explains each way a task can wait, for tasks put in place with
 // asynq's client and the limiter.
-func TestWhy(t *testing.T) {
+func TestWhyExplainsEachWayATaskWaits(t *testing.T) {
 	ctx := context.Background()
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)
@@ -174,7 +174,7 @@ func TestWhy(t *testing.T) {
 }
 
 // why on tasks a real fleet deferred: each holds its reserved slot.
-func TestWhyDeferredByWorkers(t *testing.T) {
+func TestWhyShowsTheSlotOfEachTaskAFleetDeferred(t *testing.T) {
 	ctx := context.Background()
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)
@@ -236,7 +236,7 @@ func (discardAsynqLogger) Fatal(...any) {}
 
 // why on a task a real worker refused by slots: the key's one slot in
 // flight is held by a running task, so the other was deferred.
-func TestWhyRefusedBySlots(t *testing.T) {
+func TestWhyExplainsATaskRefusedBySlots(t *testing.T) {
 	ctx := context.Background()
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)

@@ -12,6 +12,19 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
+// auditRun reads the last progress counts, shows them on disp and audits
+// the run into s, taking at most 30 s even when ctx has ended.
+func (m *monitor) auditRun(ctx context.Context, rdb redis.UniversalClient, queue string, prod *producer, disp *display, s *Summary) error {
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	rows, err := m.rows(actx)
+	if err != nil {
+		return fmt.Errorf("audit: %w", err)
+	}
+	disp.finish(rows)
+	return m.audit(actx, rdb, queue, prod, rows, s)
+}
+
 // audit checks every job against asynq (through the Inspector), the
 // handlers' ledger and the provider's own count, and fills s. rows are the
 // last progress counts.
@@ -25,78 +38,16 @@ func (m *monitor) audit(ctx context.Context, rdb redis.UniversalClient, queue st
 	}
 	var last time.Time
 	for i, p := range m.providers {
-		name := p.Spec.Name
-		done, err := m.ledger.doneCounts(ctx, name)
-		if err != nil {
-			return fmt.Errorf("audit: read ledger: %w", err)
-		}
 		st := p.Stats()
-		ps := ProviderSummary{
-			Name:      name,
-			Quota:     formatLimits(p.Spec.Quota),
-			Limit:     formatLimits(rows[i].Limit),
-			InForce:   formatLimits(rows[i].InForce),
-			Learned:   !slices.Equal(rows[i].Limit, rows[i].InForce),
-			Jobs:      len(prod.ids[name]),
-			Served:    st.Served,
-			TooMany:   st.TooMany,
-			Shed:      st.Shed,
-			OverQuota: st.OverQuota,
-			LateShed:  st.LateShed,
-			Archived:  archivedByType[p.Spec.TaskType],
+		ps, err := m.auditProvider(ctx, insp, queue, prod, p, st, rows[i])
+		if err != nil {
+			return err
 		}
-		ps.Deferred, ps.Suspended = rows[i].Deferred, rows[i].Suspended
-		for _, id := range prod.ids[name] {
-			if !prod.sent(id) {
-				ps.NotDone++ // the run stopped before it was due to arrive
-				continue
-			}
-			info, err := insp.GetTaskInfo(queue, id)
-			switch {
-			case err == nil:
-			case errors.Is(err, asynq.ErrTaskNotFound), errors.Is(err, asynq.ErrQueueNotFound):
-				info = nil
-			default:
-				return fmt.Errorf("audit: task %s: %w", id, err)
-			}
-			n := done[id]
-			if n > 0 {
-				ps.Done++
-			}
-			if n > 1 || p.servedCount(id) > 1 {
-				ps.Duplicates++
-			}
-			switch {
-			case n > 0 && info != nil && info.State == asynq.TaskStateCompleted:
-			case info != nil && info.State == asynq.TaskStateArchived:
-				// counted in Archived
-			case n == 0 && info != nil && info.State != asynq.TaskStateCompleted:
-				ps.NotDone++ // still queued: the run stopped first
-			default:
-				// asynq no longer has it, or has it completed though its
-				// handler never succeeded (or succeeded, and asynq lost
-				// the completed task).
-				ps.Lost++
-			}
+		ps.Archived = archivedByType[p.Spec.TaskType]
+		if st.Last.After(last) {
+			last = st.Last
 		}
-		if !st.Last.IsZero() {
-			ps.Seconds = round(st.Last.Sub(m.start).Seconds(), 3)
-			ps.Rate = round(float64(st.Served)/max(ps.Seconds, 1), 2)
-			if st.Last.After(last) {
-				last = st.Last
-			}
-		}
-		s.Providers = append(s.Providers, ps)
-		s.Jobs += ps.Jobs
-		s.Done += ps.Done
-		s.Duplicates += ps.Duplicates
-		s.Archived += ps.Archived
-		s.Lost += ps.Lost
-		s.NotDone += ps.NotDone
-		s.TooMany += ps.TooMany
-		s.Shed += ps.Shed
-		s.OverQuota += ps.OverQuota
-		s.LateShed += ps.LateShed
+		s.add(ps)
 	}
 	if !last.IsZero() {
 		s.Seconds = round(last.Sub(m.start).Seconds(), 3)
@@ -106,6 +57,90 @@ func (m *monitor) audit(ctx context.Context, rdb redis.UniversalClient, queue st
 	}
 	s.OK = s.Done == s.Jobs && s.Duplicates == 0 && s.Archived == 0 && s.Lost == 0
 	return nil
+}
+
+// auditProvider audits the jobs of provider p: what its ledger, its own
+// count of 200s (st) and asynq say of each. r is its last progress row.
+func (m *monitor) auditProvider(ctx context.Context, insp *asynq.Inspector, queue string, prod *producer, p *Provider, st ProviderStats, r row) (ProviderSummary, error) {
+	name := p.Spec.Name
+	done, err := m.ledger.doneCounts(ctx, name)
+	if err != nil {
+		return ProviderSummary{}, fmt.Errorf("audit: read ledger: %w", err)
+	}
+	ps := ProviderSummary{
+		Name:      name,
+		Quota:     formatLimits(p.Spec.Quota),
+		Limit:     formatLimits(r.Limit),
+		InForce:   formatLimits(r.InForce),
+		Learned:   !slices.Equal(r.Limit, r.InForce),
+		Jobs:      len(prod.ids[name]),
+		Served:    st.Served,
+		TooMany:   st.TooMany,
+		Shed:      st.Shed,
+		OverQuota: st.OverQuota,
+		LateShed:  st.LateShed,
+		Deferred:  r.Deferred,
+		Suspended: r.Suspended,
+	}
+	for _, id := range prod.ids[name] {
+		if !prod.sent(id) {
+			ps.NotDone++ // the run stopped before it was due to arrive
+			continue
+		}
+		info, err := insp.GetTaskInfo(queue, id)
+		switch {
+		case err == nil:
+		case errors.Is(err, asynq.ErrTaskNotFound), errors.Is(err, asynq.ErrQueueNotFound):
+			info = nil
+		default:
+			return ProviderSummary{}, fmt.Errorf("audit: task %s: %w", id, err)
+		}
+		ps.count(done[id], p.servedCount(id), info)
+	}
+	if !st.Last.IsZero() {
+		ps.Seconds = round(st.Last.Sub(m.start).Seconds(), 3)
+		ps.Rate = round(float64(st.Served)/max(ps.Seconds, 1), 2)
+	}
+	return ps, nil
+}
+
+// count counts one job that was sent: done n times by the handlers' ledger,
+// served that many times by its provider, and info as asynq has it (nil:
+// asynq no longer has it).
+func (ps *ProviderSummary) count(n, served int, info *asynq.TaskInfo) {
+	if n > 0 {
+		ps.Done++
+	}
+	if n > 1 || served > 1 {
+		ps.Duplicates++
+	}
+	switch {
+	case n > 0 && info != nil && info.State == asynq.TaskStateCompleted:
+	case info != nil && info.State == asynq.TaskStateArchived:
+		// counted in Archived
+	case n == 0 && info != nil && info.State != asynq.TaskStateCompleted:
+		ps.NotDone++ // still queued: the run stopped first
+	default:
+		// asynq no longer has it, or has it completed though its
+		// handler never succeeded (or succeeded, and asynq lost
+		// the completed task).
+		ps.Lost++
+	}
+}
+
+// add adds a provider's line to the summary and its totals.
+func (s *Summary) add(ps ProviderSummary) {
+	s.Providers = append(s.Providers, ps)
+	s.Jobs += ps.Jobs
+	s.Done += ps.Done
+	s.Duplicates += ps.Duplicates
+	s.Archived += ps.Archived
+	s.Lost += ps.Lost
+	s.NotDone += ps.NotDone
+	s.TooMany += ps.TooMany
+	s.Shed += ps.Shed
+	s.OverQuota += ps.OverQuota
+	s.LateShed += ps.LateShed
 }
 
 // round rounds x to the given number of decimals, for readable JSON.

@@ -54,20 +54,17 @@ func (l ledger) markDone(ctx context.Context, provider, job, worker string) erro
 
 // workerCounts returns how many jobs each worker did.
 func (l ledger) workerCounts(ctx context.Context) (map[string]int, error) {
-	h, err := l.rdb.HGetAll(ctx, l.workersKey()).Result()
-	if err != nil {
-		return nil, err
-	}
-	out := make(map[string]int, len(h))
-	for k, v := range h {
-		out[k], _ = strconv.Atoi(v)
-	}
-	return out, nil
+	return l.counts(ctx, l.workersKey())
 }
 
 // doneCounts returns, per job, how many times its handler succeeded.
 func (l ledger) doneCounts(ctx context.Context, provider string) (map[string]int, error) {
-	h, err := l.rdb.HGetAll(ctx, l.doneKey(provider)).Result()
+	return l.counts(ctx, l.doneKey(provider))
+}
+
+// counts reads a hash of counters.
+func (l ledger) counts(ctx context.Context, key string) (map[string]int, error) {
+	h, err := l.rdb.HGetAll(ctx, key).Result()
 	if err != nil {
 		return nil, err
 	}

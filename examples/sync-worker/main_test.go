@@ -182,7 +182,7 @@ func TestProviderPublishesItsQuotaInTheIETFFields(t *testing.T) {
 	assert.Empty(t, resp.Header.Get("RateLimit"))
 }
 
-func TestLearnedLimits(t *testing.T) {
+func TestLearnedLimitsTakeAQuotaOnlyBelowTheConfigured(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		spec ProviderSpec
@@ -360,12 +360,12 @@ func assertNoStorm(t *testing.T, s Summary) {
 	}
 }
 
-// TestDefaultRun runs the demo as `go run ./examples/sync-worker` does
+// TestDefaultRunDoesEveryJobOnceWithin80Columns runs the demo as `go run ./examples/sync-worker` does
 // (with -json, which moves the same text to stderr): Slack sheds load
 // partway, the 429 becomes a fleet-wide suspension, and the run still ends
 // with every job done once, no 429 but the ones Slack chose to send, and
 // every line within 80 columns.
-func TestDefaultRun(t *testing.T) {
+func TestDefaultRunDoesEveryJobOnceWithin80Columns(t *testing.T) {
 	code, stdout, stderr := runCLI(t, "-redis", "", "-json")
 	require.Equal(t, exitOK, code, "exit status of sync-worker -json; stderr:\n%s", stderr)
 	var s Summary
@@ -414,7 +414,7 @@ func TestLiveDisplayFitsIn80Columns(t *testing.T) {
 	}
 }
 
-func TestWrap(t *testing.T) {
+func TestWrapBreaksLinesWithinTheWidth(t *testing.T) {
 	for _, tc := range []struct {
 		in    string
 		width int
@@ -445,7 +445,7 @@ func TestDefaultTimeoutFitsTheWork(t *testing.T) {
 	}
 }
 
-func TestClusterRun(t *testing.T) {
+func TestDemoRunsOnARedisCluster(t *testing.T) {
 	t.Parallel()
 	cluster := redistest.StartCluster(t)
 
@@ -494,7 +494,7 @@ func (b *syncBuffer) String() string {
 	return b.b.String()
 }
 
-func TestRedisDiesMidRun(t *testing.T) {
+func TestDemoExitsSoonAfterItsRedisDies(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
 

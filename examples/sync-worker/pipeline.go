@@ -176,38 +176,22 @@ func run(ctx context.Context, cfg Config, out io.Writer) (Summary, error) {
 		// stopped by then.
 		defer func() {
 			if !lostRedis {
-				cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-				defer cancel()
-				cleanup(cctx, rdb, runID)
+				cleanupWithin(ctx, 30*time.Second, rdb, runID)
 			}
 		}()
 	}
 
 	providers, eps, err := startProviders(cfg.Providers)
-	defer func() {
-		for _, p := range providers {
-			_ = p.Close()
-		}
-	}()
+	defer closeProviders(providers)
 	if err != nil {
 		return Summary{}, err
 	}
-
-	// Limits live in Redis: set once here, obeyed by every worker process,
-	// and the ceiling of what the fleet learns from the providers.
 	limiter := throttle.NewLimiter(rdb, limiterOptions(runID)...)
-	for _, spec := range cfg.Providers {
-		if err := limiter.SetLimits(ctx, spec.Name, spec.Limits...); err != nil {
-			return Summary{}, err
-		}
+	if err := setProviderLimits(ctx, limiter, cfg.Providers); err != nil {
+		return Summary{}, err
 	}
 
-	sum := Summary{Run: runID, Redis: redisName, Timeout: cfg.Timeout.Seconds()}
-	if cfg.Procs > 0 {
-		sum.Workers = fmt.Sprintf("%d worker processes × %d goroutines", cfg.Procs, cfg.Concurrency)
-	} else {
-		sum.Workers = fmt.Sprintf("%d asynq servers × %d goroutines in this process", cfg.Servers, cfg.Concurrency)
-	}
+	sum := Summary{Run: runID, Redis: redisName, Workers: workersLine(cfg), Timeout: cfg.Timeout.Seconds()}
 	writeHeader(out, cfg, sum)
 	// The backlog is in the queue before the fleet starts: the run's clock,
 	// the providers' shedding and the event streams count from then.
@@ -230,34 +214,48 @@ func run(ctx context.Context, cfg Config, out io.Writer) (Summary, error) {
 		}
 		defer stop()
 	}
-	start := time.Now()
-	for _, p := range providers {
-		p.StartClock(start)
-	}
-	pctx, stopProducing := context.WithCancel(ctx)
+	start, stopProducing, produced := startProducing(ctx, providers, prod)
 	defer stopProducing()
-	produced := make(chan error, 1)
-	go func() { produced <- prod.stream(pctx, start) }()
 
 	m := newMonitor(ledger{rdb: rdb, ns: ledgerNS(runID)}, limiter, providers, cfg.Jobs, fleetSize(cfg), start)
 	end, lostErr := m.watch(ctx, disp, min(cfg.Interval, pollInterval), cfg.Timeout)
 	if end == redisLost {
 		disp.mute()
 		stopProducing()
-		// Nothing can be audited, and the workers cannot finish cleanly:
-		// give them a moment, then leave.
+		// Nothing can be audited (and nothing cleaned up).
 		lostRedis = true
-		stopped := make(chan struct{})
-		go func() {
-			_ = stopFleet()
-			close(stopped)
-		}()
-		select {
-		case <-stopped:
-		case <-time.After(lostStopTimeout):
-		}
+		abandonFleet(stopFleet)
 		return Summary{}, fmt.Errorf("%w: %s stopped answering: %v", errRedisLost, redisName, lostErr)
 	}
+	stopWork(stopProducing, produced, stopFleet, disp)
+
+	// The workers flushed their last counts as they stopped: audit now.
+	if err := m.auditRun(ctx, rdb, queueName(runID), prod, disp, &sum); err != nil {
+		return Summary{}, err
+	}
+	sum.TimedOut, sum.Interrupted = end == timedOut, end == interrupted
+	fmt.Fprintln(out)
+	writeTable(out, sum)
+	return sum, nil
+}
+
+// startProducing starts the run's clock (the providers' shedding counts
+// from it) and streams the jobs due after the backlog. stop ends the
+// stream; produced then says how it ended.
+func startProducing(ctx context.Context, providers []*Provider, prod *producer) (start time.Time, stop context.CancelFunc, produced <-chan error) {
+	start = time.Now()
+	for _, p := range providers {
+		p.StartClock(start)
+	}
+	pctx, stop := context.WithCancel(ctx)
+	ch := make(chan error, 1)
+	go func() { ch <- prod.stream(pctx, start) }()
+	return start, stop, ch
+}
+
+// stopWork stops the producer, then the fleet (running handlers finish),
+// and shows on disp what went wrong.
+func stopWork(stopProducing func(), produced <-chan error, stopFleet func() error, disp *display) {
 	stopProducing()
 	if err := <-produced; err != nil {
 		disp.event("producer: " + err.Error())
@@ -265,22 +263,54 @@ func run(ctx context.Context, cfg Config, out io.Writer) (Summary, error) {
 	if err := stopFleet(); err != nil {
 		disp.event("stopping workers: " + err.Error())
 	}
+}
 
-	// The workers flushed their last counts as they stopped: audit now.
-	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+// cleanupWithin removes the run's keys from Redis (see cleanup), taking at
+// most d even when ctx has ended.
+func cleanupWithin(ctx context.Context, d time.Duration, rdb redis.UniversalClient, runID string) {
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d)
 	defer cancel()
-	rows, err := m.rows(actx)
-	if err != nil {
-		return Summary{}, fmt.Errorf("audit: %w", err)
+	cleanup(cctx, rdb, runID)
+}
+
+func closeProviders(providers []*Provider) {
+	for _, p := range providers {
+		_ = p.Close()
 	}
-	disp.finish(rows)
-	if err := m.audit(actx, rdb, queueName(runID), prod, rows, &sum); err != nil {
-		return Summary{}, err
+}
+
+// setProviderLimits sets each provider's limits. Limits live in Redis: set
+// once here, obeyed by every worker process, and the ceiling of what the
+// fleet learns from the providers.
+func setProviderLimits(ctx context.Context, limiter *throttle.Limiter, specs []ProviderSpec) error {
+	for _, spec := range specs {
+		if err := limiter.SetLimits(ctx, spec.Name, spec.Limits...); err != nil {
+			return err
+		}
 	}
-	sum.TimedOut, sum.Interrupted = end == timedOut, end == interrupted
-	fmt.Fprintln(out)
-	writeTable(out, sum)
-	return sum, nil
+	return nil
+}
+
+// workersLine says what the fleet is made of.
+func workersLine(cfg Config) string {
+	if cfg.Procs > 0 {
+		return fmt.Sprintf("%d worker processes × %d goroutines", cfg.Procs, cfg.Concurrency)
+	}
+	return fmt.Sprintf("%d asynq servers × %d goroutines in this process", cfg.Servers, cfg.Concurrency)
+}
+
+// abandonFleet stops a fleet whose Redis went away: its workers cannot
+// finish cleanly, so it gives them lostStopTimeout, then leaves.
+func abandonFleet(stopFleet func() error) {
+	stopped := make(chan struct{})
+	go func() {
+		_ = stopFleet()
+		close(stopped)
+	}()
+	select {
+	case <-stopped:
+	case <-time.After(lostStopTimeout):
+	}
 }
 
 // startProviders starts the simulated APIs; on error, the ones started are

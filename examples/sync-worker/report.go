@@ -146,13 +146,13 @@ func verdict(s Summary) string {
 	var b strings.Builder
 	switch {
 	case s.OK:
-		fmt.Fprintf(&b, "OK: %d/%d jobs done exactly once, 0 archived, 0 lost", s.Done, s.Jobs)
+		fmt.Fprintf(&b, "OK: %d/%d jobs done exactly once, %d archived, %d lost", s.Done, s.Jobs, s.Archived, s.Lost)
 	case s.Duplicates > 0 || s.Archived > 0 || s.Lost > 0:
 		fmt.Fprintf(&b, "FAILED: %d/%d jobs done, %d done twice, %d archived, %d lost, %d not done",
 			s.Done, s.Jobs, s.Duplicates, s.Archived, s.Lost, s.NotDone)
 	default:
-		fmt.Fprintf(&b, "NOT DONE: %d/%d jobs done, %d not done (asynq still has them), 0 lost",
-			s.Done, s.Jobs, s.NotDone)
+		fmt.Fprintf(&b, "NOT DONE: %d/%d jobs done, %d not done (asynq still has them), %d lost",
+			s.Done, s.Jobs, s.NotDone, s.Lost)
 	}
 	switch {
 	case s.TimedOut:

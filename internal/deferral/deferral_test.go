@@ -22,7 +22,7 @@ func TestErrorReadsAsThrottling(t *testing.T) {
 	assert.Equal(t, `throttled (not a failure): key "slack" deferred for 3s (tier)`, e.Error(), "without a due time")
 }
 
-func TestParse(t *testing.T) {
+func TestParseReadsBackWhatErrorWrites(t *testing.T) {
 	until := time.Date(2026, 12, 1, 15, 4, 5, 0, time.UTC)
 	for _, e := range []*Error{
 		{Key: "slack", Reason: "suspended", Delay: time.Minute, Until: until},

@@ -14,7 +14,7 @@ import (
 	"github.com/asynq-throttle/asynq-throttle/throttle"
 )
 
-func TestParse(t *testing.T) {
+func TestParseReadsEveryForm(t *testing.T) {
 	for _, tc := range []struct {
 		spec string
 		want throttle.Limit
@@ -61,7 +61,7 @@ func TestParse(t *testing.T) {
 
 // Every bad spec is refused with an error that names the bad part and
 // the accepted forms.
-func TestParseErrors(t *testing.T) {
+func TestParseRefusesBadSpecsNamingThePart(t *testing.T) {
 	for _, tc := range []struct {
 		spec, part string // part: what the message must name
 	}{
@@ -112,7 +112,7 @@ func TestParseErrors(t *testing.T) {
 
 // Parse(Format(l)) == l for limits in the form Limits returns them, of
 // every kind; the constructors' form (Burst 0) formats the same.
-func TestRoundTripLimits(t *testing.T) {
+func TestFormatThenParseGivesTheLimitBack(t *testing.T) {
 	for _, tc := range []struct {
 		fromRedis, constructed throttle.Limit
 		spec                   string
@@ -137,7 +137,7 @@ func TestRoundTripLimits(t *testing.T) {
 
 // Through a real Redis: what SetLimits stores from a spec, Limits returns
 // as Parse gave it, and formats back to the spec.
-func TestRoundTripThroughRedis(t *testing.T) {
+func TestSpecRoundTripsThroughRedis(t *testing.T) {
 	ctx := context.Background()
 	lim := throttle.NewLimiter(redistest.Start(t).Client(t))
 	for i, spec := range []string{
@@ -162,7 +162,7 @@ func TestRoundTripThroughRedis(t *testing.T) {
 	}
 }
 
-func TestBurstAndKindName(t *testing.T) {
+func TestBurstAndKindNameDescribeEachKind(t *testing.T) {
 	for _, tc := range []struct {
 		l     throttle.Limit
 		burst int

@@ -34,7 +34,7 @@ func (e *env) inspect() InspectReply {
 // A published quota below the configured tier of its period lowers it
 // until the provider stops saying it; one above it never raises it; the
 // configured tier stays the ceiling.
-func TestObserve_LearnedQuota(t *testing.T) {
+func TestObserveLearnsAQuotaBelowTheCeiling(t *testing.T) {
 	e := newEnv(t)
 	e.setLimits(Tier{Rate: 100, PerMS: 60_000, Burst: 100}, Tier{Rate: 10, PerMS: 1000, Burst: 10})
 	gen0 := e.inspect().Generation
@@ -82,7 +82,7 @@ func TestObserve_LearnedQuota(t *testing.T) {
 
 // A remaining count below the tokens brings them down, never up; remaining
 // 0 with a reset suspends the key until the reset.
-func TestObserve_Remaining(t *testing.T) {
+func TestObserveRemainingLowersTokensNeverRaises(t *testing.T) {
 	e := newEnv(t)
 	e.setLimits(Tier{Rate: 100, PerMS: 60_000, Burst: 100}, Tier{Kind: KindWindow, Rate: 1000, PerMS: 3_600_000, Burst: 1000})
 	got := e.observe(ObserveArgs{Remaining: 40, WindowMS: 60_000})
@@ -112,7 +112,7 @@ func TestObserve_Remaining(t *testing.T) {
 
 // Adaptive: each new suspension halves the rate tiers in force, once
 // however many callers report it; clean intervals win back 10 % each.
-func TestAdaptive(t *testing.T) {
+func TestAdaptiveHalvesOnSuspensionAndWinsBackWhenClean(t *testing.T) {
 	e := newEnv(t)
 	e.setLimits(Tier{Rate: 100, PerMS: 1000, Burst: 100}, Tier{Kind: KindAdaptive, PerMS: 10_000})
 	r := e.inspect()
@@ -155,7 +155,7 @@ func TestAdaptive(t *testing.T) {
 
 // On a window, the provider's other calls behind a low remaining count
 // leave at the provider's reset, not a whole window later.
-func TestObserve_RemainingLeavesAtTheReset(t *testing.T) {
+func TestObserveRemainingOnAWindowLeavesAtTheReset(t *testing.T) {
 	e := newEnv(t)
 	e.setLimits(Tier{Kind: KindWindow, Rate: 10, PerMS: 1000, Burst: 10})
 	assert.Equal(t, []string{"tokens 0 10 0"}, e.observe(ObserveArgs{Remaining: 0, WindowMS: 1000, Reset: 300 * time.Millisecond}))
@@ -169,7 +169,7 @@ func TestObserve_RemainingLeavesAtTheReset(t *testing.T) {
 
 // Remaining 0 with a near reset: the bucket admits nothing until the reset
 // (it refills from empty then), with no suspension.
-func TestObserve_NoneLeftUntilANearReset(t *testing.T) {
+func TestObserveNoneLeftAdmitsNothingUntilANearReset(t *testing.T) {
 	e := newEnv(t)
 	e.setLimits(Tier{Rate: 10, PerMS: 1000, Burst: 10})
 	assert.Equal(t, []string{"tokens 0 10 0"}, e.observe(ObserveArgs{Remaining: 0, Reset: 3 * time.Second, Stop: true}))
@@ -183,7 +183,7 @@ func TestObserve_NoneLeftUntilANearReset(t *testing.T) {
 
 // ObserveKey also tells the key's tiers, in force and configured, whatever
 // was sent: what lets a process send only the quotas that change something.
-func TestObserveKey_TellsTheTiers(t *testing.T) {
+func TestObserveKeyTellsTheTiers(t *testing.T) {
 	e := newEnv(t)
 	args := ObserveArgs{Remaining: -1, LearnFor: time.Minute, MaxSuspension: time.Hour, IdleExpiry: time.Hour,
 		Policies: []Policy{{Quota: 60, PerMS: 60_000}, {Quota: 7, PerMS: 3_000}}}
@@ -209,7 +209,7 @@ func TestObserveKey_TellsTheTiers(t *testing.T) {
 // cut the rate, and an extended suspension (another 429 while it lasts, or
 // a provider's far reset) moves that end: no interval is clean while the
 // key is still suspended.
-func TestAdaptive_ExtendedSuspensionMovesTheCleanStart(t *testing.T) {
+func TestAdaptiveExtendedSuspensionMovesTheCleanStart(t *testing.T) {
 	extend := map[string]func(e *env){
 		"Suspend": func(e *env) {
 			s, err := SuspendKey(e.ctx, e.run, e.k, 60*time.Second, time.Hour)

@@ -22,7 +22,7 @@ func hdr(kv ...string) http.Header {
 	return h
 }
 
-func TestParseQuota(t *testing.T) {
+func TestParseQuotaReadsEveryHeaderDialect(t *testing.T) {
 	now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
 	epoch := func(d time.Duration) string { return fmt.Sprint(now.Add(d).Unix()) }
 	p := func(name string, quota int, window time.Duration) Policy {
@@ -268,9 +268,9 @@ func TestParseQuotaKeepsAtMostMaxPolicies(t *testing.T) {
 	assert.Equal(t, 0, got.Remaining)
 }
 
-// TestParseSFList checks the structured-field parser on RFC 9651's rules
+// TestParseSFListFollowsRFC9651 checks the structured-field parser on RFC 9651's rules
 // (cases after the structured-field-tests suite).
-func TestParseSFList(t *testing.T) {
+func TestParseSFListFollowsRFC9651(t *testing.T) {
 	tests := []struct {
 		in string
 		ok bool
@@ -329,7 +329,7 @@ func TestParseSFList(t *testing.T) {
 	}
 }
 
-func TestParseSFDictionary(t *testing.T) {
+func TestParseSFDictionaryReadsItemsAndRefusesBadSyntax(t *testing.T) {
 	d, ok := parseSFDictionary(`limit=100, remaining=50;x=1, reset=5, flag, inner=(1 2)`)
 	require.True(t, ok)
 	assert.Equal(t, sfValue{kind: sfInteger, num: 100}, d["limit"])

@@ -36,7 +36,7 @@ func TestStartRetriesWhenPortTaken(t *testing.T) {
 	}
 }
 
-func TestFreeClusterPort(t *testing.T) {
+func TestFreeClusterPortLeavesRoomForTheBusPort(t *testing.T) {
 	t.Parallel()
 	for i := 0; i < 20; i++ {
 		p, err := freeClusterPort()

@@ -458,6 +458,18 @@ func tailLines(path string, n int) ([]string, error) {
 	return lines, sc.Err()
 }
 
+// ClosedAddr returns a 127.0.0.1 address nothing listens on (a port the
+// kernel just handed out and that was closed again): connecting to it is
+// refused, as to a Redis that is down.
+func ClosedAddr(t testing.TB) string {
+	t.Helper()
+	port, err := freePort()
+	if err != nil {
+		t.Fatalf("redistest: a free port: %v", err)
+	}
+	return "127.0.0.1:" + strconv.Itoa(port)
+}
+
 // freePort asks the kernel for a free 127.0.0.1 TCP port.
 func freePort() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")

@@ -16,7 +16,7 @@ import (
 	"github.com/asynq-throttle/asynq-throttle/internal/redistest"
 )
 
-func TestStart(t *testing.T) {
+func TestStartServesOnALoopbackPort(t *testing.T) {
 	t.Parallel()
 	s := redistest.Start(t)
 	if s.Addr == "127.0.0.1:6379" || !strings.HasPrefix(s.Addr, "127.0.0.1:") {
@@ -47,7 +47,7 @@ func TestStart(t *testing.T) {
 	}
 }
 
-func TestStartExtraArgs(t *testing.T) {
+func TestStartPassesExtraArgsToTheServer(t *testing.T) {
 	t.Parallel()
 	s := redistest.Start(t, "--databases", "4")
 	got, err := s.Client(t).ConfigGet(context.Background(), "databases").Result()
@@ -71,7 +71,7 @@ func TestStartTwoServersAreIndependent(t *testing.T) {
 	}
 }
 
-func TestRestart(t *testing.T) {
+func TestRestartKeepsTheAddressAndLosesTheData(t *testing.T) {
 	t.Parallel()
 	s := redistest.Start(t)
 	addr := s.Addr
@@ -104,7 +104,7 @@ func TestRestart(t *testing.T) {
 	}
 }
 
-func TestStop(t *testing.T) {
+func TestStopEndsTheServer(t *testing.T) {
 	t.Parallel()
 	s := redistest.Start(t)
 	ctx := context.Background()
@@ -124,7 +124,7 @@ func TestStop(t *testing.T) {
 	}
 }
 
-func TestStartCluster(t *testing.T) {
+func TestStartClusterSpreadsKeysOverThreeMasters(t *testing.T) {
 	t.Parallel()
 	start := time.Now()
 	cl := redistest.StartCluster(t)
@@ -196,7 +196,7 @@ func BenchmarkPing(b *testing.B) {
 
 // Launch is Start for programs that are not tests: a server in the caller's
 // dir, gone after Stop.
-func TestLaunch(t *testing.T) {
+func TestLaunchRunsAServerUntilStop(t *testing.T) {
 	t.Parallel()
 	redistest.Require(t)
 	dir := t.TempDir()
@@ -222,7 +222,7 @@ func TestLaunch(t *testing.T) {
 
 // A persistent server killed with SIGKILL comes back on the same address
 // with every acknowledged write.
-func TestStartPersistent(t *testing.T) {
+func TestPersistentServerKeepsWritesAcrossAKill(t *testing.T) {
 	t.Parallel()
 	s := redistest.StartPersistent(t)
 	ctx := context.Background()
@@ -253,7 +253,7 @@ func TestStartPersistent(t *testing.T) {
 }
 
 // The Sentinels promote the replica, and a failover client follows them.
-func TestStartSentinel(t *testing.T) {
+func TestSentinelFailoverIsFollowedByTheClient(t *testing.T) {
 	t.Parallel()
 	start := time.Now()
 	s := redistest.StartSentinel(t)
@@ -299,7 +299,7 @@ func TestStartSentinel(t *testing.T) {
 }
 
 // CLUSTER FAILOVER moves a slot to the replica without losing a write.
-func TestStartClusterWithReplicas(t *testing.T) {
+func TestClusterFailoverLosesNoWrite(t *testing.T) {
 	t.Parallel()
 	start := time.Now()
 	cl := redistest.StartClusterWithReplicas(t)
