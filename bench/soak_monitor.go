@@ -3,7 +3,9 @@ package main
 import (
 	"bufio"
 	"context"
+	"encoding/binary"
 	"fmt"
+	"math"
 	"net"
 	"strconv"
 	"strings"
@@ -14,8 +16,9 @@ import (
 
 // Scenario S learns each admission's exact time on the Redis clock from
 // Redis itself: MONITOR shows the commands a script runs, and every
-// decision that admits calls writes the bucket state (HSET key T "ts x q
-// per:owed ..."), ts being the decision's Redis TIME in microseconds. What
+// decision that admits calls writes the bucket state (HSET key T: ts, x,
+// q, then per and owed of each bucket, as doubles), ts being the
+// decision's Redis TIME in microseconds. What
 // a tier owes rises by exactly per_us for each call admitted and falls by
 // rate each microsecond, in whole numbers, so two writes in a row tell how
 // many calls the second decision admitted: (owed - max(owed_before -
@@ -130,10 +133,34 @@ func monitorArgs(line string) []string {
 		}
 		var b strings.Builder
 		for i++; i < len(line) && line[i] != '"'; i++ {
-			if line[i] == '\\' && i+1 < len(line) {
-				i++
+			if line[i] != '\\' || i+1 >= len(line) {
+				b.WriteByte(line[i])
+				continue
 			}
-			b.WriteByte(line[i])
+			// Redis writes bytes as sdscatrepr does: \n \r \t \a \b, \xHH
+			// for other bytes that do not print, \\ and \".
+			i++
+			switch c := line[i]; c {
+			case 'n':
+				b.WriteByte('\n')
+			case 'r':
+				b.WriteByte('\r')
+			case 't':
+				b.WriteByte('\t')
+			case 'a':
+				b.WriteByte('\a')
+			case 'b':
+				b.WriteByte('\b')
+			case 'x':
+				if v, err := strconv.ParseUint(line[i+1:min(i+3, len(line))], 16, 8); err == nil && i+2 < len(line) {
+					b.WriteByte(byte(v))
+					i += 2
+				} else {
+					b.WriteByte(c)
+				}
+			default:
+				b.WriteByte(c)
+			}
 		}
 		args = append(args, b.String())
 	}
@@ -165,26 +192,19 @@ func parseL(L string) (map[string]bucketTier, error) {
 	return out, nil
 }
 
-// parseT reads a T field: ts (us) and what each bucket owes, by period.
+// parseT reads a T field (internal/lua/lib.lua: little-endian doubles ts,
+// x, q, then period and owed of each bucket that owes): ts (us) and what
+// each bucket owes, by period ("1000").
 func parseT(T string) (int64, map[string]int64, error) {
-	f := strings.Fields(T)
-	if len(f) < 3 {
-		return 0, nil, fmt.Errorf("T %q: want ts x q ...", T)
+	if len(T) < 24 || (len(T)-24)%16 != 0 {
+		return 0, nil, fmt.Errorf("T %q: want 24 bytes and 16 per bucket", T)
 	}
-	ts, err := strconv.ParseInt(f[0], 10, 64)
-	if err != nil {
-		return 0, nil, fmt.Errorf("T %q: ts", T)
-	}
+	f := func(i int) float64 { return math.Float64frombits(binary.LittleEndian.Uint64([]byte(T[8*i : 8*i+8]))) }
 	owed := map[string]int64{}
-	for _, kv := range f[3:] {
-		per, v, ok := strings.Cut(kv, ":")
-		n, err := strconv.ParseInt(v, 10, 64)
-		if !ok || err != nil {
-			return 0, nil, fmt.Errorf("T %q: %q", T, kv)
-		}
-		owed[per] = n
+	for i := 3; 8*i < len(T); i += 2 {
+		owed[strconv.FormatInt(int64(f(i)), 10)] = int64(f(i + 1))
 	}
-	return ts, owed, nil
+	return int64(f(0)), owed, nil
 }
 
 // replay is what the state writes of one key say happened.
