@@ -485,7 +485,7 @@ func (c *drainCase) outcomeRows(t *table) {
 		return fmt.Sprintf("%.2f", r.DenialsPerTask)
 	}))
 	t.row("  denials total", each(c.Results, func(r drainResult) string { return fmt.Sprint(r.Denials) }))
-	t.row("  of which with a reserved slot", each(c.Results, func(r drainResult) string {
+	t.row("  of which with a reservation", each(c.Results, func(r drainResult) string {
 		return ifThrottle(r.Variant, fmt.Sprint(r.Reserved))
 	}))
 	t.row("  by reason", each(c.Results, func(r drainResult) string {

@@ -20,8 +20,8 @@ import (
 // are raised, suspended, the server's scripts and functions flushed, and
 // the limits lowered. Every admitted call is recorded with its bracket on
 // the clock Redis decides on, and checked offline: every window of each
-// tier against burst + rate x span, across the changes by the README's
-// rule (window_check.go).
+// tier against burst + rate x span, across the changes by the rule of
+// docs/guarantees.md (window_check.go).
 
 // soakPhases are the key's limits over the run: tier 1 binds first, the
 // raise makes tier 2 bind, the lowering clamps both.

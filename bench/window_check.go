@@ -9,7 +9,7 @@ import "sort"
 //	burst(t_i) + the tier's rate integrated over [t_i, t_j]
 //
 // which is burst + rate x span while the limits stay, and across a change
-// is the rule the README states (each tier keeps its tokens, clamped to the
+// is the rule docs/guarantees.md states (each tier keeps its tokens, clamped to the
 // new burst; a raise grants no sudden burst). Times are seconds on the
 // Redis clock since the run's start; each admission is known to within its
 // bracket (the decision was sent at t - w/2 and answered by t + w/2).

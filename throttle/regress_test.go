@@ -173,7 +173,7 @@ func TestShortLivedLimitersHoldNoConnection(t *testing.T) {
 
 // A decision ends within WithTimeout whatever it waits on: a pool with no
 // free connection, or a Redis that refuses connections while the client
-// redials (with the client settings the README recommends), called with a
+// redials (with the client settings docs/wiring.md recommends), called with a
 // plain context or with a handler's (cancellable, with asynq's far
 // deadline); and a handler's context canceled during the wait ends it then.
 func TestDecisionEndsWithinItsTimeout(t *testing.T) {
@@ -372,7 +372,7 @@ func TestCostTakesTokensAndChargeSettlesIt(t *testing.T) {
 // Observe in a handler learns from the provider's response: a published
 // quota lowers the tier of its period, fleet-wide in Redis, under the
 // configured ceiling; remaining 0 with a reset suspends the key; a 429
-// comes back as RateLimited. Outside the middleware it is FromResponse.
+// comes back as RateLimited. Outside the middleware Observe only returns the error.
 func TestObserveInAHandlerLearnsFromTheResponse(t *testing.T) {
 	ctx := context.Background()
 	rdb := redistest.Start(t).Client(t)
@@ -425,7 +425,7 @@ func TestObserveInAHandlerLearnsFromTheResponse(t *testing.T) {
 		return nil
 	})).ProcessTask(ctx, newTask(t, "gh:sync", nil, throttle.Key("gh"))))
 
-	// A 429: RateLimited, as FromResponse.
+	// A 429: a *RateLimitedError.
 	err = run(respond(429, map[string]string{"Retry-After": "7"}))
 	var rl *throttle.RateLimitedError
 	require.ErrorAs(t, err, &rl)
@@ -442,7 +442,7 @@ func TestObserveInAHandlerLearnsFromTheResponse(t *testing.T) {
 	assert.InDelta(t, 40, st.SuspendedFor.Seconds(), 2, "suspended until the provider's reset")
 	require.NoError(t, resumed(lim.Resume(ctx, "gh")))
 
-	// Outside the middleware: FromResponse, nothing learned.
+	// Outside the middleware: the error, nothing learned.
 	before, err := lim.Inspect(ctx, "gh")
 	require.NoError(t, err)
 	assert.NoError(t, throttle.Observe(ctx, respond(200, map[string]string{"RateLimit-Policy": `q=5;w=60`})))

@@ -55,7 +55,7 @@ func TestKeyBelowItsConfiguredLimitsShowsTheLimitInForce(t *testing.T) {
 	assert.Equal(t, "20/s", v.Limits[0].Limit, "configured")
 	assert.Equal(t, "10/s", v.Limits[0].InForce, "in force")
 	assert.Equal(t, 10, v.Limits[0].Burst, "the burst in force")
-	assert.InDelta(t, 600, v.Limits[0].LearnedSeconds, 10, "learned for WithLearnFor's 10 min")
+	assert.InDelta(t, 600, v.Limits[0].LearnedSeconds, 10, "learned for 10 min")
 
 	// why explains a refusal by the limit in force: at 10/s, 0.5 tokens
 	// short of one call is 50 ms away (at the configured 20/s: 25 ms).

@@ -21,7 +21,7 @@ suspension or reservations), found with SCAN on every master, never KEYS.
 TOKENS shows, per rate limit in the order of LIMITS, a bucket's tokens
 now/burst and a window's calls it would still admit/calls per window.
 IN FLIGHT is the slots of an in-flight limit held now/the most. DRAINS IN
-is the time until the last reserved slot. GEN counts the changes of the
+is the time until the last reserved run time. GEN counts the changes of the
 key's limits: every set bumps it.`,
 		Args: args(0, 0),
 		RunE: func(cmd *cobra.Command, _ []string) error {

@@ -16,19 +16,34 @@ package main
 
 import (
 	"context"
+	"fmt"
+	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"github.com/redis/go-redis/v9"
-	"github.com/redis/go-redis/v9/logging"
 )
 
 func main() {
-	// go-redis logs every failed dial on its own; the CLI reports one line.
-	redis.SetLogger(&logging.VoidLogger{})
+	redis.SetLogger(redisLog{os.Stderr})
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := run(ctx, os.Args[1:], os.Getenv, os.Stdin, os.Stdout, os.Stderr)
 	stop()
 	os.Exit(code)
+}
+
+// redisLog passes what go-redis logs on to stderr, but for its failed
+// dials, which the command reports itself, once, as "cannot reach Redis".
+// Anything else go-redis says (a connection closed under it, a protocol
+// surprise) shows, as it would in any program using the library.
+type redisLog struct{ w io.Writer }
+
+func (l redisLog) Printf(_ context.Context, format string, v ...any) {
+	msg := fmt.Sprintf(format, v...)
+	if strings.Contains(msg, "failed to dial") {
+		return
+	}
+	fmt.Fprintf(l.w, "asynq-throttle: go-redis: %s\n", msg)
 }

@@ -131,7 +131,8 @@ func TestNormaliseMasksPortsDurationsAndTimes(t *testing.T) {
 }
 
 // A Redis the command cannot reach is one line on stderr and exit code 1,
-// as a separate process prints it (go-redis logs nothing).
+// as a separate process prints it (go-redis's own log of the failed dial
+// is that line).
 func TestUnreachableRedisIsOneLine(t *testing.T) {
 	for _, args := range [][]string{
 		{"list"},
@@ -189,4 +190,15 @@ func TestBadUsageExitsWith2NamingTheAcceptedForms(t *testing.T) {
 		assert.Empty(t, r.stdout, "%v", args)
 	}
 	golden(t, "usage", tr.b.String())
+}
+
+// What go-redis logs reaches stderr, but for the failed dials the command
+// reports itself.
+func TestGoRedisLogShowsAllButFailedDials(t *testing.T) {
+	var b bytes.Buffer
+	l := redisLog{&b}
+	l.Printf(context.Background(), "redis: connection pool: failed to dial after %d attempts: %v", 1, "refused")
+	assert.Empty(t, b.String(), "a failed dial is the command's own 'cannot reach Redis'")
+	l.Printf(context.Background(), "Unexpected conn[%d] state changed by hook to %s", 1, "CLOSED")
+	assert.Equal(t, "asynq-throttle: go-redis: Unexpected conn[1] state changed by hook to CLOSED\n", b.String())
 }

@@ -34,7 +34,7 @@ type whyView struct {
 	// was not deferred.
 	DeferredFor string     `json:"deferred_for,omitempty"`
 	RunsAt      *time.Time `json:"runs_at,omitempty"`
-	Slot        *time.Time `json:"slot,omitempty"`
+	ReservedAt  *time.Time `json:"reserved_at,omitempty"` // its reserved run time (Redis clock)
 	Tier        int        `json:"tier,omitempty"`  // the limit that refuses (1-based, as listed)
 	Limit       string     `json:"limit,omitempty"` // that limit, as set takes it
 	Cost        int        `json:"cost,omitempty"`  // what the task takes of every rate limit
@@ -46,13 +46,13 @@ type whyView struct {
 
 // Reasons of whyView.
 const (
-	reasonReserved     = "reserved"      // waiting for its reserved slot
+	reasonReserved     = "reserved"      // waiting for its reserved run time
 	reasonSuspended    = "suspended"     // the key is suspended
 	reasonTier         = "tier"          // a bucket or window has no room for it
 	reasonSlots        = "in_flight"     // every slot of the in-flight limit is held (refused by slots)
-	reasonQueued       = "queued"        // other tasks reserved the next slots
+	reasonQueued       = "queued"        // other tasks reserved the next run times
 	reasonTokens       = "tokens"        // waiting, but the key has room now
-	reasonCostTooHigh  = "cost_too_high" // it costs more than a limit ever holds
+	reasonRejected     = "rejected"      // it costs more than a limit ever holds: failed for good
 	reasonScheduled    = "scheduled"     // its producer scheduled it
 	reasonHandlerError = "handler_error" // retrying after a handler error
 	reasonPending      = "pending"       // ready, waiting for a worker
@@ -68,7 +68,7 @@ func (a *app) whyCmd() *cobra.Command {
 		Short: "Say in one sentence why a task is waiting and when it will run",
 		Long: `Find a task with asynq's Inspector (in --queue, else in every queue), its
 throttle key (the throttle-key header, else its type's prefix before ':'),
-and say why it waits and when it runs: its reserved slot, the key's
+and say why it waits and when it runs: its reserved run time, the key's
 suspension, the bucket or window without room for its cost, the in-flight
 limit whose slots are all held (refused by slots), the reservations ahead
 of it, or that it is not throttled or not waiting. -o json adds the
@@ -199,22 +199,31 @@ func (e *explanation) refuses(i int) {
 }
 
 // notWaiting explains a task that is running, done, archived or grouped:
-// asynq, not throttling, holds it.
+// asynq holds it (a task the middleware rejected is archived).
 func (e *explanation) notWaiting() (whyView, bool) {
 	var v whyView
-	switch e.info.State {
-	case asynq.TaskStateActive:
+	switch state := e.info.State; {
+	case state == asynq.TaskStateActive:
 		v, _ = e.say(reasonNotWaiting, "%s is not waiting: a worker is running it now.", e.task)
-	case asynq.TaskStateCompleted:
+	case state == asynq.TaskStateCompleted:
 		v, _ = e.say(reasonNotWaiting, "%s is not waiting: it has completed.", e.task)
-	case asynq.TaskStateArchived:
-		v, _ = e.say(reasonNotWaiting, "%s is not waiting: asynq archived it after its handler failed (%s); throttling never archives a task.", e.task, lastErr(e.info))
-	case asynq.TaskStateAggregating:
+	case state == asynq.TaskStateArchived && rejected(e.info.LastErr):
+		v, _ = e.say(reasonRejected, "%s is not waiting: the middleware rejected it, and asynq archived it, because it can never be throttled (%s); fix how it is enqueued or the key's limits, then run it again from the archive.", e.task, lastErr(e.info))
+	case state == asynq.TaskStateArchived:
+		v, _ = e.say(reasonNotWaiting, "%s is not waiting: asynq archived it after its handler failed (%s); throttling never archives a task it can throttle.", e.task, lastErr(e.info))
+	case state == asynq.TaskStateAggregating:
 		v, _ = e.say(reasonNotWaiting, "%s is waiting in aggregation group %q; asynq runs it when the group is flushed.", e.task, e.info.Group)
 	default:
 		return v, false
 	}
 	return v, true
+}
+
+// rejected reports the last error of a task the middleware rejected: one
+// it can never throttle (outcome throttle.Rejected), failed with
+// asynq.SkipRetry.
+func rejected(lastErr string) bool {
+	return strings.HasPrefix(lastErr, "throttle: ") && strings.HasSuffix(lastErr, asynq.SkipRetry.Error())
 }
 
 // withoutKey explains a task with no throttle key: nothing throttles it.
@@ -255,7 +264,7 @@ func (e *explanation) pending() (whyView, error) {
 		return e.say(reasonNotThrottled, "%s is pending and not throttled: key %q has no limits in Redis (the workers' default limits, if any, apply); it runs as soon as a worker is free.", task, key)
 	case e.tooHigh > 0:
 		e.refuses(e.tooHigh)
-		return e.say(reasonCostTooHigh, "%s can never be admitted: it costs %d, and %s (the middleware's decision fails with ErrCostTooHigh and its failure policy applies).", task, e.v.Cost, capacitySentence(st, e.tooHigh, key))
+		return e.say(reasonRejected, "%s can never be admitted: it costs %d, and %s; a worker that picks it up rejects it (fails it for good: asynq archives it); run it again from the archive once the limits or its cost change.", task, e.v.Cost, capacitySentence(st, e.tooHigh, key))
 	case e.blockedBySlots():
 		e.refuses(e.blocked)
 		return e.say(reasonSlots, "%s is pending; a worker that picks it up now is refused by slots, because %s, and defers it to when one is expected to free (or waits for it, when that is within a second).", task, slotsSentence(st, e.blocked, key))
@@ -263,13 +272,13 @@ func (e *explanation) pending() (whyView, error) {
 		e.refuses(e.blocked)
 		return e.say(reasonTier, "%s is pending; a worker that picks it up now defers it, because %s.", task, tierSentence(st, e.blocked, key, e.v.Cost))
 	case st.Reservations > 0:
-		return e.say(reasonQueued, "%s is pending; %d deferred tasks hold reserved slots ahead of it (the backlog drains in %s), so a worker that picks it up waits behind them.", task, st.Reservations, formatDur(st.QueuedFor))
+		return e.say(reasonQueued, "%s is pending; %d deferred tasks hold reserved run times ahead of it (the backlog drains in %s), so a worker that picks it up waits behind them.", task, st.Reservations, formatDur(st.QueuedFor))
 	}
 	return e.say(reasonPending, "%s is pending and key %q has room (%s), so it runs as soon as a worker is free.", task, key, room(st))
 }
 
 // explainDelayed explains a scheduled or retry task, which waits for asynq
-// to bring it back: after a handler error, for its reserved slot, or for
+// to bring it back: after a handler error, for its reserved run time, or for
 // what refused it.
 func (a *app) explainDelayed(ctx context.Context, e *explanation) (whyView, error) {
 	deferred := e.readDeferral()
@@ -280,19 +289,19 @@ func (a *app) explainDelayed(ctx context.Context, e *explanation) (whyView, erro
 	if origin := e.info.Headers[keyspace.Origin]; origin != "" {
 		resvID = origin // a deferred copy holds its original's reservation
 	}
-	slot, ok, err := a.reservation(ctx, e.key, resvID)
+	at, ok, err := a.reservation(ctx, e.key, resvID)
 	if err != nil {
 		return e.v, err
 	}
 	if !ok {
 		return e.delayed(deferred)
 	}
-	e.v.Slot = &slot
+	e.v.ReservedAt = &at
 	redisNow, err := a.rdb.Time(ctx).Result()
 	if err != nil {
 		return e.v, fmt.Errorf("read the Redis clock: %w", err)
 	}
-	return e.reserved(slot, redisNow)
+	return e.reserved(at, redisNow)
 }
 
 // readDeferral records why the middleware last deferred the task, and
@@ -307,28 +316,28 @@ func (e *explanation) readDeferral() bool {
 	return e.v.DeferredFor != "" || e.info.Headers[keyspace.Origin] != ""
 }
 
-// reserved explains a task that holds a reserved slot (on the Redis clock,
+// reserved explains a task that holds a reserved run time (on the Redis clock,
 // whose now is redisNow).
-func (e *explanation) reserved(slot, redisNow time.Time) (whyView, error) {
+func (e *explanation) reserved(at, redisNow time.Time) (whyView, error) {
 	task, key, st := e.task, e.key, e.st
-	if st.SuspendedFor > 0 && slot.Before(redisNow.Add(st.SuspendedFor)) {
-		return e.say(reasonSuspended, "%s is waiting because key %q is suspended for another %s (a 429 from the provider, or an operator); its reserved slot at %s falls inside the suspension, so it will be deferred again then, to run after it.",
-			task, key, formatDur(st.SuspendedFor), when(slot, redisNow))
+	if st.SuspendedFor > 0 && at.Before(redisNow.Add(st.SuspendedFor)) {
+		return e.say(reasonSuspended, "%s is waiting because key %q is suspended for another %s (a 429 from the provider, or an operator); its reserved run time, %s, falls inside the suspension, so it will be deferred again then, to run after it.",
+			task, key, formatDur(st.SuspendedFor), when(at, redisNow))
 	}
 	after := ""
 	if st.SuspendedFor > 0 {
 		after = fmt.Sprintf(", after the key's suspension (%s left)", formatDur(st.SuspendedFor))
 	}
-	if e.v.RunsAt != nil && e.v.RunsAt.Sub(slot).Abs() < 1500*time.Millisecond {
-		// asynq's time and the slot agree (one clock is the enqueuer's,
+	if e.v.RunsAt != nil && e.v.RunsAt.Sub(at).Abs() < 1500*time.Millisecond {
+		// asynq's time and the reserved one agree (one clock is the enqueuer's,
 		// the other Redis'): say it once.
-		return e.say(reasonReserved, "%s is waiting for its reserved run slot at %s%s; asynq brings it back then and it runs without contending again.",
-			task, when(slot, redisNow), after)
+		return e.say(reasonReserved, "%s is waiting for its reserved run time, %s%s; asynq brings it back then and it runs without contending again.",
+			task, when(at, redisNow), after)
 	}
-	return e.say(reasonReserved, "%s holds a reserved run slot at %s%s; %s.", task, when(slot, redisNow), after, e.runs)
+	return e.say(reasonReserved, "%s holds a reserved run time, %s%s; %s.", task, when(at, redisNow), after, e.runs)
 }
 
-// delayed explains a scheduled or retry task without a reserved slot:
+// delayed explains a scheduled or retry task without a reservation:
 // what refuses it now, or that nothing does. deferred: throttling deferred
 // it.
 func (e *explanation) delayed(deferred bool) (whyView, error) {
@@ -341,7 +350,7 @@ func (e *explanation) delayed(deferred bool) (whyView, error) {
 		return e.say(reasonNotThrottled, "%s is waiting, but key %q has no limits in Redis now, so it runs unthrottled (or under the workers' defaults) when %s.", task, key, runs)
 	case e.tooHigh > 0:
 		e.refuses(e.tooHigh)
-		return e.say(reasonCostTooHigh, "%s can never be admitted: it costs %d, and %s (the middleware's decision fails with ErrCostTooHigh and its failure policy applies); %s.", task, e.v.Cost, capacitySentence(st, e.tooHigh, key), runs)
+		return e.say(reasonRejected, "%s can never be admitted: it costs %d, and %s; when %s, a worker rejects it (fails it for good: asynq archives it), unless the limits or its cost change first.", task, e.v.Cost, capacitySentence(st, e.tooHigh, key), runs)
 	case e.blockedBySlots():
 		e.refuses(e.blocked)
 		if bySlots {

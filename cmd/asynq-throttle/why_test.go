@@ -137,11 +137,11 @@ func TestWhyExplainsEachWayATaskWaits(t *testing.T) {
 	require.Equal(t, 0, r.code, r.stderr)
 	require.NoError(t, json.Unmarshal([]byte(r.stdout), &v))
 	assert.Equal(t, reasonReserved, v.Reason)
-	require.NotNil(t, v.Slot)
+	require.NotNil(t, v.ReservedAt)
 	slot, ok, err := (&app{rdb: rdb, prefix: keyspace.DefaultPrefix}).reservation(ctx, "slack", "t-reserved")
 	require.NoError(t, err)
 	require.True(t, ok)
-	assert.True(t, slot.Equal(*v.Slot), "slot %v, want %v", v.Slot, slot)
+	assert.True(t, slot.Equal(*v.ReservedAt), "slot %v, want %v", v.ReservedAt, slot)
 	r = cli(t, tr.redisURL, "why", "t-tier", "-o", "json")
 	require.NoError(t, json.Unmarshal([]byte(r.stdout), &v))
 	assert.Equal(t, reasonTier, v.Reason)
@@ -155,7 +155,7 @@ func TestWhyExplainsEachWayATaskWaits(t *testing.T) {
 		{"t-window", reasonTier, "2/h:window", 1, 1, nil},
 		{"t-slots-later", reasonSlots, "1:inflight", 2, 1, &limitspec.SlotsView{Held: 1, Max: 1}},
 		{"t-cost", reasonTier, "10/h", 1, 5, &limitspec.SlotsView{Held: 1, Max: 4}},
-		{"t-cost-too-high", reasonCostTooHigh, "10/h", 1, 50, &limitspec.SlotsView{Held: 1, Max: 4}},
+		{"t-cost-too-high", reasonRejected, "10/h", 1, 50, &limitspec.SlotsView{Held: 1, Max: 4}},
 		{"t-cost-fits", reasonPending, "", 0, 2, &limitspec.SlotsView{Held: 1, Max: 4}},
 	} {
 		t.Run(tc.id, func(t *testing.T) {
@@ -173,8 +173,9 @@ func TestWhyExplainsEachWayATaskWaits(t *testing.T) {
 	}
 }
 
-// why on tasks a real fleet deferred: each holds its reserved slot.
-func TestWhyShowsTheSlotOfEachTaskAFleetDeferred(t *testing.T) {
+// why on tasks a real fleet deferred, each holding its reserved run time,
+// and on one it rejected (a cost no tier can hold), which asynq archived.
+func TestWhyExplainsTheTasksARealFleetDeferredOrRejected(t *testing.T) {
 	ctx := context.Background()
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)
@@ -186,6 +187,8 @@ func TestWhyShowsTheSlotOfEachTaskAFleetDeferred(t *testing.T) {
 		_, err := client.Enqueue(mustTask(t, "hub:sync", nil, throttle.Key("hub")), asynq.TaskID(id), asynq.Retention(time.Hour))
 		require.NoError(t, err)
 	}
+	_, err := client.Enqueue(mustTask(t, "hub:sync", nil, throttle.Key("hub"), throttle.Cost(5)), asynq.TaskID("h-too-costly"), asynq.Retention(time.Hour))
+	require.NoError(t, err)
 	quiet := slog.New(slog.DiscardHandler)
 	w := worker.NewServer(rdb, asynq.Config{Concurrency: 1, Logger: discardAsynqLogger{}, LogLevel: asynq.FatalLevel})
 	mux := asynq.NewServeMux()
@@ -203,7 +206,8 @@ func TestWhyShowsTheSlotOfEachTaskAFleetDeferred(t *testing.T) {
 		return info.State
 	}
 	require.Eventually(t, func() bool {
-		return state("h1") == asynq.TaskStateCompleted && state("h2") == asynq.TaskStateRetry && state("h3") == asynq.TaskStateRetry
+		return state("h1") == asynq.TaskStateCompleted && state("h2") == asynq.TaskStateRetry && state("h3") == asynq.TaskStateRetry &&
+			state("h-too-costly") == asynq.TaskStateArchived
 	}, 15*time.Second, 20*time.Millisecond)
 
 	url := "redis://" + srv.Addr
@@ -215,14 +219,21 @@ func TestWhyShowsTheSlotOfEachTaskAFleetDeferred(t *testing.T) {
 		require.NoError(t, json.Unmarshal([]byte(r.stdout), &v))
 		assert.Equal(t, reasonReserved, v.Reason, v.Sentence)
 		assert.Equal(t, "hub", v.Key)
-		require.NotNil(t, v.Slot, v.Sentence)
-		slots = append(slots, *v.Slot)
-		assert.Contains(t, v.Sentence, "waiting for its reserved run slot")
+		require.NotNil(t, v.ReservedAt, v.Sentence)
+		slots = append(slots, *v.ReservedAt)
+		assert.Contains(t, v.Sentence, "waiting for its reserved run time")
 	}
 	// One slot per 20 s, plus the middleware's headroom for dispatch jitter.
 	assert.Equal(t, 20*time.Second+20*time.Millisecond, slots[1].Sub(slots[0]), "one slot per 20 s")
 	r := cli(t, url, "why", "h1")
 	assert.Contains(t, r.stdout, "is not waiting: it has completed")
+
+	r = cli(t, url, "why", "h-too-costly", "-o", "json")
+	require.Equal(t, 0, r.code, r.stderr)
+	var v whyView
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &v))
+	assert.Equal(t, reasonRejected, v.Reason, v.Sentence)
+	assert.Contains(t, v.Sentence, "the middleware rejected it, and asynq archived it, because it can never be throttled")
 }
 
 // discardAsynqLogger silences the asynq server in tests.

@@ -29,8 +29,6 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
-
-	"github.com/redis/go-redis/v9"
 )
 
 // Exit statuses.
@@ -42,17 +40,10 @@ const (
 )
 
 func main() {
-	// go-redis logs every failed dial on its own; the errors that matter
-	// reach us as return values.
-	redis.SetLogger(quietRedisLogger{})
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	os.Exit(cli(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
 }
-
-type quietRedisLogger struct{}
-
-func (quietRedisLogger) Printf(context.Context, string, ...any) {}
 
 // hiddenFlags are left out of -help: they are for the program itself.
 var hiddenFlags = map[string]bool{"worker": true}

@@ -31,7 +31,6 @@ import (
 // starts worker processes of the running program, which in a test is this
 // binary.
 func TestMain(m *testing.M) {
-	redis.SetLogger(quietRedisLogger{}) // as main does
 	if len(os.Args) > 1 && os.Args[1] == "-worker" {
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 		code := cli(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
@@ -132,7 +131,7 @@ func TestPublishedQuotaIsLearnedBelowTheConfiguredLimit(t *testing.T) {
 		"Inspect(ctx, %q).InForce after the run: the quota crm publishes", spec.Name)
 	assert.Equal(t, learnedLimits(spec), st.InForce, "learnedLimits(crm) against what the library learned")
 	require.Len(t, st.LearnedFor, 1)
-	assert.Greater(t, st.LearnedFor[0], 9*time.Minute, "the learned quota lasts WithLearnFor (10m) after crm last said it")
+	assert.Greater(t, st.LearnedFor[0], 9*time.Minute, "a learned quota lasts 10 minutes after crm last said it")
 
 	assert.Equal(t, "20/s", crm.Limit, "summary: configured")
 	assert.Equal(t, "10/s", crm.InForce, "summary: in force")

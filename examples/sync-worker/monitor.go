@@ -125,7 +125,7 @@ func (m *monitor) tellLearned(disp *display, rows []row) {
 			disp.event(fmt.Sprintf("%s: %s in force again, as configured", r.Name, now))
 		default:
 			// A learned quota lasts while the provider keeps saying it,
-			// and WithLearnFor (10 minutes) after it last did.
+			// and for 10 minutes after it last did.
 			lasts := slices.Max(append([]time.Duration{0}, r.LearnedFor...))
 			disp.event(fmt.Sprintf("%s: quota learned: %s in force fleet-wide for %s (configured %s)",
 				r.Name, now, roughly(lasts), formatLimits(r.Limit)))
@@ -158,7 +158,7 @@ func (m *monitor) tellSuspensions(disp *display, rows []row) {
 					disp.event(fmt.Sprintf("%s: suspension over; %d/%d servers deferred its tasks",
 						r.Name, s.waiting, m.fleet))
 				} else {
-					disp.event(fmt.Sprintf("%s: suspension over, calls resume on reserved slots", r.Name))
+					disp.event(fmt.Sprintf("%s: suspension over, calls resume at their reserved times", r.Name))
 				}
 			}
 			continue

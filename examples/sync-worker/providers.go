@@ -64,7 +64,7 @@ type Stream struct {
 }
 
 // RejectStyle is how a provider's 429 says when to come back: the headers
-// real APIs use, each understood by throttle.FromResponse.
+// real APIs use, each understood by throttle.Observe.
 type RejectStyle int
 
 const (

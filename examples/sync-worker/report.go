@@ -80,7 +80,7 @@ type ProviderSummary struct {
 	Shed      int `json:"429s_shed"`
 	OverQuota int `json:"429s_over_quota"`
 	LateShed  int `json:"429s_late"`
-	// Deferred and Suspended count middleware decisions (WithObserver).
+	// Deferred and Suspended count middleware decisions (Limiter.OnEvent).
 	Deferred  int64 `json:"deferred"`
 	Suspended int64 `json:"suspended"`
 	// Seconds is from the first enqueue to the provider's last 200; Rate is
