@@ -35,9 +35,9 @@ type whyView struct {
 	DeferredFor string     `json:"deferred_for,omitempty"`
 	RunsAt      *time.Time `json:"runs_at,omitempty"`
 	ReservedAt  *time.Time `json:"reserved_at,omitempty"` // its reserved run time (Redis clock)
-	Tier        int        `json:"tier,omitempty"`  // the limit that refuses (1-based, as listed)
-	Limit       string     `json:"limit,omitempty"` // that limit, as set takes it
-	Cost        int        `json:"cost,omitempty"`  // what the task takes of every rate limit
+	Tier        int        `json:"tier,omitempty"`        // the limit that refuses (1-based, as listed)
+	Limit       string     `json:"limit,omitempty"`       // that limit, as set takes it
+	Cost        int        `json:"cost,omitempty"`        // what the task takes of every rate limit
 	// Generation counts the changes of the key's limits (every set bumps it).
 	Generation int64                `json:"generation,omitempty"`
 	InFlight   *limitspec.SlotsView `json:"in_flight,omitempty"` // the key's in-flight slots now
