@@ -40,10 +40,12 @@
 --   lanes          when each slot is next expected free, once asked
 --   queue_open     a queue of reservations is outstanding (holders to look up)
 --   paced          reserved instants are exact, not whole granules
---   va, vt         the reservation schedule of the buckets, once loaded
---   taken, scheduled, swept, holds   what this run changed
+--   va, sw, vt     the reservation schedule of the buckets, once loaded
+--   V              the V field it is loaded from
+--   taken, scheduled, holds   what this run changed
 
 local PACE_EARLY = 200000   -- us a paced holder may come back before its granule
+local SWEEP_EVERY = 1e6     -- us between two sweeps of lapsed reservations
 -- A holder at its reserved instant is let through when short by at most
 -- HOLDER_SLACK us: instants are rounded up to whole microseconds, so the
 -- tokens its predecessors took at their rounded instants can fall due a
@@ -133,10 +135,10 @@ end
 
 -- run_state makes the state of a run (see the top of this file) and reads
 -- what the general path needs beyond the hash: windows and slots held.
-local function run_state(KEYS, o, now, L, hasT, spec, until_, owed, x, vnext)
+local function run_state(KEYS, o, now, L, h, spec, until_, owed, x, vnext)
   local r = {
     key = KEYS[1], resv_key = KEYS[2], slots_key = KEYS[3], o = o, now = now,
-    L = L, hasT = hasT, spec = spec, tiers = spec.tiers, gen = spec.gen,
+    L = L, hasT = h[2] ~= false, V = h[5] or nil, spec = spec, tiers = spec.tiers, gen = spec.gen,
     until_ = until_, suspended = until_ ~= nil and until_ > now,
     owed = owed, x = x, vnext = vnext,
     held = 0, slot_n = spec.inflight, holds = 0,
@@ -404,22 +406,18 @@ end
 -- so fractions of a microsecond survive.
 local function load_schedule(r)
   if r.vt then return end
-  local va, virt = nil, nil
-  if r.vnext > r.now then
-    local h = redis.call('HMGET', r.key, 'a', 'V')
-    va = finite(h[1])
-    if va then virt = read_pairs(h[2], '(%d+):([^ ]+)') end
-  end
-  if not va then va, virt = r.now, {} end
+  local va, sw, virt = nil, 0, nil
+  if r.vnext > r.now then va, sw, virt = read_V(r.V) end
+  if not va then va, sw, virt = r.now, 0, {} end
   local vt = {}
   for i, t in ipairs(r.tiers) do
     if t.kind == 'b' then
-      local v = finite(virt[t.key])
+      local v = virt[-t.per]
       if v == nil then v = r.owed[i] / t.rate + (r.now - va) end
       vt[i] = v
     end
   end
-  r.va, r.vt = va, vt
+  r.va, r.sw, r.vt = va, sw, vt
 end
 
 -- earliest_fit returns the first instant at or after earliest (aligned)
@@ -487,10 +485,12 @@ local function reserve(r, id, c, resv, earliest, by, could_run)
     reserve_windows(r, at, c, -1)
     return admit(r, resv, id, c, now)
   end
-  if not r.swept then
-    -- Reservations whose task never came back lapse.
+  if now - r.sw >= SWEEP_EVERY then
+    -- Reservations whose task never came back lapse; they are swept at
+    -- most once a second (each sweep is a command), and found lapsed by
+    -- their holder's lookup meanwhile.
     redis.call('ZREMRANGEBYSCORE', r.resv_key, '-inf', '(' .. fmt(now - o.lapse))
-    r.swept = true
+    r.sw = now
   end
   redis.call('ZADD', r.resv_key, at, id)
   expire_in(r.resv_key, r.vnext - now + o.lapse)
@@ -629,17 +629,11 @@ local function write_back(r)
       end
     end
     if r.scheduled then
-      local vt = {}
       for i, t in ipairs(r.tiers) do
-        if t.kind == 'b' then
-          vt[#vt + 1] = t.key .. ':' .. fmt(r.vt[i])
-          if r.va + r.vt[i] - now > need then need = r.va + r.vt[i] - now end
-        end
+        if t.kind == 'b' and r.va + r.vt[i] - now > need then need = r.va + r.vt[i] - now end
       end
-      fields[#fields + 1] = 'a'
-      fields[#fields + 1] = string.format('%d', r.va)
       fields[#fields + 1] = 'V'
-      fields[#fields + 1] = table.concat(vt, ' ')
+      fields[#fields + 1] = write_V(r.va, r.sw, r.tiers, r.vt)
     end
     if r.vnext - now > need then need = r.vnext - now end
     if r.suspended and r.until_ - now > need then need = r.until_ - now end
@@ -719,7 +713,7 @@ local function decide_run(KEYS, ARGV)
   local o, n = read_options(ARGV[1]), math.floor((#ARGV - 1) / 2)
   if n < 1 then n = 1 end
   local now = now_us()
-  local h = redis.call('HMGET', KEYS[1], 'L', 'T', 's', 'O')
+  local h = redis.call('HMGET', KEYS[1], 'L', 'T', 's', 'O', 'V')
   local spec, L, until_ = read_limits(o, h, now)
   if not spec then return all_n(L, n) end
   local ts, x, vnext, stored = read_T(h[2], now, STORED)
@@ -734,7 +728,7 @@ local function decide_run(KEYS, ARGV)
       if reply then return reply end
     end
   end
-  local r = run_state(KEYS, o, now, L, h[2] ~= false, spec, until_, owed, x, vnext)
+  local r = run_state(KEYS, o, now, L, h, spec, until_, owed, x, vnext)
   local replies = {}
   for k = 1, n do
     local at = CALLERS_AT + 2 * (k - 1)

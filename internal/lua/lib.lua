@@ -28,8 +28,10 @@
 --     Ww<per_ms>  a window's state (window.lua): calls admitted per
 --        sub-window, then the calls reserved per sub-window
 --     s  suspended until (us)
---     a, V  the reservation schedule of the token buckets while a queue is
---        outstanding: its anchor (us) and per_ms:virtual-tat pairs
+--     V  the reservation schedule of the token buckets while a queue is
+--        outstanding, binary as T (read_V): its anchor (us), when lapsed
+--        reservations were last swept (us), then per_ms and the virtual
+--        time of each bucket
 --     R  in flight: "avg_us n", the moving average of how long a slot was
 --        held (over the last 20 releases)
 --     FL the in-flight lanes while callers wait for a slot: when each of the
@@ -295,16 +297,6 @@ local function apply_learned(spec, src, O, now)
   return eff
 end
 
--- read_pairs reads key:value pairs (the V field) into a table keyed
--- as written (tier.key). Entries whose value is not a number read as missing.
-local function read_pairs(raw, pattern)
-  local out = {}
-  if raw then
-    for p, v in string.gmatch(raw, pattern) do out[p] = tonumber(v) end
-  end
-  return out
-end
-
 -- The T field is binary: IEEE 754 doubles of 8 bytes, little-endian
 -- (struct's '<d'): ts, x, q, then per_ms and owed of each bucket that owes.
 -- As text, it cost a lone decision 17k of its 93k instructions in pattern
@@ -389,6 +381,37 @@ local function pick_codec()
   else
     bin_pack, bin_unpack = lua_pack, lua_unpack
   end
+end
+
+-- read_V reads the V field (binary, as T: doubles va, sw, then per_ms and
+-- the virtual time of each bucket): the queue's anchor, when lapsed
+-- reservations were last swept, and each bucket's virtual time by minus
+-- its period; nil when there is no field or it is of another shape.
+local function read_V(V)
+  if not bin_pack then pick_codec() end
+  if not V or #V < 16 or (#V - 16) % 16 ~= 0 then return nil end
+  local va, sw, pos = bin_unpack('<dd', V)
+  if not (va >= 0 and va < MAX_TIME and va == math.floor(va)) then return nil end
+  if not (sw >= 0 and sw < MAX_TIME) then sw = 0 end
+  local vt = {}
+  while pos < #V do
+    local per, v
+    per, v, pos = bin_unpack('<dd', V, pos)
+    if per == per and v == v and v > -math.huge and v < math.huge then vt[-per] = v end
+  end
+  return va, sw, vt
+end
+
+-- write_V writes the V field: anchor va, last sweep sw, and the virtual
+-- time vt[i] of each token bucket of tiers.
+local function write_V(va, sw, tiers, vt)
+  local a = {va, sw}
+  for i = 1, #tiers do
+    if tiers[i].kind == 'b' then
+      a[#a + 1], a[#a + 2] = tiers[i].per, vt[i]
+    end
+  end
+  return bin_pack('<' .. string.rep('d', #a), unpack(a))
 end
 
 -- read_T splits the T field: ts, x (the key's expiry, a memo that spares

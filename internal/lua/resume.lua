@@ -11,7 +11,7 @@ if until_ == nil or until_ <= now then
   redis.call('HDEL', key, 's')
   return '0'
 end
-redis.call('HDEL', key, 's', 'a', 'V')
+redis.call('HDEL', key, 's', 'V')
 redis.call('DEL', resv_key)
 local ts, x, q, stored = read_T(h[2], now)
 if ts and q > 0 then
