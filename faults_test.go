@@ -244,7 +244,23 @@ func TestFaultRedisKilledMidDrainLosesNoTask(t *testing.T) {
 		}
 	}
 
-	f.waitAllRan(300, 200*time.Second)
+	// The tasks in flight at the kill are asynq's to recover: their leases
+	// run out 30 s after the last renewal, and a recoverer takes a task
+	// whose lease ran out 30 s ago or more. The fleet's recoverers look
+	// once a minute; a server started then looks at once.
+	recoverable := func() bool {
+		leases, err := f.rdb.ZRangeWithScores(context.Background(), "asynq:{default}:lease", 0, -1).Result() // (asynq v0.26's layout)
+		require.NoError(t, err)
+		for _, l := range leases {
+			if time.Unix(int64(l.Score), 0).Add(31 * time.Second).After(time.Now()) {
+				return false
+			}
+		}
+		return true
+	}
+	require.Eventually(t, recoverable, 90*time.Second, 250*time.Millisecond, "leases of the tasks in flight at the kill")
+	f.addServer()
+	f.waitAllRan(300, 60*time.Second)
 	allDone := time.Since(killedAt)
 	found, dups := f.auditAtLeastOnce(300)
 	for job, n := range dups {

@@ -123,6 +123,7 @@ type fleet struct {
 	rec     *recorder
 	ev      *events
 	jobOfID sync.Map // task ID -> job, filled at enqueue and by copies
+	fc      fleetConfig
 }
 
 type fleetConfig struct {
@@ -165,56 +166,64 @@ func startFleet(t *testing.T, fc fleetConfig) *fleet {
 	if fc.concurrency == 0 {
 		fc.concurrency = 10
 	}
+	f.fc = fc
 	for range fc.servers {
-		rdb := fc.tasks(t) // one connection pool per server, as separate processes
-		cfg := fc.cfg
-		cfg.Concurrency = fc.concurrency
-		cfg.LogLevel = asynq.FatalLevel
-		cfg.ShutdownTimeout = 2 * time.Second
-		if fc.plain && cfg.DelayedTaskCheckInterval == 0 {
-			cfg.DelayedTaskCheckInterval = time.Second // (worker.NewServer sets its own)
-		}
-		var srv *asynq.Server
-		if fc.plain {
-			srv = asynq.NewServerFromRedisClient(rdb, cfg)
-		} else {
-			srv = worker.NewServer(rdb, cfg)
-		}
-		observe := f.ev.observe(f.job)
-		if fc.observer != nil {
-			own := observe
-			observe = func(ev throttle.Event) { own(ev); fc.observer(ev) }
-		}
-		opts := append([]throttle.Option{throttle.WithLogger(quiet)}, fc.opts...)
-		limits := redis.UniversalClient(rdb)
-		switch {
-		case fc.limitsClient != nil:
-			limits = fc.limitsClient(t)
-		case fc.limits != nil:
-			limits = redis.NewClient(&redis.Options{Addr: fc.limits.Addr, MaxRetries: -1})
-			t.Cleanup(func() { limits.Close() })
-		}
-		mux := asynq.NewServeMux()
-		if fc.wrap != nil {
-			mux.Use(fc.wrap)
-		}
-		lim := throttle.NewLimiter(limits, opts...)
-		lim.OnEvent(observe)
-		mux.Use(lim.Middleware())
-		mux.HandleFunc("sync:", func(ctx context.Context, task *asynq.Task) error {
-			start := time.Now()
-			if fc.handler != nil {
-				if err := fc.handler(ctx, task); err != nil {
-					return err
-				}
-			}
-			f.rec.done(ctx, task, start)
-			return nil
-		})
-		require.NoError(t, srv.Start(mux))
-		t.Cleanup(srv.Shutdown)
+		f.addServer()
 	}
 	return f
+}
+
+// addServer starts one more server of the fleet (another process, as far
+// as Redis can tell): a fresh asynq.Server, its Limiter and middleware.
+func (f *fleet) addServer() {
+	t, fc := f.t, f.fc
+	rdb := fc.tasks(t) // one connection pool per server, as separate processes
+	cfg := fc.cfg
+	cfg.Concurrency = fc.concurrency
+	cfg.LogLevel = asynq.FatalLevel
+	cfg.ShutdownTimeout = 2 * time.Second
+	if fc.plain && cfg.DelayedTaskCheckInterval == 0 {
+		cfg.DelayedTaskCheckInterval = time.Second // (worker.NewServer sets its own)
+	}
+	var srv *asynq.Server
+	if fc.plain {
+		srv = asynq.NewServerFromRedisClient(rdb, cfg)
+	} else {
+		srv = worker.NewServer(rdb, cfg)
+	}
+	observe := f.ev.observe(f.job)
+	if fc.observer != nil {
+		own := observe
+		observe = func(ev throttle.Event) { own(ev); fc.observer(ev) }
+	}
+	opts := append([]throttle.Option{throttle.WithLogger(quiet)}, fc.opts...)
+	limits := redis.UniversalClient(rdb)
+	switch {
+	case fc.limitsClient != nil:
+		limits = fc.limitsClient(t)
+	case fc.limits != nil:
+		limits = redis.NewClient(&redis.Options{Addr: fc.limits.Addr, MaxRetries: -1})
+		t.Cleanup(func() { limits.Close() })
+	}
+	mux := asynq.NewServeMux()
+	if fc.wrap != nil {
+		mux.Use(fc.wrap)
+	}
+	lim := throttle.NewLimiter(limits, opts...)
+	lim.OnEvent(observe)
+	mux.Use(lim.Middleware())
+	mux.HandleFunc("sync:", func(ctx context.Context, task *asynq.Task) error {
+		start := time.Now()
+		if fc.handler != nil {
+			if err := fc.handler(ctx, task); err != nil {
+				return err
+			}
+		}
+		f.rec.done(ctx, task, start)
+		return nil
+	})
+	require.NoError(t, srv.Start(mux))
+	t.Cleanup(srv.Shutdown)
 }
 
 // job maps a task ID (or a deferred copy's ID) to the job it runs.

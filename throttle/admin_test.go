@@ -72,6 +72,7 @@ func TestKeysFindsAndDeleteRemovesEveryPartOfAKey(t *testing.T) {
 
 // On a Cluster, Keys walks every master: 40 keys spread over three.
 func TestKeysWalksEveryClusterMaster(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	c := redistest.StartCluster(t)
 	rdb := c.Client(t)

@@ -72,6 +72,7 @@ func clientsOf(t *testing.T, s *redistest.Server, n int) []redis.UniversalClient
 // The fleet-wide bound: 4 limiters x 8 goroutines at 100/s burst 20 never
 // admit more than burst + rate x elapsed, and admit nearly that many.
 func TestIntegrationFleetHoldsTheBound(t *testing.T) {
+	t.Parallel()
 	s := redistest.Start(t)
 	clients := clientsOf(t, s, 4)
 	ctx := context.Background()
@@ -88,6 +89,7 @@ func TestIntegrationFleetHoldsTheBound(t *testing.T) {
 
 // NOSCRIPT after SCRIPT FLUSH is reloaded transparently: no caller sees it.
 func TestIntegrationScriptFlushIsReloadedUnseen(t *testing.T) {
+	t.Parallel()
 	s := redistest.Start(t)
 	clients := clientsOf(t, s, 4)
 	ctx := context.Background()
@@ -231,6 +233,7 @@ func redisHangs(t *testing.T, opts redis.Options) {
 // Every script runs on a 3-master Redis Cluster: all keys of one limiter key
 // share a hash tag, and keys spread over the masters stay independent.
 func TestIntegrationEveryScriptRunsOnACluster(t *testing.T) {
+	t.Parallel()
 	c := redistest.StartCluster(t)
 	rdb := c.Client(t)
 	ctx := context.Background()

@@ -54,6 +54,7 @@ func respondWith(h map[string]string) *http.Response {
 // of each per response. A quota that lowers a tier in force still reaches
 // Redis at once, and one that raises it back within observeGap.
 func TestObserveBoundsCallsAndWarnings(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	rdb := redistest.Start(t).Client(t)
 	calls := &countHook{}

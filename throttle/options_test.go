@@ -43,6 +43,7 @@ func TestTakeIsExactHeadroomKeepsRoom(t *testing.T) {
 // least two of the tier's periods) unless the provider says it again, then
 // the key is back to its configured limits.
 func TestLearnedQuotaLastsWithLearnFor(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	lim := throttle.NewLimiter(redistest.Start(t).Client(t), quietLog, throttle.WithLease(0, 0), throttle.WithLearnFor(time.Second))
 	require.NoError(t, lim.SetLimits(ctx, "crm", throttle.PerSecond(20)))

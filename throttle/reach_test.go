@@ -32,6 +32,7 @@ func eachDeadlineMode(t *testing.T, test func(t *testing.T, cte bool)) {
 // itself reports only the end of the call's context), whichever way the
 // client bounds its I/O; and the calls after the first fail at once.
 func TestUnreachableRedisNamesTheCause(t *testing.T) {
+	t.Parallel()
 	const timeout = 500 * time.Millisecond
 	eachDeadlineMode(t, func(t *testing.T, cte bool) {
 		addr := redistest.ClosedAddr(t)
@@ -91,6 +92,7 @@ func TestUnreachableRedisNamesTheCause(t *testing.T) {
 // the caller's goroutine, or waiting for a flight) name the cause too, and
 // decide again once Redis is back.
 func TestRedisGoneNamesTheCause(t *testing.T) {
+	t.Parallel()
 	const timeout = 500 * time.Millisecond
 	eachDeadlineMode(t, func(t *testing.T, cte bool) {
 		ctx := context.Background()

@@ -177,6 +177,7 @@ func TestShortLivedLimitersHoldNoConnection(t *testing.T) {
 // plain context or with a handler's (cancellable, with asynq's far
 // deadline); and a handler's context canceled during the wait ends it then.
 func TestDecisionEndsWithinItsTimeout(t *testing.T) {
+	t.Parallel()
 	const timeout = 300 * time.Millisecond
 	handler, cancel := context.WithTimeout(context.Background(), time.Hour)
 	t.Cleanup(cancel)
@@ -280,6 +281,7 @@ func portOf(t *testing.T, addr string) string {
 // key lives on a reachable master is made even while another master is
 // down: loading the library there fails, and the call falls back to EVAL.
 func TestClusterMissingScriptFallsBackToEvalWithANodeDown(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	c := redistest.StartCluster(t)
 	rdb := c.Client(t)

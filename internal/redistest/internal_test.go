@@ -1,7 +1,11 @@
 package redistest
 
 import (
+	"flag"
 	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // TestStartRetriesWhenPortTaken simulates losing the race for a free port:
@@ -47,4 +51,18 @@ func TestFreeClusterPortLeavesRoomForTheBusPort(t *testing.T) {
 			t.Fatalf("port %d out of range", p)
 		}
 	}
+}
+
+// RaiseParallel sets -test.parallel when it was not given, and never lowers
+// it.
+func TestRaiseParallelSetsTheFlagOnlyUpwards(t *testing.T) {
+	f := flag.Lookup("test.parallel")
+	require.NotNil(t, f)
+	old := f.Value.String()
+	t.Cleanup(func() { _ = f.Value.Set(old) })
+	require.NoError(t, f.Value.Set("1"))
+	RaiseParallel(3)
+	assert.Equal(t, "3", f.Value.String(), "raised from 1")
+	RaiseParallel(2)
+	assert.Equal(t, "3", f.Value.String(), "never lowered")
 }

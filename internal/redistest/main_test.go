@@ -1,0 +1,15 @@
+package redistest_test
+
+import (
+	"os"
+	"testing"
+
+	"github.com/asynq-throttle/asynq-throttle/internal/redistest"
+)
+
+// TestMain runs this package's parallel tests (failovers that wait on
+// timeouts) four at a time unless -parallel says otherwise.
+func TestMain(m *testing.M) {
+	redistest.RaiseParallel(4)
+	os.Exit(m.Run())
+}
