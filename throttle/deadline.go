@@ -11,16 +11,18 @@ import (
 // so go-redis ends a wait for a pool connection, a dial and its retry
 // backoff there, not only socket I/O. Unlike context.WithDeadline (four
 // allocations per call), it lives in a pooled call and is reused: its timer
-// is reset, its channel kept until it is closed. A parent that can be
-// canceled (a handler's context) is watched only once something asks for
-// Done: on the connection a lone decision keeps, go-redis never does, and
-// the watch (context.AfterFunc) would cost allocations on every decision.
+// is reset, its channel kept until it is closed. The timer, and the watch of
+// a parent that can be canceled (a handler's context), start only once
+// something asks for Done: on the connection a lone decision keeps,
+// go-redis never does (it reads Deadline for its socket deadlines), and a
+// timer and a watch per decision cost time and allocations for nothing.
 type deadlineCtx struct {
 	context.Context // the parent
 
 	timer *time.Timer // runs expire at the deadline
 
 	mu        sync.Mutex
+	armed     bool   // the timer runs for this use (Done was asked for)
 	use       uint64 // counts the uses: a late timer or watch of an old one does nothing
 	deadline  time.Time
 	done      chan struct{}
@@ -39,17 +41,15 @@ func (d *deadlineCtx) start(parent context.Context, at time.Time) {
 		d.err = nil
 	}
 	d.mu.Unlock()
-	if d.timer == nil {
-		d.timer = time.AfterFunc(time.Until(at), d.expire)
-	} else {
-		d.timer.Reset(time.Until(at))
-	}
 }
 
 // stop ends the use of d; its parent is dropped.
 func (d *deadlineCtx) stop() {
-	d.timer.Stop()
 	d.mu.Lock()
+	if d.armed {
+		d.timer.Stop()
+		d.armed = false
+	}
 	if d.stopWatch != nil {
 		d.stopWatch()
 		d.stopWatch = nil
@@ -88,10 +88,19 @@ func (d *deadlineCtx) Deadline() (time.Time, bool) {
 	return d.deadline, !d.deadline.IsZero()
 }
 
-// Done is closed when the deadline passes or the parent is done.
+// Done is closed when the deadline passes or the parent is done. The
+// timer and the watch of the parent start when something first asks.
 func (d *deadlineCtx) Done() <-chan struct{} {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if !d.armed && d.err == nil && !d.deadline.IsZero() {
+		if d.timer == nil {
+			d.timer = time.AfterFunc(time.Until(d.deadline), d.expire)
+		} else {
+			d.timer.Reset(time.Until(d.deadline))
+		}
+		d.armed = true
+	}
 	if d.stopWatch == nil && d.err == nil && d.Context != nil && d.Context.Done() != nil {
 		use := d.use
 		d.stopWatch = context.AfterFunc(d.Context, func() {
@@ -113,6 +122,8 @@ func (d *deadlineCtx) Err() error {
 	if d.err == nil && d.Context != nil {
 		if err := d.Context.Err(); err != nil {
 			d.end(err)
+		} else if !d.deadline.IsZero() && !time.Now().Before(d.deadline) {
+			d.end(context.DeadlineExceeded) // (no timer was asked for)
 		}
 	}
 	return d.err
