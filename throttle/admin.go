@@ -172,6 +172,40 @@ func (l *Limiter) SetLimits(ctx context.Context, key string, limits ...Limit) er
 	return nil
 }
 
+// maxWeight is the largest weight of a tenant.
+const maxWeight = 1_000_000
+
+// SetWeights sets the weights of key's tenants (Tenant), replacing those
+// set before: while several tenants have tasks waiting on the key, each
+// gets the key's rate in proportion to its weight, e.g. SetWeights(ctx,
+// "openai", map[string]int{"enterprise": 3}) gives "enterprise" three
+// times the share of any other tenant. A tenant not named weighs 1; nil
+// puts every tenant back to 1. Weights are whole numbers from 1 to
+// 1000000, kept in Redis beside the limits and expiring with them; every
+// process follows them from its next decision, and tenants with work
+// booked count with their new weight at once.
+func (l *Limiter) SetWeights(ctx context.Context, key string, weights map[string]int) error {
+	keys, err := redisKeys(l.o.prefix, key)
+	if err != nil {
+		return err
+	}
+	for name, w := range weights {
+		if err := ValidateKey(name); err != nil {
+			return fmt.Errorf("throttle: key %q: set weights: tenant: %w", key, err)
+		}
+		if w < 1 || w > maxWeight {
+			return fmt.Errorf("throttle: key %q: set weights: tenant %q: weight %d: want a whole number from 1 to %d", key, name, w, maxWeight)
+		}
+	}
+	_, err = bounded(l, ctx, func(ctx context.Context) (int, error) {
+		return lua.SetWeights(ctx, l.runner, keys, l.o.idleExpiry, weights)
+	})
+	if err != nil {
+		return fmt.Errorf("throttle: key %q: set weights: %w", key, err)
+	}
+	return nil
+}
+
 // Suspend stops every process from taking tokens of key for d: each of them
 // is refused with the remaining suspension as RetryAfter on its next decision.
 // A suspension is only ever extended, never shortened, and d is capped by
@@ -278,6 +312,26 @@ type Status struct {
 	// InFlight is how many slots of the key's InFlight limit are held now
 	// (that limit's Tokens entry is the slots free).
 	InFlight int
+	// Tenants are the key's tenants (Tenant) with work booked, at most 100,
+	// then the others with a weight set (SetWeights); none when its tasks
+	// have no tenants.
+	Tenants []TenantStatus
+}
+
+// TenantStatus is one tenant of a key, as Inspect reads it.
+type TenantStatus struct {
+	// Name is the tenant ("" the default tenant: tasks without Tenant).
+	Name string
+	// Weight is its weight (SetWeights; 1 when not set).
+	Weight int
+	// Share is the part of the key's rate it gets now: its weight over the
+	// weights of the tenants with work booked (0 when it has none).
+	Share float64
+	// Backlog is the work it has booked and not yet due, in cost units.
+	Backlog float64
+	// Admitted is the work admitted since it last had work booked, in cost
+	// units.
+	Admitted int64
 }
 
 // Inspect reports key's limits, tokens, suspension and reservations without
@@ -302,6 +356,9 @@ func (l *Limiter) Inspect(ctx context.Context, key string) (Status, error) {
 	}
 	s := Status{SuspendedFor: r.Suspended, Reservations: int(r.Reservations), QueuedFor: r.QueuedFor, Tokens: r.Tokens,
 		Generation: r.Generation, InFlight: int(r.InFlight), LearnedFor: r.LearnedFor}
+	for _, t := range r.Tenants {
+		s.Tenants = append(s.Tenants, TenantStatus{Name: t.Name, Weight: int(t.Weight), Share: t.Share, Backlog: t.Backlog, Admitted: int64(t.Admitted)})
+	}
 	if r.Status == lua.StatusNoLimits {
 		return s, nil
 	}

@@ -99,7 +99,7 @@ func (l *Limiter) TakeN(ctx context.Context, key string, n int) (Decision, error
 	if n < 1 {
 		return Decision{}, fmt.Errorf("throttle: key %q: TakeN(%d): the cost must be at least 1", key, n)
 	}
-	return l.decide(ctx, key, variant{}, "", n)
+	return l.decide(ctx, key, variant{}, "", n, "")
 }
 
 // Release gives back slots in flight that Take held on key (Decision.Slot),

@@ -61,12 +61,16 @@ func (l *Limiter) Enqueue(ctx context.Context, client *asynq.Client, task *asynq
 	if err != nil {
 		return nil, err
 	}
+	tenant, err := tenantOf(task)
+	if err != nil {
+		return nil, err
+	}
 	if id == "" {
 		id = uuid.NewString()
 		opts = append(opts, asynq.TaskID(id))
 	}
 	v := variant{horizon: l.o.horizon, granule: granule, headroom: l.o.headroom, pace: l.o.pacing, book: true}
-	d, err := l.decide(ctx, key, v, id, cost)
+	d, err := l.decide(ctx, key, v, id, cost, tenant)
 	switch {
 	case errors.Is(err, ErrCostTooHigh):
 		return nil, err

@@ -75,6 +75,8 @@ type call struct {
 	key   string        // the limiter key
 	id    string        // task ID ("" = no reservation)
 	cost  int           // what it takes from every tier
+	fair  bool          // its template is fair: it says its tenant
+	tenant string       // its tenant, when fair
 	reply string        // the script's reply for this decision
 	err   error         // or the error
 	state atomic.Int32  // callWaiting, then callAbandoned or callAnswered
@@ -101,7 +103,7 @@ var callPool = sync.Pool{New: func() any {
 func getCall() *call { return callPool.Get().(*call) }
 
 func putCall(c *call) {
-	c.tmpl, c.key, c.id, c.cost, c.reply, c.err = nil, "", "", 0, "", nil
+	c.tmpl, c.key, c.id, c.cost, c.reply, c.err, c.fair, c.tenant = nil, "", "", 0, "", nil, false, ""
 	c.state.Store(callWaiting)
 	callPool.Put(c)
 }
@@ -471,6 +473,12 @@ func (f *flight) exec(ctx context.Context, runs []*run) {
 // and a cost per decision (nothing for a lone Take: the script's default).
 func (r *run) appendArgs(args []any) []any {
 	args = append(args, r.calls[0].tmpl...)
+	if r.calls[0].fair {
+		for _, c := range r.calls {
+			args = append(args, c.id, c.cost, c.tenant)
+		}
+		return args
+	}
 	if len(r.calls) == 1 {
 		return lua.AppendCallers(args, r.calls[0].id, r.calls[0].cost)
 	}

@@ -25,6 +25,10 @@ type keyState struct {
 	warned        bool        // "no limits" was logged
 	susp          *suspension // a suspension answered by Redis, trusted for a while
 	obs           observeMemo // what Observe last sent about the key
+
+	// fair: Redis said tenants share the key; a task without a tenant is
+	// decided as the default tenant.
+	fair atomic.Bool
 }
 
 // variant is what tells decide commands of one key apart.
@@ -34,6 +38,7 @@ type variant struct {
 	headroom         time.Duration
 	book, pace       bool
 	probe            bool // a slot waiter asking again (keeps its place)
+	fair             bool // callers say their tenant (fair shares)
 	mode             lua.Mode
 }
 

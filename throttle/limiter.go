@@ -94,7 +94,10 @@ func (l *Limiter) Close() error {
 	return nil
 }
 
-func (l *Limiter) decide(ctx context.Context, key string, v variant, id string, cost int) (Decision, error) {
+// decide makes one decision for a caller of key: task id ("" none), cost,
+// tenant ("" the default tenant). A task of a tenant, and any task of a key
+// Redis said tenants share, is decided in the order of fair shares.
+func (l *Limiter) decide(ctx context.Context, key string, v variant, id string, cost int, tenant string) (Decision, error) {
 	if err := ctx.Err(); err != nil {
 		return Decision{}, fmt.Errorf("throttle: key %q: decide: %w", key, err)
 	}
@@ -102,20 +105,44 @@ func (l *Limiter) decide(ctx context.Context, key string, v variant, id string, 
 	if err != nil {
 		return Decision{}, err
 	}
-	tmpl, err := l.template(ks, key, v)
+	if tenant != "" || ks.fair.Load() {
+		v.fair, v.lease = true, 0 // (no lease: it would bypass the shares)
+	}
+	r, err := l.decideOnce(ctx, ks, key, v, id, cost, tenant)
+	if err == nil && r.Status == lua.StatusFair && !v.fair {
+		// Tenants share the key: ask again as the default tenant, and from
+		// now on.
+		ks.fair.Store(true)
+		v.fair, v.lease = true, 0
+		r, err = l.decideOnce(ctx, ks, key, v, id, cost, "")
+	}
 	if err != nil {
 		return Decision{}, err
 	}
+	return l.decision(key, cost, r)
+}
+
+// decideOnce sends one decision of key to Redis and reads its reply.
+func (l *Limiter) decideOnce(ctx context.Context, ks *keyState, key string, v variant, id string, cost int, tenant string) (lua.DecideReply, error) {
+	tmpl, err := l.template(ks, key, v)
+	if err != nil {
+		return lua.DecideReply{}, err
+	}
 	c := getCall()
-	c.tmpl, c.key, c.id, c.cost = tmpl, key, id, cost
+	c.tmpl, c.key, c.id, c.cost, c.fair, c.tenant = tmpl, key, id, cost, v.fair, tenant
 	reply, err := l.flight.do(ctx, c)
 	if err != nil {
-		return Decision{}, fmt.Errorf("throttle: key %q: decide: %w", key, err)
+		return lua.DecideReply{}, fmt.Errorf("throttle: key %q: decide: %w", key, err)
 	}
 	r, err := lua.ParseDecide(reply)
 	if err != nil {
-		return Decision{}, fmt.Errorf("throttle: key %q: %w", key, err)
+		return lua.DecideReply{}, fmt.Errorf("throttle: key %q: %w", key, err)
 	}
+	return r, nil
+}
+
+// decision reads a decide reply of key as the Decision its caller gets.
+func (l *Limiter) decision(key string, cost int, r lua.DecideReply) (Decision, error) {
 	switch r.Status {
 	case lua.StatusNoLimits:
 		return Decision{}, fmt.Errorf("%w %q", ErrNoLimits, key)
@@ -123,6 +150,8 @@ func (l *Limiter) decide(ctx context.Context, key string, v variant, id string, 
 		return Decision{}, &ConfigError{Key: key, Field: r.Field, Reason: r.Reason}
 	case lua.StatusCostTooHigh:
 		return Decision{}, fmt.Errorf("%w: key %q: a cost of %d, and a tier holds at most %s", ErrCostTooHigh, key, cost, r.Reason)
+	case lua.StatusFair:
+		return Decision{}, fmt.Errorf("throttle: key %q: %w", key, lua.ErrBadReply)
 	}
 	d := Decision{
 		Allowed:    r.Status == lua.StatusAllowed,
@@ -189,7 +218,7 @@ func (l *Limiter) template(ks *keyState, key string, v variant) ([]any, error) {
 	t := &template{v: v, args: lua.AppendDecideArgs(nil, v.mode, keys, lua.DecideArgs{
 		Granule: v.granule, Horizon: v.horizon, Lapse: l.o.lapse,
 		IdleExpiry: l.o.idleExpiry, Defaults: l.defaults(key), Lease: v.lease,
-		Headroom: v.headroom, Book: v.book, Pace: v.pace, Probe: v.probe, SlotExpiry: l.o.slotExpiry,
+		Headroom: v.headroom, Book: v.book, Pace: v.pace, Probe: v.probe, SlotExpiry: l.o.slotExpiry, Fair: v.fair,
 	})}
 	if v == (variant{mode: v.mode}) {
 		ks.take.Store(t)

@@ -65,6 +65,8 @@ type Event struct {
 	Key      string
 	TaskID   string
 	TaskType string
+	// Tenant is the task's tenant (Tenant; "" the default tenant).
+	Tenant string
 	Outcome  Outcome
 	// Reason is the refusal's reason when Deferred.
 	Reason Reason
@@ -183,13 +185,17 @@ func (m *middleware) process(ctx context.Context, t *asynq.Task, next asynq.Hand
 	if err != nil {
 		return m.badTask(ctx, t, id, key, err)
 	}
-	ev.cost = cost
+	tenant, err := tenantOf(t)
+	if err != nil {
+		return m.badTask(ctx, t, id, key, err)
+	}
+	ev.cost, ev.Tenant = cost, tenant
 	ks := m.l.keys.get(key)
 	if done, err := m.decideInProcess(ctx, t, next, ks, &ev); done {
 		return err
 	}
 	asked := 0
-	if o.lease > 1 && o.leaseFor > 0 && cost < o.lease {
+	if o.lease > 1 && o.leaseFor > 0 && cost < o.lease && tenant == "" && !ks.fair.Load() {
 		asked = ks.lease.request(o.lease)
 	}
 	d, err := m.decideAndWait(ctx, key, t, id, asked, cost, ks, &ev)
@@ -211,7 +217,7 @@ func (m *middleware) decideInProcess(ctx context.Context, t *asynq.Task, next as
 		ev.Cached = true
 		return true, m.deferDecision(ctx, t, ks, Decision{RetryAfter: retryAt.Sub(now), Reason: RefusedBySuspension}, *ev, Deferred)
 	}
-	if o.lease > 1 && o.leaseFor > 0 && ev.cost < o.lease && ks.lease.take(now, o.lease, ev.cost) {
+	if o.lease > 1 && o.leaseFor > 0 && ev.cost < o.lease && ev.Tenant == "" && !ks.fair.Load() && ks.lease.take(now, o.lease, ev.cost) {
 		ev.Outcome, ev.Leased = Ran, true
 		return true, m.run(ctx, t, next, ks, *ev)
 	}
@@ -436,7 +442,7 @@ func (m *middleware) run(ctx context.Context, t *asynq.Task, next asynq.Handler,
 	// This process stops at once, even when Redis could not be told.
 	ks.cacheSuspension(m.now(), left, err != nil)
 	cost := max(ev.cost, 1)
-	ev = Event{Key: key, TaskID: ev.TaskID, TaskType: ev.TaskType}
+	ev = Event{Key: key, TaskID: ev.TaskID, TaskType: ev.TaskType, Tenant: ev.Tenant}
 	d := Decision{RetryAfter: left, Reason: RefusedBySuspension}
 	if err == nil {
 		// A reserved time after the suspension, so the deferred crowd comes back
@@ -477,7 +483,8 @@ func (m *middleware) decideAs(ctx context.Context, key string, t *asynq.Task, id
 	} else {
 		id = ""
 	}
-	return m.l.decide(ctx, key, v, id, cost)
+	tenant, _ := tenantOf(t) // (validated by process)
+	return m.l.decide(ctx, key, v, id, cost, tenant)
 }
 
 // deferDecision defers a refused task by deferDelay. A task deferred on a

@@ -22,12 +22,16 @@ type keyOption string
 // costOption is the asynq.Option returned by Cost.
 type costOption int
 
+// tenantOption is the asynq.Option returned by Tenant.
+type tenantOption string
+
 // optionTypeKey and optionTypeCost are outside asynq's own option types,
 // which asynq's client switches on: it ignores them, which is why Key and
 // Cost must go through NewTask.
 const (
-	optionTypeKey  asynq.OptionType = 1 << 20
-	optionTypeCost asynq.OptionType = 1<<20 + 1
+	optionTypeKey    asynq.OptionType = 1 << 20
+	optionTypeCost   asynq.OptionType = 1<<20 + 1
+	optionTypeTenant asynq.OptionType = 1<<20 + 2
 )
 
 // String, Type and Value make Key an asynq.Option.
@@ -39,6 +43,22 @@ func (k keyOption) Value() interface{}     { return string(k) }
 func (c costOption) String() string         { return fmt.Sprintf("throttle.Cost(%d)", int(c)) }
 func (c costOption) Type() asynq.OptionType { return optionTypeCost }
 func (c costOption) Value() interface{}     { return int(c) }
+
+// String, Type and Value make Tenant an asynq.Option.
+func (t tenantOption) String() string         { return fmt.Sprintf("throttle.Tenant(%q)", string(t)) }
+func (t tenantOption) Type() asynq.OptionType { return optionTypeTenant }
+func (t tenantOption) Value() interface{}     { return string(t) }
+
+// Tenant names the tenant a task runs for (a customer, a workspace), e.g.
+// NewTask("crm:sync", p, Key("crm"), Tenant("acme")). While several
+// tenants have tasks waiting on a key, each gets the key's rate in
+// proportion to its weight (Limiter.SetWeights; 1 when not set); a tenant
+// alone gets all of it, and an idle tenant's share goes to the others at
+// once. A refused task is deferred to its tenant's turn, not behind every
+// task booked before it. Tasks without a Tenant share the default tenant.
+// Costs count: a tenant's share is in cost units. The name follows the
+// rules of keys (ValidateKey). Like Key, it must go through NewTask.
+func Tenant(id string) asynq.Option { return tenantOption(id) }
 
 // Cost makes a task take n tokens of every tier of its key instead of one
 // (a GraphQL query's points, a bulk call counted as n), e.g.
@@ -60,11 +80,11 @@ func Cost(n int) asynq.Option { return costOption(n) }
 // type prefix instead (see WithKeyFunc).
 func Key(name string) asynq.Option { return keyOption(name) }
 
-// NewTask returns an asynq task whose headers carry the Key and Cost among
-// opts; all other options are kept on the task as asynq.NewTask would. It
-// refuses what no worker could throttle, naming the option: a Key that
-// ValidateKey refuses (ErrInvalidKey), a Cost below 1 or above maxBurst, and
-// a second Key or Cost.
+// NewTask returns an asynq task whose headers carry the Key, Cost and
+// Tenant among opts; all other options are kept on the task as
+// asynq.NewTask would. It refuses what no worker could throttle, naming the
+// option: a Key or Tenant that ValidateKey refuses (ErrInvalidKey), a Cost
+// below 1 or above maxBurst, and a second Key, Cost or Tenant.
 func NewTask(typename string, payload []byte, opts ...asynq.Option) (*asynq.Task, error) {
 	headers := map[string]string{}
 	rest := make([]asynq.Option, 0, len(opts))
@@ -88,6 +108,15 @@ func NewTask(typename string, payload []byte, opts ...asynq.Option) (*asynq.Task
 			}
 			headers[keyspace.Cost] = strconv.Itoa(int(o))
 			continue
+		case tenantOption:
+			if _, dup := headers[keyspace.Tenant]; dup {
+				return nil, fmt.Errorf("throttle: NewTask(%q): %v: a second Tenant (the first was %q)", typename, o, headers[keyspace.Tenant])
+			}
+			if err := ValidateKey(string(o)); err != nil {
+				return nil, fmt.Errorf("throttle: NewTask(%q): Tenant: %w", typename, err)
+			}
+			headers[keyspace.Tenant] = string(o)
+			continue
 		}
 		rest = append(rest, o)
 	}
@@ -106,6 +135,19 @@ func costOf(t *asynq.Task) (int, error) {
 		return 0, fmt.Errorf("throttle: task type %q: header %s = %q: want a whole number from 1 to %d (Cost)", t.Type(), keyspace.Cost, s, maxBurst)
 	}
 	return n, nil
+}
+
+// tenantOf returns the tenant in t's headers ("" when absent: the default
+// tenant); an invalid name is an error, the enqueuer's bug.
+func tenantOf(t *asynq.Task) (string, error) {
+	s, ok := t.Headers()[keyspace.Tenant]
+	if !ok {
+		return "", nil
+	}
+	if err := ValidateKey(s); err != nil {
+		return "", fmt.Errorf("throttle: task type %q: header %s: %w (Tenant)", t.Type(), keyspace.Tenant, err)
+	}
+	return s, nil
 }
 
 // keyOf picks the key of a task: its header, else the key function, else the

@@ -44,6 +44,9 @@ const (
 	// Retried counts the retries the tasks before a copy spent: a copy's
 	// MaxRetry is what is left of the original's.
 	Retried = "throttle-retried"
+	// Tenant carries the tenant a task's share is counted for
+	// (throttle.Tenant); the default tenant "" when absent.
+	Tenant = "throttle-tenant"
 )
 
 // ErrInvalidKey is returned for a key name that Validate refuses.
@@ -90,7 +93,7 @@ func RedisKeys(prefix, name string) (lua.Keys, error) {
 		return lua.Keys{}, err
 	}
 	base := prefix + ":{" + name + "}:"
-	return lua.Keys{Bucket: base + "b", Reservations: base + "r", Slots: base + "f"}, nil
+	return lua.Keys{Bucket: base + "b", Reservations: base + "r", Slots: base + "f", Tenants: base + "a"}, nil
 }
 
 // All lists every Redis key of one limiter key. It names every field of
@@ -102,7 +105,7 @@ func All(k lua.Keys) []string {
 // Deletable lists what Limiter.Delete removes: every Redis key of one
 // limiter key but its slots in flight, which running handlers hold.
 func Deletable(k lua.Keys) []string {
-	return []string{k.Bucket, k.Reservations}
+	return []string{k.Bucket, k.Reservations, k.Tenants}
 }
 
 // ScanPattern is the SCAN MATCH pattern of every Redis key RedisKeys can

@@ -73,7 +73,7 @@ if longest > need then need = longest end
 if q > now and q - now > need then need = q - now end
 local ttl
 x, ttl = keep_alive(need, h[1] ~= false, idle_us, x, now)
-local t_field = write_T(tiers, owed, now, x, q > now and q or 0)
+local t_field = write_T(tiers, owed, now, x, (q > now or q == -1) and q or 0)
 if t_field then
   fields[#fields + 1] = 'T'
   fields[#fields + 1] = t_field

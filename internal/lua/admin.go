@@ -3,6 +3,7 @@ package lua
 import (
 	"context"
 	"fmt"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -155,6 +156,36 @@ func Adjust(ctx context.Context, r *Runner, k Keys, delta int, call Call, idle t
 	return err
 }
 
+// SetWeights runs setweights.lua: the weights of the key's tenants become
+// weights (a tenant not named weighs 1), kept as long as the limits (idle).
+//
+//	KEYS[1] bucket hash
+//	ARGV[1] idle, milliseconds; then tenant, weight pairs
+//
+// Reply: how many weights are set. The caller validates the names and the
+// weights (whole numbers from 1 to 1e6).
+func SetWeights(ctx context.Context, r *Runner, k Keys, idle time.Duration, weights map[string]int) (int, error) {
+	names := make([]string, 0, len(weights))
+	for name := range weights {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	args := make([]any, 0, 1+2*len(names))
+	args = append(args, idle.Milliseconds())
+	for _, name := range names {
+		args = append(args, name, weights[name])
+	}
+	v, err := r.Run(ctx, setWeightsScript, []string{k.Bucket}, args...)
+	if err != nil {
+		return 0, err
+	}
+	n, ok := num(v)
+	if !ok {
+		return 0, errBadReply("setweights", v)
+	}
+	return int(n), nil
+}
+
 // Release runs release.lua: the slots in flight are given back, and how
 // long they were held is learned.
 //
@@ -223,8 +254,20 @@ type InspectReply struct {
 	// adaptive); AdaptiveFactor the share of the ceiling in force.
 	AdaptiveEvery  time.Duration
 	AdaptiveFactor float64
-	Field          string
-	Reason         string
+	// Tenants are the key's active tenants (at most 100), then those with a
+	// weight set that are not active.
+	Tenants []TenantReply
+	Field   string
+	Reason  string
+}
+
+// TenantReply is one tenant of a key (fair.lua).
+type TenantReply struct {
+	Name     string
+	Weight   float64
+	Share    float64 // of the key's rate now (0: not active)
+	Backlog  float64 // cost units booked and not yet due
+	Admitted float64 // cost units admitted while active
 }
 
 // Inspect runs inspect.lua; it writes nothing.
@@ -239,7 +282,7 @@ type InspectReply struct {
 // {-2, suspended_us, reservations} without limits; {-1, field, reason} for
 // bad limits.
 func Inspect(ctx context.Context, r *Runner, k Keys, defaults []Tier, lapse time.Duration) (InspectReply, error) {
-	v, err := r.Run(ctx, inspectScript, []string{k.Bucket, k.Reservations, k.Slots}, FormatTiers(defaults), lapse.Microseconds())
+	v, err := r.Run(ctx, inspectScript, []string{k.Bucket, k.Reservations, k.Slots, k.Tenants}, FormatTiers(defaults), lapse.Microseconds())
 	if err != nil {
 		return InspectReply{}, err
 	}
@@ -275,9 +318,14 @@ func Inspect(ctx context.Context, r *Runner, k Keys, defaults []Tier, lapse time
 	inflightMax, ok6 := a[8].(int64)
 	every, ok7 := num(a[9])
 	ppm, ok8 := num(a[10])
-	if !ok1 || !ok2 || !ok3 || !ok4 || !ok5 || !ok6 || !ok7 || !ok8 || n < 0 || len(a) != head+per*int(n) {
+	if !ok1 || !ok2 || !ok3 || !ok4 || !ok5 || !ok6 || !ok7 || !ok8 || n < 0 || len(a) < head+per*int(n)+1 {
 		return InspectReply{}, bad
 	}
+	tenants, ok := readTenants(a[head+per*int(n):])
+	if !ok {
+		return InspectReply{}, bad
+	}
+	out.Tenants = tenants
 	out.AdaptiveEvery = time.Duration(every) * time.Microsecond
 	out.AdaptiveFactor = float64(ppm) / 1e6
 	out.InFlight, out.InFlightMax = inflight, inflightMax
@@ -309,6 +357,34 @@ func Inspect(ctx context.Context, r *Runner, k Keys, defaults []Tier, lapse time
 		out.Tokens = append(out.Tokens, tokens)
 	}
 	return out, nil
+}
+
+// readTenants reads inspect.lua's tenants: a count, then name, weight,
+// share, backlog and admitted each.
+func readTenants(a []any) ([]TenantReply, bool) {
+	m, ok := a[0].(int64)
+	if !ok || m < 0 || len(a) != 1+5*int(m) {
+		return nil, false
+	}
+	var out []TenantReply
+	for i := range int(m) {
+		e := a[1+5*i : 1+5*(i+1)]
+		name, ok := e[0].(string)
+		if !ok {
+			return nil, false
+		}
+		var f [4]float64
+		for j := range f {
+			s, ok := e[1+j].(string)
+			v, err := strconv.ParseFloat(s, 64)
+			if !ok || err != nil {
+				return nil, false
+			}
+			f[j] = v
+		}
+		out = append(out, TenantReply{Name: name, Weight: f[0], Share: f[1], Backlog: f[2], Admitted: f[3]})
+	}
+	return out, true
 }
 
 // ObserveArgs is what a provider's response said, for Observe.

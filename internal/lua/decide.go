@@ -49,11 +49,17 @@ type DecideArgs struct {
 	// SlotExpiry is how long a slot of the in-flight limit is held without
 	// renewal (Extend) before it is taken back.
 	SlotExpiry time.Duration
+	// Fair decides in the order of fair shares among tenants (fair.lua):
+	// each caller says its tenant (Tenant, "" the default tenant), and the
+	// call passes Keys.Tenants.
+	Fair bool
+	// Tenant is the caller's tenant, with Fair.
+	Tenant string
 }
 
 // DecideReply is the outcome of one decision.
 type DecideReply struct {
-	Status     int           // StatusAllowed, StatusDenied, StatusBadConfig, StatusNoLimits or StatusCostTooHigh
+	Status     int           // StatusAllowed, StatusDenied, StatusBadConfig, StatusNoLimits, StatusCostTooHigh or StatusFair
 	RetryAfter time.Duration // when denied: wait at least this long
 	Wait       time.Duration // when allowed at an instant ahead (Pace): start after this long
 	Remaining  int64         // when allowed: tokens (or calls) left in the tightest tier, or free slots without one
@@ -70,16 +76,19 @@ type DecideReply struct {
 // Decide runs decide.lua for one caller.
 //
 //	KEYS[1] bucket hash  KEYS[2] reservations  KEYS[3] slots in flight
+//	KEYS[4] active tenants (with flag 8, fair)
 //	ARGV[1] the options, one string (a Limiter sends the same few again
 //	        and again, and the script parses each once):
 //	        "granule horizon lapse idle lease headroom flags slot_expiry|defaults"
 //	        granule, horizon (0 = never reserve), lapse, headroom and
 //	        slot_expiry in microseconds; idle (the limits' inactivity
 //	        expiry) in milliseconds; lease: tokens an admitted caller may
-//	        take for its process (0 = 1); flags: 1 book, 2 pace, 4 probe;
+//	        take for its process (0 = 1); flags: 1 book, 2 pace, 4 probe,
+//	        8 fair (callers say their tenant);
 //	        defaults: the default limits as FormatTiers writes them ("" none)
 //	then a pair per caller decided in this run, in order: task ID ("" = no
-//	reservation), cost. No pair at all is one caller: "", 1.
+//	reservation), cost (fair: a triple, with the tenant). No pair at all is
+//	one caller: "", 1.
 //
 // Reply: the n decisions joined by ';', each one string (reading it costs no
 // allocation):
@@ -94,11 +103,17 @@ type DecideReply struct {
 //	"-1|field|reason"                        bad limits
 //	"-2"                                     no limits
 //	"-3|tier|max"                            a cost above what a tier can ever hold
+//	"-4"                                     tenants share the key: ask again, fair
 //
 // A caller refused only for a slot gets by "inflight" and the time one is
 // expected to free, in the order callers were refused.
 func Decide(ctx context.Context, r *Runner, k Keys, a DecideArgs) (DecideReply, error) {
-	args := AppendCallers(AppendDecideArgs(nil, r.Mode(), k, a), a.TaskID, max(a.Cost, 1))
+	args := AppendDecideArgs(nil, r.Mode(), k, a)
+	if a.Fair {
+		args = append(args, a.TaskID, max(a.Cost, 1), a.Tenant)
+	} else {
+		args = AppendCallers(args, a.TaskID, max(a.Cost, 1))
+	}
 	s, err := r.Do(ctx, decideScript, args)
 	if err != nil {
 		return DecideReply{}, err
@@ -111,11 +126,15 @@ func Decide(ctx context.Context, r *Runner, k Keys, a DecideArgs) (DecideReply, 
 var DecideScript = decideScript
 
 // AppendDecideArgs appends a call of decide.lua in mode m to dst without its
-// callers: the verb and function (or sha), 3 (the number of keys), the three
-// keys and ARGV[1], the options. AppendCallers adds the callers. a.TaskID
-// and a.Cost are ignored.
+// callers: the verb and function (or sha), the number of keys, the keys
+// (three; four with a.Fair) and ARGV[1], the options. AppendCallers adds
+// the callers (with a.Fair, the caller appends a task ID, a cost and a
+// tenant per caller). a.TaskID, a.Cost and a.Tenant are ignored.
 func AppendDecideArgs(dst []any, m Mode, k Keys, a DecideArgs) []any {
 	verb, id := decideScript.Head(m)
+	if a.Fair {
+		return append(dst, verb, id, 4, k.Bucket, k.Reservations, k.Slots, k.Tenants, FormatOptions(a))
+	}
 	return append(dst, verb, id, 3, k.Bucket, k.Reservations, k.Slots, FormatOptions(a))
 }
 
@@ -142,6 +161,9 @@ func FormatOptions(a DecideArgs) string {
 	}
 	if a.Probe {
 		flags |= 4
+	}
+	if a.Fair {
+		flags |= 8
 	}
 	b := make([]byte, 0, 64)
 	for i, v := range []int64{a.Granule.Microseconds(), a.Horizon.Microseconds(), a.Lapse.Microseconds(),
@@ -182,6 +204,8 @@ func ParseDecide(s string) (DecideReply, error) {
 	switch {
 	case n == 1 && f[0] == "-2":
 		return DecideReply{Status: StatusNoLimits}, nil
+	case n == 1 && f[0] == "-4":
+		return DecideReply{Status: StatusFair}, nil
 	case n == 3 && f[0] == "-1":
 		return DecideReply{Status: StatusBadConfig, Field: f[1], Reason: f[2]}, nil
 	case n == 3 && f[0] == "-3":

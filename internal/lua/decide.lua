@@ -74,6 +74,7 @@ local function read_options(s)
     book = flags % 2 == 1,         -- always reserve (Enqueue)
     pace = math.floor(flags / 2) % 2 == 1,   -- admit a holder at its instant
     probe = math.floor(flags / 4) % 2 == 1,  -- a slot waiter asking again keeps its place
+    fair = math.floor(flags / 8) % 2 == 1,   -- callers say their tenant (fair.lua)
     slot_expiry = tonumber(se),    -- us a slot is held without renewal
     defaults = defaults,           -- limits when the key has none in Redis ('': none)
   }
@@ -82,7 +83,7 @@ local function read_options(s)
   n_options = n_options + 1
   return o
 end
-local CALLERS_AT = 2   -- ARGV: the options, then (task ID, cost) per caller; none: one, ('', 1)
+local CALLERS_AT = 2   -- ARGV: the options, then (task ID, cost[, tenant]) per caller; none: one, ('', 1)
 
 -- is_paced says whether reserved instants are exact. With a bucket whose
 -- burst is below its rate per granule, instants on whole granules would
@@ -309,7 +310,7 @@ local function admit(r, resv, id, c, at)
   -- it back in 1/rate), and a fleet starting on a fresh window of 100 lost
   -- half of it that way. None for a holder or a paced admission either.
   local extra = 0
-  if r.o.lease > 1 and not resv and at == r.now and not slot and not r.wins then
+  if r.o.lease > 1 and not resv and at == r.now and not slot and not r.wins and not r.g then
     extra = lease_more(r.tiers, r.owed, r.o.lease, c, remaining)
     remaining = remaining - extra
   end
@@ -616,6 +617,7 @@ local function write_back(r)
   local now = r.now
   if r.taken or r.scheduled then
     local fields, need = {}, full_in(r.tiers, r.owed)
+    if r.write_extra then r.write_extra(r, fields) end
     for i, t in ipairs(r.tiers) do
       if t.kind == 'w' then
         local s, empty_in = win_write(r.wins[i], t, now, r.o.headroom)
@@ -639,7 +641,7 @@ local function write_back(r)
     if r.suspended and r.until_ - now > need then need = r.until_ - now end
     local ttl
     r.x, ttl = keep_alive(need, r.L ~= nil, r.o.idle_us, r.x, now)
-    local T = write_T(r.tiers, r.owed, now, r.x, r.vnext > now and r.vnext or 0)
+    local T = write_T(r.tiers, r.owed, now, r.x, r.q_override or (r.vnext > now and r.vnext or 0))
     if T then
       fields[#fields + 1] = 'T'
       fields[#fields + 1] = T
@@ -701,43 +703,3 @@ local function take_now(key, o, now, L, hasT, spec, owed, x, c)
   return string.format('1|0|%d||%d|%d|%d', math.floor(remaining), now, extra, spec.gen)
 end
 
--- OWED and STORED are the tables of what the buckets owe and what T
--- stored, made once per function library and refilled by every run (a new
--- one per run costs a lone Take 1k instructions in allocation and garbage
--- collection).
-local OWED, STORED = {}, {}
-
--- decide_run is the decide function: it decides for every caller of the
--- run and returns their replies joined by ';'.
-local function decide_run(KEYS, ARGV)
-  local o, n = read_options(ARGV[1]), math.floor((#ARGV - 1) / 2)
-  if n < 1 then n = 1 end
-  local now = now_us()
-  local h = redis.call('HMGET', KEYS[1], 'L', 'T', 's', 'O', 'V')
-  local spec, L, until_ = read_limits(o, h, now)
-  if not spec then return all_n(L, n) end
-  local ts, x, vnext, stored = read_T(h[2], now, STORED)
-  if vnext > now + o.horizon + MAX_SKEW then vnext = 0 end
-  local owed = bucket_owed(stored, ts, spec.tiers, now, o.headroom, OWED)
-  if n == 1 and not (until_ and until_ > now) and not spec.windows and not spec.inflight and
-      vnext <= now and not o.book then
-    local c = ARGV[CALLERS_AT + 1]
-    c = c and tonumber(c) or 1
-    if c >= 1 and c == math.floor(c) then
-      local reply = take_now(KEYS[1], o, now, L, h[2] ~= false, spec, owed, x, c)
-      if reply then return reply end
-    end
-  end
-  local r = run_state(KEYS, o, now, L, h, spec, until_, owed, x, vnext)
-  local replies = {}
-  for k = 1, n do
-    local at = CALLERS_AT + 2 * (k - 1)
-    local c = ARGV[at + 1]
-    c = c and tonumber(c) or 1
-    if c < 1 or c ~= math.floor(c) then c = 1 end
-    replies[k] = decide_one(r, ARGV[at] or '', c)
-  end
-  write_back(r)
-  if n == 1 then return replies[1] end
-  return table.concat(replies, ';')
-end

@@ -1,8 +1,8 @@
 -- inspect.lua: read a key's state without changing it (see admin.go).
-local key, resv_key, slots_key = KEYS[1], KEYS[2], KEYS[3]
+local key, resv_key, slots_key, tenants_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local defaults = ARGV[1]
 local now = now_us()
-local h = redis.call('HMGET', key, 'L', 's', 'T', 'O')
+local h = redis.call('HMGET', key, 'L', 's', 'T', 'O', 'G', 'WL')
 local until_ = finite(h[2]) or 0
 local suspended = 0
 -- (An end beyond any honest wait is garbage, not a suspension: as decide.)
@@ -63,5 +63,40 @@ for i, t in ipairs(spec.tiers) do
     out[#out + 1] = fmt(c.n)
   end
   out[#out + 1] = fmt(learned_for)
+end
+-- The tenants (fair.lua): the active ones (at most 100, least finish tag
+-- first), then those with a weight set that are not active: name, weight,
+-- share of the rate now, backlog (cost units booked and not yet due),
+-- units admitted while active.
+local tenants = {}
+local g = read_G(h[5] or nil, now)
+local V = g.V
+if g.W > 0 and #spec.tiers > 0 and now > g.tV then V = V + (now - g.tV) * fair_rate(spec.tiers) / g.W end
+local seen = {}
+if tenants_key then
+  local act = redis.call('ZRANGE', tenants_key, 0, 99)
+  for _, id in ipairs(act) do
+    local rec = read_tenant(redis.call('HGET', key, 't:' .. id) or nil)
+    if rec then
+      seen[id] = true
+      local share = 0
+      if g.W > 0 then share = rec.w / g.W end
+      tenants[#tenants + 1] = {id, rec.w, share, math.max(0, rec.F - V) * rec.w, rec.units}
+    end
+  end
+end
+for name in string.gmatch(h[6] or '', '[^\n]+') do
+  if not seen[name] then
+    local w = tonumber(redis.call('HGET', key, 'w:' .. name)) or 1
+    tenants[#tenants + 1] = {name, w, 0, 0, 0}
+  end
+end
+out[#out + 1] = #tenants
+for _, t in ipairs(tenants) do
+  out[#out + 1] = t[1]
+  out[#out + 1] = fmt(t[2])
+  out[#out + 1] = fmt(t[3])
+  out[#out + 1] = fmt(t[4])
+  out[#out + 1] = fmt(t[5])
 end
 return out

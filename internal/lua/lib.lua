@@ -36,8 +36,14 @@
 --        held (over the last 20 releases)
 --     FL the in-flight lanes while callers wait for a slot: when each of the
 --        N slots is next expected free (us), waiters taking the earliest
+--     G  fair shares among tenants (fair.lua): the virtual clock, binary
+--     t:<tenant>  an active tenant's record, binary (fair.lua)
+--     w:<tenant>  a tenant's weight (SetWeights)
+--     WL the tenants that have a weight, a name per line
+--     s:<task ID> the start tag of a fair reservation, binary
 --   <prefix>:{name}:r  sorted set of reservations: task ID scored by its
 --        reserved instant (us)
+--   <prefix>:{name}:a  sorted set of active tenants by finish tag (fair.lua)
 --   <prefix>:{name}:f  sorted set of slots held: "taskID@start_us.k" scored
 --        by when the slot expires (us) unless its holder renews it (a worker
 --        killed stops renewing)
@@ -430,7 +436,7 @@ local function read_T(T, now, into)
   local ts, x, q, pos = bin_unpack('<ddd', T)
   if not (ts >= 0 and ts < MAX_TIME and ts == math.floor(ts)) then return nil, 0, 0, stored end
   if not (x > 0 and x < MAX_TIME and ts <= now) then x = 0 end
-  if not (q >= 0 and q < MAX_TIME) then q = 0 end
+  if q ~= -1 and not (q >= 0 and q < MAX_TIME) then q = 0 end -- (-1: tenants are active, fair.lua)
   while pos < #T do
     local per, owed
     per, owed, pos = bin_unpack('<dd', T, pos)
@@ -473,6 +479,42 @@ local function bucket_owed(stored, ts, tiers, now, headroom, into)
     owed[i] = v
   end
   return owed
+end
+
+-- The virtual clock of fair shares (G) and an active tenant's record (t:<id>),
+-- read by decide (fair.lua), setweights and inspect.
+
+-- fair_rate returns R, what the key's binding tier allows per
+-- microsecond, in cost units.
+local function fair_rate(tiers)
+  local e = 0
+  for _, t in ipairs(tiers) do
+    local te = t.e
+    if t.kind == 'w' then te = t.p / t.n end
+    if te > e then e = te end
+  end
+  return 1 / e
+end
+
+-- read_G reads the virtual clock (a fresh one at now when absent or of
+-- another shape).
+local function read_G(raw, now)
+  if not bin_pack then pick_codec() end
+  if raw and #raw == 40 then
+    local V, tV, W, Fmin, sw = bin_unpack('<ddddd', raw)
+    if V == V and tV == tV and W == W and Fmin == Fmin and sw == sw and W >= 0 and tV <= now + MAX_SKEW then
+      return {V = V, tV = tV, W = W, Fmin = Fmin, sw = sw}
+    end
+  end
+  return {V = 0, tV = now, W = 0, Fmin = math.huge, sw = 0}
+end
+
+-- read_tenant reads an active tenant's record (nil: not active).
+local function read_tenant(raw)
+  if not raw or #raw ~= 24 then return nil end
+  local F, w, units = bin_unpack('<ddd', raw)
+  if F ~= F or w ~= w or w <= 0 then return nil end
+  return {F = F, w = w, units = units}
 end
 
 -- tokens_at is what token bucket t holds when it owes owed.

@@ -38,8 +38,14 @@ var (
 	windowSrc string
 	//go:embed decide.lua
 	decideSrc string
+	//go:embed fair.lua
+	fairSrc string
+	//go:embed run.lua
+	runSrc string
 	//go:embed setlimits.lua
 	setLimitsSrc string
+	//go:embed setweights.lua
+	setWeightsSrc string
 	//go:embed suspend.lua
 	suspendSrc string
 	//go:embed resume.lua
@@ -70,7 +76,7 @@ type Script struct {
 // processes of different versions (a rolling upgrade) each call their own.
 var version = func() string {
 	h := sha1.New()
-	for _, s := range []string{libSrc, windowSrc, decideSrc, setLimitsSrc, suspendSrc, resumeSrc, inspectSrc, adjustSrc, releaseSrc, extendSrc, observeSrc} {
+	for _, s := range []string{libSrc, windowSrc, decideSrc, fairSrc, runSrc, setWeightsSrc, setLimitsSrc, suspendSrc, resumeSrc, inspectSrc, adjustSrc, releaseSrc, extendSrc, observeSrc} {
 		h.Write([]byte(s))
 		h.Write([]byte{0})
 	}
@@ -93,17 +99,19 @@ func newScript(name, top, body string) *Script {
 }
 
 var (
-	// decide.lua defines decide_run and the functions it calls.
-	decideScript    = newScript("decide", decideSrc, "return decide_run(KEYS, ARGV)")
-	setLimitsScript = newScript("setlimits", "", setLimitsSrc)
-	suspendScript   = newScript("suspend", "", suspendSrc)
-	resumeScript    = newScript("resume", "", resumeSrc)
-	inspectScript   = newScript("inspect", "", inspectSrc)
-	adjustScript    = newScript("adjust", "", adjustSrc)
-	releaseScript   = newScript("release", "", releaseSrc)
-	extendScript    = newScript("extend", "", extendSrc)
-	observeScript   = newScript("observe", "", observeSrc)
-	allScripts      = []*Script{decideScript, setLimitsScript, suspendScript, resumeScript, inspectScript,
+	// decide.lua, fair.lua and run.lua define decide_run and the functions
+	// it calls.
+	decideScript     = newScript("decide", decideSrc+"\n"+fairSrc+"\n"+runSrc, "return decide_run(KEYS, ARGV)")
+	setWeightsScript = newScript("setweights", "", setWeightsSrc)
+	setLimitsScript  = newScript("setlimits", "", setLimitsSrc)
+	suspendScript    = newScript("suspend", "", suspendSrc)
+	resumeScript     = newScript("resume", "", resumeSrc)
+	inspectScript    = newScript("inspect", "", inspectSrc)
+	adjustScript     = newScript("adjust", "", adjustSrc)
+	releaseScript    = newScript("release", "", releaseSrc)
+	extendScript     = newScript("extend", "", extendSrc)
+	observeScript    = newScript("observe", "", observeSrc)
+	allScripts       = []*Script{decideScript, setWeightsScript, setLimitsScript, suspendScript, resumeScript, inspectScript,
 		adjustScript, releaseScript, extendScript, observeScript}
 )
 
@@ -289,14 +297,15 @@ const (
 	StatusBadConfig   = -1
 	StatusNoLimits    = -2
 	StatusCostTooHigh = -3
+	StatusFair        = -4 // tenants share the key: ask again as a tenant (DecideArgs.Fair)
 )
 
 // Keys are the Redis keys of one limiter key. All must hash to one slot.
 type Keys struct {
 	Bucket       string // hash: limits, bucket state, suspension, schedule (see lib.lua)
-	Reservations string // sorted set: task ID scored by its slot (us)
-	Slots        string // sorted set: slots in flight scored by when their lease ends (us)
-
+	Reservations string // sorted set: task ID scored by its reserved instant (us)
+	Slots        string // sorted set: slots in flight scored by when each expires (us)
+	Tenants      string // sorted set: active tenants scored by finish tag (fair.lua)
 }
 
 // Tier kinds.

@@ -157,7 +157,7 @@ if t_changed then
   local ttl
   x, ttl = keep_alive(need, h[1] ~= false, idle_us, x, now)
   fields[#fields + 1] = 'T'
-  fields[#fields + 1] = write_T(tiers, owed, now, x, q > now and q or 0)
+  fields[#fields + 1] = write_T(tiers, owed, now, x, (q > now or q == -1) and q or 0)
   if ttl then expire_in(key, ttl) end
 end
 if #fields > 0 then

@@ -1,0 +1,263 @@
+-- fair.lua: fair shares among the tenants of a key (issue 23), part of the
+-- decide function's library (after decide.lua, whose functions it uses).
+--
+-- The algorithm is start-time fair queuing (Goyal, Vin and Cheng, "Start-
+-- time Fair Queueing", SIGCOMM 1996) on a virtual clock that advances as
+-- generalized processor sharing would (Parekh and Gallager, 1993): while
+-- tenants have work booked, virtual time V advances at R / W per
+-- microsecond, R the key's rate (its binding tier, in cost units per us)
+-- and W the sum of the weights of the tenants with work booked ("active").
+-- A task of tenant i and cost c gets the start tag S = max(V, F_i), and
+-- the tenant's finish tag becomes F_i = S + c / w_i. The task is due when
+-- V reaches S, that is at now + (S - V) x W / R: that is the "when" a
+-- refused task is deferred to, from its tenant's own place in line, not
+-- behind every task booked before it. A tenant alone has W = w_i and gets
+-- the whole rate; a second tenant makes W larger, and the first tenant's
+-- tasks, booked at the whole rate, come back early, are found not due, and
+-- are deferred again to their new time (moved back, once). A tenant's work
+-- is done when V passes its F_i: it leaves W, and its share goes to the
+-- others at once. Every tier of the key still decides each admission:
+-- fairness orders the tasks, the tiers keep the bound.
+--
+-- A tenant may run ahead of V by the key's burst (tolerance), so a tenant
+-- alone uses the burst as a key without tenants does.
+--
+-- Storage, in the key's hash (fields) and one more key:
+--   G      the virtual clock, binary: V, tV (us of Redis TIME it was
+--          computed at), W, Fmin (the least finish tag of an active tenant,
+--          a lower bound: a tenant's tag in the set below may be stale-low),
+--          sw (when lapsed reservations were last swept)
+--   t:<id> an active tenant, binary: F, the weight it counts in W, the
+--          cost units admitted while active
+--   w:<id> a tenant's weight, set by SetWeights (absent: 1); WL lists them
+--   s:<id> the start tag of task id's reservation
+--   <prefix>:{name}:a  sorted set of active tenants by finish tag
+-- While any tenant is active, T's q is -1: a caller that does not say its
+-- tenant is told to ask again as one (reply -4), so tasks without a tenant
+-- share the default tenant "".
+
+local FAIR_EXPIRE_PER_RUN = 32   -- tenants whose work ended, taken out per run at most
+
+-- fair_tolerance returns how far (us) a tenant's task may be ahead of its
+-- fair time and still run now: what the key's tightest tier holds beyond
+-- the task's cost, a burst.
+local function fair_tolerance(tiers, c)
+  local tau = math.huge
+  for _, t in ipairs(tiers) do
+    local v
+    if t.kind == 'b' then v = (t.burst - c) * t.e else v = (t.n - c) * t.p / t.n end
+    if v < tau then tau = v end
+  end
+  if tau < 0 then tau = 0 end
+  return tau
+end
+
+-- fair_state reads what the fair path needs beyond run_state: the clock
+-- and, for each caller, its tenant's record, weight and reservation tag
+-- (fields f, from the run's first HMGET: see decide_run).
+local function fair_state(r, KEYS, f)
+  r.akey = KEYS[4]
+  r.g = read_G(f.G, r.now)
+  r.R = fair_rate(r.tiers)
+  r.tenants, r.weights, r.stags = {}, {}, {}
+  r.fair_dirty, r.stag_set, r.stag_del, r.tenant_del = {}, {}, {}, {}
+end
+
+-- tenant_of returns tenant id's record, read once per run (nil: inactive).
+local function tenant_of(r, id, raw)
+  local rec = r.tenants[id]
+  if rec == nil then
+    if raw == nil then raw = redis.call('HGET', r.key, 't:' .. id) end
+    rec = read_tenant(raw) or false
+    r.tenants[id] = rec
+  end
+  return rec or nil
+end
+
+-- fair_expire takes out the tenants whose work V has passed: their weight
+-- leaves W. Tags in the set may be stale-low (a tenant's F grows with each
+-- booking without a ZADD): such a tenant is scored again instead.
+local function fair_expire(r)
+  local g = r.g
+  local m = redis.call('ZRANGEBYSCORE', r.akey, '-inf', fmt(g.V), 'WITHSCORES', 'LIMIT', 0, FAIR_EXPIRE_PER_RUN)
+  for k = 1, #m, 2 do
+    local id = m[k]
+    local rec = tenant_of(r, id)
+    if rec and rec.F > g.V then
+      redis.call('ZADD', r.akey, fmt(rec.F), id)
+    else
+      redis.call('ZREM', r.akey, id)
+      if rec then g.W = g.W - rec.w end
+      r.tenants[id] = false
+      r.tenant_del[#r.tenant_del + 1] = 't:' .. id
+      r.fair_dirty[id] = nil
+    end
+  end
+  if g.W < 1e-9 then g.W = 0 end
+  local first = redis.call('ZRANGE', r.akey, 0, 0, 'WITHSCORES')
+  g.Fmin = tonumber(first[2]) or math.huge
+end
+
+-- fair_clock brings V to now: it advances at R / W, and tenants leave W
+-- when V passes their finish tags. It stands still while the key is
+-- suspended (nothing is served) and while no tenant is active.
+local function fair_clock(r)
+  local g, now = r.g, r.now
+  if r.suspended or now <= g.tV then
+    g.tV = math.max(g.tV, now)
+    return
+  end
+  for _ = 1, 4 do
+    if g.W <= 0 then break end
+    local reach = g.tV + (g.Fmin - g.V) * g.W / r.R
+    if reach > now then break end
+    if g.Fmin > g.V then g.V, g.tV = g.Fmin, math.max(g.tV, reach) end
+    fair_expire(r)
+  end
+  if g.W > 0 then g.V = g.V + (now - g.tV) * r.R / g.W end
+  g.tV = now
+end
+
+-- fair_book gives tenant id (weight w) a task of cost c: its start tag,
+-- and the tenant's finish tag moved on. A tenant that was not active
+-- becomes active: its weight joins W.
+local function fair_book(r, id, w, c, S)
+  local g = r.g
+  local rec = tenant_of(r, id)
+  if not rec then
+    rec = {F = g.V, w = w, units = 0}
+    r.tenants[id] = rec
+    g.W = g.W + w
+    S = S or g.V
+    rec.F = S + c / w
+    redis.call('ZADD', r.akey, fmt(rec.F), id)
+    if rec.F < g.Fmin then g.Fmin = rec.F end
+  else
+    S = S or math.max(g.V, rec.F)
+    if S + c / rec.w > rec.F then rec.F = S + c / rec.w end
+  end
+  r.fair_dirty[id] = true
+  return S, rec
+end
+
+-- fair_when returns the real instant at which V reaches the start tag S.
+local function fair_when(r, S)
+  local g = r.g
+  if S <= g.V or g.W <= 0 then return r.now end
+  return r.now + (S - g.V) * g.W / r.R
+end
+
+-- decide_fair decides for a caller with tenant tenant (the rules of
+-- decide_one, in the order of fair shares). w is the tenant's weight.
+local function decide_fair(r, id, c, tenant, w)
+  local o, now = r.o, r.now
+  local refused = cost_refused(r, c)
+  if refused then return refused end
+  local resv, S = nil, nil
+  if id ~= '' then
+    resv = reservation_of(r, id)
+    if resv and o.book then return string.format('0|0|0|booked|0|0|%d', r.gen) end
+    if resv then S = r.stags[id] end
+  end
+  -- A holder keeps its start tag; a fresh task takes its tenant's next.
+  -- (A holder booked before the key had tenants has no tag: it is due.)
+  local rec = tenant_of(r, tenant)
+  local fresh = resv == nil
+  local S_new = S
+  if fresh then
+    if rec then S_new = math.max(r.g.V, rec.F) else S_new = r.g.V end
+  elseif not S_new then
+    S_new = r.g.V
+  end
+  local W_after = r.g.W
+  if not rec then W_after = W_after + w end
+  local t_f = now
+  if S_new > r.g.V and W_after > 0 then t_f = now + (S_new - r.g.V) * W_after / r.R end
+  -- The task may run its tenant's tolerance (the key's burst) ahead of its
+  -- fair instant: t_due.
+  local t_due = t_f - fair_tolerance(r.tiers, c)
+  local no_slot = r.slot_n ~= nil and r.held >= r.slot_n and not o.book
+
+  -- Due: admit when every tier admits it now (or, paced, a holder at its
+  -- instant a moment ahead).
+  local tier, wait = 0, 0
+  if not r.suspended and t_due <= now and not o.book and not no_slot then
+    tier, wait = short(r, c, now, not fresh)
+    if tier == 0 then
+      local _, trec = fair_book(r, tenant, w, c, S_new)
+      trec.units = trec.units + c
+      if not fresh then r.stag_del[#r.stag_del + 1] = 's:' .. id end
+      return admit(r, resv, id, c, now)
+    end
+  elseif not fresh and r.paced and not r.suspended and not no_slot and t_due - now <= o.granule + PACE_EARLY then
+    if short(r, c, t_due, true) == 0 then
+      local _, trec = fair_book(r, tenant, w, c, S_new)
+      trec.units = trec.units + c
+      r.stag_del[#r.stag_del + 1] = 's:' .. id
+      return admit(r, resv, id, c, math.ceil(t_due))
+    end
+  end
+  if tier == 0 then tier, wait = short(r, c, math.max(now, t_due), not fresh) end
+
+  -- Not due, or no room: when its tenant's turn and the tiers allow.
+  local by = 'queue'
+  if tier > 0 then by = 'tier:' .. tier end
+  local earliest = math.max(t_due, now) + wait
+  if r.suspended then
+    by = 'suspended'
+    if r.until_ > earliest then earliest = r.until_ end
+  elseif no_slot and t_due <= now then
+    local at = slot_wait(r)
+    return denied(r, math.max(at - now, 1000), 'inflight', resv or 0)
+  end
+  if o.horizon <= 0 or id == '' then
+    return denied(r, earliest - now, by, 0)
+  end
+  local at = align(r, earliest)
+  if at - now > o.horizon then
+    if resv then redis.call('ZREM', r.resv_key, id) end
+    r.stag_del[#r.stag_del + 1] = 's:' .. id
+    return denied(r, at - o.horizon - now, by, 0)
+  end
+  if fresh then S_new = fair_book(r, tenant, w, c, S_new) end
+  r.stag_set[#r.stag_set + 1] = 's:' .. id
+  r.stag_set[#r.stag_set + 1] = bin_pack('<d', S_new)
+  if now - r.g.sw >= SWEEP_EVERY then
+    -- Reservations whose task never came back lapse, with their tags.
+    local gone = redis.call('ZRANGEBYSCORE', r.resv_key, '-inf', '(' .. fmt(now - o.lapse), 'LIMIT', 0, 64)
+    if #gone > 0 then
+      redis.call('ZREM', r.resv_key, unpack(gone))
+      for i = 1, #gone do r.stag_del[#r.stag_del + 1] = 's:' .. gone[i] end
+    end
+    r.g.sw = now
+  end
+  redis.call('ZADD', r.resv_key, at, id)
+  expire_in(r.resv_key, at - now + o.lapse)
+  return denied(r, math.max(at - now, 0), by, at)
+end
+
+-- fair_write adds the fair state's fields to fields (for write_back's
+-- HSET) and deletes what ended. The key's T says whether tenants are
+-- active (q = -1).
+local function fair_write(r, fields)
+  local g = r.g
+  fields[#fields + 1] = 'G'
+  fields[#fields + 1] = bin_pack('<ddddd', g.V, g.tV, g.W, g.Fmin, g.sw)
+  for id in pairs(r.fair_dirty) do
+    local rec = r.tenants[id]
+    if rec then
+      fields[#fields + 1] = 't:' .. id
+      fields[#fields + 1] = bin_pack('<ddd', rec.F, rec.w, rec.units)
+    end
+  end
+  for i = 1, #r.stag_set do fields[#fields + 1] = r.stag_set[i] end
+  local del = r.tenant_del
+  for i = 1, #r.stag_del do del[#del + 1] = r.stag_del[i] end
+  if #del > 0 then redis.call('HDEL', r.key, unpack(del)) end
+  if g.W > 0 then
+    r.q_override = -1
+    expire_in(r.akey, r.o.idle_us)
+  else
+    r.q_override = 0
+  end
+end

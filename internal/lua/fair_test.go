@@ -1,0 +1,205 @@
+package lua
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"sort"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// fairArgs is a fair decision of tenant for task id at cost 1, reserving
+// up to a minute ahead, exact instants.
+func fairArgs(tenant, id string) DecideArgs {
+	return DecideArgs{Fair: true, Tenant: tenant, TaskID: id, Horizon: time.Minute, Lapse: time.Minute, IdleExpiry: time.Hour}
+}
+
+// A tenant alone gets the key's burst and then its whole rate: tenants cost
+// nothing while there is no one to share with.
+func TestFairTenantAloneGetsTheBurstThenTheRate(t *testing.T) {
+	e := newEnv(t)
+	e.setLimits(Tier{Rate: 10, PerMS: 1000, Burst: 10})
+	for i := range 10 {
+		r := e.decide(fairArgs("a", fmt.Sprintf("a%d", i)))
+		require.Equal(t, StatusAllowed, r.Status, "the burst, decision %d: %+v", i, r)
+	}
+	for i := range 5 {
+		r := e.decide(fairArgs("a", fmt.Sprintf("a%d", 10+i)))
+		require.Equal(t, StatusDenied, r.Status)
+		assert.Equal(t, testEpoch().Add(time.Duration(i+1)*100*time.Millisecond), r.Reserved, "reservation %d: one every 100 ms", i)
+	}
+}
+
+// A second tenant arriving behind the first one's backlog is served from
+// its own place in line: its tasks are reserved at half the rate from now
+// on, interleaved with the first tenant's, not behind them.
+func TestFairSecondTenantIsNotQueuedBehindTheFirst(t *testing.T) {
+	e := newEnv(t)
+	e.setLimits(Tier{Rate: 10, PerMS: 1000, Burst: 1})
+	var a []time.Time
+	for i := range 31 {
+		r := e.decide(fairArgs("a", fmt.Sprintf("a%d", i)))
+		if r.Status == StatusDenied {
+			a = append(a, r.Reserved)
+		}
+	}
+	require.Len(t, a, 30, "a's backlog is reserved")
+	assert.Equal(t, testEpoch().Add(3*time.Second), a[29], "a alone: 10/s")
+
+	e.at(10 * time.Millisecond)
+	var b []time.Time
+	for i := range 5 {
+		r := e.decide(fairArgs("b", fmt.Sprintf("b%d", i)))
+		require.Equal(t, StatusDenied, r.Status, "%+v", r)
+		b = append(b, r.Reserved)
+	}
+	assert.Less(t, b[0].Sub(testEpoch()), 300*time.Millisecond, "b's first task waits for its own turn, not behind a's 3 s: %v", b)
+	// (b's first task waits only for the bucket's next token; then b's
+	// share, half the rate, spaces them.)
+	for i := 2; i < len(b); i++ {
+		assert.InDelta(t, 200*time.Millisecond, b[i].Sub(b[i-1]), float64(time.Millisecond), "b's tasks 200 ms apart (half of 10/s): %v", b)
+	}
+
+	// a's holders booked at the whole rate come back early: they are moved
+	// back to their new turn.
+	e.at(1 * time.Second)
+	r := e.decide(fairArgs("a", "a10"))
+	require.Equal(t, StatusDenied, r.Status, "a's task reserved at 1 s is not due: b shares the rate now: %+v", r)
+	assert.Greater(t, r.Reserved, testEpoch().Add(time.Second), "moved back")
+	assert.Equal(t, "queue", r.RefusedBy)
+}
+
+// Weights divide the rate while both tenants wait: 3:1.
+func TestFairWeightsDivideTheRate(t *testing.T) {
+	e := newEnv(t)
+	e.setLimits(Tier{Rate: 40, PerMS: 1000, Burst: 1})
+	_, err := SetWeights(e.ctx, e.run, e.k, time.Hour, map[string]int{"gold": 3})
+	require.NoError(t, err)
+	// Both book a backlog at the same instant, alternately.
+	var gold, plain []time.Time
+	for i := range 40 {
+		for _, tn := range []string{"gold", "plain"} {
+			r := e.decide(fairArgs(tn, fmt.Sprintf("%s%d", tn, i)))
+			if r.Status != StatusDenied {
+				continue
+			}
+			if tn == "gold" {
+				gold = append(gold, r.Reserved)
+			} else {
+				plain = append(plain, r.Reserved)
+			}
+		}
+	}
+	// In the first second, gold gets 3 of every 4 runs.
+	inFirst := func(ts []time.Time) int {
+		n := 0
+		for _, t := range ts {
+			if t.Before(testEpoch().Add(time.Second)) {
+				n++
+			}
+		}
+		return n
+	}
+	g, p := inFirst(gold), inFirst(plain)
+	share := float64(g) / float64(g+p)
+	assert.InDelta(t, 0.75, share, 0.05, "gold's share of the first second's runs (%d of %d)", g, g+p)
+}
+
+// A tenant whose work is done leaves the active set: the other gets the
+// whole rate again.
+func TestFairIdleTenantLeavesItsShareToTheOthers(t *testing.T) {
+	e := newEnv(t)
+	e.setLimits(Tier{Rate: 10, PerMS: 1000, Burst: 1})
+	e.decide(fairArgs("a", "a0"))
+	e.decide(fairArgs("b", "b0"))
+	r := e.decide(fairArgs("a", "a1"))
+	require.Equal(t, StatusDenied, r.Status)
+	require.Equal(t, int64(2), e.rdb.ZCard(e.ctx, e.k.Tenants).Val(), "two tenants active")
+
+	e.at(5 * time.Second) // every booked task long due: both tenants idle
+	e.decide(fairArgs("b", "b1"))
+	r = e.decide(fairArgs("b", "b2"))
+	require.Equal(t, StatusDenied, r.Status)
+	assert.Equal(t, testEpoch().Add(5*time.Second+100*time.Millisecond), r.Reserved, "b alone again: 10/s")
+	names, err := e.rdb.ZRange(e.ctx, e.k.Tenants, 0, -1).Result()
+	require.NoError(t, err)
+	assert.Equal(t, []string{"b"}, names, "a left the active set")
+	assert.False(t, e.mr.Exists(e.k.Bucket) && e.mr.HGet(e.k.Bucket, "t:a") != "", "a's record is gone")
+}
+
+// A caller that does not say its tenant, on a key whose tenants are
+// active, is told to ask again as a tenant.
+func TestFairKeyAsksCallersWithoutATenantToAskAgain(t *testing.T) {
+	e := newEnv(t)
+	e.setLimits(Tier{Rate: 10, PerMS: 1000, Burst: 1})
+	e.decide(fairArgs("a", "a0"))
+	e.decide(fairArgs("a", "a1"))
+	r := e.decide(DecideArgs{TaskID: "x", Horizon: time.Minute, Lapse: time.Minute, IdleExpiry: time.Hour})
+	assert.Equal(t, StatusFair, r.Status)
+	r = e.decide(fairArgs("", "x"))
+	assert.Equal(t, StatusDenied, r.Status, "as the default tenant: %+v", r)
+}
+
+// Whatever tenants, costs and times, the tiers hold: at most burst + rate
+// x elapsed admitted, and W is the sum of the weights of the active set.
+func TestFairSharesNeverBreakTheBound(t *testing.T) {
+	for seed := range uint64(6) {
+		t.Run(fmt.Sprint("seed ", seed), func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(seed, 7))
+			e := newEnv(t)
+			tier := Tier{Rate: 20, PerMS: 1000, Burst: 5}
+			e.setLimits(tier)
+			_, err := SetWeights(e.ctx, e.run, e.k, time.Hour, map[string]int{"t1": 2, "t3": 5})
+			require.NoError(t, err)
+			var admitted []time.Duration
+			at := time.Duration(0)
+			for i := range 600 {
+				at += time.Duration(rng.IntN(40_000)) * time.Microsecond
+				e.at(at)
+				a := fairArgs(fmt.Sprintf("t%d", rng.IntN(4)), fmt.Sprintf("task%d", rng.IntN(60)))
+				a.Cost = 1 + rng.IntN(3)
+				r := e.decide(a)
+				if r.Status == StatusAllowed {
+					for range a.Cost {
+						admitted = append(admitted, r.At.Sub(testEpoch()))
+					}
+				}
+				if i%50 == 0 {
+					checkFairSum(t, e)
+				}
+			}
+			sort.Slice(admitted, func(i, j int) bool { return admitted[i] < admitted[j] })
+			for i := range admitted {
+				for j := i; j < len(admitted); j++ {
+					span := (admitted[j] - admitted[i]).Seconds()
+					bound := float64(tier.Burst) + float64(tier.Rate)*span
+					require.LessOrEqual(t, float64(j-i+1), bound+1e-9, "admitted %d in %.3f s", j-i+1, span)
+				}
+			}
+			assert.Greater(t, len(admitted), 100, "something was admitted")
+		})
+	}
+}
+
+// checkFairSum checks that the clock's W is the sum of the weights of the
+// tenants in the active set, as their records say.
+func checkFairSum(t *testing.T, e *env) {
+	t.Helper()
+	G := e.mr.HGet(e.k.Bucket, "G")
+	if G == "" {
+		return
+	}
+	g := decodeT(t, G)
+	names, err := e.rdb.ZRange(e.ctx, e.k.Tenants, 0, -1).Result()
+	require.NoError(t, err)
+	sum := 0.0
+	for _, n := range names {
+		rec := e.mr.HGet(e.k.Bucket, "t:"+n)
+		require.NotEmpty(t, rec, "active tenant %q has a record", n)
+		sum += decodeT(t, rec)[1]
+	}
+	assert.InDelta(t, sum, g[2], 1e-9, "W against the active set %v", names)
+}

@@ -1,0 +1,108 @@
+-- run.lua: the decide function itself, after decide.lua and fair.lua.
+
+-- OWED and STORED are the tables of what the buckets owe and what T
+-- stored, made once per function library and refilled by every run (a new
+-- one per run costs a lone Take 1k instructions in allocation and garbage
+-- collection).
+local OWED, STORED = {}, {}
+
+-- HM_FIELDS are the hash fields every run reads first (h[1] to h[5]).
+local HM_FIELDS = {'L', 'T', 's', 'O', 'V'}
+
+-- fair_fields adds to the run's first HMGET what the fair path reads for
+-- each caller (ARGV from 2, triples task ID, cost, tenant): the clock, the
+-- tenant's record and weight, the task's reservation tag.
+local function fair_fields(ARGV, n)
+  local f = {'L', 'T', 's', 'O', 'V', 'G'}
+  for k = 1, n do
+    local at = CALLERS_AT + 3 * (k - 1)
+    local tenant = ARGV[at + 2] or ''
+    f[#f + 1] = 't:' .. tenant
+    f[#f + 1] = 'w:' .. tenant
+    f[#f + 1] = 's:' .. (ARGV[at] or '')
+  end
+  return f
+end
+
+-- weight_of reads a tenant's weight field (absent or not a whole number
+-- from 1 to 1e6: 1).
+local function weight_of(raw)
+  local w = tonumber(raw)
+  if not w or w < 1 or w > 1e6 or w ~= math.floor(w) then return 1 end
+  return w
+end
+
+-- decide_fair_run decides for the callers of a fair run: triples (task
+-- ID, cost, tenant) from ARGV[2].
+local function decide_fair_run(r, KEYS, ARGV, h, n)
+  fair_state(r, KEYS, {G = h[6] or nil})
+  r.taken, r.write_extra = true, fair_write
+  r.vnext, r.queue_open = 0, false
+  local replies = {}
+  for k = 1, n do
+    local at = CALLERS_AT + 3 * (k - 1)
+    local id, tenant = ARGV[at] or '', ARGV[at + 2] or ''
+    local c = tonumber(ARGV[at + 1] or '1') or 1
+    if c < 1 or c ~= math.floor(c) then c = 1 end
+    local base = 6 + 3 * (k - 1)
+    tenant_of(r, tenant, h[base + 1] or nil)
+    local tag = h[base + 3]
+    if tag and #tag == 8 then
+      local v = bin_unpack('<d', tag)
+      if v == v and v > -math.huge and v < math.huge then r.stags[id] = v end
+    end
+    if k == 1 then fair_clock(r) end
+    replies[k] = decide_fair(r, id, c, tenant, weight_of(h[base + 2]))
+  end
+  return replies
+end
+
+-- decide_run is the decide function: it decides for every caller of the
+-- run and returns their replies joined by ';'.
+local function decide_run(KEYS, ARGV)
+  local o = read_options(ARGV[1])
+  local stride = o.fair and 3 or 2
+  local n = math.floor((#ARGV - 1) / stride)
+  if n < 1 then n = 1 end
+  local now = now_us()
+  local h = redis.call('HMGET', KEYS[1], unpack(o.fair and fair_fields(ARGV, n) or HM_FIELDS))
+  local spec, L, until_ = read_limits(o, h, now)
+  if not spec then return all_n(L, n) end
+  local ts, x, vnext, stored = read_T(h[2], now, STORED)
+  if vnext < 0 then
+    -- Tenants share this key: a caller that did not say its tenant is
+    -- told to ask again as the default tenant.
+    if not o.fair then return all_n('-4', n) end
+    vnext = 0
+  end
+  if vnext > now + o.horizon + MAX_SKEW then vnext = 0 end
+  local owed = bucket_owed(stored, ts, spec.tiers, now, o.headroom, OWED)
+  if n == 1 and not o.fair and not (until_ and until_ > now) and not spec.windows and not spec.inflight and
+      vnext <= now and not o.book then
+    local c = ARGV[CALLERS_AT + 1]
+    c = c and tonumber(c) or 1
+    if c >= 1 and c == math.floor(c) then
+      local reply = take_now(KEYS[1], o, now, L, h[2] ~= false, spec, owed, x, c)
+      if reply then return reply end
+    end
+  end
+  local r = run_state(KEYS, o, now, L, h, spec, until_, owed, x, vnext)
+  local replies
+  if o.fair and #spec.tiers > 0 then
+    replies = decide_fair_run(r, KEYS, ARGV, h, n)
+  else
+    -- (A key of slots in flight alone has no rate to share: first come,
+    -- first served, as without tenants.)
+    replies = {}
+    for k = 1, n do
+      local at = CALLERS_AT + stride * (k - 1)
+      local c = ARGV[at + 1]
+      c = c and tonumber(c) or 1
+      if c < 1 or c ~= math.floor(c) then c = 1 end
+      replies[k] = decide_one(r, ARGV[at] or '', c)
+    end
+  end
+  write_back(r)
+  if n == 1 then return replies[1] end
+  return table.concat(replies, ';')
+end
