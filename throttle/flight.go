@@ -67,21 +67,21 @@ var errQueueFull = errors.New("throttle: too many decisions waiting for Redis")
 // call is one decision travelling in a flight. Calls are pooled, each with
 // its own reusable timer and deadline context.
 type call struct {
-	alone run           // its own run, when it flies alone
-	one   [1]*call      // the calls of that run: itself
-	args  []any         // the command of that run, reused
-	dctx  deadlineCtx   // its deadline, when it flies alone
-	tmpl  []any         // the cached command of its key, without task IDs
-	key   string        // the limiter key
-	id    string        // task ID ("" = no reservation)
-	cost  int           // what it takes from every tier
-	fair  bool          // its template is fair: it says its tenant
-	tenant string       // its tenant, when fair
-	reply string        // the script's reply for this decision
-	err   error         // or the error
-	state atomic.Int32  // callWaiting, then callAbandoned or callAnswered
-	done  chan struct{} // signalled once the reply or error is set
-	timer *time.Timer
+	alone  run           // its own run, when it flies alone
+	one    [1]*call      // the calls of that run: itself
+	args   []any         // the command of that run, reused
+	dctx   deadlineCtx   // its deadline, when it flies alone
+	tmpl   []any         // the cached command of its key, without task IDs
+	key    string        // the limiter key
+	id     string        // task ID ("" = no reservation)
+	cost   int           // what it takes from every tier
+	fair   bool          // its template is fair: it says its tenant
+	tenant string        // its tenant, when fair
+	reply  string        // the script's reply for this decision
+	err    error         // or the error
+	state  atomic.Int32  // callWaiting, then callAbandoned or callAnswered
+	done   chan struct{} // signalled once the reply or error is set
+	timer  *time.Timer
 }
 
 // A call in a flight is waiting for its reply until either its caller

@@ -66,8 +66,8 @@ type Event struct {
 	TaskID   string
 	TaskType string
 	// Tenant is the task's tenant (Tenant; "" the default tenant).
-	Tenant string
-	Outcome  Outcome
+	Tenant  string
+	Outcome Outcome
 	// Reason is the refusal's reason when Deferred.
 	Reason Reason
 	// Delay is how long a Deferred or Suspended task waits.

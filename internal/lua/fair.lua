@@ -114,7 +114,12 @@ local function fair_clock(r)
     if g.Fmin > g.V then g.V, g.tV = g.Fmin, math.max(g.tV, reach) end
     fair_expire(r)
   end
-  if g.W > 0 then g.V = g.V + (now - g.tV) * r.R / g.W end
+  if g.W > 0 then
+    -- (The clock runs ahead of what was served by at most a granule's
+    -- service: tasks that were due but not served yet are served first.)
+    local cap = g.Vs + math.max(r.o.granule, 1e6) * r.R / g.W
+    g.V = math.max(g.V, math.min(g.V + (now - g.tV) * r.R / g.W, cap))
+  end
   g.tV = now
 end
 
@@ -173,40 +178,65 @@ local function decide_fair(r, id, c, tenant, w)
   if not rec then W_after = W_after + w end
   local t_f = now
   if S_new > r.g.V and W_after > 0 then t_f = now + (S_new - r.g.V) * W_after / r.R end
-  -- The task may run its tenant's tolerance (the key's burst) ahead of its
-  -- fair instant: t_due.
-  local t_due = t_f - fair_tolerance(r.tiers, c)
   local no_slot = r.slot_n ~= nil and r.held >= r.slot_n and not o.book
-
-  -- Due: admit when every tier admits it now (or, paced, a holder at its
-  -- instant a moment ahead).
-  local tier, wait = 0, 0
-  if not r.suspended and t_due <= now and not o.book and not no_slot then
-    tier, wait = short(r, c, now, not fresh)
-    if tier == 0 then
-      local _, trec = fair_book(r, tenant, w, c, S_new)
-      trec.units = trec.units + c
-      if not fresh then r.stag_del[#r.stag_del + 1] = 's:' .. id end
-      return admit(r, resv, id, c, now)
-    end
-  elseif not fresh and r.paced and not r.suspended and not no_slot and t_due - now <= o.granule + PACE_EARLY then
-    if short(r, c, t_due, true) == 0 then
-      local _, trec = fair_book(r, tenant, w, c, S_new)
-      trec.units = trec.units + c
-      r.stag_del[#r.stag_del + 1] = 's:' .. id
-      return admit(r, resv, id, c, math.ceil(t_due))
-    end
+  -- How far ahead of its fair instant a task may run now, when every tier
+  -- admits it: the key's burst for a fresh task (so a tenant alone uses
+  -- the burst as a key without tenants does), and for a holder also the
+  -- granule it came back in, when paced.
+  local tau = fair_tolerance(r.tiers, c)
+  local ahead = tau
+  if not fresh and r.paced then
+    -- A paced holder is due when its fair instant falls in the granule it
+    -- came back in: the holders due in one granule are then what the
+    -- granule holds, and they take their turns first come first served.
+    -- (Due further ahead, granules overlap, each is booked beyond what it
+    -- holds, and the holders left over are deferred again and again.)
+    local g = o.granule
+    ahead = math.max(tau, (math.floor(now / g) + 1) * g - now)
   end
-  if tier == 0 then tier, wait = short(r, c, math.max(now, t_due), not fresh) end
 
-  -- Not due, or no room: when its tenant's turn and the tiers allow.
+  local tier, wait = 0, 0
+  if not r.suspended and not o.book and not no_slot and t_f - now <= ahead then
+    -- Due. The holders of one granule come back together, in any order,
+    -- and take their turns first come first served at the first instant
+    -- every tier admits (as holder_turn): a bucket admits in the order of
+    -- instants, and one admitted at its own instant ahead would leave the
+    -- time before it unusable. A fresh task runs now or not.
+    local at = now
+    if not fresh and r.paced then
+      for _ = 1, 3 do
+        local tr, wt = short(r, c, at, true)
+        if tr == 0 then break end
+        at = at + wt
+      end
+    end
+    tier, wait = short(r, c, at, not fresh)
+    if tier == 0 and at - now <= ahead then
+      local _, trec = fair_book(r, tenant, w, c, S_new)
+      trec.units = trec.units + c
+      -- A tenant alone runs ahead of the clock with the key's burst; the
+      -- clock follows it (no one else's turn is at stake), so its next
+      -- tasks are not held back for the burst it used.
+      if fresh and S_new > r.g.V and trec.w >= r.g.W then r.g.V = S_new end
+      if S_new > r.g.Vs then r.g.Vs = S_new end
+      if not fresh then r.stag_del[#r.stag_del + 1] = 's:' .. id end
+      return admit(r, resv, id, c, math.ceil(at))
+    end
+    if tier == 0 then tier, wait = 1, 0 end
+    wait = math.max(at + wait, t_f) - now
+  else
+    tier, wait = short(r, c, math.max(now, t_f), not fresh)
+    wait = math.max(now, t_f) + wait - now
+  end
+
+  -- Not due, or no room: at its tenant's turn, when the tiers allow.
   local by = 'queue'
   if tier > 0 then by = 'tier:' .. tier end
-  local earliest = math.max(t_due, now) + wait
+  local earliest = now + wait
   if r.suspended then
     by = 'suspended'
     if r.until_ > earliest then earliest = r.until_ end
-  elseif no_slot and t_due <= now then
+  elseif no_slot and t_f - now <= ahead then
     local at = slot_wait(r)
     return denied(r, math.max(at - now, 1000), 'inflight', resv or 0)
   end
@@ -242,7 +272,7 @@ end
 local function fair_write(r, fields)
   local g = r.g
   fields[#fields + 1] = 'G'
-  fields[#fields + 1] = bin_pack('<ddddd', g.V, g.tV, g.W, g.Fmin, g.sw)
+  fields[#fields + 1] = bin_pack('<dddddd', g.V, g.tV, g.W, g.Fmin, g.sw, g.Vs)
   for id in pairs(r.fair_dirty) do
     local rec = r.tenants[id]
     if rec then

@@ -500,13 +500,13 @@ end
 -- another shape).
 local function read_G(raw, now)
   if not bin_pack then pick_codec() end
-  if raw and #raw == 40 then
-    local V, tV, W, Fmin, sw = bin_unpack('<ddddd', raw)
-    if V == V and tV == tV and W == W and Fmin == Fmin and sw == sw and W >= 0 and tV <= now + MAX_SKEW then
-      return {V = V, tV = tV, W = W, Fmin = Fmin, sw = sw}
+  if raw and #raw == 48 then
+    local V, tV, W, Fmin, sw, Vs = bin_unpack('<dddddd', raw)
+    if V == V and tV == tV and W == W and Fmin == Fmin and sw == sw and Vs == Vs and W >= 0 and tV <= now + MAX_SKEW then
+      return {V = V, tV = tV, W = W, Fmin = Fmin, sw = sw, Vs = Vs}
     end
   end
-  return {V = 0, tV = now, W = 0, Fmin = math.huge, sw = 0}
+  return {V = 0, tV = now, W = 0, Fmin = math.huge, sw = 0, Vs = 0}
 end
 
 -- read_tenant reads an active tenant's record (nil: not active).

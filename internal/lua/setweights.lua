@@ -40,7 +40,7 @@ for _, name in ipairs(touched) do
 end
 if changed then
   fields[#fields + 1] = 'G'
-  fields[#fields + 1] = bin_pack('<ddddd', g.V, g.tV, g.W, g.Fmin, g.sw)
+  fields[#fields + 1] = bin_pack('<dddddd', g.V, g.tV, g.W, g.Fmin, g.sw, g.Vs)
 end
 for _, name in ipairs(names) do
   fields[#fields + 1] = 'w:' .. name

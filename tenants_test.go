@@ -1,0 +1,88 @@
+package throttle_test
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/asynq-throttle/asynq-throttle/throttle"
+)
+
+// A light tenant whose tasks arrive behind a heavy tenant's backlog is
+// served at its share from its own place in line, not after the backlog,
+// on a real fleet: every task runs once, the key's limit holds, and the
+// deferrals stay about one per task.
+func TestE2ELightTenantIsNotQueuedBehindAHeavyBacklog(t *testing.T) {
+	t.Parallel()
+	const rate, heavy, light = 40, 240, 40
+	f := startFleet(t, fleetConfig{servers: 3, concurrency: 8})
+	f.setLimits("crm", throttle.PerSecond(rate).WithBurst(10))
+
+	f.enqueue("crm", "heavy", heavy, throttle.Tenant("big"))
+	time.Sleep(2 * time.Second)
+	lightAt := time.Now()
+	f.enqueue("crm", "light", light, throttle.Tenant("small"))
+	f.waitDone(heavy+light, 30*time.Second)
+	f.audit(heavy + light)
+
+	var lightDone time.Time
+	f.rec.mu.Lock()
+	for job, runs := range f.rec.runs {
+		if strings.HasPrefix(job, "light-") && runs[0].After(lightDone) {
+			lightDone = runs[0]
+		}
+	}
+	f.rec.mu.Unlock()
+	took := lightDone.Sub(lightAt)
+	// At its share (half of 40/s) the light tenant's 40 tasks take about
+	// 2 s; behind the heavy backlog (about 4 s left of it), about 5 s.
+	t.Logf("FIGURE tenants: light tenant's %d tasks done %.2fs after enqueue, behind %d of a heavy tenant at %d/s", light, took.Seconds(), heavy, rate)
+	assert.Less(t, took, 4*time.Second, "the light tenant waited behind the heavy backlog")
+
+	ts := f.rec.times("crm")
+	assert.LessOrEqual(t, maxInWindow(ts, time.Second), rate+10+1, "the key's limit in any second (burst 10, one of dispatch jitter)")
+	deferrals := float64(f.ev.deferred.Load()) / float64(heavy+light)
+	t.Logf("FIGURE tenants: %.2f deferrals per task", deferrals)
+	// One deferral per task of the backlog, and one more for each heavy task
+	// booked before the light tenant came whose turn moved back: bounded,
+	// never a task deferred again and again.
+	assert.LessOrEqual(t, deferrals, 2.0, "deferrals per task")
+}
+
+// Weights divide the rate while both tenants wait: 3:1 on a real fleet.
+func TestE2EWeightsDivideTheRateBetweenWaitingTenants(t *testing.T) {
+	t.Parallel()
+	const rate = 40
+	f := startFleet(t, fleetConfig{servers: 3, concurrency: 8})
+	f.setLimits("llm", throttle.PerSecond(rate))
+	lim := throttle.NewLimiter(f.rdb)
+	require.NoError(t, lim.SetWeights(t.Context(), "llm", map[string]int{"gold": 3}))
+
+	for i := range 120 {
+		for _, tn := range []string{"gold", "plain"} {
+			_, err := f.client.Enqueue(newTask(t, "sync:llm", []byte(fmt.Sprintf("%s-%d", tn, i)), throttle.Key("llm"), throttle.Tenant(tn), asynq.Retention(time.Hour)))
+			require.NoError(t, err)
+		}
+	}
+	start := time.Now()
+	require.Eventually(t, func() bool { return f.rec.count() >= 120 }, 30*time.Second, 20*time.Millisecond)
+	gold := 0
+	f.rec.mu.Lock()
+	for job, runs := range f.rec.runs {
+		if strings.HasPrefix(job, "gold-") && len(runs) > 0 {
+			gold++
+		}
+	}
+	n := len(f.rec.all)
+	f.rec.mu.Unlock()
+	share := float64(gold) / float64(n)
+	t.Logf("FIGURE tenants: 3:1 weights, gold's share of the first %d runs %.2f (%.1fs)", n, share, time.Since(start).Seconds())
+	assert.InDelta(t, 0.75, share, 0.1, "gold's share while both wait")
+	f.waitDone(240, 30*time.Second)
+	f.audit(240)
+}
