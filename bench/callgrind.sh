@@ -110,6 +110,11 @@ mw=('1000000 60000000 300000000 604800000 0 20000 2 30000000|' 'id:__rand_int__'
 resv=('1000000 1000000000000 300000000 604800000 0 20000 2 30000000|' 'id:__rand_int__' 1)
 # Limiter.Enqueue: as resv, booking (flags 1|2): every caller gets a slot.
 book=('1000000 1000000000000 300000000 604800000 0 20000 3 30000000|' 'id:__rand_int__' 1)
+# Fair shares (issue 23): as mw and resv with flag 8 and a fourth key (the
+# active tenants), each caller a triple (task ID, cost, tenant).
+fkeys=(5 't:{c}:b' 't:{c}:r' 't:{c}:f' 't:{c}:a' 't:{c}:t')
+fmw=('1000000 60000000 300000000 604800000 0 20000 10 30000000|' 'id:__rand_int__' 1 'acme')
+fresv=('1000000 1000000000000 300000000 604800000 0 20000 10 30000000|' 'id:__rand_int__' 1 'acme')
 
 declare -A result dumpof nocron
 # measure NAME COMMAND...: instructions per call over $n pipelined calls.
@@ -182,6 +187,12 @@ limits '100/1000/10 #1'
 check FCALL "$fn" "${keys[@]}" "${book[@]}"
 measure book FCALL "$fn" "${keys[@]}" "${book[@]}"
 limits '1000000/1000/1000000 #1'
+check FCALL "$fn" "${fkeys[@]}" "${fmw[@]}"
+measure fmw FCALL "$fn" "${fkeys[@]}" "${fmw[@]}"
+limits '1/1000/1 #1'
+check FCALL "$fn" "${fkeys[@]}" "${fresv[@]}"
+measure fresv FCALL "$fn" "${fkeys[@]}" "${fresv[@]}"
+limits '1000000/1000/1000000 #1'
 measure empty FCALL cg_empty "${keys[@]}" "${take[@]}"
 measure io FCALL cg_io 3 'u:{c}:b' 'u:{c}:r' 'u:{c}:f' "${take[@]}"
 cli FLUSHALL >/dev/null
@@ -206,6 +217,8 @@ line take2 "FCALL decide, Take, 2 tiers"
 line mw "FCALL decide, middleware admitted (task ID, headroom, pacing)"
 line resv "FCALL decide, middleware reserving a slot (1/s, a queue outstanding)"
 line book "FCALL decide, Enqueue booking a slot (100/s burst 10, paced)"
+line fmw "FCALL decide, as mw with a tenant (fair shares, one tenant)"
+line fresv "FCALL decide, as resv with a tenant (fair shares, one tenant)"
 line eval_take1 "EVALSHA decide, Take, 1 tier (the fallback without FUNCTION)"
 line eval_resv "EVALSHA decide, reserving a slot (1/s)"
 line empty "floor: FCALL of an empty function, same keys and ARGV"
@@ -215,4 +228,5 @@ t1=${nocron[take1]} e=${nocron[empty]} io=${nocron[io]}
 echo "Take, 1 tier, by part (no cron): $e the call itself (empty function), $((io - e)) TIME + HMGET + HSET, $((t1 - io)) the decision's own Lua"
 parts take1 "FCALL Take, 1 tier"
 parts resv "FCALL reserving a slot"
+echo "With a tenant against without (target <= 1.3x): admitted $(awk -v a="${nocron[fmw]}" -v b="${nocron[mw]}" 'BEGIN{printf "%.2fx %s", a/b, (a/b <= 1.3 ? "met" : "MISSED")}'), reserving $(awk -v a="${nocron[fresv]}" -v b="${nocron[resv]}" 'BEGIN{printf "%.2fx %s", a/b, (a/b <= 1.3 ? "met" : "MISSED")}') (no cron)"
 echo "EVALSHA against FCALL: Take $(awk -v a="${result[eval_take1]}" -v b="$t1" 'BEGIN{printf "+%d (%.2fx)", a-b, a/b}'), reserving $(awk -v a="${result[eval_resv]}" -v b="${result[resv]}" 'BEGIN{printf "+%d (%.2fx)", a-b, a/b}')"

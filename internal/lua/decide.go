@@ -76,7 +76,7 @@ type DecideReply struct {
 // Decide runs decide.lua for one caller.
 //
 //	KEYS[1] bucket hash  KEYS[2] reservations  KEYS[3] slots in flight
-//	KEYS[4] active tenants (with flag 8, fair)
+//	KEYS[4] active tenants, KEYS[5] start tags (with flag 8, fair)
 //	ARGV[1] the options, one string (a Limiter sends the same few again
 //	        and again, and the script parses each once):
 //	        "granule horizon lapse idle lease headroom flags slot_expiry|defaults"
@@ -127,13 +127,13 @@ var DecideScript = decideScript
 
 // AppendDecideArgs appends a call of decide.lua in mode m to dst without its
 // callers: the verb and function (or sha), the number of keys, the keys
-// (three; four with a.Fair) and ARGV[1], the options. AppendCallers adds
+// (three; five with a.Fair) and ARGV[1], the options. AppendCallers adds
 // the callers (with a.Fair, the caller appends a task ID, a cost and a
 // tenant per caller). a.TaskID, a.Cost and a.Tenant are ignored.
 func AppendDecideArgs(dst []any, m Mode, k Keys, a DecideArgs) []any {
 	verb, id := decideScript.Head(m)
 	if a.Fair {
-		return append(dst, verb, id, 4, k.Bucket, k.Reservations, k.Slots, k.Tenants, FormatOptions(a))
+		return append(dst, verb, id, 5, k.Bucket, k.Reservations, k.Slots, k.Tenants, k.Tags, FormatOptions(a))
 	}
 	return append(dst, verb, id, 3, k.Bucket, k.Reservations, k.Slots, FormatOptions(a))
 }

@@ -638,6 +638,7 @@ local function write_back(r)
       fields[#fields + 1] = write_V(r.va, r.sw, r.tiers, r.vt)
     end
     if r.vnext - now > need then need = r.vnext - now end
+    if r.fair_need and r.fair_need > need then need = r.fair_need end
     if r.suspended and r.until_ - now > need then need = r.until_ - now end
     local ttl
     r.x, ttl = keep_alive(need, r.L ~= nil, r.o.idle_us, r.x, now)
@@ -655,6 +656,8 @@ local function write_back(r)
     end
     if #fields > 0 then redis.call('HSET', r.key, unpack(fields)) end
     if ttl then expire_in(r.key, ttl) end
+    -- The active tenants (fair.lua) outlive the hash that counts them.
+    if r.akey and (ttl or r.akey_new) then expire_in(r.akey, r.x - now + 1e6) end
   end
   if r.lanes and not r.lanes.guess then
     local l = {}

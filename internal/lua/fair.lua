@@ -30,8 +30,10 @@
 --   t:<id> an active tenant, binary: F, the weight it counts in W, the
 --          cost units admitted while active
 --   w:<id> a tenant's weight, set by SetWeights (absent: 1); WL lists them
---   s:<id> the start tag of task id's reservation
 --   <prefix>:{name}:a  sorted set of active tenants by finish tag
+--   <prefix>:{name}:t  sorted set of the start tags of the reservations,
+--          by task ID (not in the hash: a listpack hash of hundreds of
+--          fields is searched end to end by every HMGET of the key)
 -- While any tenant is active, T's q is -1: a caller that does not say its
 -- tenant is told to ask again as one (reply -4), so tasks without a tenant
 -- share the default tenant "".
@@ -56,11 +58,11 @@ end
 -- and, for each caller, its tenant's record, weight and reservation tag
 -- (fields f, from the run's first HMGET: see decide_run).
 local function fair_state(r, KEYS, f)
-  r.akey = KEYS[4]
+  r.akey, r.tkey = KEYS[4], KEYS[5]
   r.g = read_G(f.G, r.now)
   r.R = fair_rate(r.tiers)
   r.tenants, r.weights, r.stags = {}, {}, {}
-  r.fair_dirty, r.stag_set, r.stag_del, r.tenant_del = {}, {}, {}, {}
+  r.fair_dirty, r.stag_set, r.stag_del, r.leaving = {}, {}, {}, {}
 end
 
 -- tenant_of returns tenant id's record, read once per run (nil: inactive).
@@ -69,6 +71,8 @@ local function tenant_of(r, id, raw)
   if rec == nil then
     if raw == nil then raw = redis.call('HGET', r.key, 't:' .. id) end
     rec = read_tenant(raw) or false
+    -- (No tenant is active while W is 0: a record left is stale.)
+    if rec and r.g.W <= 0 then rec, r.leaving[id] = false, true end
     r.tenants[id] = rec
   end
   return rec or nil
@@ -76,26 +80,36 @@ end
 
 -- fair_expire takes out the tenants whose work V has passed: their weight
 -- leaves W. Tags in the set may be stale-low (a tenant's F grows with each
--- booking without a ZADD): such a tenant is scored again instead.
+-- booking without a ZADD): such a tenant is scored again instead. A tenant
+-- that left is taken out of the set and the hash when the run writes
+-- (fair_write), unless it booked again in the run: a tenant alone leaves
+-- and comes back on most of its calls, and that costs then one ZADD.
 local function fair_expire(r)
   local g = r.g
   local m = redis.call('ZRANGEBYSCORE', r.akey, '-inf', fmt(g.V), 'WITHSCORES', 'LIMIT', 0, FAIR_EXPIRE_PER_RUN)
+  local left = 0
   for k = 1, #m, 2 do
     local id = m[k]
     local rec = tenant_of(r, id)
     if rec and rec.F > g.V then
       redis.call('ZADD', r.akey, fmt(rec.F), id)
     else
-      redis.call('ZREM', r.akey, id)
       if rec then g.W = g.W - rec.w end
       r.tenants[id] = false
-      r.tenant_del[#r.tenant_del + 1] = 't:' .. id
+      r.leaving[id] = true
       r.fair_dirty[id] = nil
+      left = left + 1
     end
   end
-  if g.W < 1e-9 then g.W = 0 end
-  local first = redis.call('ZRANGE', r.akey, 0, 0, 'WITHSCORES')
+  if g.W < 1e-9 then
+    g.W, g.Fmin = 0, math.huge
+    return
+  end
+  -- The least finish tag of those that stay (past the ones leaving). None
+  -- left (the set expired before the hash): no tenant is active.
+  local first = redis.call('ZRANGE', r.akey, left, left, 'WITHSCORES')
   g.Fmin = tonumber(first[2]) or math.huge
+  if #first == 0 then g.W = 0 end
 end
 
 -- fair_clock brings V to now: it advances at R / W, and tenants leave W
@@ -103,24 +117,28 @@ end
 -- suspended (nothing is served) and while no tenant is active.
 local function fair_clock(r)
   local g, now = r.g, r.now
-  if r.suspended or now <= g.tV then
-    g.tV = math.max(g.tV, now)
-    return
+  if not r.suspended and now > g.tV then
+    for _ = 1, 4 do
+      if g.W <= 0 then break end
+      local reach = g.tV + (g.Fmin - g.V) * g.W / r.R
+      if reach > now then break end
+      if g.Fmin > g.V then g.V, g.tV = g.Fmin, math.max(g.tV, reach) end
+      fair_expire(r)
+    end
+    if g.W > 0 then
+      -- (The clock runs ahead of what was served by at most a granule's
+      -- service: tasks that were due but not served yet are served first.)
+      local cap = g.Vs + math.max(r.o.granule, 1e6) * r.R / g.W
+      g.V = math.max(g.V, math.min(g.V + (now - g.tV) * r.R / g.W, cap))
+    end
   end
-  for _ = 1, 4 do
-    if g.W <= 0 then break end
-    local reach = g.tV + (g.Fmin - g.V) * g.W / r.R
-    if reach > now then break end
-    if g.Fmin > g.V then g.V, g.tV = g.Fmin, math.max(g.tV, reach) end
-    fair_expire(r)
+  g.tV = math.max(g.tV, now)
+  if g.W <= 0 then
+    -- No tenant is active: a record still in the hash is stale.
+    for id, rec in pairs(r.tenants) do
+      if rec then r.tenants[id], r.leaving[id] = false, true end
+    end
   end
-  if g.W > 0 then
-    -- (The clock runs ahead of what was served by at most a granule's
-    -- service: tasks that were due but not served yet are served first.)
-    local cap = g.Vs + math.max(r.o.granule, 1e6) * r.R / g.W
-    g.V = math.max(g.V, math.min(g.V + (now - g.tV) * r.R / g.W, cap))
-  end
-  g.tV = now
 end
 
 -- fair_book gives tenant id (weight w) a task of cost c: its start tag,
@@ -135,7 +153,8 @@ local function fair_book(r, id, w, c, S)
     g.W = g.W + w
     S = S or g.V
     rec.F = S + c / w
-    redis.call('ZADD', r.akey, fmt(rec.F), id)
+    if redis.call('ZADD', r.akey, fmt(rec.F), id) == 1 then r.akey_new = true end
+    r.leaving[id] = nil
     if rec.F < g.Fmin then g.Fmin = rec.F end
   else
     S = S or math.max(g.V, rec.F)
@@ -159,7 +178,10 @@ local function decide_fair(r, id, c, tenant, w)
   local refused = cost_refused(r, c)
   if refused then return refused end
   local resv, S = nil, nil
-  if id ~= '' then
+  -- Every reservation made while tenants share the key has a start tag:
+  -- a task without one holds none (one made before, without tenants, is
+  -- taken as fresh: booked again, or run, and the old one lapses).
+  if id ~= '' and (r.stags[id] or o.book) then
     resv = reservation_of(r, id)
     if resv and o.book then return string.format('0|0|0|booked|0|0|%d', r.gen) end
     if resv then S = r.stags[id] end
@@ -219,7 +241,7 @@ local function decide_fair(r, id, c, tenant, w)
       -- tasks are not held back for the burst it used.
       if fresh and S_new > r.g.V and trec.w >= r.g.W then r.g.V = S_new end
       if S_new > r.g.Vs then r.g.Vs = S_new end
-      if not fresh then r.stag_del[#r.stag_del + 1] = 's:' .. id end
+      if not fresh then r.stag_del[#r.stag_del + 1] = id end
       return admit(r, resv, id, c, math.ceil(at))
     end
     if tier == 0 then tier, wait = 1, 0 end
@@ -246,18 +268,26 @@ local function decide_fair(r, id, c, tenant, w)
   local at = align(r, earliest)
   if at - now > o.horizon then
     if resv then redis.call('ZREM', r.resv_key, id) end
-    r.stag_del[#r.stag_del + 1] = 's:' .. id
+    r.stag_del[#r.stag_del + 1] = id
     return denied(r, at - o.horizon - now, by, 0)
   end
+  if fresh and not rec and r.g.W <= 0 and at > t_f then
+    -- The first tenant to wait (the others ran without tenants' turns,
+    -- or it had the key alone): its turn is when the tiers let it run,
+    -- and its next tasks follow that one.
+    S_new = r.g.V + (at - now) * r.R / w
+  end
   if fresh then S_new = fair_book(r, tenant, w, c, S_new) end
-  r.stag_set[#r.stag_set + 1] = 's:' .. id
-  r.stag_set[#r.stag_set + 1] = bin_pack('<d', S_new)
+  -- The key lives at least until its last booking comes back.
+  if at - now > (r.fair_need or 0) then r.fair_need = at - now end
+  r.stag_set[#r.stag_set + 1] = fmt(S_new)
+  r.stag_set[#r.stag_set + 1] = id
   if now - r.g.sw >= SWEEP_EVERY then
     -- Reservations whose task never came back lapse, with their tags.
     local gone = redis.call('ZRANGEBYSCORE', r.resv_key, '-inf', '(' .. fmt(now - o.lapse), 'LIMIT', 0, 64)
     if #gone > 0 then
       redis.call('ZREM', r.resv_key, unpack(gone))
-      for i = 1, #gone do r.stag_del[#r.stag_del + 1] = 's:' .. gone[i] end
+      for i = 1, #gone do r.stag_del[#r.stag_del + 1] = gone[i] end
     end
     r.g.sw = now
   end
@@ -280,14 +310,21 @@ local function fair_write(r, fields)
       fields[#fields + 1] = bin_pack('<ddd', rec.F, rec.w, rec.units)
     end
   end
-  for i = 1, #r.stag_set do fields[#fields + 1] = r.stag_set[i] end
-  local del = r.tenant_del
-  for i = 1, #r.stag_del do del[#del + 1] = r.stag_del[i] end
-  if #del > 0 then redis.call('HDEL', r.key, unpack(del)) end
-  if g.W > 0 then
-    r.q_override = -1
-    expire_in(r.akey, r.o.idle_us)
-  else
-    r.q_override = 0
+  if #r.stag_del > 0 then redis.call('ZREM', r.tkey, unpack(r.stag_del)) end
+  if #r.stag_set > 0 then
+    redis.call('ZADD', r.tkey, unpack(r.stag_set))
+    -- (As the reservations: their lapse past the last one booked.)
+    expire_in(r.tkey, r.fair_need + r.o.lapse)
   end
+  local gone, del = nil, nil
+  for id in pairs(r.leaving) do
+    gone, del = gone or {}, del or {}
+    gone[#gone + 1] = id
+    del[#del + 1] = 't:' .. id
+  end
+  if gone then
+    redis.call('ZREM', r.akey, unpack(gone))
+    redis.call('HDEL', r.key, unpack(del))
+  end
+  if g.W > 0 then r.q_override = -1 else r.q_override = 0 end
 end

@@ -203,3 +203,42 @@ func checkFairSum(t *testing.T, e *env) {
 	}
 	assert.InDelta(t, sum, g[2], 1e-9, "W against the active set %v", names)
 }
+
+// A backlog's start tags live in their own sorted set, not in the key's
+// hash (where every HMGET of the key would search hundreds of fields), and
+// every key the fair path writes expires.
+func TestFairTagsLiveOutsideTheHashAndExpire(t *testing.T) {
+	e := newEnv(t)
+	e.setLimits(Tier{Rate: 10, PerMS: 1000, Burst: 1})
+	for i := range 200 {
+		e.decide(fairArgs(fmt.Sprintf("t%d", i%2), fmt.Sprintf("j%d", i)))
+	}
+	n, err := e.rdb.HLen(e.ctx, e.k.Bucket).Result()
+	require.NoError(t, err)
+	assert.Less(t, n, int64(16), "the hash holds the key's state and two tenants, not a field per reservation")
+	tags, err := e.rdb.ZCard(e.ctx, e.k.Tags).Result()
+	require.NoError(t, err)
+	assert.Equal(t, int64(199), tags, "a start tag per reservation")
+	for _, k := range []string{e.k.Bucket, e.k.Reservations, e.k.Tenants, e.k.Tags} {
+		assert.Greater(t, e.mr.TTL(k), time.Duration(0), "%s expires", k)
+	}
+}
+
+// The active tenants expiring before the hash that counts them (a key
+// kept alive by something else) does not leave their weights in force:
+// once the clock passes their finish tags, no tenant is active, and a new
+// tenant alone gets the whole rate.
+func TestFairLostActiveSetHealsOnceTheWorkIsPast(t *testing.T) {
+	e := newEnv(t)
+	e.setLimits(Tier{Rate: 10, PerMS: 1000, Burst: 1})
+	for i := range 20 {
+		e.decide(fairArgs(fmt.Sprintf("t%d", i%2), fmt.Sprintf("j%d", i)))
+	}
+	require.Equal(t, StatusFair, e.decide(DecideArgs{}).Status, "shared while tenants are active")
+	e.mr.Del(e.k.Tenants)
+	e.at(time.Minute)
+	require.Equal(t, StatusAllowed, e.decide(fairArgs("x", "x0")).Status)
+	r := e.decide(fairArgs("x", "x1"))
+	require.Equal(t, StatusDenied, r.Status, "%+v", r)
+	assert.Equal(t, testEpoch().Add(time.Minute+100*time.Millisecond), r.Reserved, "x alone: the whole rate, not a third of it")
+}

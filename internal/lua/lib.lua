@@ -40,10 +40,11 @@
 --     t:<tenant>  an active tenant's record, binary (fair.lua)
 --     w:<tenant>  a tenant's weight (SetWeights)
 --     WL the tenants that have a weight, a name per line
---     s:<task ID> the start tag of a fair reservation, binary
 --   <prefix>:{name}:r  sorted set of reservations: task ID scored by its
 --        reserved instant (us)
 --   <prefix>:{name}:a  sorted set of active tenants by finish tag (fair.lua)
+--   <prefix>:{name}:t  sorted set of fair reservations' start tags by task
+--        ID (fair.lua)
 --   <prefix>:{name}:f  sorted set of slots held: "taskID@start_us.k" scored
 --        by when the slot expires (us) unless its holder renews it (a worker
 --        killed stops renewing)

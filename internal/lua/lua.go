@@ -306,6 +306,7 @@ type Keys struct {
 	Reservations string // sorted set: task ID scored by its reserved instant (us)
 	Slots        string // sorted set: slots in flight scored by when each expires (us)
 	Tenants      string // sorted set: active tenants scored by finish tag (fair.lua)
+	Tags         string // sorted set: the start tag of each fair reservation, by task ID (fair.lua)
 }
 
 // Tier kinds.

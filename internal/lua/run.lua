@@ -11,17 +11,31 @@ local HM_FIELDS = {'L', 'T', 's', 'O', 'V'}
 
 -- fair_fields adds to the run's first HMGET what the fair path reads for
 -- each caller (ARGV from 2, triples task ID, cost, tenant): the clock, the
--- tenant's record and weight, the task's reservation tag.
+-- tenant's record and weight.
 local function fair_fields(ARGV, n)
   local f = {'L', 'T', 's', 'O', 'V', 'G'}
   for k = 1, n do
-    local at = CALLERS_AT + 3 * (k - 1)
-    local tenant = ARGV[at + 2] or ''
+    local tenant = ARGV[CALLERS_AT + 3 * (k - 1) + 2] or ''
     f[#f + 1] = 't:' .. tenant
     f[#f + 1] = 'w:' .. tenant
-    f[#f + 1] = 's:' .. (ARGV[at] or '')
   end
   return f
+end
+
+-- fair_tags reads the start tags of the callers' reservations (KEYS[5],
+-- by task ID) into stags, in one command; none for callers without an ID.
+local function fair_tags(KEYS, ARGV, n, stags)
+  local ids = {}
+  for k = 1, n do
+    local id = ARGV[CALLERS_AT + 3 * (k - 1)] or ''
+    if id ~= '' then ids[#ids + 1] = id end
+  end
+  if #ids == 0 then return end
+  local v = redis.call('ZMSCORE', KEYS[5], unpack(ids))
+  for i = 1, #ids do
+    local s = tonumber(v[i])
+    if s and s == s and s > -math.huge and s < math.huge then stags[ids[i]] = s end
+  end
 end
 
 -- weight_of reads a tenant's weight field (absent or not a whole number
@@ -38,19 +52,15 @@ local function decide_fair_run(r, KEYS, ARGV, h, n)
   fair_state(r, KEYS, {G = h[6] or nil})
   r.taken, r.write_extra = true, fair_write
   r.vnext, r.queue_open = 0, false
+  fair_tags(KEYS, ARGV, n, r.stags)
   local replies = {}
   for k = 1, n do
     local at = CALLERS_AT + 3 * (k - 1)
     local id, tenant = ARGV[at] or '', ARGV[at + 2] or ''
     local c = tonumber(ARGV[at + 1] or '1') or 1
     if c < 1 or c ~= math.floor(c) then c = 1 end
-    local base = 6 + 3 * (k - 1)
+    local base = 6 + 2 * (k - 1)
     tenant_of(r, tenant, h[base + 1] or nil)
-    local tag = h[base + 3]
-    if tag and #tag == 8 then
-      local v = bin_unpack('<d', tag)
-      if v == v and v > -math.huge and v < math.huge then r.stags[id] = v end
-    end
     if k == 1 then fair_clock(r) end
     replies[k] = decide_fair(r, id, c, tenant, weight_of(h[base + 2]))
   end
@@ -69,16 +79,17 @@ local function decide_run(KEYS, ARGV)
   local spec, L, until_ = read_limits(o, h, now)
   if not spec then return all_n(L, n) end
   local ts, x, vnext, stored = read_T(h[2], now, STORED)
-  if vnext < 0 then
-    -- Tenants share this key: a caller that did not say its tenant is
-    -- told to ask again as the default tenant.
-    if not o.fair then return all_n('-4', n) end
-    vnext = 0
-  end
+  -- Tenants share this key (-1): a caller that did not say its tenant is
+  -- told to ask again as the default tenant.
+  if vnext < 0 and not o.fair then return all_n('-4', n) end
   if vnext > now + o.horizon + MAX_SKEW then vnext = 0 end
   local owed = bucket_owed(stored, ts, spec.tiers, now, o.headroom, OWED)
-  if n == 1 and not o.fair and not (until_ and until_ > now) and not spec.windows and not spec.inflight and
-      vnext <= now and not o.book then
+  -- The common case: one caller admitted now. With tenants, while none is
+  -- active (T's queue end is not -1): nobody's turn is at stake, and a
+  -- tenant becomes active once it is refused. (Then no reservation of the
+  -- key has a start tag that matters: its tenant's work is done.)
+  if n == 1 and not (until_ and until_ > now) and not spec.windows and not spec.inflight and
+      vnext <= now and not o.book and vnext >= 0 then
     local c = ARGV[CALLERS_AT + 1]
     c = c and tonumber(c) or 1
     if c >= 1 and c == math.floor(c) then
