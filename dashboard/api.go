@@ -38,9 +38,22 @@ type keyView struct {
 	SuspendedSeconds float64              `json:"suspended_seconds"`
 	Reservations     int                  `json:"reservations"`
 	QueuedSeconds    float64              `json:"queued_seconds"`
-	Error            string               `json:"error,omitempty"`
-	Decisions        map[string]uint64    `json:"decisions,omitempty"` // cumulative, by outcome
-	RateLimited      uint64               `json:"rate_limited"`
+	// Tenants are the key's tenants (throttle.Tenant) as Inspect reads
+	// them: those with work booked, next in line first (at most 100), then
+	// the others with a weight set; absent when its tasks have none.
+	Tenants     []tenantView      `json:"tenants,omitempty"`
+	Error       string            `json:"error,omitempty"`
+	Decisions   map[string]uint64 `json:"decisions,omitempty"` // cumulative, by outcome
+	RateLimited uint64            `json:"rate_limited"`
+}
+
+// tenantView is one tenant of a key (throttle.TenantStatus).
+type tenantView struct {
+	Name     string  `json:"name"`     // "" the default tenant (tasks without throttle.Tenant)
+	Weight   int     `json:"weight"`   // its weight (SetWeights; 1 when not set)
+	Share    float64 `json:"share"`    // its part of the key's rate now, 0 to 1 (0: nothing booked)
+	Backlog  float64 `json:"backlog"`  // work booked and not yet due, in cost units
+	Admitted int64   `json:"admitted"` // work admitted since it last had work booked, in cost units
 }
 
 func newKeyView(key string, st throttle.Status, err error) keyView {
@@ -56,6 +69,9 @@ func newKeyView(key string, st throttle.Status, err error) keyView {
 		v.Error = err.Error()
 	}
 	v.Limits, v.InFlight = limitspec.Views(st)
+	for _, t := range st.Tenants {
+		v.Tenants = append(v.Tenants, tenantView{Name: t.Name, Weight: t.Weight, Share: t.Share, Backlog: t.Backlog, Admitted: t.Admitted})
+	}
 	return v
 }
 

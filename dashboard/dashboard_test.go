@@ -382,3 +382,79 @@ func TestHostCheckAllowsLocalhostIPsAndNamedHosts(t *testing.T) {
 		}
 	}
 }
+
+// api/keys shows the tenants of a key (for tasks booked by the library's
+// Enqueue for three tenants, one the default): name, weight, share,
+// backlog, work admitted; a key without tenants has no tenants field.
+func TestAPIKeysShowsTheTenantsOfAKey(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Start(t).Client(t)
+	lim := throttle.NewLimiter(rdb)
+	require.NoError(t, lim.SetLimits(ctx, "llm", throttle.PerMinute(30)))
+	require.NoError(t, lim.SetWeights(ctx, "llm", map[string]int{"gold": 3, "silver": 2}))
+	require.NoError(t, lim.SetLimits(ctx, "slack", throttle.PerSecond(5)))
+	client := asynq.NewClientFromRedisClient(rdb)
+	t.Cleanup(func() { client.Close() })
+	for range 4 {
+		for _, tenant := range []string{"gold", "plain", ""} {
+			opts := []asynq.Option{throttle.Key("llm")}
+			if tenant != "" {
+				opts = append(opts, throttle.Tenant(tenant))
+			}
+			task, err := throttle.NewTask("llm:chat", nil, opts...)
+			require.NoError(t, err)
+			_, err = lim.Enqueue(ctx, client, task)
+			require.NoError(t, err)
+		}
+	}
+	srv := mount(t, dashboard.New(lim))
+	code, _, body := get(t, srv.URL+"/throttle/api/keys")
+	require.Equal(t, http.StatusOK, code, body)
+	type tenant struct {
+		Name     string  `json:"name"`
+		Weight   int     `json:"weight"`
+		Share    float64 `json:"share"`
+		Backlog  float64 `json:"backlog"`
+		Admitted int64   `json:"admitted"`
+	}
+	var v struct {
+		Keys []struct {
+			Key     string   `json:"key"`
+			Tenants []tenant `json:"tenants"`
+		} `json:"keys"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(body), &v), body)
+	require.Len(t, v.Keys, 2, body)
+	llm := v.Keys[0]
+	require.Equal(t, "llm", llm.Key)
+	require.Len(t, llm.Tenants, 4, "three with work booked, then silver with a weight: %s", body)
+	byName := map[string]tenant{}
+	for _, tn := range llm.Tenants {
+		byName[tn.Name] = tn
+	}
+	for name, want := range map[string]struct {
+		weight int
+		share  float64
+	}{"gold": {3, 0.6}, "plain": {1, 0.2}, "": {1, 0.2}, "silver": {2, 0}} {
+		tn, ok := byName[name]
+		require.True(t, ok, "tenant %q: %s", name, body)
+		assert.Equal(t, want.weight, tn.Weight, name)
+		assert.InDelta(t, want.share, tn.Share, 1e-9, name)
+		if want.share > 0 {
+			assert.Greater(t, tn.Backlog, 0.0, "%q has work booked", name)
+			assert.LessOrEqual(t, tn.Backlog, 5.0, "%q: about its 4 tasks", name)
+		} else {
+			assert.Zero(t, tn.Backlog, name)
+		}
+		assert.Zero(t, tn.Admitted, "%q: nothing ran", name)
+	}
+	assert.Equal(t, "silver", llm.Tenants[3].Name, "the tenants with work booked come first")
+
+	assert.Equal(t, "slack", v.Keys[1].Key)
+	assert.Nil(t, v.Keys[1].Tenants)
+	var raw struct {
+		Keys []map[string]json.RawMessage `json:"keys"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(body), &raw))
+	assert.NotContains(t, raw.Keys[1], "tenants", "a key without tenants has no tenants field")
+}

@@ -16,7 +16,20 @@
 // key="_other" (tasks without a key under key="_none"), and
 // asynq_throttle_keys_folded_total counts them. The other labels take fixed
 // sets of values (tier 1 to 4, kind bucket or window, the outcomes,
-// reasons, policies and error classes).
+// reasons, policies and error classes), but for tenant.
+//
+// Tenants (throttle.Tenant) are a per-key view read from Redis on each
+// scrape: asynq_throttle_tenant_share, _tenant_backlog and
+// _tenant_admitted, labeled key and tenant, for the tenants with work
+// booked that Inspect reads: at most 100 per key (the next in line), for
+// at most WithMaxKeys keys. The default tenant (tasks without a Tenant) is
+// tenant="{default}", a name no tenant can have. A tenant with nothing
+// booked has no series (its share and backlog are 0): tenants that only
+// have a weight set are not exported, so the tenant label stays bounded.
+// The decision counters have no tenant label: tenants are customers, as
+// many as the application has, and a label per tenant would grow without
+// bound in every process; the share each gets is the scheduler's, and the
+// scrape reads it.
 package metrics
 
 import (
@@ -35,6 +48,11 @@ const (
 	otherKey = "_other" // events past the WithMaxKeys cap
 	noKey    = "_none"  // tasks that have no key (run unthrottled)
 )
+
+// defaultTenant is the tenant label of the default tenant (tasks without
+// throttle.Tenant; its name is ""). No tenant can be named so (a name has
+// no '{' or '}'), so it never collides with one.
+const defaultTenant = "{default}"
 
 const namespace = "asynq_throttle"
 
@@ -150,6 +168,7 @@ type descs struct {
 	decisions, deferrals, copies, rateLimited, leased, failurePolicy, redisErrors, folded     *prometheus.Desc
 	limitRate, limitInForce, limitPeriod, limitBurst, tokens, suspended, reservations, queued *prometheus.Desc
 	inFlight, inFlightLimit, generation                                                       *prometheus.Desc
+	tenantShare, tenantBacklog, tenantAdmitted                                                *prometheus.Desc
 	stateUp, stateKeys, stateErrors, stateDuration                                            *prometheus.Desc
 }
 
@@ -179,6 +198,10 @@ func newDescs() descs {
 		inFlightLimit: d("in_flight_limit", "The key's in-flight limit: the most of its tasks running at once across the fleet.", "key"),
 		generation:    d("limits_generation", "Generation of the key's limits, bumped by every change (SetLimits); changes() shows when they changed.", "key"),
 
+		tenantShare:    d("tenant_share", "Part of the key's rate a tenant with work booked gets now, 0 to 1: its weight over those of the tenants with work booked (at most 100 per key; tenant=\"{default}\" for tasks without one).", "key", "tenant"),
+		tenantBacklog:  d("tenant_backlog", "Work a tenant has booked on the key and not yet due, in cost units.", "key", "tenant"),
+		tenantAdmitted: d("tenant_admitted", "Work admitted for a tenant since it last had work booked, in cost units (back to 0 once its backlog has emptied).", "key", "tenant"),
+
 		stateUp:       d("state_up", "1 when the last scrape read the keys' state from Redis, 0 when it failed."),
 		stateKeys:     d("state_keys", "Keys found in Redis on this scrape (the state of at most WithMaxKeys of them is exported)."),
 		stateErrors:   d("state_key_errors", "Keys found in Redis whose state could not be read on this scrape (e.g. invalid limits)."),
@@ -191,6 +214,7 @@ func (d descs) all() []*prometheus.Desc {
 		d.decisions, d.deferrals, d.copies, d.rateLimited, d.leased, d.failurePolicy, d.redisErrors, d.folded,
 		d.limitRate, d.limitInForce, d.limitPeriod, d.limitBurst, d.tokens, d.suspended, d.reservations, d.queued,
 		d.inFlight, d.inFlightLimit, d.generation,
+		d.tenantShare, d.tenantBacklog, d.tenantAdmitted,
 		d.stateUp, d.stateKeys, d.stateErrors, d.stateDuration,
 	}
 }

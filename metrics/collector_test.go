@@ -409,3 +409,78 @@ func reserve(t testing.TB, rdb redis.UniversalClient, key, id string) {
 	require.NoError(t, err)
 	require.False(t, r.Reserved.IsZero(), "a reservation for %s under %s: %+v", id, key, r)
 }
+
+// enqueueFor books n tasks of key for tenant ("" the default tenant) with
+// the library's Enqueue.
+func enqueueFor(t *testing.T, lim *throttle.Limiter, client *asynq.Client, key, tenant string, n int) {
+	t.Helper()
+	opts := []asynq.Option{throttle.Key(key)}
+	if tenant != "" {
+		opts = append(opts, throttle.Tenant(tenant))
+	}
+	for range n {
+		task, err := throttle.NewTask(key+":call", nil, opts...)
+		require.NoError(t, err)
+		_, err = lim.Enqueue(context.Background(), client, task)
+		require.NoError(t, err)
+	}
+}
+
+// On scrape, each tenant with work booked on a key has its share, backlog
+// and work admitted; the default tenant is tenant="{default}"; a tenant
+// with only a weight set has no series, nor has a key without tenants.
+func TestScrapeShowsTheTenantsWithWorkBooked(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Start(t).Client(t)
+	lim := throttle.NewLimiter(rdb)
+	client := asynq.NewClientFromRedisClient(rdb)
+	t.Cleanup(func() { client.Close() })
+	require.NoError(t, lim.SetLimits(ctx, "llm", throttle.PerMinute(30)))
+	require.NoError(t, lim.SetWeights(ctx, "llm", map[string]int{"gold": 3, "silver": 2}))
+	require.NoError(t, lim.SetLimits(ctx, "slack", throttle.PerSecond(5)))
+	for _, tenant := range []string{"gold", "plain", ""} {
+		enqueueFor(t, lim, client, "llm", tenant, 4)
+	}
+
+	g := gauges(t, metrics.New(lim))
+	for tenant, share := range map[string]float64{"gold": 0.6, "plain": 0.2, "{default}": 0.2} {
+		s := "{key=llm,tenant=" + tenant + "}"
+		assert.InDelta(t, share, g["asynq_throttle_tenant_share"+s], 1e-9, tenant)
+		assert.Greater(t, g["asynq_throttle_tenant_backlog"+s], 0.0, tenant)
+		assert.LessOrEqual(t, g["asynq_throttle_tenant_backlog"+s], 5.0, "%s: about its 4 tasks", tenant)
+		assert.Contains(t, g, "asynq_throttle_tenant_admitted"+s, tenant)
+	}
+	n := 0
+	for name := range g {
+		if strings.HasPrefix(name, "asynq_throttle_tenant_") {
+			n++
+		}
+	}
+	assert.Equal(t, 9, n, "three gauges for each of the three tenants with work booked: not silver (a weight only), nothing for slack")
+}
+
+// The tenant label is bounded: a key with more than 100 tenants with work
+// booked exports the 100 that Inspect reads.
+func TestScrapeExportsAtMost100TenantsPerKey(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Start(t).Client(t)
+	lim := throttle.NewLimiter(rdb)
+	client := asynq.NewClientFromRedisClient(rdb)
+	t.Cleanup(func() { client.Close() })
+	require.NoError(t, lim.SetLimits(ctx, "crm", throttle.PerMinute(600)))
+	for i := range 110 {
+		enqueueFor(t, lim, client, "crm", fmt.Sprint("customer-", i), 1)
+	}
+	st, err := lim.Inspect(ctx, "crm")
+	require.NoError(t, err)
+	require.Len(t, st.Tenants, 100, "Inspect reads the 100 next in line")
+
+	g := gauges(t, metrics.New(lim))
+	n := 0
+	for name := range g {
+		if strings.HasPrefix(name, "asynq_throttle_tenant_share{") {
+			n++
+		}
+	}
+	assert.Equal(t, 100, n)
+}

@@ -63,3 +63,23 @@ func TestHelpListsTheLabelValuesTheCodeUses(t *testing.T) {
 	sort.Strings(classes)
 	assert.Equal(t, classes, listed(t, d.redisErrors, "error class"), "redis_errors_total's classes")
 }
+
+// Only the tenant gauges, read from Inspect (at most 100 tenants per key),
+// have a tenant label: the decision counters, kept per process for every
+// event, must not grow a series per tenant.
+func TestOnlyTheTenantGaugesHaveATenantLabel(t *testing.T) {
+	labels := regexp.MustCompile(`variableLabels: \{([^}]*)\}`)
+	name := regexp.MustCompile(`fqName: "([^"]+)"`)
+	var withTenant []string
+	for _, d := range newDescs().all() {
+		m := labels.FindStringSubmatch(d.String())
+		require.NotNil(t, m, "labels of %s", d)
+		for _, l := range strings.Split(m[1], ",") {
+			if strings.TrimSpace(l) == "tenant" {
+				withTenant = append(withTenant, name.FindStringSubmatch(d.String())[1])
+			}
+		}
+	}
+	sort.Strings(withTenant)
+	assert.Equal(t, []string{"asynq_throttle_tenant_admitted", "asynq_throttle_tenant_backlog", "asynq_throttle_tenant_share"}, withTenant)
+}

@@ -66,6 +66,18 @@ func (c *Collector) collectState(ctx context.Context, ch chan<- prometheus.Metri
 		gauge(c.descs.suspended, st.SuspendedFor.Seconds(), key)
 		gauge(c.descs.reservations, float64(st.Reservations), key)
 		gauge(c.descs.queued, st.QueuedFor.Seconds(), key)
+		for _, t := range st.Tenants {
+			if t.Share <= 0 {
+				continue // nothing booked: no series (the weighted idle ones are not bounded)
+			}
+			tenant := t.Name
+			if tenant == "" {
+				tenant = defaultTenant
+			}
+			gauge(c.descs.tenantShare, t.Share, key, tenant)
+			gauge(c.descs.tenantBacklog, t.Backlog, key, tenant)
+			gauge(c.descs.tenantAdmitted, float64(t.Admitted), key, tenant)
+		}
 	}
 	gauge(c.descs.stateErrors, float64(failed))
 	gauge(c.descs.stateUp, 1)

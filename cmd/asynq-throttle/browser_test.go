@@ -170,6 +170,24 @@ func TestBrowserPageShowsKeysAndSuspendsOnlyWhenWritable(t *testing.T) {
 		return st.SuspendedFor
 	}
 
+	// llm: tasks of three tenants (one the default) booked by Enqueue.
+	for _, args := range [][]string{{"set", "llm", "30/m"}, {"weights", "llm", "gold=3"}} {
+		r := cli(t, url, args...)
+		require.Equal(t, 0, r.code, r.stderr)
+	}
+	client := asynq.NewClientFromRedisClient(srv.Client(t))
+	t.Cleanup(func() { client.Close() })
+	for range 3 {
+		for _, tenant := range []string{"gold", "plain", ""} {
+			opts := []asynq.Option{throttle.Key("llm")}
+			if tenant != "" {
+				opts = append(opts, throttle.Tenant(tenant))
+			}
+			_, err := lim.Enqueue(context.Background(), client, mustTask(t, "llm:chat", nil, opts...))
+			require.NoError(t, err)
+		}
+	}
+
 	base := serve(t, url, "--read-only=false")
 	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(base)))
 	limits := eventually(t, ctx, cardText("slack", ".limits"), func(s string) bool { return s != "" }, "the slack card shows its limits")
@@ -187,6 +205,16 @@ func TestBrowserPageShowsKeysAndSuspendsOnlyWhenWritable(t *testing.T) {
 	assert.Equal(t, "1 of 2 in flight", js[string](t, ctx, cardText("stripe", ".tier.kind-inflight .count")))
 	assert.Equal(t, "99 of 100 left", js[string](t, ctx, cardText("stripe", ".tier.kind-window .count")))
 	assert.Equal(t, "gen 2", js[string](t, ctx, cardText("stripe", ".gen")))
+
+	// A key's tenants: a table of name, weight, share, backlog, admitted;
+	// none for a key without tenants.
+	rows := eventually(t, ctx, `Array.from(document.querySelectorAll('section.card[data-key="llm"] table.tenants tbody tr'))
+		.map((r) => Array.from(r.cells).map((c) => c.textContent).join(' ')).sort().join('; ')`,
+		func(s string) bool { return s != "" }, "the llm card shows its tenants")
+	assert.Regexp(t, `^\(default\) 1 20\.0% \d\.\d 0; gold 3 60\.0% \d\.\d 0; plain 1 20\.0% \d\.\d 0$`, rows)
+	assert.False(t, js[bool](t, ctx, `document.querySelector('section.card[data-key="llm"] table.tenants').hidden`))
+	assert.True(t, js[bool](t, ctx, `document.querySelector('section.card[data-key="slack"] table.tenants').hidden`), "slack has no tenants")
+
 	// The slot given back and another limit set show on the next poll.
 	require.NoError(t, lim.Release(context.Background(), "stripe", d.Slot))
 	eventually(t, ctx, cardText("stripe", ".tier.kind-inflight .count"), func(s string) bool { return s == "0 of 2 in flight" }, "the released slot")

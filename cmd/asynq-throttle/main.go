@@ -1,11 +1,13 @@
 // Command asynq-throttle operates asynq-throttle's limits in Redis: list the
-// keys, read and change their limits, suspend and resume them, watch them
-// live, explain why a task waits, and serve the web view with /metrics.
+// keys, read and change their limits and their tenants' weights, suspend
+// and resume them, watch them live, explain why a task waits, and serve
+// the web view with /metrics.
 //
 //	asynq-throttle --redis redis://localhost:6379/0 list
 //	asynq-throttle set slack 10/s:burst=20 50/m
 //	asynq-throttle set github 5000/h:window 10/s
 //	asynq-throttle set stripe 25/s 4:inflight
+//	asynq-throttle weights llm enterprise=3 pro=2
 //	asynq-throttle suspend slack 30s
 //	asynq-throttle why 5f1c0e6a-... --queue default
 //	asynq-throttle serve                  # on 127.0.0.1:8080

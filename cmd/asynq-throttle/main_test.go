@@ -184,6 +184,15 @@ func TestBadUsageExitsWith2NamingTheAcceptedForms(t *testing.T) {
 		{"--prefix", "a{b", "list"},
 		{"serve", "--allowed-hosts", "https://throttle.example.com"},
 		{"serve", "--allowed-hosts", "*.example.com"},
+		{"weights", "llm"},
+		{"weights", "llm", "gold"},
+		{"weights", "llm", "gold=0"},
+		{"weights", "llm", "gold=1.5"},
+		{"weights", "llm", "gold=1000001"},
+		{"weights", "llm", "=3"},
+		{"weights", "llm", "a{b}=3"},
+		{"weights", "llm", "gold=3", "gold=4"},
+		{"weights", "llm", "--reset", "gold=3"},
 	} {
 		r := tr.run(args...)
 		assert.Equal(t, exitUsage, r.code, "%v: %s", args, r.stderr)

@@ -119,7 +119,7 @@ found, ...), 2 bad usage (unknown command or flag, bad argument).`,
 		}
 		return nil
 	}
-	root.AddCommand(a.listCmd(), a.getCmd(), a.setCmd(), a.suspendCmd(), a.resumeCmd(),
+	root.AddCommand(a.listCmd(), a.getCmd(), a.setCmd(), a.weightsCmd(), a.suspendCmd(), a.resumeCmd(),
 		a.deleteCmd(), a.watchCmd(), a.whyCmd(), a.serveCmd())
 	return root
 }

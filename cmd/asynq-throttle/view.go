@@ -29,7 +29,11 @@ type keyView struct {
 	SuspendedSeconds float64              `json:"suspended_seconds"`
 	Reservations     int                  `json:"reservations"`
 	QueuedSeconds    float64              `json:"queued_seconds"`
-	Error            string               `json:"error,omitempty"`
+	// Tenants are the key's tenants (throttle.Tenant) as Inspect reads
+	// them: those with work booked, the next in line first (at most 100),
+	// then the others with a weight set; absent when its tasks have none.
+	Tenants []tenantView `json:"tenants,omitempty"`
+	Error   string       `json:"error,omitempty"`
 
 	st throttle.Status
 }
@@ -41,6 +45,7 @@ func newKeyView(key string, st throttle.Status, err error) keyView {
 		SuspendedSeconds: st.SuspendedFor.Seconds(),
 		Reservations:     st.Reservations,
 		QueuedSeconds:    st.QueuedFor.Seconds(),
+		Tenants:          newTenantViews(st.Tenants),
 		st:               st,
 	}
 	if err != nil {
@@ -179,13 +184,20 @@ func writeTable(w io.Writer, views []keyView) error {
 	return tw.Flush()
 }
 
-// writeBlock writes one key as "field: value" lines (for get).
+// writeBlock writes one key as "field: value" lines (for get), then its
+// tenants, when it has any, as a table.
 func writeBlock(w io.Writer, v keyView) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	for _, c := range keyColumns {
 		fmt.Fprintf(tw, "%s:\t%s\n", strings.ToLower(c.name), c.value(v))
 	}
-	return tw.Flush()
+	if len(v.Tenants) > 0 {
+		fmt.Fprintf(tw, "tenants:\t%s\n", tenantsSummary(v.Tenants))
+	}
+	if err := tw.Flush(); err != nil || len(v.Tenants) == 0 {
+		return err
+	}
+	return writeTenants(w, v.Tenants)
 }
 
 func writeJSON(w io.Writer, v any) error {

@@ -41,7 +41,13 @@ type whyView struct {
 	// Generation counts the changes of the key's limits (every set bumps it).
 	Generation int64                `json:"generation,omitempty"`
 	InFlight   *limitspec.SlotsView `json:"in_flight,omitempty"` // the key's in-flight slots now
-	Sentence   string               `json:"sentence"`
+	// Tenant is the task's tenant on its key (the throttle-tenant header;
+	// name "" the default tenant, shown only while tenants share the key):
+	// its weight (0 when not read: past the 100 tenants next in line), its
+	// share of the key's rate, its backlog. Absent for a task that is not
+	// waiting, not throttled or never admitted.
+	Tenant   *tenantView `json:"tenant,omitempty"`
+	Sentence string      `json:"sentence"`
 }
 
 // Reasons of whyView.
@@ -58,7 +64,7 @@ const (
 	reasonPending      = "pending"       // ready, waiting for a worker
 	reasonNotThrottled = "not_throttled" // no key, or the key has no limits
 	reasonNotWaiting   = "not_waiting"   // running, done or archived
-	reasonInvalidKey   = "invalid_key"   // its key header is invalid
+	reasonInvalidKey   = "invalid_key"   // its key (or tenant) header is invalid
 )
 
 func (a *app) whyCmd() *cobra.Command {
@@ -71,9 +77,11 @@ throttle key (the throttle-key header, else its type's prefix before ':'),
 and say why it waits and when it runs: its reserved run time, the key's
 suspension, the bucket or window without room for its cost, the in-flight
 limit whose slots are all held (refused by slots), the reservations ahead
-of it, or that it is not throttled or not waiting. -o json adds the
-refusing limit, the task's cost, the key's slots in flight and the
-generation of its limits. Workers built WithKeyFunc may use
+of it, or that it is not throttled or not waiting. A task of a tenant (the
+throttle-tenant header), or any task of a key its tenants share, is told of
+its tenant's weight, share of the key's rate and backlog. -o json adds the
+refusing limit, the task's cost, the key's slots in flight, the generation
+of its limits and the tenant. Workers built WithKeyFunc may use
 another key than the one shown for tasks without the header.`,
 		Example: "  asynq-throttle why 9b2f6c1e-4a57-4c1e-9d6f-1f0a2b3c4d5e --queue default",
 		Args:    args(1, 1),
@@ -143,6 +151,10 @@ func (a *app) explain(ctx context.Context, lim *throttle.Limiter, info *asynq.Ta
 	if key == "" {
 		return e.withoutKey()
 	}
+	e.tenant, e.hasTenant = tenantOfTask(info.Headers)
+	if err := throttle.ValidateKey(e.tenant); e.hasTenant && err != nil {
+		return e.say(reasonInvalidKey, "%s cannot be throttled: header %s: %v; the middleware fails it when it runs.", e.task, keyspace.Tenant, err)
+	}
 	st, err := lim.Inspect(ctx, key)
 	var cfg *throttle.ConfigError
 	if errors.As(err, &cfg) {
@@ -152,10 +164,16 @@ func (a *app) explain(ctx context.Context, lim *throttle.Limiter, info *asynq.Ta
 		return e.v, err
 	}
 	e.withStatus(st)
+	var v whyView
 	if info.State == asynq.TaskStatePending {
-		return e.pending()
+		v, err = e.pending()
+	} else {
+		v, err = a.explainDelayed(ctx, e)
 	}
-	return a.explainDelayed(ctx, e)
+	if err != nil {
+		return v, err
+	}
+	return e.withTenant(v), nil
 }
 
 // explanation is what explain has found out about a task so far.
@@ -165,7 +183,11 @@ type explanation struct {
 	task string // the task as sentences name it
 	runs string // when asynq brings it back, as sentences say it
 	key  string
-	st   throttle.Status
+	// tenant is the task's tenant ("" the default), hasTenant whether its
+	// header names one.
+	tenant    string
+	hasTenant bool
+	st        throttle.Status
 	// tooHigh and blocked are the limits (1-based, 0 for none) that can
 	// never hold the task's cost, and that refuse it now.
 	tooHigh, blocked int
@@ -243,6 +265,9 @@ func (e *explanation) withStatus(st throttle.Status) {
 	e.v.Cost = costOf(e.info)
 	_, e.v.InFlight = limitspec.Views(st)
 	e.task = fmt.Sprintf("task %s (key %q)", e.info.ID, e.key)
+	if e.hasTenant {
+		e.task = fmt.Sprintf("task %s (key %q, tenant %q)", e.info.ID, e.key, e.tenant)
+	}
 	e.tooHigh = costTooHigh(st, e.v.Cost)
 	e.blocked = blocking(st, e.v.Cost)
 }

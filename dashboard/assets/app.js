@@ -8,6 +8,7 @@
   const hasCounts = true; // this process's decisions (none where no middleware runs)
   const outcomes = ['ran', 'deferred', 'suspended', 'failed', 'unthrottled'];
   const historyLen = 60;
+  const maxTenantRows = 10; // a card's tenants table; the API has them all
   const main = document.getElementById('keys');
   const cards = new Map(); // key -> card state
 
@@ -71,6 +72,10 @@
     c.suspension.classList.add('suspension-value');
     c.forecast = row('backlog');
     c.forecast.classList.add('forecast');
+    c.tenants = makeTenants();
+    c.tenantsNote = el('div', 'tenants-note');
+    c.tenants.hidden = c.tenantsNote.hidden = true;
+    c.el.append(c.tenants, c.tenantsNote);
     if (hasCounts) {
       c.rates = row('decisions/s');
       c.rates.classList.add('rates');
@@ -111,6 +116,55 @@
     c.setBtn.addEventListener('click', () => act(c, 'limits', { limits: c.limitsIn.value.trim() }, 'limits set to ' + c.limitsIn.value.trim()));
     c.el.append(a);
     return c;
+  }
+
+  // makeTenants builds the (empty) table of a key's tenants.
+  function makeTenants() {
+    const t = el('table', 'tenants');
+    const tr = t.createTHead().insertRow();
+    for (const [name, title, cls] of [
+      ['tenant', 'throttle.Tenant; (default): tasks without one', ''],
+      ['weight', 'its weight (SetWeights, asynq-throttle weights; 1 when not set)', 'num'],
+      ['share', 'its part of the key\'s rate now: its weight over those of the tenants with work booked', 'num'],
+      ['backlog', 'work booked and not yet due, in cost units', 'num'],
+      ['admitted', 'work admitted since it last had work booked, in cost units', 'num'],
+    ]) {
+      const th = el('th', cls, name);
+      th.title = title;
+      tr.append(th);
+    }
+    t.createTBody();
+    return t;
+  }
+
+  function fmtShare(s) {
+    if (!(s > 0)) return '–';
+    const p = s * 100;
+    return p < 0.1 ? '<0.1%' : p.toFixed(1) + '%';
+  }
+
+  // tenants fills the table of a key's tenants, in the API's order (those
+  // with work booked, next in line first, then those with a weight set), at
+  // most maxTenantRows rows; hidden when the key has none.
+  function tenants(c, ts) {
+    ts = ts || [];
+    c.tenants.hidden = ts.length === 0;
+    const shown = ts.slice(0, maxTenantRows);
+    const tb = c.tenants.tBodies[0];
+    while (tb.rows.length > shown.length) tb.deleteRow(-1);
+    shown.forEach((t, i) => {
+      let r = tb.rows[i];
+      if (!r) {
+        r = tb.insertRow();
+        for (const cls of ['name', 'num weight', 'num share', 'num backlog', 'num admitted']) r.insertCell().className = cls;
+      }
+      r.className = (t.share > 0 ? 'active' : 'idle') + (t.name === '' ? ' default' : '');
+      const cells = [t.name === '' ? '(default)' : t.name, String(t.weight), fmtShare(t.share), t.backlog.toFixed(1), String(t.admitted)];
+      cells.forEach((text, j) => { r.cells[j].textContent = text; });
+    });
+    const more = ts.length - shown.length;
+    c.tenantsNote.hidden = more <= 0;
+    c.tenantsNote.textContent = more > 0 ? more + ' more tenants not shown (api/keys lists them)' : '';
   }
 
   async function act(c, what, extra, done) {
@@ -157,6 +211,7 @@
       row.children[2].textContent = g.text;
       row.title = t.limit + ': ' + g.title;
     });
+    tenants(c, k.tenants);
     if (document.activeElement !== c.limitsIn && !c.limitsIn.dataset.edited) c.limitsIn.value = k.limit_spec;
     tick(c, at);
   }
