@@ -34,6 +34,12 @@ if h[1] then from_redis = 1 end
 local ts, _, q, stored = read_T(h[3], now)
 local owed = bucket_owed(stored, ts, spec.tiers, now, 0)
 local queued = q - now
+if q < 0 then
+  -- Tenants share the key (fair.lua): its bookings are not one queue, and
+  -- the backlog drains with the last of them.
+  local last = redis.call('ZRANGE', resv_key, -1, -1, 'WITHSCORES')
+  queued = (tonumber(last[2]) or now) - now
+end
 if queued < 0 or queued > MAX_WAIT then queued = 0 end
 local in_flight = 0
 if spec.inflight then in_flight = redis.call('ZCOUNT', slots_key, fmt(now), '+inf') end
@@ -71,18 +77,27 @@ end
 local tenants = {}
 local g = read_G(h[5] or nil, now)
 local V = g.V
-if g.W > 0 and #spec.tiers > 0 and now > g.tV then V = V + (now - g.tV) * fair_rate(spec.tiers) / g.W end
+if g.W > 0 and #spec.tiers > 0 and now > g.tV then
+  -- As fair_clock: at most a granule (1 s here) past what was served.
+  local R = fair_rate(spec.tiers)
+  V = math.max(V, math.min(V + (now - g.tV) * R / g.W, g.Vs + 1e6 * R / g.W))
+end
 local seen = {}
-if tenants_key then
-  local act = redis.call('ZRANGE', tenants_key, 0, 99)
-  for _, id in ipairs(act) do
+if tenants_key and g.W > 0 then
+  -- A tenant whose work the clock has passed has none booked: it leaves
+  -- at the key's next decision, and gets no share meanwhile.
+  local act, W = {}, 0
+  for _, id in ipairs(redis.call('ZRANGE', tenants_key, 0, 99)) do
     local rec = read_tenant(redis.call('HGET', key, 't:' .. id) or nil)
-    if rec then
-      seen[id] = true
-      local share = 0
-      if g.W > 0 then share = rec.w / g.W end
-      tenants[#tenants + 1] = {id, rec.w, share, math.max(0, rec.F - V) * rec.w, rec.units}
+    if rec and rec.F > V then
+      act[#act + 1] = {id, rec}
+      W = W + rec.w
     end
+  end
+  for _, a in ipairs(act) do
+    local id, rec = a[1], a[2]
+    seen[id] = true
+    tenants[#tenants + 1] = {id, rec.w, rec.w / W, (rec.F - V) * rec.w, rec.units}
   end
 end
 for name in string.gmatch(h[6] or '', '[^\n]+') do
