@@ -171,116 +171,107 @@ local function fair_when(r, S)
   return r.now + (S - g.V) * g.W / r.R
 end
 
--- decide_fair decides for a caller with tenant tenant (the rules of
--- decide_one, in the order of fair shares). w is the tenant's weight.
-local function decide_fair(r, id, c, tenant, w)
-  local o, now = r.o, r.now
-  local refused = cost_refused(r, c)
-  if refused then return refused end
-  local resv, S = nil, nil
+-- fair_place works out where caller id (cost c, tenant tenant of weight
+-- w) stands: its reservation (resv, nil for a fresh task), its start tag
+-- S (a holder keeps its own, a fresh task takes its tenant's next) and its
+-- fair instant t_f, when V reaches S. A task holding a reservation under
+-- an ID being booked is another task's: the reply says so.
+local function fair_place(r, id, c, tenant, w)
+  local p = {id = id, c = c, tenant = tenant, w = w}
   -- Every reservation made while tenants share the key has a start tag:
   -- a task without one holds none (one made before, without tenants, is
   -- taken as fresh: booked again, or run, and the old one lapses).
-  if id ~= '' and (r.stags[id] or o.book) then
-    resv = reservation_of(r, id)
-    if resv and o.book then return string.format('0|0|0|booked|0|0|%d', r.gen) end
-    if resv then S = r.stags[id] end
+  if id ~= '' and (r.stags[id] or r.o.book) then
+    p.resv = reservation_of(r, id)
+    if p.resv and r.o.book then return nil, string.format('0|0|0|booked|0|0|%d', r.gen) end
   end
-  -- A holder keeps its start tag; a fresh task takes its tenant's next.
-  -- (A holder booked before the key had tenants has no tag: it is due.)
-  local rec = tenant_of(r, tenant)
-  local fresh = resv == nil
-  local S_new = S
-  if fresh then
-    if rec then S_new = math.max(r.g.V, rec.F) else S_new = r.g.V end
-  elseif not S_new then
-    S_new = r.g.V
-  end
-  local W_after = r.g.W
-  if not rec then W_after = W_after + w end
-  local t_f = now
-  if S_new > r.g.V and W_after > 0 then t_f = now + (S_new - r.g.V) * W_after / r.R end
-  local no_slot = r.slot_n ~= nil and r.held >= r.slot_n and not o.book
-  -- How far ahead of its fair instant a task may run now, when every tier
-  -- admits it: the key's burst for a fresh task (so a tenant alone uses
-  -- the burst as a key without tenants does), and for a holder also the
-  -- granule it came back in, when paced.
-  local tau = fair_tolerance(r.tiers, c)
-  local ahead = tau
-  if not fresh and r.paced then
-    -- A paced holder is due when its fair instant falls in the granule it
-    -- came back in: the holders due in one granule are then what the
-    -- granule holds, and they take their turns first come first served.
-    -- (Due further ahead, granules overlap, each is booked beyond what it
-    -- holds, and the holders left over are deferred again and again.)
-    local g = o.granule
-    ahead = math.max(tau, (math.floor(now / g) + 1) * g - now)
-  end
-
-  local tier, wait = 0, 0
-  if not r.suspended and not o.book and not no_slot and t_f - now <= ahead then
-    -- Due. The holders of one granule come back together, in any order,
-    -- and take their turns first come first served at the first instant
-    -- every tier admits (as holder_turn): a bucket admits in the order of
-    -- instants, and one admitted at its own instant ahead would leave the
-    -- time before it unusable. A fresh task runs now or not.
-    local at = now
-    if not fresh and r.paced then
-      for _ = 1, 3 do
-        local tr, wt = short(r, c, at, true)
-        if tr == 0 then break end
-        at = at + wt
-      end
-    end
-    tier, wait = short(r, c, at, not fresh)
-    if tier == 0 and at - now <= ahead then
-      local _, trec = fair_book(r, tenant, w, c, S_new)
-      trec.units = trec.units + c
-      -- A tenant alone runs ahead of the clock with the key's burst; the
-      -- clock follows it (no one else's turn is at stake), so its next
-      -- tasks are not held back for the burst it used.
-      if fresh and S_new > r.g.V and trec.w >= r.g.W then r.g.V = S_new end
-      if S_new > r.g.Vs then r.g.Vs = S_new end
-      if not fresh then r.stag_del[#r.stag_del + 1] = id end
-      return admit(r, resv, id, c, math.ceil(at))
-    end
-    if tier == 0 then tier, wait = 1, 0 end
-    wait = math.max(at + wait, t_f) - now
+  local g = r.g
+  p.rec = tenant_of(r, tenant)
+  p.fresh = p.resv == nil
+  if p.fresh then
+    p.S = p.rec and math.max(g.V, p.rec.F) or g.V
   else
-    tier, wait = short(r, c, math.max(now, t_f), not fresh)
-    wait = math.max(now, t_f) + wait - now
+    p.S = r.stags[id] or g.V
   end
+  local W_after = g.W
+  if not p.rec then W_after = W_after + w end
+  p.t_f = r.now
+  if p.S > g.V and W_after > 0 then p.t_f = r.now + (p.S - g.V) * W_after / r.R end
+  return p
+end
 
-  -- Not due, or no room: at its tenant's turn, when the tiers allow.
-  local by = 'queue'
-  if tier > 0 then by = 'tier:' .. tier end
-  local earliest = now + wait
-  if r.suspended then
-    by = 'suspended'
-    if r.until_ > earliest then earliest = r.until_ end
-  elseif no_slot and t_f - now <= ahead then
-    local at = slot_wait(r)
-    return denied(r, math.max(at - now, 1000), 'inflight', resv or 0)
+-- fair_ahead returns how far ahead of its fair instant a task may run now,
+-- when every tier admits it: the key's burst for a fresh task (so a tenant
+-- alone uses the burst as a key without tenants does), and for a paced
+-- holder also the rest of the granule it came back in: the holders due in
+-- one granule are then what the granule holds, and they take their turns
+-- first come first served. (Due further ahead, granules overlap, each is
+-- booked beyond what it holds, and the holders left over are deferred
+-- again and again.)
+local function fair_ahead(r, c, fresh)
+  local tau = fair_tolerance(r.tiers, c)
+  if fresh or not r.paced then return tau end
+  local g = r.o.granule
+  return math.max(tau, (math.floor(r.now / g) + 1) * g - r.now)
+end
+
+-- fair_run_due admits caller p if every tier admits it within ahead: a
+-- fresh task now, a paced holder at the first instant every tier admits
+-- (the holders of one granule come back together, in any order, and take
+-- their turns first come first served, as holder_turn: a bucket admits in
+-- the order of instants, and one admitted at its own instant ahead would
+-- leave the time before it unusable). It returns the reply, or nil, the
+-- tier that refused and the wait from now.
+local function fair_run_due(r, p, ahead)
+  local now, c = r.now, p.c
+  local at = now
+  if not p.fresh and r.paced then
+    for _ = 1, 3 do
+      local tr, wt = short(r, c, at, true)
+      if tr == 0 then break end
+      at = at + wt
+    end
   end
-  if o.horizon <= 0 or id == '' then
-    return denied(r, earliest - now, by, 0)
+  local tier, wait = short(r, c, at, not p.fresh)
+  if tier == 0 and at - now <= ahead then
+    local S = p.S
+    local _, trec = fair_book(r, p.tenant, p.w, c, S)
+    trec.units = trec.units + c
+    -- A tenant alone runs ahead of the clock with the key's burst; the
+    -- clock follows it (no one else's turn is at stake), so its next
+    -- tasks are not held back for the burst it used.
+    if p.fresh and S > r.g.V and trec.w >= r.g.W then r.g.V = S end
+    if S > r.g.Vs then r.g.Vs = S end
+    if not p.fresh then r.stag_del[#r.stag_del + 1] = p.id end
+    return admit(r, p.resv, p.id, c, math.ceil(at))
   end
+  if tier == 0 then tier, wait = 1, 0 end
+  return nil, tier, math.max(at + wait, p.t_f) - now
+end
+
+-- fair_reserve books caller p at its tenant's turn, earliest (when the
+-- tiers allow too), within the horizon, and returns the refusal.
+local function fair_reserve(r, p, earliest, by)
+  local o, now, id = r.o, r.now, p.id
   local at = align(r, earliest)
   if at - now > o.horizon then
-    if resv then redis.call('ZREM', r.resv_key, id) end
+    if p.resv then redis.call('ZREM', r.resv_key, id) end
     r.stag_del[#r.stag_del + 1] = id
     return denied(r, at - o.horizon - now, by, 0)
   end
-  if fresh and not rec and r.g.W <= 0 and at > t_f then
-    -- The first tenant to wait (the others ran without tenants' turns,
-    -- or it had the key alone): its turn is when the tiers let it run,
-    -- and its next tasks follow that one.
-    S_new = r.g.V + (at - now) * r.R / w
+  local S = p.S
+  if p.fresh then
+    if not p.rec and r.g.W <= 0 and at > p.t_f then
+      -- The first tenant to wait (the others ran without tenants' turns,
+      -- or it had the key alone): its turn is when the tiers let it run,
+      -- and its next tasks follow that one.
+      S = r.g.V + (at - now) * r.R / p.w
+    end
+    S = fair_book(r, p.tenant, p.w, p.c, S)
   end
-  if fresh then S_new = fair_book(r, tenant, w, c, S_new) end
   -- The key lives at least until its last booking comes back.
   if at - now > (r.fair_need or 0) then r.fair_need = at - now end
-  r.stag_set[#r.stag_set + 1] = fmt(S_new)
+  r.stag_set[#r.stag_set + 1] = fmt(S)
   r.stag_set[#r.stag_set + 1] = id
   if now - r.g.sw >= SWEEP_EVERY then
     -- Reservations whose task never came back lapse, with their tags.
@@ -294,6 +285,40 @@ local function decide_fair(r, id, c, tenant, w)
   redis.call('ZADD', r.resv_key, at, id)
   expire_in(r.resv_key, at - now + o.lapse)
   return denied(r, math.max(at - now, 0), by, at)
+end
+
+-- decide_fair decides for a caller with tenant tenant (the rules of
+-- decide_one, in the order of fair shares). w is the tenant's weight.
+local function decide_fair(r, id, c, tenant, w)
+  local refused = cost_refused(r, c)
+  if refused then return refused end
+  local p, reply = fair_place(r, id, c, tenant, w)
+  if not p then return reply end
+  local now = r.now
+  local no_slot = r.slot_n ~= nil and r.held >= r.slot_n and not r.o.book
+  local ahead = fair_ahead(r, c, p.fresh)
+  local due = p.t_f - now <= ahead
+  local tier, wait
+  if not r.suspended and not r.o.book and not no_slot and due then
+    reply, tier, wait = fair_run_due(r, p, ahead)
+    if reply then return reply end
+  else
+    local from = math.max(now, p.t_f)
+    tier, wait = short(r, c, from, not p.fresh)
+    wait = from + wait - now
+  end
+  -- Not due, or no room: at its tenant's turn, when the tiers allow.
+  local by = 'queue'
+  if tier > 0 then by = 'tier:' .. tier end
+  local earliest = now + wait
+  if r.suspended then
+    by = 'suspended'
+    if r.until_ > earliest then earliest = r.until_ end
+  elseif no_slot and due then
+    return denied(r, math.max(slot_wait(r) - now, 1000), 'inflight', p.resv or 0)
+  end
+  if r.o.horizon <= 0 or id == '' then return denied(r, earliest - now, by, 0) end
+  return fair_reserve(r, p, earliest, by)
 end
 
 -- fair_write adds the fair state's fields to fields (for write_back's
