@@ -339,7 +339,7 @@ local function fair_write(r, fields)
   if #r.stag_set > 0 then
     redis.call('ZADD', r.tkey, unpack(r.stag_set))
     -- (As the reservations: their lapse past the last one booked.)
-    expire_in(r.tkey, r.fair_need + r.o.lapse)
+    expire_in(r.tkey, (r.fair_need or 0) + r.o.lapse)
   end
   local gone, del = nil, nil
   for id in pairs(r.leaving) do
