@@ -85,6 +85,9 @@ type counters struct {
 	failedErrs  map[string]int64 // ours/naive: Failed decisions by error
 	// trace, when set, records every event (scenario E's -e-trace).
 	trace *runTrace
+	// tap, when set, sees every event first (scenario T counts deferrals
+	// by tenant).
+	tap func(throttle.Event)
 }
 
 func newCounters() *counters {
@@ -92,6 +95,9 @@ func newCounters() *counters {
 }
 
 func (c *counters) observe(ev throttle.Event) {
+	if c.tap != nil {
+		c.tap(ev)
+	}
 	c.trace.event(ev)
 	switch ev.Outcome {
 	case throttle.Deferred, throttle.Suspended:

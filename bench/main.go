@@ -2,14 +2,16 @@
 // one process run, on one Redis:
 //
 //	go run ./bench                 # all scenarios, on a redis-server it starts
-//	go run ./bench -scenario A     # one scenario (A to G, S; comma-separated; A3 alone)
+//	go run ./bench -scenario A     # one scenario (A to G, S, T; comma-separated; A3 alone)
 //	go run ./bench -quick          # a short smoke run
 //	go run ./bench -redis redis://127.0.0.1:6379/0
 //
 // Scenarios (see issues 5 and 13 to 16): A backlog drain, B head of line, C
 // decisions/s, D middleware overhead, E quota fidelity, F slots in flight;
 // and, only when named, G many keys (bytes per key, decisions/s against
-// one key) and S a 60 s soak checked window by window. Variants: sleep
+// one key), S a 60 s soak checked window by window, and T tenants (issue
+// 23: fair shares among the tenants of one key, against first come first
+// served and per-tenant caps, about 3.5 minutes). Variants: sleep
 // (redis_rate Allow + sleep), wiki (asynq wiki's per-process x/time/rate +
 // RateLimitError), naive (ours without reservations; in F, a leased
 // semaphore with a blind backoff), semaphore (F: asynq's x/rate.Semaphore),
@@ -92,7 +94,7 @@ type options struct {
 // parseFlags reads and checks the flags; an error names the bad flag.
 func parseFlags() (*options, error) {
 	redisURL := flag.String("redis", "", "use this Redis (redis://...) instead of starting a redis-server")
-	scenarios := flag.String("scenario", "A,B,C,D,E,F", "scenarios to run, comma-separated: A, B, C, D, E, F; G (many keys) and S (soak) run only when named; A3 alone (small rates, part of A) when named")
+	scenarios := flag.String("scenario", "A,B,C,D,E,F", "scenarios to run, comma-separated: A, B, C, D, E, F; G (many keys), S (soak) and T (tenants' fair shares, about 3.5 minutes) run only when named; A3 alone (small rates, part of A) when named")
 	quick := flag.Bool("quick", false, "short smoke run (fewer tasks, shorter measurements)")
 	jsonOut := flag.String("json", "", "also write the results as JSON to this file")
 	verbose := flag.Bool("v", false, "show asynq warnings and errors on stderr")
@@ -106,6 +108,8 @@ func parseFlags() (*options, error) {
 	fLongTime := flag.Duration("f-long-time", defaultFLongTime, "scenario F: run time of the long tasks (a whole number of seconds phase-locks a 1 s retry to the releases)")
 	fSemaRetry := flag.Duration("f-sema-retry", defaultFSemaRetry, "scenario F: how long the semaphore variant defers a task refused a slot")
 	fVars := flag.String("f-variants", strings.Join(fVariants, ","), "scenario F: variants to run, comma-separated")
+	tVars := flag.String("t-variants", strings.Join(tVariants, ","), "scenario T: variants to run, comma-separated (the ratios need fifo)")
+	tCaseList := flag.String("t-cases", strings.Join(tCaseNames, ","), "scenario T: cases to run, comma-separated")
 	flag.Parse()
 
 	e := &env{quick: *quick, verbose: *verbose, bRounds: *bRounds, eRounds: *eRounds, eTrace: *eTrace, ePhase: *ePhase,
@@ -118,6 +122,12 @@ func parseFlags() (*options, error) {
 		return nil, err
 	}
 	if e.fVariants, err = variantList("-f-variants", *fVars, fVariants); err != nil {
+		return nil, err
+	}
+	if e.tVariants, err = variantList("-t-variants", *tVars, tVariants); err != nil {
+		return nil, err
+	}
+	if e.tCases, err = variantList("-t-cases", *tCaseList, tCaseNames); err != nil {
 		return nil, err
 	}
 	if e.fSemaRetry < time.Second {
@@ -239,6 +249,7 @@ func allScenarios() []scenario {
 		{"F", func(ctx context.Context, e *env, w io.Writer) (any, error) { return runF(ctx, e, w) }},
 		{"G", func(ctx context.Context, e *env, w io.Writer) (any, error) { return runG(ctx, e, w) }},
 		{"S", func(ctx context.Context, e *env, w io.Writer) (any, error) { return runS(ctx, e, w) }},
+		{"T", func(ctx context.Context, e *env, w io.Writer) (any, error) { return runT(ctx, e, w) }},
 	}
 }
 
@@ -249,7 +260,7 @@ func chosenScenarios(list string) (map[string]bool, error) {
 	for _, s := range strings.Split(list, ",") {
 		s = strings.ToUpper(strings.TrimSpace(s))
 		if find(all, func(sc scenario) bool { return sc.name == s }) == nil {
-			return nil, fmt.Errorf("unknown scenario %q (want A, A3, B, C, D, E, F, G or S)", s)
+			return nil, fmt.Errorf("unknown scenario %q (want A, A3, B, C, D, E, F, G, S or T)", s)
 		}
 		want[s] = true
 	}

@@ -36,8 +36,10 @@ type env struct {
 	fShort, fLong         int
 	fLongTime, fSemaRetry time.Duration
 	fVariants             []string
-	runID                 string
-	seq                   int
+	// Scenario T's variants (-t-variants) and cases (-t-cases, lower case).
+	tVariants, tCases []string
+	runID             string
+	seq               int
 }
 
 func (e *env) newClient(poolSize int) *redis.Client {
