@@ -101,6 +101,7 @@ func (m *monitor) auditProvider(ctx context.Context, insp *asynq.Inspector, queu
 		ps.Seconds = round(st.Last.Sub(m.start).Seconds(), 3)
 		ps.Rate = round(float64(st.Served)/max(ps.Seconds, 1), 2)
 	}
+	ps.Tenants = tenantSummaries(prod, p, done, r.InForce, m.start)
 	return ps, nil
 }
 

@@ -38,6 +38,9 @@ type row struct {
 	// Waiting counts, per worker, the tasks it deferred because the key
 	// was suspended.
 	Waiting map[string]int64
+	// Tenants are the provider's customers, when its jobs are split
+	// between them (TenantSplit).
+	Tenants []tenantRow
 }
 
 // maxWidth is the widest line the display prints: it fits an 80-column
@@ -159,6 +162,16 @@ func (d *display) update(rows []row) {
 		}
 		fmt.Fprintf(d.out, "%s  %-7s %4d/%-4d %-14s deferred %-5d suspended %-3d 429s %d\n",
 			d.since(), r.Name, r.Done, r.Total, status, r.Deferred, r.Suspended, r.TooMany)
+		if len(r.Tenants) > 0 {
+			prefix := fmt.Sprintf("%s  %-7s tenants: ", d.since(), r.Name)
+			indent := strings.Repeat(" ", len(prefix)+2)
+			for i, l := range wrap(tenantsLine(r.Tenants), maxWidth-len(prefix)) {
+				if i > 0 {
+					prefix = indent
+				}
+				fmt.Fprintln(d.out, prefix+l)
+			}
+		}
 	}
 }
 
@@ -186,6 +199,16 @@ func (d *display) redraw(rows []row) {
 			limitCell(r), itoa(r.Deferred), itoa(r.Suspended), itoa(r.TooMany)}
 	}
 	writeAligned(&b, liveColumns, cells)
+	for _, r := range rows {
+		if len(r.Tenants) > 0 {
+			// Cut, not wrapped: see the auto-wrap below.
+			line := r.Name + " tenants: " + tenantsLine(r.Tenants)
+			if utf8.RuneCountInString(line) > maxWidth {
+				line = string([]rune(line)[:maxWidth-1]) + "…"
+			}
+			fmt.Fprintln(&b, line)
+		}
+	}
 	if len(d.events) > 0 {
 		fmt.Fprintln(&b, "events:")
 		for _, e := range d.events {

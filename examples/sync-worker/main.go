@@ -12,8 +12,12 @@
 // handlers pass every response to throttle.Observe, and the fleet learns the
 // quota on the first responses. Partway through, the Slack-like provider
 // sheds load (429 with Retry-After), and the fleet suspends it, every server
-// at once. With -redis it uses a real Redis or Redis Cluster, and with
-// -procs it starts worker processes of itself against it, to show the
+// at once. The CRM's jobs are two customers' (throttle.Tenant): a heavy
+// one's backlog, and a light one's few jobs that arrive behind it; while
+// both wait, each gets its share of the CRM's rate, and the report compares
+// the light customer's wait with what first in, first out would have made
+// it (an estimate). With -redis it uses a real Redis or Redis Cluster, and
+// with -procs it starts worker processes of itself against it, to show the
 // limits holding across processes. It audits every task at the end and
 // exits 1 if any job was lost, archived, done twice or not done in time,
 // and 3 if Redis stops answering mid-run.

@@ -406,9 +406,107 @@ func TestDefaultRunDoesEveryJobOnceWithin80Columns(t *testing.T) {
 	assert.True(t, crm.Learned, "crm: learned")
 	assert.Equal(t, "10/s", crm.InForce, "crm: in force at the end")
 	assert.Contains(t, text, "OK: 120/120 jobs done exactly once")
+
+	// The CRM's jobs are two tenants': every job of each done, and shown.
+	require.Len(t, crm.Tenants, 2, "crm: tenants in the summary")
+	heavy, light := crm.Tenants[0], crm.Tenants[1]
+	assert.Equal(t, TenantSummary{Name: heavyTenant, Jobs: defaultJobs - lightJobs, Done: defaultJobs - lightJobs},
+		TenantSummary{Name: heavy.Name, Jobs: heavy.Jobs, Done: heavy.Done}, "crm: the heavy tenant's jobs")
+	assert.Equal(t, TenantSummary{Name: lightTenant, Jobs: lightJobs, Done: lightJobs},
+		TenantSummary{Name: light.Name, Jobs: light.Jobs, Done: light.Done}, "crm: the light tenant's jobs")
+	assert.InDelta(t, lightAt.Seconds(), light.Arrived, 0.5, "crm: when the light tenant's jobs arrived")
+	assert.Positive(t, light.FIFO, "crm: the estimate of the light tenant's wait first in, first out")
+	assert.Contains(t, text, "crm: two tenants: acme has 36 jobs in the backlog, bolt's 4 arrive at 500ms")
+	assert.Regexp(t, `crm: bolt's 4 jobs arrive behind \d+ of acme's`, text, "the light tenant's arrival is shown")
+	assert.Regexp(t, `\n +[\d.]+s  crm     tenants: acme \d+/36`, text, "the tenants' progress is shown")
+	assert.Regexp(t, `crm: bolt's 4 jobs done in [\d.]+s, (beside|behind) \d+ of acme's \(FIFO: ~[\d.]+s\)`, text,
+		"the light tenant's last job is shown")
+	assert.Regexp(t, `\ncrm bolt +4 +4 +0\.\ds +[\d.]+s +[\d.]+s +~[\d.]+s\n`, text, "the tenants' table")
 	for i, line := range strings.Split(strings.TrimRight(text, "\n"), "\n") {
 		assert.LessOrEqual(t, utf8.RuneCountInString(line), 80, "line %d is wider than 80 columns: %q", i+1, line)
 	}
+}
+
+// TestLightTenantIsNotQueuedBehindTheHeavyBacklog runs the CRM of the demo
+// alone with 100 jobs: 96 of acme's in the backlog, and bolt's 4 that
+// arrive half a second in, behind some 85 of acme's still waiting, 9 s of
+// them at the CRM's 10/s. Tagged with their tenants (throttle.Tenant),
+// bolt's jobs get half the rate while both wait, and are done in a second
+// or two; first in, first out, they would wait for the backlog.
+func TestLightTenantIsNotQueuedBehindTheHeavyBacklog(t *testing.T) {
+	t.Parallel()
+	const jobs = 100
+	crm := DefaultProviders()[2]
+	require.Equal(t, "crm", crm.Name)
+	require.Equal(t, lightJobs, crm.Tenants.lightJobs(jobs), "the light tenant's jobs")
+	s := runPipeline(t, Config{Jobs: jobs, Providers: []ProviderSpec{crm}})
+
+	assertEveryJobDoneOnce(t, s, jobs)
+	p := s.Providers[0]
+	assert.LessOrEqual(t, p.OverQuota, burstOf(crm.Limits[0])-burstOf(crm.Quota[0]),
+		"429s over quota: at most the first burst, before the quota is learned")
+	require.Len(t, p.Tenants, 2, "tenants in the summary")
+	heavy, light := p.Tenants[0], p.Tenants[1]
+	assert.Equal(t, jobs-lightJobs, heavy.Done, "the heavy tenant's jobs done")
+	assert.Equal(t, lightJobs, light.Done, "the light tenant's jobs done")
+	require.Positive(t, light.Last, "the light tenant's last job was served")
+	require.Equal(t, 10.0, light.Rate, "the CRM's rate in force when the light tenant's jobs arrived")
+	// The scenario holds: a backlog of several seconds when they arrived.
+	require.Greater(t, light.Behind, 50, "the heavy tenant's jobs not yet served when the light tenant's arrived")
+	t.Logf("FIGURE tenants: %s's %d jobs done %.1fs after they arrived behind %d of %s's (FIFO estimate %.1fs); crm done in %.1fs, %d deferrals",
+		light.Name, light.Jobs, light.Waited, light.Behind, heavy.Name, light.FIFO, p.Seconds, p.Deferred)
+	// At half the rate, 4 jobs take under a second, and asynq brings a
+	// deferred task back up to a second late; first in, first out they
+	// would wait the backlog's 8 s or so. Half of that is a bound a busy
+	// machine does not reach by its slowness, and a queue does by its order.
+	assert.Less(t, light.Waited, light.FIFO/2,
+		"%s's %d jobs arrived at %.1fs behind %d of %s's: done %.1fs later; first in, first out: about %.1fs (estimate)",
+		light.Name, light.Jobs, light.Arrived, light.Behind, heavy.Name, light.Waited, light.FIFO)
+}
+
+func TestTenantsTableSaysWhetherTheLightTenantGotItsShare(t *testing.T) {
+	p := ProviderSummary{Name: "crm", Tenants: []TenantSummary{
+		{Name: "acme", Jobs: 36, Done: 36, Last: 4.1, Waited: 4.1},
+		{Name: "bolt", Jobs: 4, Done: 4, Arrived: 0.5, Last: 1.8, Waited: 1.3, Behind: 26, FIFO: 3, Rate: 10},
+	}}
+	var b bytes.Buffer
+	writeTenants(&b, p)
+	assert.Equal(t, `tenant    jobs  done  arrived  last done  waited  FIFO wait (estimate)
+crm acme    36    36     0.0s       4.1s    4.1s
+crm bolt     4     4     0.5s       1.8s    1.3s                 ~3.0s
+crm: bolt's 4 jobs arrived at 0.5s behind 26 of acme's and were all done 1.3s
+later, served beside that backlog at their share of the rate
+(throttle.Tenant). First in, first out they would have waited about 3.0s (an
+estimate: 30 jobs at 10/s).
+`, b.String())
+
+	p.Tenants[1].Last, p.Tenants[1].Waited = 4.2, 3.7
+	b.Reset()
+	writeTenants(&b, p)
+	assert.Contains(t, b.String(), "were all done 3.7s\nlater, no sooner than first in, first out: about 3.0s (an estimate: 30 jobs at\n10/s). They were not given their share of the rate.\n")
+}
+
+func TestTenantSplitIsChecked(t *testing.T) {
+	crm := DefaultProviders()[2]
+	require.NoError(t, crm.Tenants.check(crm))
+	for jobs, want := range map[int]int{1: 0, 3: 0, 4: 1, 12: 3, 16: 4, 40: 4, 10000: 4} {
+		assert.Equal(t, want, crm.Tenants.lightJobs(jobs), "light tenant's jobs of %d", jobs)
+	}
+	for _, tc := range []struct {
+		split TenantSplit
+		want  string
+	}{
+		{TenantSplit{Heavy: "acme", Light: "acme", LightJobs: 4}, `its two tenants are both "acme"`},
+		{TenantSplit{Heavy: "acme", Light: "", LightJobs: 4}, `tenant ""`},
+		{TenantSplit{Heavy: "acme", Light: "bolt"}, "tenant bolt has no jobs"},
+	} {
+		bad := crm
+		bad.Tenants = tc.split
+		assert.ErrorContains(t, Config{Providers: []ProviderSpec{bad}}.withDefaults().validate(), tc.want)
+	}
+	slack := DefaultProviders()[0]
+	slack.Tenants = crm.Tenants
+	assert.ErrorContains(t, Config{Providers: []ProviderSpec{slack}}.withDefaults().validate(), "a Stream and Tenants cannot be combined")
 }
 
 func TestLiveDisplayFitsIn80Columns(t *testing.T) {
@@ -418,15 +516,31 @@ func TestLiveDisplayFitsIn80Columns(t *testing.T) {
 	var rows []row
 	for _, p := range DefaultProviders() {
 		// -jobs 10000 takes slack 83 minutes at 2/s.
-		rows = append(rows, row{Name: p.Name, Done: maxJobs, Total: maxJobs, Finished: 9999 * time.Second,
-			Limit: p.Limits, InForce: learnedLimits(p), Deferred: 9999999, Suspended: 9999, TooMany: 9999})
+		r := row{Name: p.Name, Done: maxJobs - 1, Total: maxJobs, Finished: 9999 * time.Second,
+			Limit: p.Limits, InForce: learnedLimits(p), Deferred: 9999999, Suspended: 9999, TooMany: 9999}
+		if t := p.Tenants; t.Heavy != "" {
+			r.Tenants = []tenantRow{{Name: t.Heavy, Done: maxJobs - 5, Total: maxJobs - 4, Share: 0.5},
+				{Name: t.Light, Done: 3, Total: 4, Share: 0.5}}
+		}
+		rows = append(rows, r)
 	}
 	d.event("s1: an event line long enough to be cut at the edge of an 80-column terminal, and then some more")
 	d.update(rows)
+	assert.Contains(t, b.String(), "crm tenants: acme 9995/9996 (share 50%) · bolt 3/4 (share 50%)")
 
 	ansi := regexp.MustCompile("\x1b\\[[0-9;?]*[A-Za-z]")
 	for _, line := range strings.Split(ansi.ReplaceAllString(b.String(), ""), "\n") {
 		assert.LessOrEqual(t, utf8.RuneCountInString(line), 80, "live line wider than 80 columns: %q", line)
+	}
+
+	// The plain tenants' line, too.
+	b.Reset()
+	d = newDisplay(&b, false, time.Now().Add(-9999*time.Second), 0)
+	d.update(rows)
+	tenants := regexp.MustCompile(`(?m)^.*tenants: .*$`).FindAllString(b.String(), -1)
+	assert.Equal(t, []string{"9999.0s  crm     tenants: acme 9995/9996 (share 50%) · bolt 3/4 (share 50%)"}, tenants)
+	for _, line := range tenants {
+		assert.LessOrEqual(t, utf8.RuneCountInString(line), 80, "plain line wider than 80 columns: %q", line)
 	}
 }
 

@@ -30,6 +30,7 @@ type monitor struct {
 	ledger    ledger
 	limiter   *throttle.Limiter
 	providers []*Provider
+	prod      *producer
 	jobs      int
 	fleet     int // asynq servers in the fleet
 	start     time.Time
@@ -42,6 +43,9 @@ type monitor struct {
 	waiting map[string]map[string]int64
 	// inForce is, per provider, the limits in force last told.
 	inForce map[string]string
+	// toldArrival and toldFair are, per provider, that the line of its
+	// light customer's arrival, and of its last job served, are out.
+	toldArrival, toldFair map[string]bool
 }
 
 // suspension is what the monitor knows of one provider's suspension.
@@ -52,10 +56,10 @@ type suspension struct {
 	told    bool             // the "every server" line is out
 }
 
-func newMonitor(l ledger, lim *throttle.Limiter, providers []*Provider, jobs, fleet int, start time.Time) *monitor {
-	return &monitor{ledger: l, limiter: lim, providers: providers, jobs: jobs, fleet: fleet, start: start,
+func newMonitor(l ledger, lim *throttle.Limiter, providers []*Provider, prod *producer, jobs, fleet int, start time.Time) *monitor {
+	return &monitor{ledger: l, limiter: lim, providers: providers, prod: prod, jobs: jobs, fleet: fleet, start: start,
 		susp: map[string]*suspension{}, ended: map[string]time.Time{}, waiting: map[string]map[string]int64{},
-		inForce: map[string]string{}}
+		inForce: map[string]string{}, toldArrival: map[string]bool{}, toldFair: map[string]bool{}}
 }
 
 // ending is why watch returned.
@@ -86,6 +90,7 @@ func (m *monitor) watch(ctx context.Context, disp *display, interval, timeout ti
 			lastRead = time.Now()
 			m.tellLearned(disp, rows)
 			m.tellSuspensions(disp, rows)
+			m.tellFairness(disp, rows)
 			disp.update(rows)
 			if allDone(rows) {
 				return allJobsDone, nil
@@ -185,6 +190,30 @@ func (m *monitor) tellSuspensions(disp *display, rows []row) {
 	}
 }
 
+// tellFairness reports, as events, when a provider's light customer's jobs
+// have arrived, with the share of the rate the limiter gives it, and when
+// they have all been served: how long after they arrived, and how long
+// first in, first out behind the heavy customer's backlog would have taken.
+func (m *monitor) tellFairness(disp *display, rows []row) {
+	for i, r := range rows {
+		if m.toldFair[r.Name] {
+			continue
+		}
+		f, ok := fairnessOf(m.prod, m.providers[i], r.InForce)
+		if !ok {
+			continue
+		}
+		if !m.toldArrival[r.Name] {
+			m.toldArrival[r.Name] = true
+			disp.event(f.arrival(r.Name, r.Tenants))
+		}
+		if !f.Last.IsZero() {
+			m.toldFair[r.Name] = true
+			disp.event(f.event(r.Name))
+		}
+	}
+}
+
 func allDone(rows []row) bool {
 	for _, r := range rows {
 		if r.Done < r.Total {
@@ -236,6 +265,7 @@ func (m *monitor) rows(ctx context.Context) ([]row, error) {
 			return nil, err
 		}
 		r.Limit, r.InForce, r.LearnedFor, r.SuspendedFor = status.Limits, status.InForce, status.LearnedFor, status.SuspendedFor
+		r.Tenants = tenantRows(m.prod, p, status)
 		rows[i] = r
 	}
 	return rows, nil

@@ -150,6 +150,9 @@ func (c Config) validate() error {
 		if len(p.Limits) == 0 {
 			return fmt.Errorf("provider %s has no Limits", p.Name)
 		}
+		if err := p.Tenants.check(p); err != nil {
+			return err
+		}
 	}
 	return nil
 }
@@ -217,7 +220,7 @@ func run(ctx context.Context, cfg Config, out io.Writer) (Summary, error) {
 	start, stopProducing, produced := startProducing(ctx, providers, prod)
 	defer stopProducing()
 
-	m := newMonitor(ledger{rdb: rdb, ns: ledgerNS(runID)}, limiter, providers, cfg.Jobs, fleetSize(cfg), start)
+	m := newMonitor(ledger{rdb: rdb, ns: ledgerNS(runID)}, limiter, providers, prod, cfg.Jobs, fleetSize(cfg), start)
 	end, lostErr := m.watch(ctx, disp, min(cfg.Interval, pollInterval), cfg.Timeout)
 	if end == redisLost {
 		disp.mute()
@@ -405,6 +408,11 @@ func writeHeader(out io.Writer, cfg Config, s Summary) {
 		}
 		if sh := p.Shed; sh.For > 0 {
 			fmt.Fprintf(out, "%s: from %s on, sheds load for %s: 429 with Retry-After\n", p.Name, sh.At, sh.For)
+		}
+		if t := p.Tenants; t.lightJobs(cfg.Jobs) > 0 {
+			light := t.lightJobs(cfg.Jobs)
+			fmt.Fprintf(out, "%s: two tenants: %s has %d jobs in the backlog, %s's %d arrive at %s\n",
+				p.Name, t.Heavy, cfg.Jobs-light, t.Light, light, t.LightAt)
 		}
 	}
 	fmt.Fprintln(out)

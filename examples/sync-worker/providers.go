@@ -46,6 +46,35 @@ type ProviderSpec struct {
 	// Stream makes the second half of the provider's jobs arrive one by one
 	// (zero: every job is enqueued at the start).
 	Stream Stream `json:"stream,omitzero"`
+	// Tenants splits the provider's jobs between two customers of ours,
+	// each job tagged with its customer (throttle.Tenant) (zero: the jobs
+	// are nobody's in particular).
+	Tenants TenantSplit `json:"tenants,omitzero"`
+}
+
+// TenantSplit is how a provider's jobs are split between two customers (the
+// key's tenants): a heavy one, whose jobs are all in the backlog at the
+// start, and a light one, whose few jobs arrive together a little later,
+// behind that backlog. While both have jobs waiting, each gets half the
+// provider's rate: the light customer's jobs run beside the backlog, not
+// after it.
+type TenantSplit struct {
+	Heavy string `json:"heavy"`
+	Light string `json:"light"`
+	// LightJobs is how many of the provider's jobs are the light
+	// customer's: at most a quarter of them (none below 4 jobs).
+	LightJobs int `json:"light_jobs"`
+	// LightAt is when the light customer's jobs are enqueued, counting
+	// from the start.
+	LightAt time.Duration `json:"light_at"`
+}
+
+// lightJobs is how many of jobs jobs are the light customer's.
+func (t TenantSplit) lightJobs(jobs int) int {
+	if t.Light == "" {
+		return 0
+	}
+	return min(t.LightJobs, jobs/4)
 }
 
 // Shedding is a provider's one spell of load shedding: from At after it
@@ -94,6 +123,15 @@ const (
 	streamRate = 5
 	shedAt     = 4 * time.Second
 	shedFor    = 3 * time.Second
+)
+
+// The CRM's customers in a default run: acme has the backlog; bolt's few
+// jobs arrive half a second in, behind most of it.
+const (
+	heavyTenant = "acme"
+	lightTenant = "bolt"
+	lightJobs   = 4
+	lightAt     = 500 * time.Millisecond
 )
 
 // underQuota is the burst our limits give a provider whose burst is b: a
@@ -148,11 +186,18 @@ func crmSpec() ProviderSpec {
 // for shedFor, whatever its quota, and the fleet must stop calling it,
 // every worker at once. Half its jobs arrive as a stream of events around
 // then, so that every server has Slack tasks to hold back.
+//
+// The CRM's jobs are two customers': acme's backlog, and bolt's few jobs
+// that arrive behind it. The CRM's rate is shared fairly between them
+// while both wait (throttle.Tenant): bolt is not kept waiting until acme's
+// backlog has drained.
 func DefaultProviders() []ProviderSpec {
 	slack := slackSpec()
 	slack.Shed = Shedding{At: shedAt, For: shedFor}
 	slack.Stream = Stream{From: streamFrom, Rate: streamRate}
-	return []ProviderSpec{slack, githubSpec(), crmSpec()}
+	crm := crmSpec()
+	crm.Tenants = TenantSplit{Heavy: heavyTenant, Light: lightTenant, LightJobs: lightJobs, LightAt: lightAt}
+	return []ProviderSpec{slack, githubSpec(), crm}
 }
 
 // Provider is a running simulated API on 127.0.0.1. It enforces its quota with
@@ -168,7 +213,8 @@ type Provider struct {
 	mu        sync.Mutex
 	tokens    []float64
 	last      time.Time
-	served    map[string]int // job ID -> 200s sent
+	served    map[string]int       // job ID -> 200s sent
+	firstOK   map[string]time.Time // job ID -> its first 200
 	servedAt  []time.Time
 	overQuota int         // 429s for calls above the quota
 	shed      int         // 429s sent while shedding load
@@ -205,11 +251,12 @@ func StartProvider(spec ProviderSpec) (*Provider, error) {
 		return nil, fmt.Errorf("provider %s: %w", spec.Name, err)
 	}
 	p := &Provider{
-		Spec:   spec,
-		URL:    "http://" + ln.Addr().String(),
-		tokens: make([]float64, len(spec.Quota)),
-		served: make(map[string]int),
-		rng:    rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), uint64(len(spec.Name)))),
+		Spec:    spec,
+		URL:     "http://" + ln.Addr().String(),
+		tokens:  make([]float64, len(spec.Quota)),
+		served:  make(map[string]int),
+		firstOK: make(map[string]time.Time),
+		rng:     rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), uint64(len(spec.Name)))),
 	}
 	for i, q := range spec.Quota {
 		p.tokens[i] = float64(burstOf(q))
@@ -374,8 +421,12 @@ func (p *Provider) serveSync(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	p.mu.Lock()
+	now = time.Now()
 	p.served[job]++
-	p.servedAt = append(p.servedAt, time.Now())
+	if _, ok := p.firstOK[job]; !ok {
+		p.firstOK[job] = now
+	}
+	p.servedAt = append(p.servedAt, now)
 	p.mu.Unlock()
 	h.Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(map[string]any{"ok": true, "job": job, "items": 1 + len(job)%7})
@@ -447,6 +498,18 @@ func unitOf(d time.Duration) string {
 		return "h"
 	}
 	return d.String()
+}
+
+// servedTimes returns when the provider first served each of jobs (zero:
+// not yet).
+func (p *Provider) servedTimes(jobs []string) []time.Time {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make([]time.Time, len(jobs))
+	for i, j := range jobs {
+		out[i] = p.firstOK[j]
+	}
+	return out
 }
 
 // servedCount is how many 200s the provider sent for job.

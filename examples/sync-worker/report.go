@@ -88,6 +88,9 @@ type ProviderSummary struct {
 	// served in a few milliseconds does not read as a huge rate.
 	Seconds float64 `json:"seconds"`
 	Rate    float64 `json:"rate_per_second"`
+	// Tenants are the provider's customers, when its jobs are split
+	// between them (TenantSplit): the heavy one, then the light one.
+	Tenants []TenantSummary `json:"tenants,omitempty"`
 }
 
 // writeTable prints s as tables of at most 80 columns and a verdict.
@@ -114,6 +117,12 @@ func writeTable(w io.Writer, s Summary) {
 	writeAligned(w, trafficColumns, traffic)
 	fmt.Fprintln(w)
 	writeAligned(w, []column{{"provider", true}, {"quota", true}, {"our limit at the end", true}}, limits)
+	for _, p := range s.Providers {
+		if len(p.Tenants) > 0 {
+			fmt.Fprintln(w)
+			writeTenants(w, p)
+		}
+	}
 	if len(s.ByWorker) > 0 {
 		names := slices.Sorted(maps.Keys(s.ByWorker))
 		parts := make([]string, len(names))
