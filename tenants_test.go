@@ -86,3 +86,35 @@ func TestE2EWeightsDivideTheRateBetweenWaitingTenants(t *testing.T) {
 	f.waitDone(240, 30*time.Second)
 	f.audit(240)
 }
+
+// Work conserving on a real fleet: a small tenant's tasks spread among a big
+// tenant's backlog, all enqueued at once; once the small tenant is done,
+// the big one's tasks are not left at the half share they were booked at:
+// the key drains at its whole rate, as the same tasks without tenants do.
+func TestE2ETenantsDrainAtTheWholeRateOnceOneIsDone(t *testing.T) {
+	t.Parallel()
+	const rate, big, small = 40, 200, 10
+	f := startFleet(t, fleetConfig{servers: 3, concurrency: 8})
+	f.setLimits("crm", throttle.PerSecond(rate))
+	start := time.Now()
+	var b, s int
+	for i := range big + small {
+		tenant, job := "big", ""
+		if i%21 == 10 {
+			tenant, job = "small", fmt.Sprintf("small-%d", s)
+			s++
+		} else {
+			job = fmt.Sprintf("big-%d", b)
+			b++
+		}
+		info, err := f.client.Enqueue(newTask(t, "sync:crm", []byte(job), throttle.Key("crm"), throttle.Tenant(tenant), asynq.Retention(time.Hour)))
+		require.NoError(t, err)
+		f.jobOfID.Store(info.ID, job)
+	}
+	f.waitDone(big+small, 60*time.Second)
+	f.audit(big + small)
+	took := time.Since(start)
+	ideal := time.Duration(float64(big+small-rate) / rate * float64(time.Second))
+	t.Logf("FIGURE tenants: %d + %d tasks drained in %.2fs, ideal %.2fs (%.2fx); %.2f deferrals per task", big, small, took.Seconds(), ideal.Seconds(), took.Seconds()/ideal.Seconds(), float64(f.ev.deferred.Load())/float64(big+small))
+	assert.Less(t, took, ideal*3/2, "the big tenant kept its half share after the small one was done")
+}

@@ -39,6 +39,8 @@
 -- share the default tenant "".
 
 local FAIR_EXPIRE_PER_RUN = 32   -- tenants whose work ended, taken out per run at most
+local FAIR_PROJECT = 32          -- tenants whose work ends first, looked at per booking at most
+local FAIR_SLACK = 1.0           -- the share of the rate booked past another tenant's work
 
 -- fair_tolerance returns how far (us) a tenant's task may be ahead of its
 -- fair time and still run now: what the key's tightest tier holds beyond
@@ -164,17 +166,10 @@ local function fair_book(r, id, w, c, S)
   return S, rec
 end
 
--- fair_when returns the real instant at which V reaches the start tag S.
-local function fair_when(r, S)
-  local g = r.g
-  if S <= g.V or g.W <= 0 then return r.now end
-  return r.now + (S - g.V) * g.W / r.R
-end
-
 -- fair_place works out where caller id (cost c, tenant tenant of weight
 -- w) stands: its reservation (resv, nil for a fresh task), its start tag
--- S (a holder keeps its own, a fresh task takes its tenant's next) and its
--- fair instant t_f, when V reaches S. A task holding a reservation under
+-- S (a holder keeps its own, a fresh task takes its tenant's next) and W,
+-- the weights active with its tenant. A task holding a reservation under
 -- an ID being booked is another task's: the reply says so.
 local function fair_place(r, id, c, tenant, w)
   local p = {id = id, c = c, tenant = tenant, w = w}
@@ -193,11 +188,60 @@ local function fair_place(r, id, c, tenant, w)
   else
     p.S = r.stags[id] or g.V
   end
-  local W_after = g.W
-  if not p.rec then W_after = W_after + w end
-  p.t_f = r.now
-  if p.S > g.V and W_after > 0 then p.t_f = r.now + (p.S - g.V) * W_after / r.R end
+  p.W = g.W
+  if not p.rec then p.W = p.W + w end
   return p
+end
+
+-- fair_when returns when V reaches start tag S, W the weights active with
+-- the caller's tenant (self), at the current W: when the task is due.
+local function fair_when(r, S, W)
+  local g = r.g
+  if S <= g.V or W <= 0 then return r.now end
+  return r.now + (S - g.V) * W / r.R
+end
+
+-- fair_booked returns the instant a task not due yet is booked at (its
+-- tag S, due at t): when V reaches S as generalized processor sharing
+-- serves the work booked now, V advancing at R / W and each other tenant
+-- leaving W when V passes its finish tag (its booked work done). So a
+-- tenant's tasks are not booked at its share of the rate beyond the
+-- others' work: once theirs is done, the key's whole rate is its own
+-- (work conserving). Work the others book later makes a task early: it
+-- comes back, is found not due (due is at the current W), and is booked
+-- again, once. Tenants past the first FAIR_PROJECT to leave are taken to
+-- stay (later, never earlier than their turn).
+local function fair_booked(r, S, W, self, t)
+  local g, now = r.g, r.now
+  if S <= g.V or W <= 0 or g.Fmin >= S then return t end
+  local m = redis.call('ZRANGEBYSCORE', r.akey, '(' .. fmt(g.V), '(' .. fmt(S), 'LIMIT', 0, FAIR_PROJECT)
+  local need = {}
+  for _, id in ipairs(m) do
+    if r.tenants[id] == nil and id ~= self then need[#need + 1] = id end
+  end
+  if #need > 0 then
+    local f = {}
+    for i, id in ipairs(need) do f[i] = 't:' .. id end
+    local raw = redis.call('HMGET', r.key, unpack(f))
+    for i, id in ipairs(need) do tenant_of(r, id, raw[i]) end
+  end
+  local leave = {}
+  for _, id in ipairs(m) do
+    local rec = r.tenants[id]
+    if id ~= self and rec and rec.F > g.V and rec.F < S then leave[#leave + 1] = rec end
+  end
+  if #leave == 0 then return t end
+  table.sort(leave, function(a, b) return a.F < b.F end)
+  local V, at, R = g.V, now, r.R
+  for _, rec in ipairs(leave) do
+    if W - rec.w <= 1e-9 then break end
+    at = at + (rec.F - V) * W / R
+    -- Past a departure, at FAIR_SLACK of the rate: a tenant's tasks that
+    -- run late (refused a token by one booked at the same instant) find
+    -- room, instead of pushing the next ones back in turn.
+    V, W, R = rec.F, W - rec.w, r.R * FAIR_SLACK
+  end
+  return math.min(t, at + (S - V) * W / R)
 end
 
 -- fair_ahead returns how far ahead of its fair instant a task may run now,
@@ -213,6 +257,32 @@ local function fair_ahead(r, c, fresh)
   if fresh or not r.paced then return tau end
   local g = r.o.granule
   return math.max(tau, (math.floor(r.now / g) + 1) * g - r.now)
+end
+
+-- fair_yields reports whether caller p, ahead of the clock, leaves its
+-- turn to a task of a smaller start tag, late (V has passed its tag), that
+-- is coming back now: start-time fair
+-- queuing serves the smaller tag first. (asynq hands out the tasks of one
+-- second in the order of their IDs; without this, a tenant whose task ran
+-- late, refused a token at its turn, lost every tie to the tasks of a
+-- tenant ahead of it, and was deferred again and again.) A late task
+-- that does not come back (booked more than two granules ago) is passed
+-- over.
+local function fair_yields(r, p)
+  local g = r.g
+  if p.S <= g.V or g.W <= 0 then return false end
+  local m = redis.call('ZRANGE', r.tkey, 0, 0, 'WITHSCORES')
+  local id, Smin = m[1], tonumber(m[2] or '')
+  local gr = math.max(r.o.granule, 1e6)
+  if not id or id == p.id or not Smin or Smin > g.V or p.S - Smin <= 1e-9 then return false end
+  -- One task yields for a late one per granule: it leaves the late one
+  -- the turn it needs; more would leave turns unused.
+  local mark = id .. '@' .. string.format('%d', math.floor(r.now / gr))
+  if r.yielded == mark then return false end
+  local at = tonumber(redis.call('ZSCORE', r.resv_key, id) or '')
+  if not (at ~= nil and at >= r.now - 2 * gr and at <= r.now + gr) then return false end
+  r.yielded, r.yield_set = mark, true
+  return true
 end
 
 -- fair_run_due admits caller p if every tier admits it within ahead: a
@@ -233,6 +303,9 @@ local function fair_run_due(r, p, ahead)
     end
   end
   local tier, wait = short(r, c, at, not p.fresh)
+  if tier == 0 and fair_yields(r, p) then
+    return nil, 0, math.max(p.t_f - now, c / r.R)
+  end
   if tier == 0 and at - now <= ahead then
     local S = p.S
     local _, trec = fair_book(r, p.tenant, p.w, c, S)
@@ -297,6 +370,7 @@ local function decide_fair(r, id, c, tenant, w)
   local now = r.now
   local no_slot = r.slot_n ~= nil and r.held >= r.slot_n and not r.o.book
   local ahead = fair_ahead(r, c, p.fresh)
+  p.t_f = fair_when(r, p.S, p.W)
   local due = p.t_f - now <= ahead
   local tier, wait
   if not r.suspended and not r.o.book and not no_slot and due then
@@ -304,6 +378,7 @@ local function decide_fair(r, id, c, tenant, w)
     if reply then return reply end
   else
     local from = math.max(now, p.t_f)
+    if not due then from = math.max(now, fair_booked(r, p.S, p.W, tenant, p.t_f)) end
     tier, wait = short(r, c, from, not p.fresh)
     wait = from + wait - now
   end
@@ -328,6 +403,10 @@ local function fair_write(r, fields)
   local g = r.g
   fields[#fields + 1] = 'G'
   fields[#fields + 1] = bin_pack('<dddddd', g.V, g.tV, g.W, g.Fmin, g.sw, g.Vs)
+  if r.yield_set then
+    fields[#fields + 1] = 'Y'
+    fields[#fields + 1] = r.yielded
+  end
   for id in pairs(r.fair_dirty) do
     local rec = r.tenants[id]
     if rec then

@@ -14,8 +14,15 @@ import (
 // fairArgs is a fair decision of tenant for task id at cost 1, reserving
 // up to a minute ahead, exact instants.
 func fairArgs(tenant, id string) DecideArgs {
-	return DecideArgs{Fair: true, Tenant: tenant, TaskID: id, Horizon: time.Minute, Lapse: time.Minute, IdleExpiry: time.Hour}
+	a := DecideArgs{Fair: true, Tenant: tenant, TaskID: id, Horizon: time.Minute, Lapse: time.Minute, IdleExpiry: time.Hour}
+	if fairArgsHook != nil {
+		fairArgsHook(&a)
+	}
+	return a
 }
+
+// fairArgsHook, when set, changes every fairArgs (the middleware's options).
+var fairArgsHook func(*DecideArgs)
 
 // A tenant alone gets the key's burst and then its whole rate: tenants cost
 // nothing while there is no one to share with.
@@ -72,40 +79,116 @@ func TestFairSecondTenantIsNotQueuedBehindTheFirst(t *testing.T) {
 	assert.Equal(t, "queue", r.RefusedBy)
 }
 
+// fairTask is one task of a simulated backlog: its tenant and ID, when it
+// comes back (its reservation), and when it was admitted.
+type fairTask struct {
+	tenant, id   string
+	back, ranAt  time.Duration
+	ran, reached bool
+	deferrals    int
+}
+
+var fairTrace func(now time.Duration, k *fairTask, r DecideReply)
+
+// runFair drives tasks as a fleet would, on the env's clock: each task is
+// decided when it arrives (at its back instant) and again whenever it comes
+// back to its reservation, in steps of 5 ms, until every task ran or until
+// limit. Tasks coming back in one step come back in ID order.
+func runFair(t *testing.T, e *env, tasks []*fairTask, limit time.Duration) {
+	t.Helper()
+	for now := time.Duration(0); now <= limit; now += 5 * time.Millisecond {
+		e.at(now)
+		left := 0
+		for _, k := range tasks {
+			if k.ran {
+				continue
+			}
+			left++
+			if k.back > now {
+				continue
+			}
+			r := e.decide(fairArgs(k.tenant, k.id))
+			if fairTrace != nil {
+				fairTrace(now, k, r)
+			}
+			switch r.Status {
+			case StatusAllowed:
+				k.ran, k.ranAt = true, r.At.Sub(testEpoch())
+			case StatusDenied:
+				k.deferrals++
+				k.back = now + r.RetryAfter
+				if !r.Reserved.IsZero() {
+					k.back = r.Reserved.Sub(testEpoch())
+				}
+			default:
+				t.Fatalf("task %s: %+v", k.id, r)
+			}
+		}
+		if left == 0 {
+			return
+		}
+	}
+	t.Fatalf("not every task ran by %v", limit)
+}
+
 // Weights divide the rate while both tenants wait: 3:1.
 func TestFairWeightsDivideTheRate(t *testing.T) {
 	e := newEnv(t)
 	e.setLimits(Tier{Rate: 40, PerMS: 1000, Burst: 1})
 	_, err := SetWeights(e.ctx, e.run, e.k, time.Hour, map[string]int{"gold": 3})
 	require.NoError(t, err)
-	// Both book a backlog at the same instant, alternately.
-	var gold, plain []time.Time
-	for i := range 40 {
+	// Both enqueue a backlog at the same instant, alternately.
+	var tasks []*fairTask
+	for i := range 80 {
 		for _, tn := range []string{"gold", "plain"} {
-			r := e.decide(fairArgs(tn, fmt.Sprintf("%s%d", tn, i)))
-			if r.Status != StatusDenied {
-				continue
-			}
-			if tn == "gold" {
-				gold = append(gold, r.Reserved)
+			tasks = append(tasks, &fairTask{tenant: tn, id: fmt.Sprintf("%s%d", tn, i)})
+		}
+	}
+	runFair(t, e, tasks, 10*time.Second)
+	// While both wait (the first two seconds), gold gets 3 of every 4 runs.
+	g, p := 0, 0
+	for _, k := range tasks {
+		if k.ranAt < 2*time.Second {
+			if k.tenant == "gold" {
+				g++
 			} else {
-				plain = append(plain, r.Reserved)
+				p++
 			}
 		}
 	}
-	// In the first second, gold gets 3 of every 4 runs.
-	inFirst := func(ts []time.Time) int {
-		n := 0
-		for _, t := range ts {
-			if t.Before(testEpoch().Add(time.Second)) {
-				n++
-			}
-		}
-		return n
-	}
-	g, p := inFirst(gold), inFirst(plain)
 	share := float64(g) / float64(g+p)
-	assert.InDelta(t, 0.75, share, 0.05, "gold's share of the first second's runs (%d of %d)", g, g+p)
+	assert.InDelta(t, 0.75, share, 0.05, "gold's share of the first two seconds' runs (%d of %d)", g, g+p)
+}
+
+// Once a tenant's backlog is done, the others' tasks are not left at the
+// share they had while it waited: the key drains at its whole rate
+// (work conserving), and a task is moved back at most once.
+func TestFairDrainsAtTheWholeRateOnceATenantIsDone(t *testing.T) {
+	e := newEnv(t)
+	e.setLimits(Tier{Rate: 40, PerMS: 1000, Burst: 1})
+	// 10 tasks of "small" spread among 200 of "big", all enqueued at once.
+	var tasks []*fairTask
+	for i := range 210 {
+		if i%21 == 10 {
+			tasks = append(tasks, &fairTask{tenant: "small", id: fmt.Sprintf("small%d", i)})
+		} else {
+			tasks = append(tasks, &fairTask{tenant: "big", id: fmt.Sprintf("big%d", i)})
+		}
+	}
+	runFair(t, e, tasks, 30*time.Second)
+	var last, smallLast time.Duration
+	most := 0
+	for _, k := range tasks {
+		last = max(last, k.ranAt)
+		if k.tenant == "small" {
+			smallLast = max(smallLast, k.ranAt)
+		}
+		most = max(most, k.deferrals)
+	}
+	ideal := time.Duration(float64(len(tasks)-1) / 40 * float64(time.Second))
+	assert.Less(t, last, ideal+500*time.Millisecond, "drained in %v, ideal %v: at the whole rate once small is done", last, ideal)
+	assert.Less(t, smallLast, time.Second, "small's 10 tasks at half the rate: done within 0.5 s, not behind big's backlog")
+	assert.LessOrEqual(t, most, 2, "no task deferred more than twice (once, and moved once)")
 }
 
 // A tenant whose work is done leaves the active set: the other gets the

@@ -37,6 +37,7 @@
 --     FL the in-flight lanes while callers wait for a slot: when each of the
 --        N slots is next expected free (us), waiters taking the earliest
 --     G  fair shares among tenants (fair.lua): the virtual clock, binary
+--     Y  the last yield to a late task (fair.lua): "taskID@granule"
 --     t:<tenant>  an active tenant's record, binary (fair.lua)
 --     w:<tenant>  a tenant's weight (SetWeights)
 --     WL the tenants that have a weight, a name per line

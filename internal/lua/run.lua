@@ -9,11 +9,11 @@ local OWED, STORED = {}, {}
 -- HM_FIELDS are the hash fields every run reads first (h[1] to h[5]).
 local HM_FIELDS = {'L', 'T', 's', 'O', 'V'}
 
--- fair_fields adds to the run's first HMGET what the fair path reads for
--- each caller (ARGV from 2, triples task ID, cost, tenant): the clock, the
--- tenant's record and weight.
+-- fair_fields adds to the run's first HMGET what the fair path reads: the
+-- clock, the last yield (fair_yields), and for each caller (ARGV from 2,
+-- triples task ID, cost, tenant) its tenant's record and weight.
 local function fair_fields(ARGV, n)
-  local f = {'L', 'T', 's', 'O', 'V', 'G'}
+  local f = {'L', 'T', 's', 'O', 'V', 'G', 'Y'}
   for k = 1, n do
     local tenant = ARGV[CALLERS_AT + 3 * (k - 1) + 2] or ''
     f[#f + 1] = 't:' .. tenant
@@ -50,6 +50,7 @@ end
 -- ID, cost, tenant) from ARGV[2].
 local function decide_fair_run(r, KEYS, ARGV, h, n)
   fair_state(r, KEYS, {G = h[6] or nil})
+  r.yielded = h[7] or nil
   r.taken, r.write_extra = true, fair_write
   r.vnext, r.queue_open = 0, false
   fair_tags(KEYS, ARGV, n, r.stags)
@@ -59,7 +60,7 @@ local function decide_fair_run(r, KEYS, ARGV, h, n)
     local id, tenant = ARGV[at] or '', ARGV[at + 2] or ''
     local c = tonumber(ARGV[at + 1] or '1') or 1
     if c < 1 or c ~= math.floor(c) then c = 1 end
-    local base = 6 + 2 * (k - 1)
+    local base = 7 + 2 * (k - 1)
     tenant_of(r, tenant, h[base + 1] or nil)
     if k == 1 then fair_clock(r) end
     replies[k] = decide_fair(r, id, c, tenant, weight_of(h[base + 2]))
