@@ -211,9 +211,10 @@ end
 -- comes back, is found not due (due is at the current W), and is booked
 -- again, once. Tenants past the first FAIR_PROJECT to leave are taken to
 -- stay (later, never earlier than their turn).
-local function fair_booked(r, S, W, self, t)
+local function fair_booked(r, S, W, self, t, own)
   local g, now = r.g, r.now
-  if S <= g.V or W <= 0 or g.Fmin >= S then return t end
+  -- (None to leave: the caller's tenant alone, or none ends before S.)
+  if S <= g.V or W - own <= 1e-9 or g.Fmin >= S then return t end
   local m = redis.call('ZRANGEBYSCORE', r.akey, '(' .. fmt(g.V), '(' .. fmt(S), 'LIMIT', 0, FAIR_PROJECT)
   local need = {}
   for _, id in ipairs(m) do
@@ -378,7 +379,9 @@ local function decide_fair(r, id, c, tenant, w)
     if reply then return reply end
   else
     local from = math.max(now, p.t_f)
-    if not due then from = math.max(now, fair_booked(r, p.S, p.W, tenant, p.t_f)) end
+    if not due then
+      from = math.max(now, fair_booked(r, p.S, p.W, tenant, p.t_f, p.rec and p.rec.w or p.w))
+    end
     tier, wait = short(r, c, from, not p.fresh)
     wait = from + wait - now
   end
