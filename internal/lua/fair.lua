@@ -296,8 +296,16 @@ end
 local function fair_run_due(r, p, ahead)
   local now, c = r.now, p.c
   local at = now
+  if not p.fresh and r.paced and p.S <= r.g.V then
+    -- A late holder (V has passed its tag: refused a token at its turn)
+    -- takes the first free instant up to the end of the next granule: its
+    -- worker waits for it. Deferred to the next token instead, it came back
+    -- with the tasks due then, after them in asynq's order, and lost its
+    -- turn again and again.
+    ahead = ahead + r.o.granule
+  end
   if not p.fresh and r.paced then
-    for _ = 1, 3 do
+    for _ = 1, 6 do
       local tr, wt = short(r, c, at, true)
       if tr == 0 then break end
       at = at + wt
