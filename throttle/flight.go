@@ -203,8 +203,12 @@ func (f *flight) processAlone(ctx context.Context, args []any) *redis.StringCmd 
 
 // armIdle starts (or restarts) the timer that gives the kept connection
 // back when it goes unused. Called with the connection held by a lone
-// decision in the air.
+// decision in the air, once per connection taken (every ownRenew at
+// most). Under mu: the timer may fire while this decision is still in the
+// air (a slow or unreachable Redis), and idleCheck reads f.idle.
 func (f *flight) armIdle() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	if f.idle == nil {
 		f.idle = time.AfterFunc(ownIdle, f.idleCheck)
 	} else {
