@@ -486,15 +486,22 @@ local function reserve(r, id, c, resv, earliest, by, could_run)
     reserve_windows(r, at, c, -1)
     return admit(r, resv, id, c, now)
   end
+  local refresh = not r.queue_open
   if now - r.sw >= SWEEP_EVERY then
     -- Reservations whose task never came back lapse; they are swept at
     -- most once a second (each sweep is a command), and found lapsed by
     -- their holder's lookup meanwhile.
     redis.call('ZREMRANGEBYSCORE', r.resv_key, '-inf', '(' .. fmt(now - o.lapse))
-    r.sw = now
+    r.sw, refresh = now, true
   end
   redis.call('ZADD', r.resv_key, at, id)
-  expire_in(r.resv_key, r.vnext - now + o.lapse)
+  if refresh then
+    -- The reservations live until the last one lapses. Set when a queue
+    -- opens (the set may be new) and at most once a second while it is
+    -- open, for every booking the next second may make (up to the
+    -- horizon ahead): not a PEXPIRE per booking.
+    expire_in(r.resv_key, r.vnext - now + o.lapse + o.horizon + SWEEP_EVERY)
+  end
   return denied(r, math.max(at - now, 0), by, at)
 end
 
