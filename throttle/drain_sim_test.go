@@ -237,6 +237,7 @@ func discardLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Disca
 // Limiter.Enqueue; with about one deferral per task, never above the bound,
 // and in order when one task runs per second.
 func TestBacklogDrainsAtTheRateForEveryShapeOfLimit(t *testing.T) {
+	t.Parallel() // a simulation on its own miniredis and clock
 	cases := []struct {
 		name   string
 		limits []Limit
@@ -351,6 +352,7 @@ func TestBacklogDrainsAtTheRateForEveryShapeOfLimit(t *testing.T) {
 // after that, and aligned windows went without a call: 7 runs of 8 in
 // bench scenario E's IETF provider at phase 0.9.)
 func TestWindowBacklogKeepsItsRateWhateverTheForwarderPhase(t *testing.T) {
+	t.Parallel() // a simulation on its own miniredis and clock
 	for _, phase := range []float64{0.1, 0.9, 0.97} {
 		for seed := int64(1); seed <= 2; seed++ {
 			s := newDrainSim(t, seed, 3)
