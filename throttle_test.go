@@ -384,11 +384,26 @@ func TestE2EArchiveTrapTasksAreDeferredByCopy(t *testing.T) {
 		q, err := f.insp.GetQueueInfo("default")
 		return err == nil && q.FailedTotal == 50 && q.Retry == 50
 	}, 20*time.Second, 20*time.Millisecond)
-	require.NoError(t, lim.Suspend(ctx, "erp", 3*time.Second))
+	// Suspended until every task has met the suspension (a fixed 3 s ran
+	// out before a loaded machine had dequeued them all), then resumed.
+	require.NoError(t, lim.Suspend(ctx, "erp", time.Minute))
 	n, err := f.insp.RunAllRetryTasks("default")
 	require.NoError(t, err)
 	require.Equal(t, 50, n)
 	f.enqueue("erp", "zero", 50, asynq.MaxRetry(0))
+	require.Eventually(t, func() bool {
+		f.ev.mu.Lock()
+		defer f.ev.mu.Unlock()
+		met := 0
+		for _, outcomes := range f.ev.byJob {
+			if outcomes[throttle.Deferred]+outcomes[throttle.Suspended] > 0 {
+				met++
+			}
+		}
+		return met == 100
+	}, 40*time.Second, 20*time.Millisecond, "every task deferred by the suspension")
+	_, err = lim.Resume(ctx, "erp")
+	require.NoError(t, err)
 
 	f.waitDone(100, 60*time.Second)
 	f.audit(100)
