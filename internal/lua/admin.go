@@ -36,7 +36,11 @@ type SetLimitsReply struct {
 // Reply: {1, generation, changed (0/1), the tasks that held a reservation...},
 // or {-1, field, reason} when a tier is out of range.
 func SetLimits(ctx context.Context, r *Runner, k Keys, idle time.Duration, tiers, defaults []Tier) (SetLimitsReply, error) {
-	v, err := r.Run(ctx, setLimitsScript, []string{k.Bucket, k.Reservations},
+	keys := []string{k.Bucket, k.Reservations}
+	if k.Tenants != "" && k.Tags != "" {
+		keys = append(keys, k.Tenants, k.Tags)
+	}
+	v, err := r.Run(ctx, setLimitsScript, keys,
 		idle.Milliseconds(), FormatTiers(tiers), FormatTiers(defaults))
 	if err != nil {
 		return SetLimitsReply{}, err

@@ -325,3 +325,20 @@ func TestFairLostActiveSetHealsOnceTheWorkIsPast(t *testing.T) {
 	require.Equal(t, StatusDenied, r.Status, "%+v", r)
 	assert.Equal(t, testEpoch().Add(time.Minute+100*time.Millisecond), r.Reserved, "x alone: the whole rate, not a third of it")
 }
+
+// SetLimits drops the reservations and the fair state they booked: a task
+// brought back to be decided anew is not queued behind its own tenant's
+// dropped work.
+func TestFairSetLimitsDropsTheWorkTheQueueBooked(t *testing.T) {
+	e := newEnv(t)
+	e.setLimits(Tier{Rate: 10, PerMS: 1000, Burst: 1})
+	for i := range 30 {
+		e.decide(fairArgs("a", fmt.Sprint("a", i)))
+	}
+	e.setLimits(Tier{Rate: 10, PerMS: 1000, Burst: 2})
+	assert.False(t, e.mr.Exists(e.k.Tags), "the start tags went with the queue")
+	r := e.decide(fairArgs("a", "a29"))
+	if r.Status == StatusDenied {
+		assert.Less(t, r.Reserved.Sub(testEpoch()), 500*time.Millisecond, "a29 decided anew at its tenant's turn now, not after the 3 s the dropped queue booked: %+v", r)
+	}
+}

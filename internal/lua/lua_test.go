@@ -15,7 +15,7 @@ import (
 // testKeys are the keys of limiter key "k" as the throttle package derives
 // them; the scripts care only that they are passed in KEYS.
 func testKeys() Keys {
-	return Keys{Bucket: "t:{k}:b", Reservations: "t:{k}:r", Slots: "t:{k}:f", Tenants: "t:{k}:a"}
+	return Keys{Bucket: "t:{k}:b", Reservations: "t:{k}:r", Slots: "t:{k}:f", Tenants: "t:{k}:a", Tags: "t:{k}:t"}
 }
 
 func testEpoch() time.Time { return time.Unix(1_700_000_000, 0) }

@@ -7,9 +7,12 @@
 -- burst, a lowered burst bites at once, and a tier whose period is new
 -- starts full. The generation is bumped. The reservation queue is dropped:
 -- its slots were spaced for the old limits; the reply names the tasks that
--- held one, for the caller to bring back to be decided anew. Limits equal
+-- held one, for the caller to bring back to be decided anew. The fair
+-- shares' state goes with it (fair.lua: the clock, the active tenants, the
+-- start tags): the tenants' finish tags count the work those reservations
+-- booked, and the tasks brought back would queue behind it. Limits equal
 -- to those in force change nothing.
-local key, resv_key = KEYS[1], KEYS[2]
+local key, resv_key, tenants_key, tags_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local MAX_BACK = 100000
 local idle_us  = ARGV[1] * 1000
 local new_src  = ARGV[2]
@@ -83,7 +86,7 @@ if t_field then
   fields[#fields + 1] = t_field
 end
 -- Windows that are gone lose their counts; the others keep them.
-local drop = {'T', 'D', 'V'}
+local drop = {'T', 'D', 'V', 'G', 'Y'}
 if old then
   for _, ot in ipairs(old.tiers) do
     if ot.kind == 'w' then
@@ -102,6 +105,9 @@ expire_in(key, ttl)
 -- decided under the new limits; at most MAX_BACK of them).
 local held = redis.call('ZRANGE', resv_key, 0, MAX_BACK - 1)
 redis.call('DEL', resv_key)
+-- (With the clock gone no tenant is active: records left in the hash are
+-- read as stale and removed by the next decision.)
+if tags_key then redis.call('DEL', tenants_key, tags_key) end
 local out = {1, gen, 1}
 for i = 1, #held do out[3 + i] = held[i] end
 return out
