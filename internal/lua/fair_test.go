@@ -83,6 +83,7 @@ func TestFairSecondTenantIsNotQueuedBehindTheFirst(t *testing.T) {
 // comes back (its reservation), and when it was admitted.
 type fairTask struct {
 	tenant, id   string
+	cost         int // 0: 1
 	back, ranAt  time.Duration
 	ran, reached bool
 	deferrals    int
@@ -107,7 +108,11 @@ func runFair(t *testing.T, e *env, tasks []*fairTask, limit time.Duration) {
 			if k.back > now {
 				continue
 			}
-			r := e.decide(fairArgs(k.tenant, k.id))
+			a := fairArgs(k.tenant, k.id)
+			if k.cost > 0 {
+				a.Cost = k.cost
+			}
+			r := e.decide(a)
 			if fairTrace != nil {
 				fairTrace(now, k, r)
 			}
@@ -341,4 +346,25 @@ func TestFairSetLimitsDropsTheWorkTheQueueBooked(t *testing.T) {
 	if r.Status == StatusDenied {
 		assert.Less(t, r.Reserved.Sub(testEpoch()), 500*time.Millisecond, "a29 decided anew at its tenant's turn now, not after the 3 s the dropped queue booked: %+v", r)
 	}
+}
+
+// Shares are in cost units: a tenant whose tasks cost 4 gets a quarter of
+// the tasks of a tenant whose tasks cost 1, and the same units.
+func TestFairSharesCountCostUnits(t *testing.T) {
+	e := newEnv(t)
+	e.setLimits(Tier{Rate: 40, PerMS: 1000, Burst: 4})
+	var tasks []*fairTask
+	for i := range 60 {
+		tasks = append(tasks, &fairTask{tenant: "big", id: fmt.Sprint("big", i), cost: 4})
+		tasks = append(tasks, &fairTask{tenant: "small", id: fmt.Sprint("small", i)})
+	}
+	runFair(t, e, tasks, 30*time.Second)
+	units := map[string]int{}
+	for _, k := range tasks {
+		if k.ranAt >= 500*time.Millisecond && k.ranAt < 2500*time.Millisecond {
+			units[k.tenant] += max(k.cost, 1)
+		}
+	}
+	share := float64(units["big"]) / float64(units["big"]+units["small"])
+	assert.InDelta(t, 0.5, share, 0.08, "big's share of the units while both wait (%v)", units)
 }
