@@ -84,11 +84,16 @@ func perSecond(calls []callRecord, start, end time.Time) []int {
 // to the new API when it lands.
 
 // oursLimits are the limits ours is given for p: the number from the docs,
-// in the provider's own terms: a token bucket for the bucket, a window
-// (throttle.Window) for the others.
+// in the provider's own terms: a token bucket for the bucket, a fixed
+// window (throttle.FixedWindow) for the providers whose windows are fixed on
+// the clock (GitHub-like, IETF), a sliding window (throttle.Window) for the
+// sliding one.
 func oursLimits(p providerSpec) []throttle.Limit {
-	if p.Kind == kindBucket {
+	switch p.Kind {
+	case kindBucket:
 		return []throttle.Limit{{N: p.Quota, Per: p.Window, Burst: p.Burst}}
+	case kindFixed, kindIETF:
+		return []throttle.Limit{throttle.FixedWindow(p.Quota, p.Window)}
 	}
 	return []throttle.Limit{throttle.Window(p.Quota, p.Window)}
 }

@@ -365,8 +365,11 @@ func (l *Limiter) Inspect(ctx context.Context, key string) (Status, error) {
 	s.AdaptiveFactor = 1
 	limitOf := func(t lua.Tier) Limit {
 		l := Limit{N: int(t.Rate), Per: time.Duration(t.PerMS) * time.Millisecond, Burst: int(t.Burst)}
-		if t.Kind == lua.KindWindow {
+		switch t.Kind {
+		case lua.KindWindow:
 			l.Kind, l.Burst = KindWindow, 0
+		case lua.KindFixed:
+			l.Kind, l.Burst = KindFixedWindow, 0
 		}
 		return l
 	}

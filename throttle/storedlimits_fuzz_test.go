@@ -385,7 +385,7 @@ func parseStoredLimits(s string) storedParse {
 		}
 		var l throttle.Limit
 		var key string
-		if tok[0] == 'w' {
+		if tok[0] == 'w' || tok[0] == 'x' {
 			q, p, ok := cut2(tok[1:], digits)
 			switch {
 			case !ok:
@@ -398,7 +398,10 @@ func parseStoredLimits(s string) storedParse {
 				return bad(f + ".N")
 			}
 			l = throttle.Limit{Kind: throttle.KindWindow, N: int(q), Per: time.Duration(p) * time.Millisecond}
-			key = "w" + strconv.FormatFloat(p, 'f', 0, 64)
+			if tok[0] == 'x' {
+				l.Kind = throttle.KindFixedWindow
+			}
+			key = tok[:1] + strconv.FormatFloat(p, 'f', 0, 64)
 		} else {
 			parts := strings.Split(tok, "/")
 			if len(parts) != 3 {

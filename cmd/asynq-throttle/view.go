@@ -142,7 +142,7 @@ func rateTokens(st throttle.Status) string {
 		// A bucket in debt (none left until the provider's reset, or a
 		// charge above what was taken) shows 0: what it admits now.
 		tokens := max(st.Tokens[i], 0)
-		if l.Kind == throttle.KindWindow {
+		if l.Kind == throttle.KindWindow || l.Kind == throttle.KindFixedWindow {
 			parts = append(parts, fmt.Sprintf("%.0f/%d", math.Floor(tokens), burstOf(l)))
 			continue
 		}

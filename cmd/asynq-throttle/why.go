@@ -445,6 +445,10 @@ func tierSentence(st throttle.Status, tier int, key string, cost int) string {
 		name = fmt.Sprintf("tier %d of key %q (%s, in force %s)", tier, key, formatLimit(l), formatLimit(st.InForce[tier-1]))
 		l = st.InForce[tier-1]
 	}
+	if l.Kind == throttle.KindFixedWindow {
+		left := max(int(math.Floor(t)), 0)
+		return fmt.Sprintf("%s has %d of %d calls left in this fixed %s window (short of the task's cost of %d); the next window opens on the clock", name, left, l.N, shortDur(l.Per), cost)
+	}
 	if l.Kind == throttle.KindWindow {
 		left := max(int(math.Floor(t)), 0)
 		if left == 0 {
@@ -471,7 +475,7 @@ func slotsSentence(st throttle.Status, tier int, key string) string {
 // capacitySentence says how much a rate limit holds at most.
 func capacitySentence(st throttle.Status, tier int, key string) string {
 	l := st.Limits[tier-1]
-	if l.Kind == throttle.KindWindow {
+	if l.Kind == throttle.KindWindow || l.Kind == throttle.KindFixedWindow {
 		return fmt.Sprintf("tier %d of key %q (%s) admits at most %d calls per window", tier, key, formatLimit(l), l.N)
 	}
 	return fmt.Sprintf("tier %d of key %q (%s) holds at most %d tokens", tier, key, formatLimit(l), burstOf(l))

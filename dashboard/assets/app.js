@@ -216,7 +216,7 @@
     tick(c, at);
   }
 
-  const kindNames = { bucket: 'bucket', window: 'window', inflight: 'in flight' };
+  const kindNames = { bucket: 'bucket', window: 'window', fixed: 'fixed window', inflight: 'in flight' };
 
   // gauge says how full a limit's bar is and what it reads: a bucket's
   // tokens, a window's calls left, an in-flight limit's slots held.
@@ -233,9 +233,10 @@
     }
     const frac = t.burst > 0 ? clamp(t.tokens / t.burst) : 0;
     const cls = t.tokens < 1 ? 'empty' : frac < 0.25 ? 'low' : '';
-    if (t.kind === 'window') {
+    if (t.kind === 'window' || t.kind === 'fixed') {
       const left = Math.max(0, Math.floor(t.tokens));
-      return { frac, cls, text: left + ' of ' + t.burst + ' left', title: left + ' calls left in any sliding window of ' + fmtSeconds(t.period_seconds) };
+      const of = t.kind === 'fixed' ? ' calls left in this fixed window of ' : ' calls left in any sliding window of ';
+      return { frac, cls, text: left + ' of ' + t.burst + ' left', title: left + of + fmtSeconds(t.period_seconds) };
     }
     return { frac, cls, text: t.tokens.toFixed(1) + ' / ' + t.burst, title: t.tokens.toFixed(2) + ' tokens of ' + t.burst };
   }

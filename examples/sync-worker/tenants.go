@@ -201,7 +201,7 @@ func (f fairness) event(provider string) string {
 func slowestRate(limits []throttle.Limit) float64 {
 	rate := math.Inf(1)
 	for _, l := range limits {
-		if (l.Kind == throttle.KindBucket || l.Kind == throttle.KindWindow) && l.Per > 0 && l.N > 0 {
+		if (l.Kind == throttle.KindBucket || l.Kind == throttle.KindWindow || l.Kind == throttle.KindFixedWindow) && l.Per > 0 && l.N > 0 {
 			rate = min(rate, ratePerSecond(l))
 		}
 	}

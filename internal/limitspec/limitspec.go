@@ -4,6 +4,7 @@
 //
 //	10/s  50/m  5000/h  100/1500ms  10/s:burst=20   a token bucket (throttle.PerSecond, ...)
 //	5000/h:window                                    a sliding window (throttle.Window)
+//	5000/h:fixed                                     a fixed window aligned to the clock (throttle.FixedWindow)
 //	4:inflight                                       tasks running at once (throttle.InFlight)
 //	30s:adaptive                                     adapt to 429s, 30 s clean intervals (throttle.Adaptive)
 //
@@ -22,7 +23,7 @@ import (
 )
 
 // Forms names the accepted forms, for errors and help texts.
-const Forms = `RATE/PERIOD[:burst=N] (a token bucket), RATE/PERIOD:window (at most RATE in any sliding PERIOD), N:inflight (at most N tasks running at once) or PERIOD:adaptive (rates halved on each 429 suspension, won back every clean PERIOD); PERIOD one of s, m, h, d or a duration such as 1500ms, 10s, 2m (e.g. 10/s, 10/s:burst=20, 100/1500ms, 5000/h:window, 4:inflight, 30s:adaptive)`
+const Forms = `RATE/PERIOD[:burst=N] (a token bucket), RATE/PERIOD:window (at most RATE in any sliding PERIOD), RATE/PERIOD:fixed (at most RATE in each PERIOD aligned to the clock), N:inflight (at most N tasks running at once) or PERIOD:adaptive (rates halved on each 429 suspension, won back every clean PERIOD); PERIOD one of s, m, h, d or a duration such as 1500ms, 10s, 2m (e.g. 10/s, 10/s:burst=20, 100/1500ms, 5000/h:window, 4:inflight, 30s:adaptive)`
 
 // ErrSyntax is wrapped by every error of Parse.
 var ErrSyntax = errors.New("bad limit")
@@ -31,6 +32,7 @@ var ErrSyntax = errors.New("bad limit")
 const (
 	modBurst    = "burst="
 	modWindow   = "window"
+	modFixed    = "fixed"
 	modInFlight = "inflight"
 	modAdaptive = "adaptive"
 )
@@ -54,12 +56,12 @@ func Parse(spec string) (throttle.Limit, error) {
 		return throttle.Limit{}, fmt.Errorf("%w %q: %s; want %s", ErrSyntax, spec, fmt.Sprintf(format, a...), Forms)
 	}
 	body, mod, hasMod := strings.Cut(spec, ":")
-	if body == modWindow || body == modInFlight || body == modAdaptive || strings.HasPrefix(body, modBurst) {
+	if body == modWindow || body == modFixed || body == modInFlight || body == modAdaptive || strings.HasPrefix(body, modBurst) {
 		// "window:5000/h", "inflight:4": the kind goes after the numbers.
 		return bad("%q goes after the limit, as in %s:%s", body, mod, body)
 	}
 	if hasMod && strings.Contains(mod, ":") {
-		return bad("%q has more than one ':' modifier; give one of :burst=N, :window, :inflight, :adaptive", ":"+mod)
+		return bad("%q has more than one ':' modifier; give one of :burst=N, :window, :fixed, :inflight, :adaptive", ":"+mod)
 	}
 	if hasMod && mod == modInFlight {
 		n, err := count("number of tasks in flight", body)
@@ -98,6 +100,8 @@ func Parse(spec string) (throttle.Limit, error) {
 	case !hasMod:
 	case mod == modWindow:
 		l = throttle.Window(rate, per)
+	case mod == modFixed:
+		l = throttle.FixedWindow(rate, per)
 	case strings.HasPrefix(mod, modBurst):
 		b, err := count("burst", strings.TrimPrefix(mod, modBurst))
 		if err != nil {
@@ -105,9 +109,9 @@ func Parse(spec string) (throttle.Limit, error) {
 		}
 		l.Burst = b
 	case mod == "":
-		return bad("nothing after ':'; give one of :burst=N, :window, :inflight, :adaptive")
+		return bad("nothing after ':'; give one of :burst=N, :window, :fixed, :inflight, :adaptive")
 	default:
-		return bad("%q after ':' is none of burst=N, window, inflight, adaptive", mod)
+		return bad("%q after ':' is none of burst=N, window, fixed, inflight, adaptive", mod)
 	}
 	return l, nil
 }
@@ -167,6 +171,8 @@ func Format(l throttle.Limit) string {
 		return p + ":" + modAdaptive
 	case throttle.KindWindow:
 		return strconv.Itoa(l.N) + "/" + formatPeriod(l.Per) + ":" + modWindow
+	case throttle.KindFixedWindow:
+		return strconv.Itoa(l.N) + "/" + formatPeriod(l.Per) + ":" + modFixed
 	}
 	s := strconv.Itoa(l.N) + "/" + formatPeriod(l.Per)
 	if l.Burst != 0 && l.Burst != l.N {
@@ -206,18 +212,21 @@ func Burst(l throttle.Limit) int {
 const (
 	KindBucket   = "bucket"
 	KindWindow   = "window"
+	KindFixed    = "fixed"
 	KindInFlight = "inflight"
 	KindAdaptive = "adaptive"
 )
 
-// KindName names a limit's kind for tables and JSON: "bucket", "window"
-// "inflight" or "adaptive" (as the modifier is written).
+// KindName names a limit's kind for tables and JSON: "bucket", "window",
+// "fixed", "inflight" or "adaptive" (as the modifier is written).
 func KindName(k throttle.Kind) string {
 	switch k {
 	case throttle.KindBucket:
 		return KindBucket
 	case throttle.KindWindow:
 		return KindWindow
+	case throttle.KindFixedWindow:
+		return KindFixed
 	case throttle.KindInFlight:
 		return KindInFlight
 	case throttle.KindAdaptive:
@@ -229,7 +238,7 @@ func KindName(k throttle.Kind) string {
 // TierView is one of a key's limits with its state now, as the CLI's -o json
 // and the web view's API show it.
 type TierView struct {
-	Kind          string  `json:"kind"`  // bucket, window, inflight or adaptive
+	Kind          string  `json:"kind"`  // bucket, window, fixed, inflight or adaptive
 	Limit         string  `json:"limit"` // as `set` takes it: 10/s:burst=20, 5000/h:window, 4:inflight
 	Rate          int     `json:"rate"`  // per period; an in-flight limit: the slots
 	PeriodSeconds float64 `json:"period_seconds"`

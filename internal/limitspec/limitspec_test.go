@@ -36,6 +36,8 @@ func TestParseReadsEveryForm(t *testing.T) {
 		{"100/m:window", throttle.Window(100, time.Minute), ""},
 		{"20/1500ms:window", throttle.Window(20, 1500*time.Millisecond), "20/1.5s:window"},
 		{"1/60m:window", throttle.Window(1, time.Hour), "1/h:window"},
+		{"5000/h:fixed", throttle.FixedWindow(5000, time.Hour), ""},
+		{"60/1000ms:fixed", throttle.FixedWindow(60, time.Second), "60/s:fixed"},
 
 		{"4:inflight", throttle.InFlight(4), ""},
 		{"1:inflight", throttle.InFlight(1), ""},
@@ -82,6 +84,7 @@ func TestParseRefusesBadSpecsNamingThePart(t *testing.T) {
 		{"10/s:burst=20:window", `":burst=20:window" has more than one ':' modifier`},
 		{"5000/h:window:burst=5", `":window:burst=5" has more than one`},
 		{"window:5000/h", `"window" goes after the limit, as in 5000/h:window`},
+		{"fixed:5000/h", `"fixed" goes after the limit, as in 5000/h:fixed`},
 		{"inflight:4", `"inflight" goes after the limit, as in 4:inflight`},
 		{"burst=20:10/s", `"burst=20" goes after the limit, as in 10/s:burst=20`},
 		{"4/s:inflight", `an in-flight limit has no period: write 4:inflight`},

@@ -352,8 +352,11 @@ func Inspect(ctx context.Context, r *Runner, k Keys, defaults []Tier, lapse time
 		}
 		t := Tier{Rate: rate, PerMS: perMS, Burst: burst}
 		c := Tier{Rate: cRate, PerMS: perMS, Burst: cBurst}
-		if kind == "w" {
+		switch kind {
+		case "w":
 			t.Kind, c.Kind = KindWindow, KindWindow
+		case "x":
+			t.Kind, c.Kind = KindFixed, KindFixed
 		}
 		out.Tiers = append(out.Tiers, t)
 		out.Configured = append(out.Configured, c)

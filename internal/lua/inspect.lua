@@ -60,7 +60,7 @@ for i, t in ipairs(spec.tiers) do
     out[#out + 1] = fmt(c.burst)
   else
     local w = win_load(redis.call('HGET', key, 'W' .. t.key), t, now, 0)
-    out[#out + 1] = 'w'
+    out[#out + 1] = t.fixed and 'x' or 'w'
     out[#out + 1] = fmt(t.n)
     out[#out + 1] = fmt(t.per)
     out[#out + 1] = fmt(t.n)

@@ -10,6 +10,8 @@
 --        force (see O), space-separated items:
 --          rate/per_ms/burst   a token bucket
 --          wN/per_ms           a window: at most N calls in any per_ms
+--          xN/per_ms           a fixed window: at most N calls in each
+--                              per_ms aligned to the Unix epoch
 --          fN                  in flight: at most N slots held at once
 --          aP                  adaptive: P ms clean periods
 --          #G                  the generation, bumped by every change
@@ -26,7 +28,8 @@
 --        of reservations ends: callers without a reservation wait for it
 --        (0 none)
 --     Ww<per_ms>  a window's state (window.lua): calls admitted per
---        sub-window, then the calls reserved per sub-window
+--        sub-window, then the calls reserved per sub-window; Wx<per_ms> a
+--        fixed window's, per aligned window
 --     s  suspended until (us)
 --     V  the reservation schedule of the token buckets while a queue is
 --        outstanding, binary as T (read_V): its anchor (us), when lapsed
@@ -145,11 +148,11 @@ local function parse_limits(s)
       local f = 'limits[' .. (n - 1) .. ']'
       if n > MAX_TIERS then return nil, 'limits', 'more than ' .. MAX_TIERS .. ' tiers' end
       local t
-      if c == 'w' then
-        local q, p = string.match(tok, '^w(%d+)/(%d+)$')
+      if c == 'w' or c == 'x' then
+        local q, p = string.match(tok, '^[wx](%d+)/(%d+)$')
         if not q then
           local got = string.gsub(string.sub(tok, 1, 40), '[^%w%./%-%+]', '?')
-          return nil, f, 'want wN/per_ms in whole numbers, got "' .. got .. '"'
+          return nil, f, 'want ' .. c .. 'N/per_ms in whole numbers, got "' .. got .. '"'
         end
         q, p = tonumber(q), tonumber(p)
         local bad, why = check_count(q, f .. '.N', 1, MAX_BURST, '')
@@ -158,8 +161,11 @@ local function parse_limits(s)
         if q / p * 1000 > MAX_RATE_PER_SEC then
           return nil, f .. '.N', 'above maximum ' .. fmt(MAX_RATE_PER_SEC) .. ' per second'
         end
-        t = {kind = 'w', n = q, per = p, p = p * 1000, sub = p * 1000 / WINDOW_SLICES,
-             key = 'w' .. string.format('%d', p)}
+        -- A fixed window (x) counts per aligned window: one slice of per.
+        local slices = WINDOW_SLICES
+        if c == 'x' then slices = 1 end
+        t = {kind = 'w', fixed = c == 'x', n = q, per = p, p = p * 1000, sub = p * 1000 / slices,
+             key = c .. string.format('%d', p)}
         windows = true
       else
         local r, p, b = string.match(tok, '^(%d+)/(%d+)/(%d+)$')
@@ -224,7 +230,7 @@ end
 local function read_O(O)
   local learned, adapt = {}, nil
   if not O then return learned, nil end
-  for k, q, u in string.gmatch(O, 't(w?%d+)=(%d+)@(%d+)') do
+  for k, q, u in string.gmatch(O, 't([wx]?%d+)=(%d+)@(%d+)') do
     learned[k] = {tonumber(q), tonumber(u)}
   end
   local ppm, since = string.match(O, 'a(%d+)@(%d+)')
@@ -268,7 +274,7 @@ local function with_quota(t, q)
     return {kind = 'b', rate = q, per = t.per, burst = b, e = t.p / q, p = t.p,
             full = b * t.p, key = t.key, ceiling = t}
   end
-  return {kind = 'w', n = q, per = t.per, p = t.p, sub = t.sub, key = t.key, ceiling = t}
+  return {kind = 'w', fixed = t.fixed, n = q, per = t.per, p = t.p, sub = t.sub, key = t.key, ceiling = t}
 end
 
 -- apply_learned returns the limits in force at now: spec (parsed from src)

@@ -313,6 +313,7 @@ type Keys struct {
 const (
 	KindBucket   = 0   // a token bucket: Rate every PerMS, at most Burst at once
 	KindWindow   = 'w' // a window: at most Rate calls in any PerMS (Burst = Rate)
+	KindFixed    = 'x' // a fixed window: at most Rate calls in each PerMS aligned to the Unix epoch (Burst = Rate)
 	KindInFlight = 'f' // in flight: at most Rate slots held at once (PerMS, Burst unused)
 	KindAdaptive = 'a' // adaptive: rate tiers cut on each new suspension, won back every PerMS clean
 )
@@ -323,12 +324,13 @@ const (
 // in-flight limit of at most Rate slots held at once; or adaptive mode,
 // whose clean period is PerMS. Fields a kind does not use are 0.
 type Tier struct {
-	Kind               byte // KindBucket, KindWindow, KindInFlight or KindAdaptive
+	Kind               byte // KindBucket, KindWindow, KindFixed, KindInFlight or KindAdaptive
 	Rate, PerMS, Burst int64
 }
 
 // FormatTiers writes tiers as the scripts store them: "rate/per_ms/burst"
-// for a bucket, "wN/per_ms" for a window, "fN" in flight, "aN" adaptive,
+// for a bucket, "wN/per_ms" for a window, "xN/per_ms" for a fixed window,
+// "fN" in flight, "aN" adaptive,
 // separated by spaces ("" for none).
 func FormatTiers(tiers []Tier) string {
 	var b strings.Builder
@@ -337,8 +339,8 @@ func FormatTiers(tiers []Tier) string {
 			b.WriteByte(' ')
 		}
 		switch t.Kind {
-		case KindWindow:
-			b.WriteByte('w')
+		case KindWindow, KindFixed:
+			b.WriteByte(t.Kind)
 			b.WriteString(strconv.FormatInt(t.Rate, 10))
 			b.WriteByte('/')
 			b.WriteString(strconv.FormatInt(t.PerMS, 10))

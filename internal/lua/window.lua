@@ -19,6 +19,57 @@
 -- count or cost may carry "+off", the latest instant counted in its
 -- sub-window (us after its start). Without it, the sub-window's end.
 
+-- A fixed window (FixedWindow, t.fixed) counts calls per window [i*per,
+-- (i+1)*per) of the Redis clock, aligned to the Unix epoch as providers
+-- align theirs (GitHub's hour, the IETF draft's windows): one sub-window per
+-- window, the same state. A call is made only from headroom after its
+-- window's start to headroom before its end (fix_span), so one that leaves
+-- up to headroom late, or a provider's clock up to headroom apart, still
+-- lands in the provider's window it was counted in. A backlog gets n calls
+-- at the opening of every window: no drift, no window without a call.
+
+-- fix_span returns the first and last instants a call may be made for in
+-- fixed window i (headroom at most a quarter of the window).
+local function fix_span(t, i, headroom)
+  local h = math.min(headroom, t.p / 4)
+  return i * t.p + h, (i + 1) * t.p - h
+end
+
+-- fix_used is what fixed window i holds: calls admitted and reserved.
+local function fix_used(w, i)
+  return (w.c[-i] or 0) + (w.r[-i] or 0)
+end
+
+-- fix_count is what a fixed window holds for a decision at at: its calls,
+-- or all of n when at is outside the span its calls may be made in.
+local function fix_count(w, t, at, headroom)
+  local i = math.floor(at / t.p)
+  local lo, hi = fix_span(t, i, headroom)
+  if at < lo or at > hi then return t.n end
+  return fix_used(w, i)
+end
+
+-- fix_free is win_free for a fixed window: at, or the opening of the first
+-- window from at's on with room for c more calls (nil: none up to limit).
+local function fix_free(w, t, at, c, headroom, limit)
+  local i = math.floor(at / t.p)
+  local lo, hi = fix_span(t, i, headroom)
+  if at < lo then at = lo end
+  if at <= hi and at <= limit and fix_used(w, i) + c <= t.n then return at end
+  local last = i
+  for _, tbl in ipairs({w.c, w.r}) do
+    for k in pairs(tbl) do
+      if -k > last then last = -k end
+    end
+  end
+  for j = i + 1, last + 1 do
+    local x = fix_span(t, j, headroom)
+    if x > limit then return nil end
+    if fix_used(w, j) + c <= t.n then return x end
+  end
+  return nil
+end
+
 -- win_item reads "c" or "c+off".
 local function win_item(tok)
   local c, off = string.match(tok, '^(%d+)%+?(%d*)$')
@@ -60,6 +111,7 @@ end
 -- win_leaves is when the calls and reservations of sub-window i leave a
 -- window: its latest instant + per + headroom.
 local function win_leaves(w, t, i, headroom)
+  if t.fixed then return (i + 1) * t.p + math.min(headroom, t.p / 4) end
   local off = -1
   if (w.c[-i] or 0) > 0 then off = w.cl[-i] or t.sub end
   if (w.r[-i] or 0) > 0 then off = math.max(off, w.rl[-i] or t.sub) end
@@ -107,6 +159,7 @@ end
 -- were admitted for instants after it, the most any window holding at
 -- holds.
 local function win_count(w, t, at, headroom)
+  if t.fixed then return fix_count(w, t, at, headroom) end
   local first, last, first_in = win_span(w, t, at, headroom)
   local n = 0
   local c, r = w.c, w.r
@@ -121,6 +174,7 @@ end
 -- time up to limit does: at, or the next instants a sub-window's calls
 -- leave the window.
 local function win_free(w, t, at, c, headroom, limit)
+  if t.fixed then return fix_free(w, t, at, c, headroom, limit) end
   if win_count(w, t, at, headroom) + c <= t.n then return at end
   local cands = {}
   local lo = math.floor((at - t.p - headroom) / t.sub)
