@@ -24,7 +24,7 @@ const defaultERounds = 5
 // Kinds of provider in scenario E.
 const (
 	kindBucket  = "bucket"  // token bucket
-	kindFixed   = "fixed"   // fixed window with a reset header (GitHub-like)
+	kindFixed   = "fixed"   // fixed window on the clock with a reset header (X-RateLimit-*)
 	kindSliding = "sliding" // sliding log
 	kindIETF    = "ietf"    // fixed window publishing IETF headers, halved mid-run
 )
@@ -86,7 +86,7 @@ func perSecond(calls []callRecord, start, end time.Time) []int {
 // oursLimits are the limits ours is given for p: the number from the docs,
 // in the provider's own terms: a token bucket for the bucket, a fixed
 // window (throttle.FixedWindow) for the providers whose windows are fixed on
-// the clock (GitHub-like, IETF), a sliding window (throttle.Window) for the
+// the clock (fixed, IETF), a sliding window (throttle.Window) for the
 // sliding one.
 func oursLimits(p providerSpec) []throttle.Limit {
 	switch p.Kind {
@@ -184,9 +184,9 @@ func runE(ctx context.Context, e *env, w io.Writer) (*scenarioE, error) {
 	s := &scenarioE{
 		Providers: []providerSpec{
 			{Name: "bucket", Kind: kindBucket, Doc: "token bucket, 50/s burst 50 (Stripe-like)", Quota: 50, Window: time.Second, Burst: 50, Target: 0.97},
-			{Name: "fixed", Kind: kindFixed, Doc: "fixed window, 100 per 2 s window, X-RateLimit-* with a Unix reset (GitHub-like)", Quota: 100, Window: 2 * time.Second, Target: 0.9},
+			{Name: "fixed", Kind: kindFixed, Doc: "fixed window on the clock, 100 per 2 s, X-RateLimit-* with a Unix reset", Quota: 100, Window: 2 * time.Second, Target: 0.9},
 			{Name: "sliding", Kind: kindSliding, Doc: "sliding log, at most 60 in any 2 s, Retry-After only (Slack-like)", Quota: 60, Window: 2 * time.Second, Target: 0.9},
-			{Name: "ietf", Kind: kindIETF, Doc: "fixed window, 60 per 1 s window, IETF RateLimit-Policy/RateLimit, halved to 30 mid-run", Quota: 60, Window: time.Second, HalveAfter: 4 * time.Second, Target: 0.9},
+			{Name: "ietf", Kind: kindIETF, Doc: "fixed window on the clock, 60 per 1 s, IETF RateLimit-Policy/RateLimit, halved to 30 mid-run", Quota: 60, Window: time.Second, HalveAfter: 4 * time.Second, Target: 0.9},
 		},
 		Servers: 4, Concurrency: 10, Rounds: e.eRounds, RunFor: 8 * time.Second, Warmup: 2 * time.Second,
 	}
@@ -662,7 +662,7 @@ func (s *scenarioE) print(w io.Writer) {
 	r.t.print(w)
 	s.printVerdicts(w)
 	s.printRatios(w)
-	fmt.Fprintf(w, "notes: every limiter is set to the quota the provider documents (ours and naive: oursLimits, a bucket of quota per window until throttle.Window; sleep: redis_rate, the same).\n")
+	fmt.Fprintf(w, "notes: every limiter is set to the quota the provider documents (ours and naive: oursLimits, a bucket for the bucket, throttle.FixedWindow for the windows fixed on the clock, throttle.Window for the sliding log; sleep: redis_rate, a bucket of the same numbers).\n")
 	fmt.Fprintf(w, "       throughput / quota = calls the provider admitted in the measured span / what its quota allows in it; measured from %v after the start, over whole windows (aligned to the provider's clock for fixed windows).\n", s.Warmup)
 	fmt.Fprintln(w, "       429s count every call the provider refused during the run; obeying = from the halving to the provider's last 429 (none in the run's last 2 windows).")
 	fmt.Fprintf(w, "       every run is judged, not only the mean: a run below %.2f of the quota (the IETF provider's before its halving) lost a whole window or more; -e-trace DIR keeps each run's calls, decisions and key state.\n", eRunFloor)
