@@ -2,7 +2,7 @@
 // one process run, on one Redis:
 //
 //	go run ./bench                 # all scenarios, on a redis-server it starts
-//	go run ./bench -scenario A     # one scenario (A to G, S, T; comma-separated; A3 alone)
+//	go run ./bench -scenario A     # one scenario (A to G, S, T, L; comma-separated; A3 alone)
 //	go run ./bench -quick          # a short smoke run
 //	go run ./bench -redis redis://127.0.0.1:6379/0
 //
@@ -11,7 +11,9 @@
 // and, only when named, G many keys (bytes per key, decisions/s against
 // one key), S a 60 s soak checked window by window, and T tenants (issue
 // 23: fair shares among the tenants of one key, against first come first
-// served and per-tenant caps, about 3.5 minutes). Variants: sleep
+// served and per-tenant caps, about 3.5 minutes), and L LLM quotas (issue
+// 24: requests and tokens against a strict provider, the OpenAI cookbook's
+// parallel processor as baseline, about 45 s). Variants: sleep
 // (redis_rate Allow + sleep), wiki (asynq wiki's per-process x/time/rate +
 // RateLimitError), naive (ours without reservations; in F, a leased
 // semaphore with a blind backoff), semaphore (F: asynq's x/rate.Semaphore),
@@ -94,7 +96,7 @@ type options struct {
 // parseFlags reads and checks the flags; an error names the bad flag.
 func parseFlags() (*options, error) {
 	redisURL := flag.String("redis", "", "use this Redis (redis://...) instead of starting a redis-server")
-	scenarios := flag.String("scenario", "A,B,C,D,E,F", "scenarios to run, comma-separated: A, B, C, D, E, F; G (many keys), S (soak) and T (tenants' fair shares, about 3.5 minutes) run only when named; A3 alone (small rates, part of A) when named")
+	scenarios := flag.String("scenario", "A,B,C,D,E,F", "scenarios to run, comma-separated: A, B, C, D, E, F; G (many keys), S (soak), T (tenants' fair shares, about 3.5 minutes) and L (LLM quotas, about 45 s) run only when named; A3 alone (small rates, part of A) when named")
 	quick := flag.Bool("quick", false, "short smoke run (fewer tasks, shorter measurements)")
 	jsonOut := flag.String("json", "", "also write the results as JSON to this file")
 	verbose := flag.Bool("v", false, "show asynq warnings and errors on stderr")
@@ -110,6 +112,7 @@ func parseFlags() (*options, error) {
 	fVars := flag.String("f-variants", strings.Join(fVariants, ","), "scenario F: variants to run, comma-separated")
 	tVars := flag.String("t-variants", strings.Join(tVariants, ","), "scenario T: variants to run, comma-separated (the ratios need fifo)")
 	tCaseList := flag.String("t-cases", strings.Join(tCaseNames, ","), "scenario T: cases to run, comma-separated")
+	lParse := declareLFlags()
 	flag.Parse()
 
 	e := &env{quick: *quick, verbose: *verbose, bRounds: *bRounds, eRounds: *eRounds, eTrace: *eTrace, ePhase: *ePhase,
@@ -128,6 +131,9 @@ func parseFlags() (*options, error) {
 		return nil, err
 	}
 	if e.tCases, err = variantList("-t-cases", *tCaseList, tCaseNames); err != nil {
+		return nil, err
+	}
+	if err := lParse(); err != nil {
 		return nil, err
 	}
 	if e.fSemaRetry < time.Second {
@@ -250,6 +256,7 @@ func allScenarios() []scenario {
 		{"G", func(ctx context.Context, e *env, w io.Writer) (any, error) { return runG(ctx, e, w) }},
 		{"S", func(ctx context.Context, e *env, w io.Writer) (any, error) { return runS(ctx, e, w) }},
 		{"T", func(ctx context.Context, e *env, w io.Writer) (any, error) { return runT(ctx, e, w) }},
+		{"L", func(ctx context.Context, e *env, w io.Writer) (any, error) { return runL(ctx, e, w) }},
 	}
 }
 
@@ -260,7 +267,7 @@ func chosenScenarios(list string) (map[string]bool, error) {
 	for _, s := range strings.Split(list, ",") {
 		s = strings.ToUpper(strings.TrimSpace(s))
 		if find(all, func(sc scenario) bool { return sc.name == s }) == nil {
-			return nil, fmt.Errorf("unknown scenario %q (want A, A3, B, C, D, E, F, G, S or T)", s)
+			return nil, fmt.Errorf("unknown scenario %q (want A, A3, B, C, D, E, F, G, S, T or L)", s)
 		}
 		want[s] = true
 	}
