@@ -174,7 +174,7 @@ func TestACLGrantsLetEachUserDoItsJob(t *testing.T) {
 		require.NoError(t, err, "Take")
 		assert.True(t, d.Allowed, "Take: %+v", d)
 		// What the middleware runs besides: a decision that reserves a run
-		// time for a task, Charge's settlement, a slot renewed and given
+		// time for a task, Used's settlement, a slot renewed and given
 		// back (the scripts as the worker's user).
 		keys, err := keyspace.RedisKeys(keyspace.DefaultPrefix, "slack")
 		require.NoError(t, err)
@@ -186,7 +186,7 @@ func TestACLGrantsLetEachUserDoItsJob(t *testing.T) {
 			require.NoError(t, err, "a decision that reserves")
 		}
 		assert.False(t, r.Reserved.IsZero(), "a reservation after the burst: %+v", r)
-		require.NoError(t, lua.Adjust(ctx, run, keys, 1, lua.Call{Generation: -1}, time.Hour, nil), "a settlement (Charge)")
+		require.NoError(t, lua.Adjust(ctx, run, keys, 1, lua.Call{Generation: -1}, time.Hour, nil), "a settlement (Used)")
 
 		d, err = w.Take(ctx, "crm")
 		require.NoError(t, err, "Take on an InFlight key")

@@ -311,7 +311,7 @@ func (r *gRun) measure(ctx context.Context, e *env, lim *throttle.Limiter, v gVa
 func (s *scenarioG) measureBusy(ctx context.Context, rdb *redis.Client, lim *throttle.Limiter, k gKeys) error {
 	busy := k.names[len(k.names)-s.BusySample:]
 	if err := parallel(64, len(busy), func(i int) error {
-		_, err := lim.TakeN(ctx, busy[i], 20)
+		_, err := lim.Take(ctx, busy[i], throttle.Cost(20))
 		return err
 	}); err != nil {
 		return fmt.Errorf("TakeN: %w", err)

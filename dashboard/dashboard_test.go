@@ -119,7 +119,7 @@ func TestAPIKeysShowsStateAndDecisions(t *testing.T) {
 	require.NoError(t, lim.Suspend(ctx, "zendesk", time.Minute))
 	require.NoError(t, lim.SetLimits(ctx, "stripe", throttle.Window(100, time.Minute), throttle.InFlight(4)))
 	require.NoError(t, lim.SetLimits(ctx, "stripe", throttle.Window(100, time.Minute), throttle.InFlight(3)))
-	d, err := lim.TakeN(ctx, "stripe", 2)
+	d, err := lim.Take(ctx, "stripe", throttle.Cost(2))
 	require.NoError(t, err)
 	require.NotEmpty(t, d.Slot)
 	srv := mount(t, dashboard.New(lim, dashboard.WithMaxKeys(2)))
@@ -219,7 +219,7 @@ func TestActionsNeedWritableModeAndTheSameOrigin(t *testing.T) {
 		{"bad limits", "limits", `{"key":"slack","limits":"10/fortnight"}`, true, nil, http.StatusBadRequest, "10/s:burst=20"},
 		{"kind first", "limits", `{"key":"slack","limits":"inflight:4"}`, true, nil, http.StatusBadRequest, "as in 4:inflight"},
 		{"two in-flight limits", "limits", `{"key":"slack","limits":"1:inflight 2:inflight"}`, true, nil, http.StatusBadRequest, "a second InFlight limit"},
-		{"limits out of range", "limits", `{"key":"slack","limits":"1/s 1/s 1/s 1/s 1/s"}`, true, nil, http.StatusBadRequest, "at most 4"},
+		{"limits out of range", "limits", `{"key":"slack","limits":"1/s 2/2s 3/3s 4/4s 5/5s 6/6s 7/7s 8/8s 9/9s"}`, true, nil, http.StatusBadRequest, "at most 8"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			code, v := post(t, base+tc.path, tc.body, tc.header, tc.extra...)

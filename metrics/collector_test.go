@@ -284,7 +284,7 @@ func TestScrapeReadsEveryKeysStateFromRedis(t *testing.T) {
 	// slots (one of them costs 3 calls of the window).
 	require.NoError(t, lim.SetLimits(ctx, "stripe", throttle.InFlight(2)))
 	require.NoError(t, lim.SetLimits(ctx, "stripe", throttle.Window(100, time.Minute), throttle.InFlight(4)))
-	_, err = lim.TakeN(ctx, "stripe", 3)
+	_, err = lim.Take(ctx, "stripe", throttle.Cost(3))
 	require.NoError(t, err)
 	_, err = lim.Take(ctx, "stripe")
 	require.NoError(t, err)

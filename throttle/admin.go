@@ -364,7 +364,7 @@ func (l *Limiter) Inspect(ctx context.Context, key string) (Status, error) {
 	}
 	s.AdaptiveFactor = 1
 	limitOf := func(t lua.Tier) Limit {
-		l := Limit{N: int(t.Rate), Per: time.Duration(t.PerMS) * time.Millisecond, Burst: int(t.Burst)}
+		l := Limit{N: int(t.Rate), Per: time.Duration(t.PerMS) * time.Millisecond, Burst: int(t.Burst), Unit: t.Unit}
 		switch t.Kind {
 		case lua.KindWindow:
 			l.Kind, l.Burst = KindWindow, 0

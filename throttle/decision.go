@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/hibiken/asynq"
+
 	"github.com/asynq-throttle/asynq-throttle/internal/lua"
 )
 
@@ -84,22 +86,53 @@ type Decision struct {
 // Take keeps the exact bucket: PerSecond(10) admits 10 at once (the
 // middleware keeps room for dispatch jitter, see WithHeadroom).
 //
+// The task options Cost, Uses and Tenant say what the call takes, as for a
+// task: Take(ctx, "github", throttle.Cost(5)) takes 5 of every request
+// tier; Take(ctx, "openai", throttle.Uses("tokens", 1200)) takes a request
+// and 1,200 of every tokens tier, all or nothing. A cost above a tier's
+// burst (or a window's N) can never be admitted: Take returns
+// ErrCostTooHigh. Any other option is an error.
+//
 // It returns ErrNoLimits when key has no limits (see WithDefaultLimits), a
 // *ConfigError when the limits in Redis are invalid, ErrInvalidKey for a bad
 // key name, and the Redis error (naming the cause) when Redis cannot decide.
-func (l *Limiter) Take(ctx context.Context, key string) (Decision, error) {
-	return l.TakeN(ctx, key, 1)
+func (l *Limiter) Take(ctx context.Context, key string, opts ...asynq.Option) (Decision, error) {
+	if len(opts) == 0 {
+		return l.decide(ctx, key, variant{}, "", taskCost{n: 1}, "")
+	}
+	cost, tenant, err := takeOptions(opts)
+	if err != nil {
+		return Decision{}, fmt.Errorf("throttle: key %q: Take: %w", key, err)
+	}
+	return l.decide(ctx, key, variant{}, "", cost, tenant)
 }
 
-// TakeN is Take for a call that costs n of every tier (a GraphQL query's
-// points, say): all n from every tier, or nothing. A cost above a tier's
-// burst (or a window's N) can never be admitted: TakeN returns
-// ErrCostTooHigh.
-func (l *Limiter) TakeN(ctx context.Context, key string, n int) (Decision, error) {
-	if n < 1 {
-		return Decision{}, fmt.Errorf("throttle: key %q: TakeN(%d): the cost must be at least 1", key, n)
+// takeOptions reads Take's options: the cost (Cost, Uses) and the tenant.
+func takeOptions(opts []asynq.Option) (taskCost, string, error) {
+	cost, tenant, costs := taskCost{n: 1}, "", 0
+	for _, o := range opts {
+		switch o := o.(type) {
+		case costOption:
+			if costs++; costs > 1 || o < 1 || o > maxBurst {
+				return taskCost{}, "", fmt.Errorf("%v: want one Cost from 1 to %d", o, maxBurst)
+			}
+			cost.n = int(o)
+		case usesOption:
+			u, err := addUses(cost.units, o)
+			if err != nil {
+				return taskCost{}, "", err
+			}
+			cost.units = u
+		case tenantOption:
+			if err := ValidateKey(string(o)); err != nil {
+				return taskCost{}, "", fmt.Errorf("Tenant: %w", err)
+			}
+			tenant = string(o)
+		default:
+			return taskCost{}, "", fmt.Errorf("%v: Take takes Cost, Uses and Tenant only", o)
+		}
 	}
-	return l.decide(ctx, key, variant{}, "", n, "")
+	return cost, tenant, nil
 }
 
 // Release gives back slots in flight that Take held on key (Decision.Slot),

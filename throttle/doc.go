@@ -34,11 +34,12 @@
 // whole fleet.
 //
 // Beyond the main job:
-//   - Cost and Charge: a task that counts more than one call, settled after.
+//   - Cost, Uses and Used: a task that counts more than one call, or
+//     other units (an LLM call's tokens), settled after (Limit.In).
 //   - Limiter.Enqueue: a task throttled when it is enqueued, not only when
 //     a worker picks it up (fewer Redis commands per task of a backlog).
 //   - Adaptive: limits that halve on every new 429 and recover.
-//   - Limiter.Take and TakeN: a decision for a program outside the
+//   - Limiter.Take: a decision for a program outside the
 //     middleware (a web handler, a script); on a key with an InFlight limit,
 //     Release the Decision's Slot when the call is done.
 //   - Limiter.Suspend, Resume, Inspect, Keys and Delete: what operators do

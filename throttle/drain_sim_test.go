@@ -130,7 +130,7 @@ func (s *drainSim) enqueue(key string, n, cost int, book bool) []*simTask {
 		if book {
 			s.setClock(at)
 			v := variant{horizon: s.l.o.horizon, granule: granule, headroom: s.l.o.headroom, pace: s.l.o.pacing, book: true}
-			d, err := s.l.decide(context.Background(), key, v, st.id, cost, "")
+			d, err := s.l.decide(context.Background(), key, v, st.id, taskCost{n: cost}, "")
 			require.NoError(s.t, err, "Enqueue's decision for %s", st.id)
 			if d.reserved {
 				if delay := s.l.reservedDelay(d.reservedAt, s.now); delay > 0 {
@@ -173,7 +173,7 @@ func (s *drainSim) run(key string, cost int) {
 		if leasing {
 			asked = ks.lease.request(o.lease)
 		}
-		d, err := s.m.decide(ctx, key, task, st.id, asked, cost)
+		d, err := s.m.decide(ctx, key, task, st.id, asked, taskCost{n: cost})
 		require.NoError(s.t, err, "decision for %s at %v", st.id, s.now)
 		s.decided++
 		if st.first == 0 {

@@ -3,14 +3,11 @@ package throttle
 import (
 	"context"
 	"errors"
-	"fmt"
 	"sync"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/hibiken/asynq"
-
-	"github.com/asynq-throttle/asynq-throttle/internal/lua"
 )
 
 // Enqueue enqueues task on client, throttled at enqueue time rather than
@@ -123,12 +120,12 @@ func (l *Limiter) release(ctx context.Context, key, id string) {
 	}
 }
 
-// errNoTaskContext is returned by Charge outside a handler run by the
+// errNoTaskContext is returned by Used outside a handler run by the
 // middleware.
-var errNoTaskContext = errors.New("throttle: Charge needs the context of a handler run by the throttle middleware")
+var errNoTaskContext = errors.New("throttle: Used needs the context of a handler run by the throttle middleware")
 
 // taskCharge is what the middleware tells a handler's context: how to
-// settle the task's actual cost (Charge) and what its decision saw
+// settle the task's actual cost (Used) and what its decision saw
 // (Observe).
 type taskCharge struct {
 	l    *Limiter
@@ -138,39 +135,11 @@ type taskCharge struct {
 	at   time.Time // when the task was admitted (Redis clock; zero for a leased token)
 	gen  int64     // the limits' generation it was admitted under
 
-	// A handler may Charge from several goroutines: one settles at a time,
-	// so that each tells Redis what the task was charged before it.
+	// A handler may call Used from several goroutines: one settles at a
+	// time, so that each tells Redis what the task was charged before it.
 	mu   sync.Mutex
-	cost int // what the task is charged in Redis so far
+	cost taskCost       // what the task was admitted with
+	used map[string]int // what Used settled since, by unit
 }
 
 type chargeKey struct{}
-
-// Charge settles the actual cost of the task whose handler ctx belongs to,
-// once it is known (Shopify returns the actual cost of a GraphQL query,
-// GitHub the points it used): the task was admitted with its Cost (1 without
-// one), and Charge takes the difference from every tier of its key, or
-// gives it back. It is atomic in Redis, and the bound is off by no more
-// than the difference while it is unknown. Charge returns an error outside
-// a handler run by the middleware, and for a key without limits does
-// nothing.
-func Charge(ctx context.Context, actual int) error {
-	tc, ok := ctx.Value(chargeKey{}).(*taskCharge)
-	if !ok {
-		return errNoTaskContext
-	}
-	if actual < 0 {
-		return fmt.Errorf("throttle: key %q: Charge(%d): the actual cost must be >= 0", tc.key, actual)
-	}
-	tc.mu.Lock()
-	defer tc.mu.Unlock()
-	if actual == tc.cost {
-		return nil
-	}
-	charged := tc.cost
-	if err := tc.l.adjust(ctx, tc.key, actual-charged, lua.Call{At: tc.at, Charged: charged, Generation: tc.gen}); err != nil {
-		return err // not charged: the next Charge settles it
-	}
-	tc.cost = actual
-	return nil
-}

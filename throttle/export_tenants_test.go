@@ -11,7 +11,7 @@ import (
 // cost n: the decision a task of that tenant gets from the middleware
 // without its flags.
 func ReserveAs(l *Limiter, ctx context.Context, key, id, tenant string, n int, horizon, granule time.Duration) (Decision, error) {
-	return l.decide(ctx, key, variant{horizon: horizon, granule: granule}, id, n, tenant)
+	return l.decide(ctx, key, variant{horizon: horizon, granule: granule}, id, taskCost{n: n}, tenant)
 }
 
 // DecidesFair reports whether l decides every task of key in the order of
@@ -24,5 +24,5 @@ func DecidesFair(l *Limiter, key string) bool {
 // BookAs is the decision Enqueue takes for a task of tenant with ID id.
 func BookAs(l *Limiter, ctx context.Context, key, id, tenant string, n int) (Decision, error) {
 	v := variant{horizon: l.o.horizon, granule: granule, headroom: l.o.headroom, pace: l.o.pacing, book: true}
-	return l.decide(ctx, key, v, id, n, tenant)
+	return l.decide(ctx, key, v, id, taskCost{n: n}, tenant)
 }

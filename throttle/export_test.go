@@ -30,7 +30,7 @@ const (
 func SetKeptConnRenewal(l *Limiter, d time.Duration) { l.flight.renew = d }
 
 // AdjustCall settles the cost of the call d admitted, charged so far, as
-// Charge does.
+// Used does.
 func AdjustCall(l *Limiter, ctx context.Context, key string, delta int, d Decision, charged int) error {
 	return l.adjust(ctx, key, delta, lua.Call{At: d.at, Charged: charged, Generation: d.gen})
 }
@@ -61,13 +61,13 @@ func Reserve(l *Limiter, ctx context.Context, key, id string, horizon, granule t
 
 // ReserveN is Reserve for a call that costs n.
 func ReserveN(l *Limiter, ctx context.Context, key, id string, n int, horizon, granule time.Duration) (Decision, error) {
-	return l.decide(ctx, key, variant{horizon: horizon, granule: granule}, id, n, "")
+	return l.decide(ctx, key, variant{horizon: horizon, granule: granule}, id, taskCost{n: n}, "")
 }
 
 // TakeWithHeadroom is Take keeping room for d of dispatch jitter, as the
 // middleware does.
 func TakeWithHeadroom(l *Limiter, ctx context.Context, key string, d time.Duration) (Decision, error) {
-	return l.decide(ctx, key, variant{headroom: d}, "", 1, "")
+	return l.decide(ctx, key, variant{headroom: d}, "", taskCost{n: 1}, "")
 }
 
 // Reserved and ReservedAt tell whether d reserved a run time, and which.

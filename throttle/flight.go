@@ -74,7 +74,7 @@ type call struct {
 	tmpl   []any         // the cached command of its key, without task IDs
 	key    string        // the limiter key
 	id     string        // task ID ("" = no reservation)
-	cost   int           // what it takes from every tier
+	cost   taskCost      // what it takes: requests, and other units
 	fair   bool          // its template is fair: it says its tenant
 	tenant string        // its tenant, when fair
 	reply  string        // the script's reply for this decision
@@ -103,7 +103,7 @@ var callPool = sync.Pool{New: func() any {
 func getCall() *call { return callPool.Get().(*call) }
 
 func putCall(c *call) {
-	c.tmpl, c.key, c.id, c.cost, c.reply, c.err, c.fair, c.tenant = nil, "", "", 0, "", nil, false, ""
+	c.tmpl, c.key, c.id, c.cost, c.reply, c.err, c.fair, c.tenant = nil, "", "", taskCost{}, "", nil, false, ""
 	c.state.Store(callWaiting)
 	callPool.Put(c)
 }
@@ -479,15 +479,15 @@ func (r *run) appendArgs(args []any) []any {
 	args = append(args, r.calls[0].tmpl...)
 	if r.calls[0].fair {
 		for _, c := range r.calls {
-			args = append(args, c.id, c.cost, c.tenant)
+			args = append(args, c.id, c.cost.arg(), c.tenant)
 		}
 		return args
 	}
 	if len(r.calls) == 1 {
-		return lua.AppendCallers(args, r.calls[0].id, r.calls[0].cost)
+		return lua.AppendCallers(args, r.calls[0].id, r.calls[0].cost.arg())
 	}
 	for _, c := range r.calls {
-		args = append(args, c.id, c.cost)
+		args = append(args, c.id, c.cost.arg())
 	}
 	return args
 }
@@ -549,7 +549,8 @@ func (l *Limiter) giveBack(c *call) {
 	if err != nil || r.Status != lua.StatusAllowed {
 		return
 	}
-	key, n := c.key, c.cost+int(r.Lease)
+	key, cost := c.key, c.cost
+	cost.n += int(r.Lease)
 	go func() {
 		ctx := context.Background()
 		if r.Slot != "" {
@@ -559,11 +560,10 @@ func (l *Limiter) giveBack(c *call) {
 			}
 		}
 		// The whole charge back, from where it was counted (see adjust).
-		call := lua.Call{At: r.At, Charged: n, Generation: r.Generation}
-		if err := l.adjust(ctx, key, -n, call); err != nil {
-			l.o.logger.Warn("throttle: cannot give back the tokens of a decision its caller gave up on", "key", key, "tokens", n, "err", err)
+		if err := l.refund(ctx, key, r.At, r.Generation, cost); err != nil {
+			l.o.logger.Warn("throttle: cannot give back the tokens of a decision its caller gave up on", "key", key, "tokens", cost.String(), "err", err)
 			return
 		}
-		l.o.logger.Debug("throttle: gave back a decision its caller gave up on", "key", key, "tokens", n, "slot", r.Slot)
+		l.o.logger.Debug("throttle: gave back a decision its caller gave up on", "key", key, "tokens", cost.String(), "slot", r.Slot)
 	}()
 }

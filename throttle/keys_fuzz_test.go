@@ -148,7 +148,7 @@ func checkTaskHeader(t *testing.T, name string, valid bool) {
 // reserve decides for a caller with an ID, as the middleware does: refused,
 // it reserves a run time within a minute.
 func reserve(ctx context.Context, l *Limiter, key, id string) (Decision, error) {
-	return l.decide(ctx, key, variant{horizon: time.Minute, granule: granule}, id, 1, "")
+	return l.decide(ctx, key, variant{horizon: time.Minute, granule: granule}, id, taskCost{n: 1}, "")
 }
 
 // keyBackend is a Redis an accepted name must decide on.

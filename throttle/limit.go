@@ -11,7 +11,7 @@ import (
 // Values outside them are refused with ErrInvalidLimit, by SetLimits in Go
 // and again by the scripts for limits read from Redis.
 const (
-	maxTiers         = 4                   // rate tiers per key (windows and buckets)
+	maxTiers         = 8                   // rate tiers per key (windows and buckets)
 	maxPer           = 30 * 24 * time.Hour // the longest period
 	maxRatePerSecond = 1_000_000
 	maxBurst         = 1_000_000_000
@@ -53,7 +53,11 @@ const (
 // InFlight, Adaptive) make valid limits; SetLimits refuses a Limit whose unused fields
 // are set. The zero value is not a valid limit.
 //
-// Bounds: a key has at most 4 rate tiers (buckets and windows), one
+// A rate tier counts requests (a task takes its Cost, 1 without one)
+// unless In names another unit: then it counts what tasks say they use of
+// that unit (Uses), settled after the call (Used).
+//
+// Bounds: a key has at most 8 rate tiers (buckets and windows), one
 // InFlight and one Adaptive; Per is at most 30 days (an Adaptive clean
 // period at least 1s); a tier allows at most 1000000 calls per second;
 // Burst and a window's N are at most 1000000000; InFlight's N is at most
@@ -64,6 +68,31 @@ type Limit struct {
 	N     int
 	Per   time.Duration
 	Burst int
+	// Unit is what a rate tier counts: "" (or "requests") for requests,
+	// else another unit, as In sets it.
+	Unit string
+}
+
+// In returns a copy of l counted in unit instead of requests: "tokens" for
+// an LLM provider's tokens per minute, beside its requests per minute:
+//
+//	lim.SetLimits(ctx, "openai:gpt-4o",
+//		throttle.PerMinute(500),                // requests
+//		throttle.PerMinute(30000).In("tokens"), // tokens
+//		throttle.InFlight(16))
+//
+// A task takes from it what it says it uses of the unit (Uses; nothing
+// when it says nothing), from every tier of every unit at once or from
+// none. "requests" is the default unit; a unit is 1 to 32 of a-z, 0-9, '_'
+// and '-', starting with a letter (SetLimits refuses others, naming the
+// field). Two tiers of one kind and period in different units are two
+// tiers.
+func (l Limit) In(unit string) Limit {
+	if unit == unitRequests {
+		unit = ""
+	}
+	l.Unit = unit
+	return l
 }
 
 // PerSecond allows n calls per second with a burst of n.
@@ -100,7 +129,7 @@ func Window(n int, w time.Duration) Limit { return Limit{Kind: KindWindow, N: n,
 // the headroom apart from Redis's, still lands in the window that counted
 // it. Against a provider whose windows slide, or are aligned elsewhere
 // (an hour from its first call), it can admit up to 2n in one of them: use
-// Window there. A refund (Charge below the estimate) goes back to the window
+// Window there. A refund (Used below the estimate) goes back to the window
 // the call was counted in, while it is current.
 func FixedWindow(n int, w time.Duration) Limit { return Limit{Kind: KindFixedWindow, N: n, Per: w} }
 
@@ -154,21 +183,37 @@ func (l Limit) burst() int {
 func (l Limit) String() string {
 	switch l.Kind {
 	case KindWindow:
-		return fmt.Sprintf("%d per %v window", l.N, l.Per)
+		return fmt.Sprintf("%d per %v window", l.N, l.Per) + l.inUnit()
 	case KindFixedWindow:
-		return fmt.Sprintf("%d per %v fixed window", l.N, l.Per)
+		return fmt.Sprintf("%d per %v fixed window", l.N, l.Per) + l.inUnit()
 	case KindInFlight:
 		return fmt.Sprintf("%d in flight", l.N)
 	case KindAdaptive:
 		return fmt.Sprintf("adaptive, %v clean periods", l.Per)
 	}
-	return fmt.Sprintf("%d/%v burst %d", l.N, l.Per, l.burst())
+	return fmt.Sprintf("%d/%v burst %d", l.N, l.Per, l.burst()) + l.inUnit()
+}
+
+// inUnit is " in <unit>" for a tier of another unit than requests.
+func (l Limit) inUnit() string {
+	if l.Unit == "" || l.Unit == unitRequests {
+		return ""
+	}
+	return " in " + l.Unit
 }
 
 // validate checks one limit; i is its position, used in the error.
 func (l Limit) validate(i int) error {
 	bad := func(field string, v any, why string) error {
 		return fmt.Errorf("%w: limits[%d].%s = %v: %s", ErrInvalidLimit, i, field, v, why)
+	}
+	if l.Unit != "" && l.Unit != unitRequests {
+		if !l.Kind.rate() {
+			return bad("Unit", l.Unit, "only a rate tier (a bucket or a window) counts a unit: leave it empty")
+		}
+		if err := validateUnit(l.Unit); err != nil {
+			return bad("Unit", l.Unit, err.Error())
+		}
 	}
 	if l.Kind == KindAdaptive {
 		switch {
@@ -245,11 +290,11 @@ func validateLimits(limits []Limit) ([]lua.Tier, error) {
 			if l.Kind == KindAdaptive && limits[j].Kind == KindAdaptive {
 				return nil, fmt.Errorf("%w: limits[%d]: a second Adaptive limit (limits[%d])", ErrInvalidLimit, i, j)
 			}
-			if l.Kind.rate() && limits[j].Per == l.Per && limits[j].Kind == l.Kind {
-				return nil, fmt.Errorf("%w: limits[%d].Per = %v: same period as limits[%d] (a tier is identified by its kind and period)", ErrInvalidLimit, i, l.Per, j)
+			if l.Kind.rate() && limits[j].Per == l.Per && limits[j].Kind == l.Kind && limits[j].In(limits[j].Unit).Unit == l.In(l.Unit).Unit {
+				return nil, fmt.Errorf("%w: limits[%d].Per = %v: same period and unit as limits[%d] (a tier is identified by its kind, period and unit)", ErrInvalidLimit, i, l.Per, j)
 			}
 		}
-		tiers[i] = lua.Tier{Rate: int64(l.N), PerMS: l.Per.Milliseconds(), Burst: int64(l.burst())}
+		tiers[i] = lua.Tier{Rate: int64(l.N), PerMS: l.Per.Milliseconds(), Burst: int64(l.burst()), Unit: l.In(l.Unit).Unit}
 		switch l.Kind {
 		case KindWindow:
 			tiers[i].Kind, tiers[i].Burst = lua.KindWindow, int64(l.N)

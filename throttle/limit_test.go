@@ -36,14 +36,15 @@ func TestLimitConstructorsSetNAndPer(t *testing.T) {
 }
 
 func TestSetLimitsRefusesInvalidLimitsNamingTheField(t *testing.T) {
-	five := []throttle.Limit{throttle.PerSecond(1), throttle.PerMinute(1), throttle.PerHour(1), throttle.PerHour(2), throttle.PerHour(3)}
+	nine := []throttle.Limit{throttle.PerSecond(1), throttle.PerMinute(1), throttle.PerHour(1), throttle.PerHour(2), throttle.PerHour(3),
+		throttle.PerSecond(1).In("tokens"), throttle.PerMinute(1).In("tokens"), throttle.Window(1, time.Second), throttle.FixedWindow(1, time.Second)}
 	tests := []struct {
 		name   string
 		limits []throttle.Limit
 		field  string // the error names it
 	}{
 		{"no tiers", nil, "no limits"},
-		{"five tiers", five, "5 limits"},
+		{"nine tiers", nine, "9 limits"},
 		{"Rate 0", []throttle.Limit{{N: 0, Per: time.Second}}, "limits[0].N"},
 		{"Rate negative", []throttle.Limit{{N: -1, Per: time.Second}}, "limits[0].N"},
 		{"Per 0", []throttle.Limit{{N: 1}}, "limits[0].Per"},

@@ -97,7 +97,7 @@ func (l *Limiter) Close() error {
 // decide makes one decision for a caller of key: task id ("" none), cost,
 // tenant ("" the default tenant). A task of a tenant, and any task of a key
 // Redis said tenants share, is decided in the order of fair shares.
-func (l *Limiter) decide(ctx context.Context, key string, v variant, id string, cost int, tenant string) (Decision, error) {
+func (l *Limiter) decide(ctx context.Context, key string, v variant, id string, cost taskCost, tenant string) (Decision, error) {
 	if err := ctx.Err(); err != nil {
 		return Decision{}, fmt.Errorf("throttle: key %q: decide: %w", key, err)
 	}
@@ -123,7 +123,7 @@ func (l *Limiter) decide(ctx context.Context, key string, v variant, id string, 
 }
 
 // decideOnce sends one decision of key to Redis and reads its reply.
-func (l *Limiter) decideOnce(ctx context.Context, ks *keyState, key string, v variant, id string, cost int, tenant string) (lua.DecideReply, error) {
+func (l *Limiter) decideOnce(ctx context.Context, ks *keyState, key string, v variant, id string, cost taskCost, tenant string) (lua.DecideReply, error) {
 	tmpl, err := l.template(ks, key, v)
 	if err != nil {
 		return lua.DecideReply{}, err
@@ -142,14 +142,14 @@ func (l *Limiter) decideOnce(ctx context.Context, ks *keyState, key string, v va
 }
 
 // decision reads a decide reply of key as the Decision its caller gets.
-func (l *Limiter) decision(key string, cost int, r lua.DecideReply) (Decision, error) {
+func (l *Limiter) decision(key string, cost taskCost, r lua.DecideReply) (Decision, error) {
 	switch r.Status {
 	case lua.StatusNoLimits:
 		return Decision{}, fmt.Errorf("%w %q", ErrNoLimits, key)
 	case lua.StatusBadConfig:
 		return Decision{}, &ConfigError{Key: key, Field: r.Field, Reason: r.Reason}
 	case lua.StatusCostTooHigh:
-		return Decision{}, fmt.Errorf("%w: key %q: a cost of %d, and a tier holds at most %s", ErrCostTooHigh, key, cost, r.Reason)
+		return Decision{}, fmt.Errorf("%w: key %q: a cost of %v, and tier %s holds at most %s", ErrCostTooHigh, key, cost, r.Field, r.Reason)
 	case lua.StatusFair:
 		return Decision{}, fmt.Errorf("throttle: key %q: %w", key, lua.ErrBadReply)
 	}

@@ -13,7 +13,6 @@ import (
 	"github.com/asynq-throttle/asynq-throttle/internal/deferral"
 	"github.com/asynq-throttle/asynq-throttle/internal/jitter"
 	"github.com/asynq-throttle/asynq-throttle/internal/keyspace"
-	"github.com/asynq-throttle/asynq-throttle/internal/lua"
 )
 
 // Outcome is what the middleware did with one task.
@@ -100,8 +99,8 @@ type Event struct {
 	Err error
 
 	left int       // tokens the task's decision left in Redis, -1 unknown (for Observe)
-	cost int       // the task's cost (for Charge)
-	at   time.Time // when its decision admitted it (Redis clock), for Charge's refunds
+	cost taskCost  // the task's cost (for Used)
+	at   time.Time // when its decision admitted it (Redis clock), for Used's refunds
 	gen  int64     // the limits' generation of that decision
 }
 
@@ -195,7 +194,7 @@ func (m *middleware) process(ctx context.Context, t *asynq.Task, next asynq.Hand
 		return err
 	}
 	asked := 0
-	if o.lease > 1 && o.leaseFor > 0 && cost < o.lease && tenant == "" && !ks.fair.Load() {
+	if o.lease > 1 && o.leaseFor > 0 && cost.n < o.lease && cost.units == "" && tenant == "" && !ks.fair.Load() {
 		asked = ks.lease.request(o.lease)
 	}
 	d, err := m.decideAndWait(ctx, key, t, id, asked, cost, ks, &ev)
@@ -217,7 +216,7 @@ func (m *middleware) decideInProcess(ctx context.Context, t *asynq.Task, next as
 		ev.Cached = true
 		return true, m.deferDecision(ctx, t, ks, Decision{RetryAfter: retryAt.Sub(now), Reason: RefusedBySuspension}, *ev, Deferred)
 	}
-	if o.lease > 1 && o.leaseFor > 0 && ev.cost < o.lease && ev.Tenant == "" && !ks.fair.Load() && ks.lease.take(now, o.lease, ev.cost) {
+	if o.lease > 1 && o.leaseFor > 0 && ev.cost.n < o.lease && ev.cost.units == "" && ev.Tenant == "" && !ks.fair.Load() && ks.lease.take(now, o.lease, ev.cost.n) {
 		ev.Outcome, ev.Leased = Ran, true
 		return true, m.run(ctx, t, next, ks, *ev)
 	}
@@ -267,7 +266,7 @@ func (m *middleware) act(ctx context.Context, t *asynq.Task, next asynq.Handler,
 // meanwhile), asking again with its place among the waiters kept (a
 // probe). No wait runs into the time the task needs before its deadline
 // to be deferred after all (see waitBudget).
-func (m *middleware) decideAndWait(ctx context.Context, key string, t *asynq.Task, id string, asked, cost int, ks *keyState, ev *Event) (Decision, error) {
+func (m *middleware) decideAndWait(ctx context.Context, key string, t *asynq.Task, id string, asked int, cost taskCost, ks *keyState, ev *Event) (Decision, error) {
 	if dl, ok := ctx.Deadline(); ok && m.l.o.timeout > 0 && dl.Sub(m.now()) < m.l.o.timeout+deferReserve {
 		// The decision gives up in time for the task to be deferred.
 		var cancel context.CancelFunc
@@ -312,7 +311,7 @@ func (m *middleware) waitBudget(ctx context.Context, then time.Duration) time.Du
 
 // giveBack undoes the admission d of a task that will not run now: its slot
 // in flight and its cost go back to the key.
-func (m *middleware) giveBack(ctx context.Context, key string, d Decision, cost int) {
+func (m *middleware) giveBack(ctx context.Context, key string, d Decision, cost taskCost) {
 	ctx = context.WithoutCancel(ctx)
 	if d.Slot != "" {
 		if err := m.l.Release(ctx, key, d.Slot); err != nil {
@@ -320,8 +319,8 @@ func (m *middleware) giveBack(ctx context.Context, key string, d Decision, cost 
 				"key", key, "slot", d.Slot, "slot_expiry", m.l.o.slotExpiry, "err", err)
 		}
 	}
-	if err := m.l.adjust(ctx, key, -cost, lua.Call{At: d.at, Charged: cost, Generation: d.gen}); err != nil {
-		m.l.o.logger.Warn("throttle: cannot give back the tokens of a task that did not run", "key", key, "cost", cost, "err", err)
+	if err := m.l.refund(ctx, key, d.at, d.gen, cost); err != nil {
+		m.l.o.logger.Warn("throttle: cannot give back the tokens of a task that did not run", "key", key, "cost", cost.String(), "err", err)
 	}
 }
 
@@ -415,7 +414,7 @@ func (m *middleware) run(ctx context.Context, t *asynq.Task, next asynq.Handler,
 		}
 	}
 	if ks != nil {
-		ctx = context.WithValue(ctx, chargeKey{}, &taskCharge{l: m.l, ks: ks, key: ev.Key, cost: max(ev.cost, 1), left: ev.left, at: ev.at, gen: ev.gen})
+		ctx = context.WithValue(ctx, chargeKey{}, &taskCharge{l: m.l, ks: ks, key: ev.Key, cost: ev.cost.orOne(), left: ev.left, at: ev.at, gen: ev.gen})
 	}
 	herr := next.ProcessTask(ctx, t)
 	var rl *RateLimitedError
@@ -441,7 +440,7 @@ func (m *middleware) run(ctx context.Context, t *asynq.Task, next asynq.Handler,
 	}
 	// This process stops at once, even when Redis could not be told.
 	ks.cacheSuspension(m.now(), left, err != nil)
-	cost := max(ev.cost, 1)
+	cost := ev.cost.orOne()
 	ev = Event{Key: key, TaskID: ev.TaskID, TaskType: ev.TaskType, Tenant: ev.Tenant}
 	d := Decision{RetryAfter: left, Reason: RefusedBySuspension}
 	if err == nil {
@@ -464,17 +463,17 @@ func (m *middleware) run(ctx context.Context, t *asynq.Task, next asynq.Handler,
 
 // decide asks Redis for a decision on t, which costs cost; lease is how
 // many tokens it may take for this process (0: just its cost).
-func (m *middleware) decide(ctx context.Context, key string, t *asynq.Task, id string, lease, cost int) (Decision, error) {
+func (m *middleware) decide(ctx context.Context, key string, t *asynq.Task, id string, lease int, cost taskCost) (Decision, error) {
 	return m.decideAs(ctx, key, t, id, cost, variant{granule: granule, lease: lease, headroom: m.l.o.headroom, pace: m.l.o.pacing})
 }
 
 // decideProbe asks again for a task waiting in its worker for a slot in
 // flight: it keeps its place among the waiters.
-func (m *middleware) decideProbe(ctx context.Context, key string, t *asynq.Task, id string, cost int) (Decision, error) {
+func (m *middleware) decideProbe(ctx context.Context, key string, t *asynq.Task, id string, cost taskCost) (Decision, error) {
 	return m.decideAs(ctx, key, t, id, cost, variant{granule: granule, headroom: m.l.o.headroom, pace: m.l.o.pacing, probe: true})
 }
 
-func (m *middleware) decideAs(ctx context.Context, key string, t *asynq.Task, id string, cost int, v variant) (Decision, error) {
+func (m *middleware) decideAs(ctx context.Context, key string, t *asynq.Task, id string, cost taskCost, v variant) (Decision, error) {
 	if origin := t.Headers()[keyspace.Origin]; origin != "" {
 		id = origin
 	}

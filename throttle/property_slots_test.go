@@ -513,7 +513,7 @@ func TestPropertySlotsCostsAndTiersMatchTheModel(t *testing.T) {
 				cost = rapid.IntRange(1, int(most)+2).Draw(t, "largeCost")
 			}
 			call := fmt.Sprintf("TakeN(%d) at epoch+%v under %v", cost, since(), limits)
-			got, err := lim.TakeN(ctx, "k", cost)
+			got, err := lim.Take(ctx, "k", throttle.Cost(cost))
 			want := m.take(int64(cost), func() string { return got.Slot })
 			defer lost()
 			if want.tooHigh {
@@ -578,7 +578,7 @@ func TestPropertySlotsCostsAndTiersMatchTheModel(t *testing.T) {
 			},
 			"adjust": func(t *rapid.T) {
 				// A surcharge, or a refund of what a call did not use (as
-				// Charge settles it: never more than the call cost).
+				// Used settles it: never more than the call cost).
 				delta := int64(rapid.IntRange(-4, 4).Draw(t, "delta"))
 				if delta < 0 && len(calls) > 0 && rapid.Bool().Draw(t, "ofACall") {
 					c := rapid.SampledFrom(calls).Draw(t, "call")

@@ -310,10 +310,10 @@ func TestClusterMissingScriptFallsBackToEvalWithANodeDown(t *testing.T) {
 	}
 }
 
-// A task's Cost takes that many tokens of every tier; Charge in its handler
+// A task's Cost takes that many tokens of every tier; Used in its handler
 // settles the actual cost; TakeN does the same for direct callers, and a
 // cost no tier can ever hold is refused with ErrCostTooHigh.
-func TestCostTakesTokensAndChargeSettlesIt(t *testing.T) {
+func TestCostTakesTokensAndUsedSettlesIt(t *testing.T) {
 	ctx := context.Background()
 	rdb := redistest.Start(t).Client(t)
 	lim := throttle.NewLimiter(rdb, quietLog, throttle.WithHeadroom(0), throttle.WithLease(0, 0))
@@ -335,26 +335,26 @@ func TestCostTakesTokensAndChargeSettlesIt(t *testing.T) {
 	}
 	require.NoError(t, run(4, func(context.Context) error { return nil }))
 	assert.InDelta(t, 6, tokens(), 0.01, "a task of cost 4")
-	require.NoError(t, run(2, func(ctx context.Context) error { return throttle.Charge(ctx, 5) }))
+	require.NoError(t, run(2, func(ctx context.Context) error { return throttle.Used(ctx, "requests", 5) }))
 	assert.InDelta(t, 1, tokens(), 0.01, "a task of cost 2 that cost 5")
 	require.NoError(t, run(2, func(context.Context) error { return nil }), "deferred by copy")
 	assert.Equal(t, int64(2), ran.Load(), "a task of cost 2 with 1 token left ran")
-	assert.Error(t, throttle.Charge(ctx, 1), "Charge outside a handler")
+	assert.Error(t, throttle.Used(ctx, "requests", 1), "Used outside a handler")
 
-	d, err := lim.TakeN(ctx, "gql", 1)
+	d, err := lim.Take(ctx, "gql", throttle.Cost(1))
 	require.NoError(t, err)
 	assert.True(t, d.Allowed)
-	_, err = lim.TakeN(ctx, "gql", 11)
+	_, err = lim.Take(ctx, "gql", throttle.Cost(11))
 	assert.ErrorIs(t, err, throttle.ErrCostTooHigh)
 	require.NoError(t, throttle.Surcharge(lim, ctx, "gql", -3))
 	assert.InDelta(t, 0, tokens(), 0.01, "Adjust gives nothing back: no call is known to refund")
 
-	// Charge below the cost gives back what the call did not use, to a
+	// Used below the cost gives back what the call did not use, to a
 	// bucket and to the window's sub-window that counted it.
 	require.NoError(t, lim.SetLimits(ctx, "gql2", throttle.PerHour(10), throttle.Window(10, time.Hour)))
 	task := newTask(t, "gql:query", nil, throttle.Key("gql2"), throttle.Cost(4))
 	require.NoError(t, mw(asynq.HandlerFunc(func(ctx context.Context, _ *asynq.Task) error {
-		return throttle.Charge(ctx, 1)
+		return throttle.Used(ctx, "requests", 1)
 	})).ProcessTask(ctx, task))
 	st, err := lim.Inspect(ctx, "gql2")
 	require.NoError(t, err)

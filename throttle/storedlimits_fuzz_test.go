@@ -306,17 +306,19 @@ type storedParse struct {
 // parseStoredLimits is a reference parser of the L field, written from the
 // grammar in lua/lib.lua (parse_limits), independently of it: items
 // separated by Lua whitespace; "rate/per_ms/burst" a bucket, "wN/per_ms" a
-// window, "fN" in flight, "#G" the generation; at most 4 tiers (buckets and
-// windows), one in-flight limit, no two tiers of one kind and period; whole
-// numbers in range. The first item in error names the field.
+// window, "xN/per_ms" a fixed window, each maybe ending in "~unit";
+// "fN" in flight, "#G" the generation; at most 8 tiers (buckets and
+// windows), one in-flight limit, no two tiers of one kind, period and unit
+// (nor two buckets of one period whose units hash alike); whole numbers in
+// range. The first item in error names the field.
 func parseStoredLimits(s string) storedParse {
 	const (
-		maxTiers   = 4
+		maxTiers   = 8
 		maxPerMS   = 30 * 24 * 3600 * 1000
 		maxRateSec = 1e6
 		maxBurst   = 1e9
 		maxRate    = 1e15
-		maxLen     = 256
+		maxLen     = 640
 	)
 	bad := func(field string) storedParse { return storedParse{field: field} }
 	if len(s) > maxLen {
@@ -378,6 +380,13 @@ func parseStoredLimits(s string) storedParse {
 			adaptive = e
 			continue
 		}
+		unit := ""
+		if i := strings.IndexByte(tok, '~'); i >= 0 && tok[0] != 'a' && tok[0] != 'f' {
+			unit, tok = tok[i+1:], tok[:i]
+			if !refUnitOK(unit) {
+				return bad(fmt.Sprintf("limits[%d].Unit", n))
+			}
+		}
 		n++
 		f := fmt.Sprintf("limits[%d]", n-1)
 		if n > maxTiers {
@@ -425,10 +434,21 @@ func parseStoredLimits(s string) storedParse {
 			l = throttle.Limit{N: int(r), Per: time.Duration(p) * time.Millisecond, Burst: int(b)}
 			key = strconv.FormatFloat(p, 'f', 0, 64)
 		}
+		l.Unit = unit
+		if unit != "" {
+			key += "~" + unit
+		}
 		if periods[key] {
 			return bad(f + ".Per")
 		}
 		periods[key] = true
+		if l.Kind == throttle.KindBucket {
+			id := fmt.Sprintf("b%d/%d", l.Per.Milliseconds(), refUnitHash(unit))
+			if periods[id] {
+				return bad(f + ".Unit")
+			}
+			periods[id] = true
+		}
 		out.limits = append(out.limits, l)
 	}
 	if n == 0 && inflight == 0 {
@@ -444,6 +464,28 @@ func parseStoredLimits(s string) storedParse {
 		out.limits = append(out.limits, throttle.Adaptive(time.Duration(adaptive)*time.Millisecond))
 	}
 	return out
+}
+
+// refUnitOK is lib.lua's rule for a unit: a lowercase letter, then a-z, 0-9,
+// '_' or '-', at most 32 bytes, not "requests" (the default, never written).
+func refUnitOK(u string) bool {
+	if u == "" || len(u) > 32 || u == "requests" || u[0] < 'a' || u[0] > 'z' {
+		return false
+	}
+	return strings.Trim(u, "abcdefghijklmnopqrstuvwxyz0123456789_-") == ""
+}
+
+// refUnitHash is lib.lua's unit_id without its scale: what tells two
+// buckets of one period apart.
+func refUnitHash(u string) int {
+	if u == "" {
+		return 0
+	}
+	h := 0
+	for i := 0; i < len(u); i++ {
+		h = (h*31 + int(u[i])) % 1048573
+	}
+	return h + 1
 }
 
 // cut2 reads "a/b" as two numbers with read.

@@ -93,7 +93,7 @@ func garbageCases() []garbageCase {
 	cases = append(cases,
 		garbageCase{name: "empty", L: "", field: "limits"},
 		garbageCase{name: "spaces", L: "   ", field: "limits"},
-		garbageCase{name: "five tiers", L: "1/1/1 1/2/1 1/3/1 1/4/1 1/5/1", field: "limits"},
+		garbageCase{name: "nine tiers", L: "1/1/1 1/2/1 1/3/1 1/4/1 1/5/1 1/6/1 1/7/1 1/8/1 1/9/1", field: "limits"},
 		garbageCase{name: "a tier cut short", L: "10/1000", field: "limits[0]"},
 		garbageCase{name: "a tier too long", L: "10/1000/10/5", field: "limits[0]"},
 		garbageCase{name: "per above 30 days", L: "1/2592000001/1", field: "limits[0].Per"},

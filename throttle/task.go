@@ -64,7 +64,8 @@ func Tenant(id string) asynq.Option { return tenantOption(id) }
 // (a GraphQL query's points, a bulk call counted as n), e.g.
 // NewTask("github:graphql", p, Key("github"), Cost(5)). Its reservation is
 // spaced for n, and a lease hands it n tokens at once. Settle the actual
-// cost in the handler with Charge when it is known. Like Key, it must go
+// cost in the handler with Used(ctx, "requests", n) when it is known. It is
+// Uses("requests", n); tiers of other units (Limit.In) take what Uses says. Like Key, it must go
 // through NewTask. A cost above a configured tier's burst (or a window's
 // quota) can never run: the middleware fails the task with ErrCostTooHigh
 // and asynq.SkipRetry (outcome Rejected), so asynq archives it at once (run
@@ -80,11 +81,12 @@ func Cost(n int) asynq.Option { return costOption(n) }
 // type prefix instead (see WithKeyFunc).
 func Key(name string) asynq.Option { return keyOption(name) }
 
-// NewTask returns an asynq task whose headers carry the Key, Cost and
+// NewTask returns an asynq task whose headers carry the Key, Cost, Uses and
 // Tenant among opts; all other options are kept on the task as
 // asynq.NewTask would. It refuses what no worker could throttle, naming the
 // option: a Key or Tenant that ValidateKey refuses (ErrInvalidKey), a Cost
-// below 1 or above maxBurst, and a second Key, Cost or Tenant.
+// below 1 or above maxBurst, a bad unit or count in Uses, and a second Key,
+// Cost, Tenant or Uses of one unit.
 func NewTask(typename string, payload []byte, opts ...asynq.Option) (*asynq.Task, error) {
 	headers := map[string]string{}
 	rest := make([]asynq.Option, 0, len(opts))
@@ -108,6 +110,13 @@ func NewTask(typename string, payload []byte, opts ...asynq.Option) (*asynq.Task
 			}
 			headers[keyspace.Cost] = strconv.Itoa(int(o))
 			continue
+		case usesOption:
+			u, err := addUses(headers[keyspace.Uses], o)
+			if err != nil {
+				return nil, fmt.Errorf("throttle: NewTask(%q): %w", typename, err)
+			}
+			headers[keyspace.Uses] = u
+			continue
 		case tenantOption:
 			if _, dup := headers[keyspace.Tenant]; dup {
 				return nil, fmt.Errorf("throttle: NewTask(%q): %v: a second Tenant (the first was %q)", typename, o, headers[keyspace.Tenant])
@@ -123,18 +132,23 @@ func NewTask(typename string, payload []byte, opts ...asynq.Option) (*asynq.Task
 	return asynq.NewTaskWithHeaders(typename, payload, headers, rest...), nil
 }
 
-// costOf returns the cost in t's headers (1 when absent); a cost that is
-// not a whole number from 1 up is an error, the enqueuer's bug.
-func costOf(t *asynq.Task) (int, error) {
+// costOf returns the cost in t's headers: its requests (1 when absent) and
+// the other units it uses; a cost that is not a whole number from 1 up, or
+// a malformed uses header, is an error, the enqueuer's bug.
+func costOf(t *asynq.Task) (taskCost, error) {
+	units, err := usesOf(t)
+	if err != nil {
+		return taskCost{}, err
+	}
 	s, ok := t.Headers()[keyspace.Cost]
 	if !ok {
-		return 1, nil
+		return taskCost{n: 1, units: units}, nil
 	}
 	n, err := strconv.Atoi(s)
 	if err != nil || n < 1 || n > maxBurst {
-		return 0, fmt.Errorf("throttle: task type %q: header %s = %q: want a whole number from 1 to %d (Cost)", t.Type(), keyspace.Cost, s, maxBurst)
+		return taskCost{}, fmt.Errorf("throttle: task type %q: header %s = %q: want a whole number from 1 to %d (Cost)", t.Type(), keyspace.Cost, s, maxBurst)
 	}
-	return n, nil
+	return taskCost{n: n, units: units}, nil
 }
 
 // tenantOf returns the tenant in t's headers ("" when absent: the default

@@ -413,7 +413,7 @@ func TestTakeOnASharedKeyIsDecidedAsTheDefaultTenant(t *testing.T) {
 	// TakeN as well, in a process that knows nothing yet.
 	r.advance(time.Second)
 	third := throttle.NewLimiter(r.rdb)
-	d, err = third.TakeN(r.ctx, "k", 1)
+	d, err = third.Take(r.ctx, "k", throttle.Cost(1))
 	require.NoError(t, err, "TakeN on a shared key")
 	assert.True(t, throttle.DecidesFair(third, "k"))
 	assertAllowed(t, d, "TakeN with the bucket full")
@@ -566,7 +566,7 @@ func TestTenantTasksNeverLease(t *testing.T) {
 		ev := recordEvents(lim)
 		// Tenant a waits: a drained bucket, then 5 of a's tasks of cost
 		// 100 booked (5 s of work).
-		d, err := r.lim.TakeN(r.ctx, "k", 100)
+		d, err := r.lim.Take(r.ctx, "k", throttle.Cost(100))
 		require.NoError(t, err)
 		require.True(t, d.Allowed)
 		for i := range 5 {

@@ -162,7 +162,7 @@ func TestBrowserPageShowsKeysAndSuspendsOnlyWhenWritable(t *testing.T) {
 	d, err := lim.Take(context.Background(), "stripe")
 	require.NoError(t, err)
 	require.NotEmpty(t, d.Slot)
-	_, err = lim.TakeN(context.Background(), "hubspot", 3)
+	_, err = lim.Take(context.Background(), "hubspot", throttle.Cost(3))
 	require.NoError(t, err)
 	suspended := func(key string) time.Duration {
 		st, err := lim.Inspect(context.Background(), key)

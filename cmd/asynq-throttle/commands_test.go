@@ -45,7 +45,7 @@ func TestOperatorSessionMatchesItsGolden(t *testing.T) {
 	tr.run("resume", "slack")
 	tr.run("delete", "crm", "--yes")
 	tr.run("list")
-	tr.run("set", "slack", "1/s", "1/m", "1/h", "1/d", "1/s")
+	tr.run("set", "slack", "1/s", "1/m", "1/h", "1/d", "2/2s", "3/3s", "4/4s", "5/5s", "6/6s")
 	tr.run("set", "slack", "1:inflight", "2:inflight")
 	golden(t, "session", normalise(tr.b.String()))
 

@@ -78,7 +78,7 @@ func TestWhyExplainsEachWayATaskWaits(t *testing.T) {
 	// graph: a task costs 5 and the hour's bucket has 2 left, another costs
 	// more than the bucket ever holds (the call that took 8 holds a slot).
 	require.NoError(t, lim.SetLimits(ctx, "hubspot-api", throttle.Window(2, time.Hour)))
-	_, err = lim.TakeN(ctx, "hubspot-api", 2)
+	_, err = lim.Take(ctx, "hubspot-api", throttle.Cost(2))
 	require.NoError(t, err)
 	enqueue(mustTask(t, "hubspot-api:sync", nil, throttle.Key("hubspot-api")), asynq.TaskID("t-window"))
 	enqueue(mustTask(t, "hubspot-api:sync", nil, throttle.Key("hubspot-api")), asynq.TaskID("t-window-later"), asynq.ProcessIn(time.Minute))
@@ -89,7 +89,7 @@ func TestWhyExplainsEachWayATaskWaits(t *testing.T) {
 	enqueue(mustTask(t, "stripe-api:charge", nil, throttle.Key("stripe-api")), asynq.TaskID("t-slots-pending"))
 	enqueue(mustTask(t, "stripe-api:charge", nil, throttle.Key("stripe-api")), asynq.TaskID("t-slots-later"), asynq.ProcessIn(time.Minute))
 	require.NoError(t, lim.SetLimits(ctx, "graph", throttle.Limit{N: 10, Per: time.Hour}, throttle.InFlight(4)))
-	_, err = lim.TakeN(ctx, "graph", 8)
+	_, err = lim.Take(ctx, "graph", throttle.Cost(8))
 	require.NoError(t, err)
 	enqueue(mustTask(t, "graph:query", nil, throttle.Key("graph"), throttle.Cost(5)), asynq.TaskID("t-cost"))
 	enqueue(mustTask(t, "graph:query", nil, throttle.Key("graph"), throttle.Cost(50)), asynq.TaskID("t-cost-too-high"))

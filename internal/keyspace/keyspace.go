@@ -47,6 +47,9 @@ const (
 	// Tenant carries the tenant a task's share is counted for
 	// (throttle.Tenant); the default tenant "" when absent.
 	Tenant = "throttle-tenant"
+	// Uses carries what a task uses of units other than requests
+	// (throttle.Uses): "tokens=1200,input-tokens=300", sorted by unit.
+	Uses = "throttle-uses"
 )
 
 // ErrInvalidKey is returned for a key name that Validate refuses.

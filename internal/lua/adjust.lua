@@ -1,5 +1,7 @@
 -- adjust.lua: settle a cost after the fact (see admin.go): every tier of a
--- key takes delta more calls' worth as of now, or gives -delta back.
+-- key in the unit settled (requests unless ARGV[7] names another) takes
+-- delta more of it as of now, or gives -delta back; other units' tiers are
+-- left as they are.
 --
 -- A surcharge is taken as of now (a bucket may go into debt; a window
 -- counts it in the current sub-window). A refund is given back only as far
@@ -23,6 +25,7 @@ local defaults = ARGV[3]
 local at       = tonumber(ARGV[4]) or 0    -- us: when the call was admitted (0 unknown)
 local charged  = tonumber(ARGV[5]) or 0    -- what the call was charged so far
 local call_gen = tonumber(ARGV[6]) or -1   -- the limits' generation it was admitted under
+local unit     = ARGV[7] or ''             -- the unit settled ('': requests)
 local now = now_us()
 local h = redis.call('HMGET', key, 'L', 'T', 'O')
 local src = h[1]
@@ -37,7 +40,9 @@ local ts, x, q, stored = read_T(h[2], now)
 local owed = bucket_owed(stored, ts, tiers, now, 0)
 local fields, need = {}, 0
 for i, t in ipairs(tiers) do
-  if t.kind == 'b' then
+  if (t.unit or '') ~= unit then
+    -- (another unit's tier: not this settlement's)
+  elseif t.kind == 'b' then
     local v = owed[i]
     if delta > 0 then
       v = v + delta * t.p

@@ -137,6 +137,7 @@ type Call struct {
 	At         time.Time // when it was admitted (DecideReply.At); zero: unknown
 	Charged    int       // what it was charged so far
 	Generation int64     // the limits' generation it was admitted under
+	Unit       string    // the unit settled: "" requests, else another unit's tiers alone
 }
 
 // Adjust runs adjust.lua: every tier of the key takes delta more calls'
@@ -156,7 +157,7 @@ func Adjust(ctx context.Context, r *Runner, k Keys, delta int, call Call, idle t
 		atUS = call.At.UnixMicro()
 	}
 	_, err := r.Run(ctx, adjustScript, []string{k.Bucket}, delta, idle.Milliseconds(), FormatTiers(defaults),
-		atUS, call.Charged, call.Generation)
+		atUS, call.Charged, call.Generation, call.Unit)
 	return err
 }
 
@@ -310,7 +311,7 @@ func Inspect(ctx context.Context, r *Runner, k Keys, defaults []Tier, lapse time
 	if status == StatusNoLimits {
 		return out, nil
 	}
-	const head, per = 11, 8
+	const head, per = 11, 9
 	if len(a) < head {
 		return InspectReply{}, bad
 	}
@@ -347,11 +348,12 @@ func Inspect(ctx context.Context, r *Runner, k Keys, defaults []Tier, lapse time
 		cRate, ok4 := num(e[5])
 		cBurst, ok5 := num(e[6])
 		learnedFor, ok6 := num(e[7])
+		unit, _ := e[8].(string)
 		if !ok1 || !ok2 || !ok3 || !ok4 || !ok5 || !ok6 || err != nil || len(kind) != 1 {
 			return InspectReply{}, bad
 		}
-		t := Tier{Rate: rate, PerMS: perMS, Burst: burst}
-		c := Tier{Rate: cRate, PerMS: perMS, Burst: cBurst}
+		t := Tier{Rate: rate, PerMS: perMS, Burst: burst, Unit: unit}
+		c := Tier{Rate: cRate, PerMS: perMS, Burst: cBurst, Unit: unit}
 		switch kind {
 		case "w":
 			t.Kind, c.Kind = KindWindow, KindWindow

@@ -16,7 +16,7 @@ func TestSetLimitsRefusesBadTiersWritingNothing(t *testing.T) {
 		field, reason string
 	}{
 		{"no tiers", nil, "limits", "no tiers"},
-		{"five tiers", []Tier{{Rate: 1, PerMS: 1, Burst: 1}, {Rate: 1, PerMS: 2, Burst: 1}, {Rate: 1, PerMS: 3, Burst: 1}, {Rate: 1, PerMS: 4, Burst: 1}, {Rate: 1, PerMS: 5, Burst: 1}}, "limits", "more than 4 tiers"},
+		{"nine tiers", []Tier{{Rate: 1, PerMS: 1, Burst: 1}, {Rate: 1, PerMS: 2, Burst: 1}, {Rate: 1, PerMS: 3, Burst: 1}, {Rate: 1, PerMS: 4, Burst: 1}, {Rate: 1, PerMS: 5, Burst: 1}, {Rate: 1, PerMS: 6, Burst: 1}, {Rate: 1, PerMS: 7, Burst: 1}, {Rate: 1, PerMS: 8, Burst: 1}, {Rate: 1, PerMS: 9, Burst: 1}}, "limits", "more than 8 tiers"},
 		{"rate 0", []Tier{{Rate: 0, PerMS: 1000, Burst: 1}}, "limits[0].N", "below minimum 1"},
 		{"per_ms 0", []Tier{{Rate: 1, PerMS: 0, Burst: 1}}, "limits[0].Per", "below minimum 1 ms"},
 		{"per_ms above 30 days", []Tier{{Rate: 1, PerMS: 30*24*3600*1000 + 1, Burst: 1}}, "limits[0].Per", "above maximum 2592000000 ms"},

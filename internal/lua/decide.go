@@ -44,8 +44,11 @@ type DecideArgs struct {
 	// it waits for in its worker: it keeps its place among the waiters,
 	// taking no new one.
 	Probe bool
-	// Cost is what the caller takes from every tier (0 means 1).
+	// Cost is what the caller takes from every request tier (0 means 1).
 	Cost int
+	// Units is what it takes of other units, "tokens=1200,input-tokens=300"
+	// ("" none): each unit from that unit's tiers (lib.lua, cost_vec).
+	Units string
 	// SlotExpiry is how long a slot of the in-flight limit is held without
 	// renewal (Extend) before it is taken back.
 	SlotExpiry time.Duration
@@ -88,7 +91,8 @@ type DecideReply struct {
 //	        defaults: the default limits as FormatTiers writes them ("" none)
 //	then a pair per caller decided in this run, in order: task ID ("" = no
 //	reservation), cost (fair: a triple, with the tenant). No pair at all is
-//	one caller: "", 1.
+//	one caller: "", 1. A cost is the requests, then what the caller uses of
+//	other units: "1,tokens=1200,input-tokens=300".
 //
 // Reply: the n decisions joined by ';', each one string (reading it costs no
 // allocation):
@@ -109,10 +113,14 @@ type DecideReply struct {
 // expected to free, in the order callers were refused.
 func Decide(ctx context.Context, r *Runner, k Keys, a DecideArgs) (DecideReply, error) {
 	args := AppendDecideArgs(nil, r.Mode(), k, a)
+	var cost any = max(a.Cost, 1)
+	if a.Units != "" {
+		cost = strconv.Itoa(max(a.Cost, 1)) + "," + a.Units
+	}
 	if a.Fair {
-		args = append(args, a.TaskID, max(a.Cost, 1), a.Tenant)
+		args = append(args, a.TaskID, cost, a.Tenant)
 	} else {
-		args = AppendCallers(args, a.TaskID, max(a.Cost, 1))
+		args = AppendCallers(args, a.TaskID, cost)
 	}
 	s, err := r.Do(ctx, decideScript, args)
 	if err != nil {

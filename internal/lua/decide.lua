@@ -222,17 +222,19 @@ end
 local function short(r, c, at, holder)
   local tier, wait, now, headroom = 0, 0, r.now, r.o.headroom
   for i, t in ipairs(r.tiers) do
-    local w
-    if t.kind == 'b' then
+    local w, ci = 0, cv(c, i)
+    if ci == 0 then
+      -- (a task that uses none of the tier's unit)
+    elseif t.kind == 'b' then
       local v = r.owed[i]
       -- At an instant ahead, the bucket owes less by the time between, down
       -- to minus the headroom as bucket_owed reads a full bucket: a bucket
       -- full for that long has room for the headroom, and a floor of 0
       -- would refuse every holder of a burst equal to its cost ahead of now.
       if at > now then v = math.max(-headroom * t.rate, v - (at - now) * t.rate) end
-      w = wait_for(t, v, c, headroom)
+      w = wait_for(t, v, ci, headroom)
     else
-      w = window_free(r, i, t, c, at, holder) - at
+      w = window_free(r, i, t, ci, at, holder) - at
     end
     if w > wait and not (holder and w <= HOLDER_SLACK) then tier, wait = i, w end
   end
@@ -270,11 +272,15 @@ end
 local function take(r, c, at)
   local remaining, now = math.huge, r.now
   for i, t in ipairs(r.tiers) do
-    local left
+    local left, ci = nil, cv(c, i)
     if t.kind == 'b' then
-      r.owed[i], left = bucket_take(t, math.max(r.owed[i], (at - now) * t.rate), c)
+      if ci > 0 then
+        r.owed[i], left = bucket_take(t, math.max(r.owed[i], (at - now) * t.rate), ci)
+      else
+        left = tokens_at(t, r.owed[i])
+      end
     else
-      win_add(r.wins[i], t, at, c)
+      if ci > 0 then win_add(r.wins[i], t, at, ci) end
       left = t.n - win_count(r.wins[i], t, at, r.o.headroom)
     end
     if left < remaining then remaining = left end
@@ -310,7 +316,7 @@ local function admit(r, resv, id, c, at)
   -- it back in 1/rate), and a fleet starting on a fresh window of 100 lost
   -- half of it that way. None for a holder or a paced admission either.
   local extra = 0
-  if r.o.lease > 1 and not resv and at == r.now and not slot and not r.wins and not r.g then
+  if r.o.lease > 1 and not resv and at == r.now and not slot and not r.wins and not r.g and not r.spec.units then
     extra = lease_more(r.tiers, r.owed, r.o.lease, c, remaining)
     remaining = remaining - extra
   end
@@ -391,8 +397,9 @@ end
 local function reserve_windows(r, at, c, sign)
   if not r.wins then return end
   for i, t in ipairs(r.tiers) do
-    if t.kind == 'w' then
-      if sign > 0 then win_reserve(r.wins[i], t, at, c) else win_unreserve(r.wins[i], t, at, c) end
+    local ci = cv(c, i)
+    if t.kind == 'w' and ci > 0 then
+      if sign > 0 then win_reserve(r.wins[i], t, at, ci) else win_unreserve(r.wins[i], t, at, ci) end
     end
   end
   r.taken = true
@@ -413,7 +420,7 @@ local function load_schedule(r)
   local vt = {}
   for i, t in ipairs(r.tiers) do
     if t.kind == 'b' then
-      local v = virt[-t.per]
+      local v = virt[-t.id]
       if v == nil then v = r.owed[i] / t.rate + (r.now - va) end
       vt[i] = v
     end
@@ -433,11 +440,13 @@ local function earliest_fit(r, c, earliest)
   for _ = 1, 2 * #r.tiers + 1 do
     local moved = false
     for i, t in ipairs(r.tiers) do
-      local start
-      if t.kind == 'b' then
-        start = r.va + r.vt[i] - (t.burst - c) * t.e + o.headroom
+      local start, ci = s, cv(c, i)
+      if ci == 0 then
+        -- (nothing to take from it)
+      elseif t.kind == 'b' then
+        start = r.va + r.vt[i] - (t.burst - ci) * t.e + o.headroom
       else
-        start = win_free(r.wins[i], t, s, c, o.headroom, limit) or (limit + 1)
+        start = win_free(r.wins[i], t, s, ci, o.headroom, limit) or (limit + 1)
       end
       if start > s + SLACK then s, moved = align(r, start), true end
     end
@@ -451,9 +460,10 @@ end
 local function book_schedule(r, c, at)
   local gap = r.o.granule
   for i, t in ipairs(r.tiers) do
-    if t.kind == 'b' then
+    local ci = cv(c, i)
+    if t.kind == 'b' and ci > 0 then
       local rel = at - r.va
-      if r.vt[i] > rel then r.vt[i] = r.vt[i] + c * t.e else r.vt[i] = rel + c * t.e end
+      if r.vt[i] > rel then r.vt[i] = r.vt[i] + ci * t.e else r.vt[i] = rel + ci * t.e end
       if r.o.granule == 0 and t.e > gap then gap = t.e end
     end
   end
@@ -539,11 +549,11 @@ end
 -- hold; one above a tier lowered by what was learned waits for the tier to
 -- come back up.
 local function cost_refused(r, c)
-  for _, t in ipairs(r.tiers) do
+  for i, t in ipairs(r.tiers) do
     local ct = t.ceiling or t
     local most = ct.burst
     if t.kind == 'w' then most = ct.n end
-    if c > most then return '-3|' .. t.key .. '|' .. string.format('%d', most) end
+    if cv(c, i) > most then return '-3|' .. t.key .. '|' .. string.format('%d', most) end
   end
   return nil
 end
@@ -687,16 +697,21 @@ end
 local function take_now(key, o, now, L, hasT, spec, owed, x, c)
   local tiers = spec.tiers
   for i = 1, #tiers do
-    if wait_for(tiers[i], owed[i], c, o.headroom) > 0 then return nil end
+    local ci = cv(c, i)
+    if ci > 0 and wait_for(tiers[i], owed[i], ci, o.headroom) > 0 then return nil end
   end
   local remaining = math.huge
   for i = 1, #tiers do
-    local left
-    owed[i], left = bucket_take(tiers[i], owed[i], c)
+    local left, ci = nil, cv(c, i)
+    if ci > 0 then
+      owed[i], left = bucket_take(tiers[i], owed[i], ci)
+    else
+      left = tokens_at(tiers[i], owed[i])
+    end
     if left < remaining then remaining = left end
   end
   local extra = 0
-  if o.lease > 1 then
+  if o.lease > 1 and not spec.units then
     extra = lease_more(tiers, owed, o.lease, c, remaining)
     remaining = remaining - extra
   end

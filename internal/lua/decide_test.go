@@ -102,8 +102,8 @@ func TestDecideValidatesDefaultsWithoutStoringThem(t *testing.T) {
 		{"rate 0", []Tier{{Rate: 0, PerMS: 1000, Burst: 3}}, DecideReply{Status: StatusBadConfig, Field: "default limits[0].N", Reason: "below minimum 1"}},
 		{"second per_ms 0", []Tier{{Rate: 1, PerMS: 1000, Burst: 1}, {Rate: 1, PerMS: 0, Burst: 1}}, DecideReply{Status: StatusBadConfig, Field: "default limits[1].Per", Reason: "below minimum 1 ms"}},
 		{"burst above 1e9", []Tier{{Rate: 1, PerMS: 1000, Burst: 1_000_000_001}}, DecideReply{Status: StatusBadConfig, Field: "default limits[0].Burst", Reason: "above maximum 1000000000"}},
-		{"five tiers", []Tier{{Rate: 1, PerMS: 1, Burst: 1}, {Rate: 1, PerMS: 2, Burst: 1}, {Rate: 1, PerMS: 3, Burst: 1}, {Rate: 1, PerMS: 4, Burst: 1}, {Rate: 1, PerMS: 5, Burst: 1}}, DecideReply{Status: StatusBadConfig, Field: "default limits", Reason: "more than 4 tiers"}},
-		{"same period twice", []Tier{{Rate: 1, PerMS: 1000, Burst: 1}, {Rate: 2, PerMS: 1000, Burst: 2}}, DecideReply{Status: StatusBadConfig, Field: "default limits[1].Per", Reason: "same period as limits[0] (a tier is identified by its period)"}},
+		{"nine tiers", []Tier{{Rate: 1, PerMS: 1, Burst: 1}, {Rate: 1, PerMS: 2, Burst: 1}, {Rate: 1, PerMS: 3, Burst: 1}, {Rate: 1, PerMS: 4, Burst: 1}, {Rate: 1, PerMS: 5, Burst: 1}, {Rate: 1, PerMS: 6, Burst: 1}, {Rate: 1, PerMS: 7, Burst: 1}, {Rate: 1, PerMS: 8, Burst: 1}, {Rate: 1, PerMS: 9, Burst: 1}}, DecideReply{Status: StatusBadConfig, Field: "default limits", Reason: "more than 8 tiers"}},
+		{"same period twice", []Tier{{Rate: 1, PerMS: 1000, Burst: 1}, {Rate: 2, PerMS: 1000, Burst: 2}}, DecideReply{Status: StatusBadConfig, Field: "default limits[1].Per", Reason: "same period and unit as limits[0] (a tier is identified by its kind, period and unit)"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -47,11 +47,14 @@ local FAIR_SLACK = 1.0           -- the share of the rate booked past another te
 -- the task's cost, a burst.
 local function fair_tolerance(tiers, c)
   local tau = math.huge
-  for _, t in ipairs(tiers) do
-    local v
-    if t.kind == 'b' then v = (t.burst - c) * t.e else v = (t.n - c) * t.p / t.n end
+  for i, t in ipairs(tiers) do
+    local v, ci = math.huge, cv(c, i)
+    if ci == 0 then
+      -- (the task takes nothing from it)
+    elseif t.kind == 'b' then v = (t.burst - ci) * t.e else v = (t.n - ci) * t.p / t.n end
     if v < tau then tau = v end
   end
+  if tau == math.huge then tau = 0 end
   if tau < 0 then tau = 0 end
   return tau
 end
@@ -172,7 +175,7 @@ end
 -- the weights active with its tenant. A task holding a reservation under
 -- an ID being booked is another task's: the reply says so.
 local function fair_place(r, id, c, tenant, w)
-  local p = {id = id, c = c, tenant = tenant, w = w}
+  local p = {id = id, c = c, u = cost_units(r.tiers, c), tenant = tenant, w = w}
   -- Every reservation made while tenants share the key has a start tag:
   -- a task without one holds none (one made before, without tenants, is
   -- taken as fresh: booked again, or run, and the old one lapses).
@@ -313,12 +316,12 @@ local function fair_run_due(r, p, ahead)
   end
   local tier, wait = short(r, c, at, not p.fresh)
   if tier == 0 and fair_yields(r, p) then
-    return nil, 0, math.max(p.t_f - now, c / r.R)
+    return nil, 0, math.max(p.t_f - now, p.u / r.R)
   end
   if tier == 0 and at - now <= ahead then
     local S = p.S
-    local _, trec = fair_book(r, p.tenant, p.w, c, S)
-    trec.units = trec.units + c
+    local _, trec = fair_book(r, p.tenant, p.w, p.u, S)
+    trec.units = trec.units + p.u
     -- A tenant alone runs ahead of the clock with the key's burst; the
     -- clock follows it (no one else's turn is at stake), so its next
     -- tasks are not held back for the burst it used.
@@ -349,7 +352,7 @@ local function fair_reserve(r, p, earliest, by)
       -- and its next tasks follow that one.
       S = r.g.V + (at - now) * r.R / p.w
     end
-    S = fair_book(r, p.tenant, p.w, p.c, S)
+    S = fair_book(r, p.tenant, p.w, p.u, S)
   end
   -- The key lives at least until its last booking comes back.
   if at - now > (r.fair_need or 0) then r.fair_need = at - now end

@@ -69,6 +69,7 @@ for i, t in ipairs(spec.tiers) do
     out[#out + 1] = fmt(c.n)
   end
   out[#out + 1] = fmt(learned_for)
+  out[#out + 1] = t.unit or ''
 end
 -- The tenants (fair.lua): the active ones (at most 100, least finish tag
 -- first), then those with a weight set that are not active: name, weight,

@@ -62,7 +62,7 @@
 -- cached between calls of the function library, and the hash is read with
 -- one HMGET on the common path.
 
-local MAX_TIERS = 4
+local MAX_TIERS = 8
 local MAX_PER_MS = 30 * 24 * 3600 * 1000   -- 30 days
 local MAX_RATE_PER_SEC = 1e6
 local MAX_BURST = 1e9
@@ -72,7 +72,7 @@ local MAX_SKEW = 3600 * 1e6                -- us a stored time may run ahead of 
 local MAX_TTL_MS = 1e13
 local MAX_TIME = 2^53                       -- us: times are whole numbers below it
 local SLACK = 1e-3                         -- us of float rounding absorbed, and no more
-local MAX_LIMITS_LEN = 256                 -- bytes of the L field: 4 tiers fit in 100
+local MAX_LIMITS_LEN = 640                 -- bytes of the L field: 8 tiers with units fit in 400
 local WINDOW_SLICES = 20                   -- sub-windows per window: >= 95 % of its quota
 
 local function now_us()
@@ -106,6 +106,22 @@ end
 -- EVAL the table lives for one call. It is cleared when it grows large.
 local parsed, n_parsed = {}, 0
 
+-- A tier counts one unit: requests unless its token says another
+-- ("~tokens"). Its id in T and V is its period plus, for another unit, a
+-- number told by the unit's name times 2^32 (periods are below 2^32 ms):
+-- a request tier keeps the id it always had, and two tiers of one period
+-- in different units (500 RPM beside 30,000 TPM) are two buckets.
+local UNIT_ID = 4294967296
+
+-- unit_id returns the number a unit's name adds to its tiers' ids (0 for
+-- requests): a hash below 2^20, so that ids stay exact in a double.
+local function unit_id(unit)
+  if not unit then return 0 end
+  local h = 0
+  for k = 1, #unit do h = (h * 31 + string.byte(unit, k)) % 1048573 end
+  return (h + 1) * UNIT_ID
+end
+
 -- check_count validates one whole number of a limit.
 local function check_count(v, field, min, max, unit)
   if v < min then return field, 'below minimum ' .. fmt(min) .. unit end
@@ -123,9 +139,20 @@ local function parse_limits(s)
   if #s > MAX_LIMITS_LEN then
     return nil, 'limits', 'longer than ' .. MAX_LIMITS_LEN .. ' bytes'
   end
-  local tiers, n, gen, windows, inflight, adaptive = {}, 0, 0, false, nil, nil
+  local tiers, n, gen, windows, inflight, adaptive, units = {}, 0, 0, false, nil, nil, false
   for tok in string.gmatch(s, '%S+') do
     local c = string.sub(tok, 1, 1)
+    local unit = nil
+    local u0 = string.find(tok, '~', 1, true)
+    if u0 and c ~= '#' and c ~= 'a' and c ~= 'f' then
+      unit = string.sub(tok, u0 + 1)
+      tok = string.sub(tok, 1, u0 - 1)
+      if not string.match(unit, '^[a-z][a-z0-9_%-]*$') or #unit > 32 or unit == 'requests' then
+        local got = string.gsub(string.sub(unit, 1, 40), '[^%w%-_]', '?')
+        return nil, 'limits[' .. n .. '].Unit', 'want a unit of a-z, 0-9, _ or - (at most 32, not "requests": the default), got "' .. got .. '"'
+      end
+      units = true
+    end
     if c == '#' then
       local g = string.match(tok, '^#(%d+)$')
       gen = tonumber(g) or 0
@@ -186,9 +213,13 @@ local function parse_limits(s)
         t = {kind = 'b', rate = r, per = p, burst = b, e = p * 1000 / r, p = p * 1000,
              full = b * p * 1000, key = string.format('%d', p)}
       end
+      t.unit, t.id = unit, t.per + unit_id(unit)
+      if unit then t.key = t.key .. '~' .. unit end
       for j = 1, n - 1 do
         if tiers[j].key == t.key then
-          return nil, f .. '.Per', 'same period as limits[' .. (j - 1) .. '] (a tier is identified by its period)'
+          return nil, f .. '.Per', 'same period and unit as limits[' .. (j - 1) .. '] (a tier is identified by its kind, period and unit)'
+        elseif t.kind == 'b' and tiers[j].kind == 'b' and tiers[j].id == t.id then
+          return nil, f .. '.Unit', 'its unit and limits[' .. (j - 1) .. ']\'s hash alike: rename one'
         end
       end
       tiers[n] = t
@@ -196,7 +227,7 @@ local function parse_limits(s)
   end
   if n == 0 and not inflight then return nil, 'limits', 'no tiers' end
   if adaptive and n == 0 then return nil, 'limits.Adaptive', 'needs a rate tier to adapt' end
-  spec = {tiers = tiers, gen = gen, windows = windows, inflight = inflight, adaptive = adaptive}
+  spec = {tiers = tiers, gen = gen, windows = windows, inflight = inflight, adaptive = adaptive, units = units}
   if n_parsed >= 256 then parsed, n_parsed = {}, 0 end
   parsed[s] = spec
   n_parsed = n_parsed + 1
@@ -230,7 +261,7 @@ end
 local function read_O(O)
   local learned, adapt = {}, nil
   if not O then return learned, nil end
-  for k, q, u in string.gmatch(O, 't([wx]?%d+)=(%d+)@(%d+)') do
+  for k, q, u in string.gmatch(O, 't([wx]?%d+~?[%w_%-]*)=(%d+)@(%d+)') do
     learned[k] = {tonumber(q), tonumber(u)}
   end
   local ppm, since = string.match(O, 'a(%d+)@(%d+)')
@@ -272,9 +303,10 @@ local function with_quota(t, q)
   if t.kind == 'b' then
     local b = math.min(t.burst, q)
     return {kind = 'b', rate = q, per = t.per, burst = b, e = t.p / q, p = t.p,
-            full = b * t.p, key = t.key, ceiling = t}
+            full = b * t.p, key = t.key, unit = t.unit, id = t.id, ceiling = t}
   end
-  return {kind = 'w', fixed = t.fixed, n = q, per = t.per, p = t.p, sub = t.sub, key = t.key, ceiling = t}
+  return {kind = 'w', fixed = t.fixed, n = q, per = t.per, p = t.p, sub = t.sub, key = t.key,
+          unit = t.unit, id = t.id, ceiling = t}
 end
 
 -- apply_learned returns the limits in force at now: spec (parsed from src)
@@ -296,7 +328,7 @@ local function apply_learned(spec, src, O, now)
   local eff = parsed[k]
   if eff then return eff end
   eff = {tiers = {}, gen = spec.gen, windows = spec.windows, inflight = spec.inflight,
-         adaptive = spec.adaptive, ppm = ppm}
+         adaptive = spec.adaptive, units = spec.units, ppm = ppm}
   for i, t in ipairs(spec.tiers) do
     local q = tier_quota(t)
     local l = learned[t.key]
@@ -422,7 +454,7 @@ local function write_V(va, sw, tiers, vt)
   local a = {va, sw}
   for i = 1, #tiers do
     if tiers[i].kind == 'b' then
-      a[#a + 1], a[#a + 2] = tiers[i].per, vt[i]
+      a[#a + 1], a[#a + 2] = tiers[i].id, vt[i]
     end
   end
   return bin_pack('<' .. string.rep('d', #a), unpack(a))
@@ -472,7 +504,7 @@ local function bucket_owed(stored, ts, tiers, now, headroom, into)
     local t, v = tiers[i], 0
     if t.kind == 'b' then
       local floor = -headroom * t.rate
-      v = stored[-t.per]
+      v = stored[-t.id]
       if not v then
         v = floor
       else
@@ -502,6 +534,61 @@ local function fair_rate(tiers)
     if te > e then e = te end
   end
   return 1 / e
+end
+
+-- A caller's cost is a number, taken by every tier, on a key whose tiers
+-- all count requests; on a key with tiers in other units (spec.units), a
+-- table of what each tier takes, by index: the requests for request
+-- tiers, and for another unit's tiers what the caller says it uses of it
+-- (0 when it says nothing: a tier takes nothing from a task that uses
+-- none of its unit, and does not hold it back).
+
+-- cost_vec reads a caller's cost argument: "n" requests, or "n,unit=m,..."
+-- with other units (decide.go).
+local function cost_vec(raw, spec)
+  local n, rest = raw, nil
+  local comma = string.find(raw, ',', 1, true)
+  if comma then n, rest = string.sub(raw, 1, comma - 1), string.sub(raw, comma + 1) end
+  n = tonumber(n) or 1
+  if n < 1 or n ~= math.floor(n) or n > MAX_BURST then n = 1 end
+  if not spec.units then return n end
+  local by = {}
+  if rest then
+    for u, v in string.gmatch(rest, '([%w_%-]+)=(%d+)') do
+      v = tonumber(v)
+      if v <= MAX_BURST then by[u] = v end
+    end
+  end
+  local c, tiers = {}, spec.tiers
+  for i = 1, #tiers do
+    local t = tiers[i]
+    if t.unit then c[i] = by[t.unit] or 0 else c[i] = n end
+  end
+  return c
+end
+
+-- cv is what tier i takes of cost c.
+local function cv(c, i)
+  if type(c) == 'table' then return c[i] end
+  return c
+end
+
+-- cost_units returns the fair units of cost c (fair.lua): c itself when a
+-- number; for a table, the time it holds the tier it weighs on most
+-- (cost x the tier's interval per unit), in units of the key's slowest
+-- tier, which is what fair_rate counts in: a tenant's share is of its
+-- dominant resource, and with one unit this is the cost.
+local function cost_units(tiers, c)
+  if type(c) ~= 'table' then return c end
+  local most, e_max = 0, 0
+  for i, t in ipairs(tiers) do
+    local te = t.e
+    if t.kind == 'w' then te = t.p / t.n end
+    if c[i] * te > most then most = c[i] * te end
+    if te > e_max then e_max = te end
+  end
+  if most <= 0 then return 1e-6 end
+  return most / e_max
 end
 
 -- read_G reads the virtual clock (a fresh one at now when absent or of
@@ -540,8 +627,11 @@ local function wait_for(t, owed, c, headroom)
   return math.ceil(need / t.rate)
 end
 
--- T_FMT is the format of the T field with 0 to 4 token buckets owing.
-local T_FMT = {[0] = '<ddd', '<ddddd', '<ddddddd', '<ddddddddd', '<ddddddddddd'}
+-- T_FMT is the format of the T field with 0 to MAX_TIERS token buckets
+-- owing (a literal: a function library sees no string library while it
+-- loads).
+local T_FMT = {[0] = '<ddd', '<ddddd', '<ddddddd', '<ddddddddd', '<ddddddddddd',
+               '<ddddddddddddd', '<ddddddddddddddd', '<ddddddddddddddddd', '<ddddddddddddddddddd'}
 
 -- full_in returns how long (us) until every token bucket is full again.
 local function full_in(tiers, owed)
@@ -566,13 +656,13 @@ local function write_T(tiers, owed, now, x, q)
     if q == 0 then return false end
     return bin_pack('<ddd', now, x, q)
   elseif owing == 1 then -- the common case, without a table
-    return bin_pack('<ddddd', now, x, q, tiers[only].per, owed[only])
+    return bin_pack('<ddddd', now, x, q, tiers[only].id, owed[only])
   end
   local a, k = {now, x, q}, 3
   for i = 1, #tiers do
     local t, v = tiers[i], owed[i]
     if t.kind == 'b' and v > 0 then
-      a[k + 1], a[k + 2] = t.per, v
+      a[k + 1], a[k + 2] = t.id, v
       k = k + 2
     end
   end

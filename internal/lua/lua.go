@@ -326,12 +326,13 @@ const (
 type Tier struct {
 	Kind               byte // KindBucket, KindWindow, KindFixed, KindInFlight or KindAdaptive
 	Rate, PerMS, Burst int64
+	Unit               string // what a rate tier counts: "" requests, else another unit ("tokens")
 }
 
 // FormatTiers writes tiers as the scripts store them: "rate/per_ms/burst"
 // for a bucket, "wN/per_ms" for a window, "xN/per_ms" for a fixed window,
-// "fN" in flight, "aN" adaptive,
-// separated by spaces ("" for none).
+// "fN" in flight, "aN" adaptive, separated by spaces ("" for none); a rate
+// tier of another unit than requests ends in "~unit".
 func FormatTiers(tiers []Tier) string {
 	var b strings.Builder
 	for i, t := range tiers {
@@ -344,6 +345,7 @@ func FormatTiers(tiers []Tier) string {
 			b.WriteString(strconv.FormatInt(t.Rate, 10))
 			b.WriteByte('/')
 			b.WriteString(strconv.FormatInt(t.PerMS, 10))
+			writeUnit(&b, t.Unit)
 			continue
 		case KindInFlight:
 			b.WriteByte('f')
@@ -359,8 +361,17 @@ func FormatTiers(tiers []Tier) string {
 		b.WriteString(strconv.FormatInt(t.PerMS, 10))
 		b.WriteByte('/')
 		b.WriteString(strconv.FormatInt(t.Burst, 10))
+		writeUnit(&b, t.Unit)
 	}
 	return b.String()
+}
+
+// writeUnit ends a rate tier of another unit than requests.
+func writeUnit(b *strings.Builder, unit string) {
+	if unit != "" {
+		b.WriteByte('~')
+		b.WriteString(unit)
+	}
 }
 
 // num reads an integer that the script sent as a string, or as an integer.

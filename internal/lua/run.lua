@@ -58,8 +58,7 @@ local function decide_fair_run(r, KEYS, ARGV, h, n)
   for k = 1, n do
     local at = CALLERS_AT + 3 * (k - 1)
     local id, tenant = ARGV[at] or '', ARGV[at + 2] or ''
-    local c = tonumber(ARGV[at + 1] or '1') or 1
-    if c < 1 or c ~= math.floor(c) then c = 1 end
+    local c = cost_vec(ARGV[at + 1] or '1', r.spec)
     local base = 7 + 2 * (k - 1)
     tenant_of(r, tenant, h[base + 1] or nil)
     if k == 1 then fair_clock(r) end
@@ -91,12 +90,8 @@ local function decide_run(KEYS, ARGV)
   -- key has a start tag that matters: its tenant's work is done.)
   if n == 1 and not (until_ and until_ > now) and not spec.windows and not spec.inflight and
       vnext <= now and not o.book and vnext >= 0 then
-    local c = ARGV[CALLERS_AT + 1]
-    c = c and tonumber(c) or 1
-    if c >= 1 and c == math.floor(c) then
-      local reply = take_now(KEYS[1], o, now, L, h[2] ~= false, spec, owed, x, c)
-      if reply then return reply end
-    end
+    local reply = take_now(KEYS[1], o, now, L, h[2] ~= false, spec, owed, x, cost_vec(ARGV[CALLERS_AT + 1] or '1', spec))
+    if reply then return reply end
   end
   local r = run_state(KEYS, o, now, L, h, spec, until_, owed, x, vnext)
   local replies
@@ -108,10 +103,7 @@ local function decide_run(KEYS, ARGV)
     replies = {}
     for k = 1, n do
       local at = CALLERS_AT + stride * (k - 1)
-      local c = ARGV[at + 1]
-      c = c and tonumber(c) or 1
-      if c < 1 or c ~= math.floor(c) then c = 1 end
-      replies[k] = decide_one(r, ARGV[at] or '', c)
+      replies[k] = decide_one(r, ARGV[at] or '', cost_vec(ARGV[at + 1] or '1', spec))
     end
   end
   write_back(r)

@@ -63,10 +63,10 @@ for i, t in ipairs(in_force.tiers) do
       -- Tokens kept, clamped to the new burst: owes what the new burst
       -- lacks of them.
       v = old_owed[o] - (old.tiers[o].burst - t.burst) * t.p
-    elseif stored[-t.per] then
+    elseif stored[-t.id] then
       -- State without the limits it was computed under: the tokens it owed
       -- at ts, with no refill since (the rate it had is unknown).
-      v = stored[-t.per]
+      v = stored[-t.id]
       if ts and now < ts then v = v + (ts - now) * t.rate end
     end
     if v < 0 then v = 0 end

@@ -13,11 +13,11 @@ import (
 	"github.com/asynq-throttle/asynq-throttle/throttle"
 )
 
-// Charge called from several goroutines of one handler (parallel calls to
+// Used called from several goroutines of one handler (parallel calls to
 // the provider, each reporting what the task cost so far) settles the cost
 // once per change: the task ends up charged the last actual cost, not the
 // difference counted twice. Run with -race: the cost is shared state.
-func TestConcurrentChargesSettleTheCostOnce(t *testing.T) {
+func TestConcurrentUsedCallsSettleTheCostOnce(t *testing.T) {
 	ctx := context.Background()
 	rdb := redistest.Start(t).Client(t)
 	lim := throttle.NewLimiter(rdb, quietLog, throttle.WithHeadroom(0), throttle.WithLease(0, 0))
@@ -30,13 +30,13 @@ func TestConcurrentChargesSettleTheCostOnce(t *testing.T) {
 		for i := range goroutines {
 			wg.Go(func() {
 				<-start
-				errs[i] = throttle.Charge(ctx, 50)
+				errs[i] = throttle.Used(ctx, "requests", 50)
 			})
 		}
 		close(start)
 		wg.Wait()
 		for i, err := range errs {
-			assert.NoError(t, err, "Charge in goroutine %d", i)
+			assert.NoError(t, err, "Used in goroutine %d", i)
 		}
 		return nil
 	})).ProcessTask(ctx, newTask(t, "gql:query", nil, throttle.Key("gql")))
