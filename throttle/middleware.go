@@ -431,7 +431,10 @@ func (m *middleware) run(ctx context.Context, t *asynq.Task, next asynq.Handler,
 	}
 	wait = min(wait, o.maxSuspension)
 	left, err := m.l.suspend(ctx, key, wait)
-	if err != nil {
+	if err == nil && rl.spendCap != "" {
+		o.logger.Error("throttle: the provider says the account's spend cap is reached; this is not a rate limit, no quota was learned. The key is suspended fleet-wide: raise the cap (or wait for the billing period), then resume it (asynq-throttle resume KEY, or Limiter.Resume)",
+			"key", key, "task_id", ev.TaskID, "reason", rl.spendCap, "status", rl.StatusCode, "suspended_for", left)
+	} else if err != nil {
 		o.logger.Error("throttle: provider rate limited a task but the key could not be suspended in Redis; this process pauses it, the task is deferred",
 			"key", key, "task_id", ev.TaskID, "suspended_for", wait, "err", err)
 		left = wait
@@ -442,6 +445,9 @@ func (m *middleware) run(ctx context.Context, t *asynq.Task, next asynq.Handler,
 	ks.cacheSuspension(m.now(), left, err != nil)
 	cost := ev.cost.orOne()
 	ev = Event{Key: key, TaskID: ev.TaskID, TaskType: ev.TaskType, Tenant: ev.Tenant}
+	if rl.spendCap != "" {
+		ev.Err = rl // a Suspended event that says why: a spend cap, not a rate limit
+	}
 	d := Decision{RetryAfter: left, Reason: RefusedBySuspension}
 	if err == nil {
 		// A reserved time after the suspension, so the deferred crowd comes back

@@ -1,7 +1,9 @@
 package throttle
 
 import (
+	"bytes"
 	"context"
+	"io"
 	"net/http"
 	"strconv"
 	"strings"
@@ -61,16 +63,70 @@ func Observe(ctx context.Context, resp *http.Response) error {
 	}
 	now := time.Now()
 	q := quota.Parse(resp.StatusCode, resp.Header, now)
-	if tc, ok := ctx.Value(chargeKey{}).(*taskCharge); ok {
-		tc.l.observe(ctx, tc, q, now)
+	tc, ok := ctx.Value(chargeKey{}).(*taskCharge)
+	prov := quota.ProviderUnknown
+	if ok {
+		prov = providerOf(tc.key)
 	}
-	return fromResponse(q, resp.StatusCode)
+	li := quota.ParseLLMResponse(prov, resp.StatusCode, resp.Header, peekErrorBody(resp), now)
+	if ok && !li.SpendCap {
+		tc.l.observe(ctx, tc, q, li, now)
+	}
+	return fromResponse(q, li, resp.StatusCode)
+}
+
+// providerOf is the LLM provider a key's name says, when it starts with
+// one's name (openai, anthropic, azure, groq, mistral) before ':', '-',
+// '/' or '.': "groq:llama-3" is Groq's, whose x-ratelimit-*-requests count
+// per day where OpenAI's count per minute. Any other key reads those
+// headers as OpenAI's.
+func providerOf(key string) quota.Provider {
+	name := key
+	if i := strings.IndexAny(key, ":-/."); i >= 0 {
+		name = key[:i]
+	}
+	p, err := quota.ParseProvider(name)
+	if err != nil {
+		return quota.ProviderUnknown
+	}
+	return p
+}
+
+// peekErrorBody reads the start of an error response's body (the statuses
+// where providers say a spend cap: 400, 402, 429) and puts it back, so the
+// handler still reads all of it; nil for any other response, or a body
+// already read.
+func peekErrorBody(resp *http.Response) []byte {
+	switch resp.StatusCode {
+	case http.StatusBadRequest, http.StatusPaymentRequired, http.StatusTooManyRequests:
+	default:
+		return nil
+	}
+	if resp.Body == nil || resp.Body == http.NoBody {
+		return nil
+	}
+	b, err := io.ReadAll(io.LimitReader(resp.Body, maxPeek))
+	resp.Body = peekedBody{Reader: io.MultiReader(bytes.NewReader(b), resp.Body), Closer: resp.Body}
+	if err != nil {
+		return nil
+	}
+	return b
+}
+
+// maxPeek is the most of an error body Observe reads.
+const maxPeek = 64 << 10
+
+// peekedBody is a response body whose start Observe read and put back.
+type peekedBody struct {
+	io.Reader
+	io.Closer
 }
 
 // observeMemo is what a process last sent Redis about a key's published
 // quotas, and what Redis then told of the key's tiers.
 type observeMemo struct {
 	sentAt time.Time // when published quotas were last sent (or are being)
+	leftAt time.Time // when an LLM provider's counts left were last sent
 	told   bool      // tiers is what Redis told
 	tiers  []lua.ObservedTier
 }
@@ -103,7 +159,7 @@ func (m *observeMemo) policiesDue(pol []lua.Policy, now time.Time, refresh time.
 	for _, p := range pol {
 		for _, t := range m.tiers {
 			switch {
-			case t.PerMS != p.PerMS:
+			case t.PerMS != p.PerMS || t.Unit != p.Unit:
 			case p.Quota < t.InForce:
 				return true
 			case p.Quota > t.InForce && t.InForce < t.Configured && since >= min(observeGap, refresh):
@@ -114,9 +170,41 @@ func (m *observeMemo) policiesDue(pol []lua.Policy, now time.Time, refresh time.
 	return false
 }
 
-// observe sends what q says when it can change anything, and logs what
-// changed.
-func (l *Limiter) observe(ctx context.Context, tc *taskCharge, q quota.Info, now time.Time) {
+// llmArgs adds what an LLM provider's headers say (li) to the published
+// quotas pol: each unit's limit per window, with the burst its bucket holds
+// when the reset tells it; and the counts left of each unit, sent at most
+// once per observeGap per key and process (every response says them).
+func llmArgs(pol []lua.Policy, li quota.LLMInfo, tc *taskCharge) ([]lua.Policy, []lua.UnitLeft) {
+	var left []lua.UnitLeft
+	for _, u := range li.Units {
+		unit := u.Unit
+		if unit == unitRequests {
+			unit = ""
+		}
+		if u.Limit > 0 && u.Window > 0 {
+			pol = append(pol, lua.Policy{Quota: int64(u.Limit), PerMS: u.Window.Milliseconds(), Unit: unit, Burst: int64(u.Burst)})
+		}
+		if u.Remaining >= 0 {
+			left = append(left, lua.UnitLeft{Unit: unit, WindowMS: u.Window.Milliseconds(), Remaining: int64(u.Remaining)})
+		}
+	}
+	if left == nil {
+		return pol, nil
+	}
+	now := time.Now()
+	ks := tc.ks
+	ks.mu.Lock()
+	defer ks.mu.Unlock()
+	if now.Sub(ks.obs.leftAt) < observeGap {
+		return pol, nil
+	}
+	ks.obs.leftAt = now
+	return pol, left
+}
+
+// observe sends what q (and an LLM provider's units, li) says when it can
+// change anything, and logs what changed.
+func (l *Limiter) observe(ctx context.Context, tc *taskCharge, q quota.Info, li quota.LLMInfo, now time.Time) {
 	var a lua.ObserveArgs
 	for _, p := range q.Policies {
 		if p.Window <= 0 || p.Quota <= 0 {
@@ -124,6 +212,7 @@ func (l *Limiter) observe(ctx context.Context, tc *taskCharge, q quota.Info, now
 		}
 		a.Policies = append(a.Policies, lua.Policy{Quota: int64(p.Quota), PerMS: p.Window.Milliseconds()})
 	}
+	a.Policies, a.Left = llmArgs(a.Policies, li, tc)
 	a.Remaining, a.WindowMS = -1, q.Window.Milliseconds()
 	ks := tc.ks
 	ks.mu.Lock()
@@ -146,7 +235,7 @@ func (l *Limiter) observe(ctx context.Context, tc *taskCharge, q quota.Info, now
 			a.Remaining, a.Reset, a.Stop = int64(q.Remaining), q.Reset, out
 		}
 	}
-	if a.Policies == nil && a.Remaining < 0 {
+	if a.Policies == nil && a.Remaining < 0 && a.Left == nil {
 		return
 	}
 	keys, err := redisKeys(l.o.prefix, tc.key)
@@ -184,6 +273,10 @@ func (l *Limiter) logChanges(key string, ks *keyState, q quota.Info, changes []s
 			log.Info("throttle: the provider publishes a lower quota; the key's tier is lowered fleet-wide",
 				"key", key, "tier", n[1], "quota", n[2], "configured", n[3], "per", time.Duration(n[4])*time.Millisecond,
 				"source", q.PolicySource, "learned_for", l.o.learnFor)
+		case f[0] == "burst" && len(f) == 5:
+			ks.lease.drop()
+			log.Info("throttle: the provider's bucket holds less than the key's burst (its per-minute quota is enforced over a shorter span); the key's tier burst is lowered fleet-wide",
+				"key", key, "tier", n[1], "burst", n[2], "configured", n[3], "per", time.Duration(n[4])*time.Millisecond, "learned_for", l.o.learnFor)
 		case f[0] == "ceiling" && len(f) == 4:
 			ks.lease.drop()
 			log.Info("throttle: the provider's quota is back at or above the configured one; the tier is back to it",
@@ -198,12 +291,12 @@ func (l *Limiter) logChanges(key string, ks *keyState, q quota.Info, changes []s
 			ks.cacheSuspension(now, d, false)
 			log.Warn("throttle: the provider says its quota is used up until its reset; key suspended fleet-wide",
 				"key", key, "for", d, "source", q.Source)
-		case f[0] == "unmatched" && len(f) == 3:
+		case f[0] == "unmatched" && len(f) == 4:
 			// Once per key, whatever the period: a provider whose window
 			// changes on every response must not flood the log.
 			if l.o.warned.first("unmatched", key) {
-				log.Warn("throttle: the provider publishes a quota for a period the key has no tier for; add one to SetLimits to follow it (logged once per key)",
-					"key", key, "quota", n[2], "per", time.Duration(n[1])*time.Millisecond, "source", q.PolicySource)
+				log.Warn("throttle: the provider publishes a quota for a period (or unit) the key has no tier for; add one to SetLimits to follow it (logged once per key)",
+					"key", key, "quota", n[2], "per", time.Duration(n[1])*time.Millisecond, "unit", f[3], "source", q.PolicySource)
 			}
 		}
 	}

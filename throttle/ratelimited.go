@@ -16,10 +16,15 @@ type RateLimitedError struct {
 	RetryAfter time.Duration
 	// StatusCode is the HTTP status that said so, when known.
 	StatusCode int
+
+	spendCap string // the provider's reason when it is a spend cap, not a rate limit (Observe)
 }
 
 // Error says the provider rate limited the call, and for how long.
 func (e *RateLimitedError) Error() string {
+	if e.spendCap != "" {
+		return fmt.Sprintf("throttle: the provider's spend cap is reached (%s, HTTP %d): not a rate limit; raise the cap or wait for the billing period, then resume the key", e.spendCap, e.StatusCode)
+	}
 	if e.RetryAfter > 0 {
 		return fmt.Sprintf("throttle: rate limited by provider, retry after %v", e.RetryAfter)
 	}
@@ -43,9 +48,27 @@ func RateLimited(retryAfter time.Duration) error {
 // Retry-After, else the reset it states (the IETF RateLimit's t, then
 // RateLimit-Reset, X-RateLimit-Reset, X-Rate-Limit-Reset); nil for any
 // other response.
-func fromResponse(q quota.Info, status int) error {
-	if !q.RateLimited {
+//
+// A spend cap (quota.LLMInfo.SpendCap: OpenAI's insufficient_quota,
+// Anthropic's spend limits) is no rate limit: the error says so and asks
+// the middleware to suspend the key for WithMaxSuspension, under its own
+// log line. An LLM provider's retry-after-ms counts when Retry-After is
+// absent.
+func fromResponse(q quota.Info, li quota.LLMInfo, status int) error {
+	if li.SpendCap {
+		return &RateLimitedError{RetryAfter: spendCapWait, StatusCode: status, spendCap: li.SpendCapReason}
+	}
+	if !q.RateLimited && !li.RateLimited {
 		return nil
 	}
-	return &RateLimitedError{RetryAfter: q.Wait(), StatusCode: status}
+	wait := q.Wait()
+	if !q.HasRetryAfter && li.HasRetryAfter {
+		wait = li.RetryAfter
+	}
+	return &RateLimitedError{RetryAfter: wait, StatusCode: status}
 }
+
+// spendCapWait is what a spend cap asks for: as long as the middleware
+// suspends at most (WithMaxSuspension). An operator resumes the key once
+// the cap is raised.
+const spendCapWait = 30 * 24 * time.Hour

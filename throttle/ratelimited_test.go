@@ -53,7 +53,7 @@ func TestFromResponseTellsARateLimitFromOtherFailures(t *testing.T) {
 			for k, v := range tt.headers {
 				resp.Header.Set(k, v)
 			}
-			err := fromResponse(quota.Parse(resp.StatusCode, resp.Header, now), resp.StatusCode)
+			err := fromResponse(quota.Parse(resp.StatusCode, resp.Header, now), quota.ParseLLM(quota.ProviderUnknown, resp.StatusCode, resp.Header, now), resp.StatusCode)
 			if tt.want < 0 {
 				assert.NoError(t, err, "fromResponse(%d %v)", tt.status, tt.headers)
 				return

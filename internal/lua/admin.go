@@ -416,23 +416,39 @@ type ObserveArgs struct {
 	IdleExpiry time.Duration
 	// Stop makes remaining 0 with a reset suspend the key until the reset.
 	Stop bool
+	// Left are the counts left of other units' buckets (LLM providers'
+	// x-ratelimit-remaining-tokens), each lowering that unit's tiers.
+	Left []UnitLeft
 }
 
-// Policy is one published quota.
-type Policy struct{ Quota, PerMS int64 }
+// Policy is one published quota: Quota per PerMS of Unit ("" requests),
+// and the burst the provider's bucket holds when it tells it (0: not).
+type Policy struct {
+	Quota, PerMS int64
+	Unit         string
+	Burst        int64
+}
+
+// UnitLeft is what a provider says is left of a unit in a window.
+type UnitLeft struct {
+	Unit                string // "" requests
+	WindowMS, Remaining int64
+}
 
 // Observe runs observe.lua: what a provider's response says lowers the
 // limits in force (never above the configured ones), the tokens, or
 // suspends the key until the provider's reset.
 //
 //	KEYS[1] bucket hash
-//	ARGV policies ("per_ms:quota ..."), remaining, window_ms, reset_us,
-//	learn_for_us, defaults, max_suspension_us, idle_ms, stop (1: remaining
-//	0 with a reset suspends)
+//	ARGV policies ("per_ms:quota[:unit:burst] ..."), remaining, window_ms,
+//	reset_us, learn_for_us, defaults, max_suspension_us, idle_ms, stop (1:
+//	remaining 0 with a reset suspends), other units left
+//	("unit:window_ms:remaining ...")
 //
 // Reply: one line per change: "learned i quota configured per_ms",
-// "ceiling i configured per_ms", "tokens i from to", "suspended us",
-// "unmatched per_ms quota" (see ObserveKey for the tiers it also tells).
+// "burst i burst configured per_ms", "ceiling i configured per_ms",
+// "tokens i from to", "suspended us", "unmatched per_ms quota unit" (see
+// ObserveKey for the tiers it also tells).
 func Observe(ctx context.Context, r *Runner, k Keys, a ObserveArgs) ([]string, error) {
 	o, err := ObserveKey(ctx, r, k, a)
 	return o.Changes, err
@@ -450,6 +466,7 @@ type Observed struct {
 // ObservedTier is one tier of a key as ObserveKey saw it.
 type ObservedTier struct {
 	PerMS, InForce, Configured int64
+	Unit                       string // "" requests
 }
 
 // ObserveKey is Observe, also telling the key's tiers (observe.lua's last
@@ -461,10 +478,24 @@ func ObserveKey(ctx context.Context, r *Runner, k Keys, a ObserveArgs) (Observed
 			pol.WriteByte(' ')
 		}
 		fmt.Fprintf(&pol, "%d:%d", p.PerMS, p.Quota)
+		if p.Unit != "" || p.Burst > 0 {
+			fmt.Fprintf(&pol, ":%s:%d", p.Unit, p.Burst)
+		}
+	}
+	var left strings.Builder
+	for i, u := range a.Left {
+		if i > 0 {
+			left.WriteByte(' ')
+		}
+		unit := u.Unit
+		if unit == "" {
+			unit = "requests"
+		}
+		fmt.Fprintf(&left, "%s:%d:%d", unit, u.WindowMS, u.Remaining)
 	}
 	v, err := r.Run(ctx, observeScript, []string{k.Bucket}, pol.String(), a.Remaining, a.WindowMS,
 		a.Reset.Microseconds(), a.LearnFor.Microseconds(), FormatTiers(a.Defaults), a.MaxSuspension.Microseconds(),
-		a.IdleExpiry.Milliseconds(), boolArg(a.Stop))
+		a.IdleExpiry.Milliseconds(), boolArg(a.Stop), left.String())
 	if err != nil {
 		return Observed{}, err
 	}
@@ -485,8 +516,15 @@ func ObserveKey(ctx context.Context, r *Runner, k Keys, a ObserveArgs) (Observed
 		}
 		for _, f := range strings.Fields(rest) {
 			var t ObservedTier
-			if n, err := fmt.Sscanf(f, "%d:%d:%d", &t.PerMS, &t.InForce, &t.Configured); n != 3 || err != nil {
+			parts := strings.Split(f, ":")
+			if len(parts) != 4 {
 				return Observed{}, errBadReply("observe", v)
+			}
+			if n, err := fmt.Sscanf(strings.Join(parts[:3], ":"), "%d:%d:%d", &t.PerMS, &t.InForce, &t.Configured); n != 3 || err != nil {
+				return Observed{}, errBadReply("observe", v)
+			}
+			if parts[3] != "requests" {
+				t.Unit = parts[3]
 			}
 			out.Tiers = append(out.Tiers, t)
 		}

@@ -49,7 +49,7 @@ for i, t in ipairs(spec.tiers) do
   local c = ceiling.tiers[i]
   local l = learned[c.key]
   local learned_for = 0
-  if l and l[2] > now and l[1] < tier_quota(c) then learned_for = l[2] - now end
+  if learned_lowers(l, c, now) then learned_for = l[2] - now end
   if t.kind == 'b' then
     out[#out + 1] = 'b'
     out[#out + 1] = fmt(t.rate)

@@ -240,6 +240,9 @@ end
 --   t<tier key>=<n>@<until_us>  the provider's quota for the tier's period,
 --                                in force until then (refreshed while the
 --                                provider keeps saying it)
+--   t<tier key>=<n>/<b>@<until>  the same with the burst its bucket holds
+--                                (what an LLM provider's reset tells: a
+--                                per-minute quota enforced per second)
 --   a<ppm>@<since_us>           adaptive: the rate tiers at ppm (per
 --                                million) of the ceiling since then, plus
 --                                ADAPT_STEP for every clean interval after
@@ -256,16 +259,20 @@ local function bump_gen(L)
   return s .. ' #' .. string.format('%d', g + 1)
 end
 
--- read_O splits the O field: the learned quotas by tier key ({n, until})
--- and the adaptive state ({ppm, since}) or nil.
+-- read_O splits the O field: the learned quotas by tier key ({n, until,
+-- burst or nil}) and the adaptive state ({ppm, since}) or nil.
 local function read_O(O)
   local learned, adapt = {}, nil
   if not O then return learned, nil end
-  for k, q, u in string.gmatch(O, 't([wx]?%d+~?[%w_%-]*)=(%d+)@(%d+)') do
-    learned[k] = {tonumber(q), tonumber(u)}
+  for tok in string.gmatch(O, '%S+') do
+    local k, q, b, u = string.match(tok, '^t([wx]?%d+~?[%w_%-]*)=(%d+)/?(%d*)@(%d+)$')
+    if k then
+      learned[k] = {tonumber(q), tonumber(u), tonumber(b)}
+    else
+      local ppm, since = string.match(tok, '^a(%d+)@(%d+)$')
+      if ppm then adapt = {tonumber(ppm), tonumber(since)} end
+    end
   end
-  local ppm, since = string.match(O, 'a(%d+)@(%d+)')
-  if ppm then adapt = {tonumber(ppm), tonumber(since)} end
   return learned, adapt
 end
 
@@ -273,7 +280,11 @@ end
 local function write_O(learned, adapt, now)
   local out = {}
   for k, l in pairs(learned) do
-    if l[2] > now then out[#out + 1] = string.format('t%s=%d@%d', k, l[1], l[2]) end
+    if l[2] > now and l[3] then
+      out[#out + 1] = string.format('t%s=%d/%d@%d', k, l[1], l[3], l[2])
+    elseif l[2] > now then
+      out[#out + 1] = string.format('t%s=%d@%d', k, l[1], l[2])
+    end
   end
   table.sort(out)
   if adapt and adapt[1] < 1e6 then out[#out + 1] = string.format('a%d@%d', adapt[1], adapt[2]) end
@@ -298,10 +309,10 @@ local function tier_quota(t)
 end
 
 -- with_quota returns a copy of tier t allowing q per period (a bucket's
--- burst is lowered with it, never raised).
-local function with_quota(t, q)
+-- burst is lowered with it, and to lb when given, never raised).
+local function with_quota(t, q, lb)
   if t.kind == 'b' then
-    local b = math.min(t.burst, q)
+    local b = math.min(t.burst, q, lb or q)
     return {kind = 'b', rate = q, per = t.per, burst = b, e = t.p / q, p = t.p,
             full = b * t.p, key = t.key, unit = t.unit, id = t.id, ceiling = t}
   end
@@ -309,17 +320,25 @@ local function with_quota(t, q)
           unit = t.unit, id = t.id, ceiling = t}
 end
 
+-- learned_lowers reports whether learned entry l lowers tier t at now:
+-- its quota below the tier's, or (a bucket) its burst below the tier's.
+local function learned_lowers(l, t, now)
+  if not l or l[2] <= now then return false end
+  return l[1] < tier_quota(t) or (l[3] ~= nil and t.kind == 'b' and l[3] < t.burst)
+end
+
 -- apply_learned returns the limits in force at now: spec (parsed from src)
--- with the learned quotas of O below it. It is spec itself when nothing
--- learned is in force; otherwise a copy, cached like parse_limits.
+-- with the learned quotas (and bursts) of O below it. It is spec itself
+-- when nothing learned is in force; otherwise a copy, cached like
+-- parse_limits.
 local function apply_learned(spec, src, O, now)
   local learned, adapt = read_O(O)
   local ppm = adapt_ppm(spec, adapt, now)
   local sig, any = {src, '|', ppm}, ppm < 1e6
   for _, t in ipairs(spec.tiers) do
     local l = learned[t.key]
-    if l and l[2] > now and l[1] < tier_quota(t) then
-      sig[#sig + 1] = ' ' .. t.key .. '=' .. l[1]
+    if learned_lowers(l, t, now) then
+      sig[#sig + 1] = ' ' .. t.key .. '=' .. l[1] .. '/' .. (l[3] or '')
       any = true
     end
   end
@@ -330,12 +349,13 @@ local function apply_learned(spec, src, O, now)
   eff = {tiers = {}, gen = spec.gen, windows = spec.windows, inflight = spec.inflight,
          adaptive = spec.adaptive, units = spec.units, ppm = ppm}
   for i, t in ipairs(spec.tiers) do
-    local q = tier_quota(t)
+    local q, lb = tier_quota(t), nil
     local l = learned[t.key]
     if l and l[2] > now and l[1] < q then q = l[1] end
+    if learned_lowers(l, t, now) and l[3] and t.kind == 'b' and l[3] < t.burst then lb = l[3] end
     if ppm < 1e6 then q = math.floor(q * ppm / 1e6) end
     if q < 1 then q = 1 end
-    if q == tier_quota(t) then eff.tiers[i] = t else eff.tiers[i] = with_quota(t, q) end
+    if q == tier_quota(t) and not lb then eff.tiers[i] = t else eff.tiers[i] = with_quota(t, q, lb) end
   end
   if n_parsed >= 256 then parsed, n_parsed = {}, 0 end
   parsed[k] = eff

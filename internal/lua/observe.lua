@@ -17,7 +17,7 @@
 -- period and quota), which tells the caller which published quotas could
 -- change anything, so that it sends only those.
 local key = KEYS[1]
-local policies  = ARGV[1]             -- "per_ms:quota ..." ('' none)
+local policies  = ARGV[1]             -- "per_ms:quota[:unit:burst] ..." ('' none)
 local remaining = tonumber(ARGV[2])   -- -1: not said
 local window_ms = tonumber(ARGV[3])   -- window of remaining, 0: not said
 local reset_us  = tonumber(ARGV[4])   -- 0: not said
@@ -26,6 +26,7 @@ local defaults  = ARGV[6]
 local max_susp  = tonumber(ARGV[7])
 local idle_us   = ARGV[8] * 1000
 local stop      = ARGV[9] == '1'      -- remaining 0 with a reset suspends
+local unit_left = ARGV[10] or ''      -- "unit:window_ms:remaining ...": other units' counts left
 local now = now_us()
 local SUSPEND_FROM = 10e6             -- us: a nearer reset is left to the tiers
 
@@ -40,20 +41,36 @@ local learned, adapt = read_O(h[3])
 local before = write_O(learned, adapt, now)
 local relearned = false
 
--- Published quotas.
-for per, q in string.gmatch(policies, '(%d+):(%d+)') do
-  per, q = tonumber(per), tonumber(q)
+-- unit_of reads a unit as sent ('' and 'requests': the default, nil).
+local function unit_of(u)
+  if u == '' or u == 'requests' then return nil end
+  return u
+end
+
+-- Published quotas (a bucket's burst too, when the provider tells it),
+-- matched to the tier of their period and unit.
+for tok in string.gmatch(policies, '%S+') do
+  local per, q, u, b = string.match(tok, '^(%d+):(%d+):?([%w_%-]*):?(%d*)$')
+  per, q, b = tonumber(per), tonumber(q), tonumber(b)
+  local unit = unit_of(u or '')
   local found = false
   for i, t in ipairs(ceiling.tiers) do
-    if t.per == per then
+    if per and t.per == per and t.unit == unit then
       found = true
       local l = learned[t.key]
-      if q < tier_quota(t) then
-        if not l or l[1] ~= q or l[2] <= now then
-          changes[#changes + 1] = string.format('learned %d %d %d %d', i - 1, q, tier_quota(t), per)
+      if b and (b < 1 or t.kind ~= 'b' or b >= t.burst) then b = nil end
+      if q < tier_quota(t) or b then
+        local lq = math.min(q, tier_quota(t))
+        if not l or l[1] ~= lq or l[3] ~= b or l[2] <= now then
+          if lq < tier_quota(t) then
+            changes[#changes + 1] = string.format('learned %d %d %d %d', i - 1, lq, tier_quota(t), per)
+          end
+          if b and (not l or l[3] ~= b or l[2] <= now) then
+            changes[#changes + 1] = string.format('burst %d %d %d %d', i - 1, b, t.burst, per)
+          end
           relearned = true
         end
-        learned[t.key] = {q, now + math.max(learn_for, 2 * t.p)}
+        learned[t.key] = {lq, now + math.max(learn_for, 2 * t.p), b}
       elseif l and l[2] > now then
         changes[#changes + 1] = string.format('ceiling %d %d %d', i - 1, tier_quota(t), per)
         learned[t.key] = nil
@@ -61,7 +78,7 @@ for per, q in string.gmatch(policies, '(%d+):(%d+)') do
       end
     end
   end
-  if not found then changes[#changes + 1] = string.format('unmatched %d %d', per, q) end
+  if per and not found then changes[#changes + 1] = string.format('unmatched %d %d %s', per, q, u ~= '' and u or 'requests') end
 end
 
 -- What is in force now, with what was just learned.
@@ -74,15 +91,10 @@ local fields, need = {}, 0
 local ts, x, q, stored = read_T(h[2], now)
 local owed = bucket_owed(stored, ts, tiers, now, 0)
 local t_changed = false
-if remaining >= 0 then
-  local targets = {}
-  for i, t in ipairs(tiers) do
-    if window_ms > 0 and t.per == window_ms then targets[#targets + 1] = i end
-  end
-  if #targets == 0 then
-    for i = 1, #tiers do targets[#targets + 1] = i end
-  end
-  for _, i in ipairs(targets) do
+
+-- lower_to brings tier i's tokens down to remaining (never up), as of a
+-- reset reset_us away (0: not said, or a bucket refilling continuously).
+local function lower_to(i, remaining, reset_us)
     local t = tiers[i]
     if t.kind == 'b' then
       local has = tokens_at(t, owed[i])
@@ -105,7 +117,7 @@ if remaining >= 0 then
         -- window at the provider's reset (when it tells it), not a whole
         -- window from now.
         local at = now
-        if reset_us > 0 and reset_us < t.p then at = now + reset_us - t.p end
+        if reset_us > 0 and reset_us < t.p and not t.fixed then at = now + reset_us - t.p end
         win_add(w, t, at, has - remaining)
         local s, empty_in = win_write(w, t, now, 0)
         fields[#fields + 1] = f
@@ -114,7 +126,27 @@ if remaining >= 0 then
         changes[#changes + 1] = string.format('tokens %d %d %d', i - 1, math.max(has, 0), remaining)
       end
     end
+end
+
+-- targets are the tiers of unit (nil: requests) that a count left in a
+-- window of window_ms is about: those of that period, else all of the unit.
+local function targets(unit, window_ms)
+  local out, all = {}, {}
+  for i, t in ipairs(tiers) do
+    if t.unit == unit then
+      all[#all + 1] = i
+      if window_ms > 0 and t.per == window_ms then out[#out + 1] = i end
+    end
   end
+  if #out == 0 then return all end
+  return out
+end
+
+if remaining >= 0 then
+  for _, i in ipairs(targets(nil, window_ms)) do lower_to(i, remaining, reset_us) end
+end
+for u, w, left in string.gmatch(unit_left, '([%w_%-]+):(%d+):(%d+)') do
+  for _, i in ipairs(targets(unit_of(u), tonumber(w))) do lower_to(i, tonumber(left), 0) end
 end
 
 -- Out of quota until a reset far enough away for tasks to wait for it
@@ -175,7 +207,7 @@ if #fields > 0 then
 end
 local in_force = {}
 for i, t in ipairs(ceiling.tiers) do
-  in_force[i] = string.format('%d:%d:%d', t.per, tier_quota(tiers[i]), tier_quota(t))
+  in_force[i] = string.format('%d:%d:%d:%s', t.per, tier_quota(tiers[i]), tier_quota(t), t.unit or 'requests')
 end
 changes[#changes + 1] = 'tiers ' .. table.concat(in_force, ' ')
 return changes

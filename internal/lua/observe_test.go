@@ -69,7 +69,7 @@ func TestObserveLearnsAQuotaBelowTheCeiling(t *testing.T) {
 	assert.Equal(t, int64(100), e.inspect().Tiers[0].Rate, "never above the configured tier")
 
 	// A period the key has no tier for is reported, not applied.
-	assert.Equal(t, []string{"unmatched 3600000 5000"},
+	assert.Equal(t, []string{"unmatched 3600000 5000 requests"},
 		e.observe(ObserveArgs{Remaining: -1, Policies: []Policy{{Quota: 5000, PerMS: 3_600_000}}}))
 
 	// Learned, then the provider goes quiet: back to the ceiling after
@@ -195,7 +195,7 @@ func TestObserveKeyTellsTheTiers(t *testing.T) {
 	o, err = ObserveKey(e.ctx, e.run, e.k, args)
 	require.NoError(t, err)
 	assert.Equal(t, Observed{
-		Changes: []string{"learned 0 60 100 60000", "unmatched 3000 7"},
+		Changes: []string{"learned 0 60 100 60000", "unmatched 3000 7 requests"},
 		Tiers:   []ObservedTier{{PerMS: 60_000, InForce: 60, Configured: 100}, {PerMS: 1000, InForce: 10, Configured: 10}},
 	}, o)
 	o, err = ObserveKey(e.ctx, e.run, e.k, ObserveArgs{Remaining: -1, LearnFor: time.Minute, MaxSuspension: time.Hour, IdleExpiry: time.Hour})
