@@ -32,8 +32,13 @@ import (
 // (draft-ietf-httpapi-ratelimit-headers), RateLimit-Limit/-Remaining/-Reset,
 // X-RateLimit-Limit/-Remaining/-Reset/-Used (a reset in seconds or, as
 // GitHub sends, a Unix time), X-Rate-Limit-*, Shopify's call limit and
-// Retry-After. What it learns goes to Redis beside the configured limits,
-// which stay the ceiling:
+// Retry-After; and LLM providers' limits per unit (docs/llm.md): OpenAI's
+// and Groq's x-ratelimit-{limit,remaining,reset}-{requests,tokens},
+// Anthropic's anthropic-ratelimit-*, Azure's x-ratelimit-remaining-* and
+// retry-after-ms, matched to the key's tiers of the same unit (Limit.In)
+// and period, a key named "groq:..." reading Groq's requests per day. What
+// it learns goes to Redis beside the configured limits, which stay the
+// ceiling:
 //   - a published quota (with its window) below the key's tier of the same
 //     period lowers that tier for every process, until the provider has not
 //     said it for 10 minutes; one at or above the configured
@@ -44,6 +49,14 @@ import (
 //     remaining's window when the response tells it, else every rate tier.
 //   - remaining 0 with a reset 10 seconds away or more suspends the key
 //     until the reset; a nearer reset is left to the tiers.
+//   - an LLM provider's bucket that holds less than the tier's burst (a
+//     per-minute quota enforced per second: remaining + rate x the time
+//     until full) lowers the tier's burst to it.
+//   - a spend cap (OpenAI's insufficient_quota, Anthropic's spend limits,
+//     read from the start of the error body, which is put back) is no rate
+//     limit: nothing is learned, and the returned *RateLimitedError makes
+//     the middleware suspend the key for WithMaxSuspension with an error
+//     log line saying to raise the cap and resume the key.
 //
 // Every learned change is logged once, by the process that made it, and
 // shown by Inspect (Limits against InForce); a quota for a period the key
