@@ -217,6 +217,13 @@ func (l *Limiter) Suspend(ctx context.Context, key string, d time.Duration) erro
 }
 
 func (l *Limiter) suspend(ctx context.Context, key string, d time.Duration) (time.Duration, error) {
+	return l.suspendAs(ctx, key, d, lua.SuspendKey)
+}
+
+// suspendAs is suspend through how (lua.SuspendKey, or
+// lua.SuspendForSpendCap: no adaptive cut).
+func (l *Limiter) suspendAs(ctx context.Context, key string, d time.Duration,
+	how func(context.Context, *lua.Runner, lua.Keys, time.Duration, time.Duration) (lua.Suspended, error)) (time.Duration, error) {
 	keys, err := redisKeys(l.o.prefix, key)
 	if err != nil {
 		return 0, err
@@ -230,7 +237,7 @@ func (l *Limiter) suspend(ctx context.Context, key string, d time.Duration) (tim
 	}
 	ks.lease.drop()
 	r, err := bounded(l, ctx, func(ctx context.Context) (lua.Suspended, error) {
-		return lua.SuspendKey(ctx, l.runner, keys, d, l.o.maxSuspension)
+		return how(ctx, l.runner, keys, d, l.o.maxSuspension)
 	})
 	if err != nil {
 		return 0, fmt.Errorf("throttle: key %q: suspend: %w", key, err)

@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/asynq-throttle/asynq-throttle/internal/deferral"
+	"github.com/asynq-throttle/asynq-throttle/internal/lua"
 	"github.com/asynq-throttle/asynq-throttle/internal/jitter"
 	"github.com/asynq-throttle/asynq-throttle/internal/keyspace"
 )
@@ -430,7 +431,11 @@ func (m *middleware) run(ctx context.Context, t *asynq.Task, next asynq.Handler,
 		wait = o.defaultSuspend
 	}
 	wait = min(wait, o.maxSuspension)
-	left, err := m.l.suspend(ctx, key, wait)
+	how := lua.SuspendKey
+	if rl.spendCap != "" {
+		how = lua.SuspendForSpendCap // no adaptive cut: a cap says nothing of the rate
+	}
+	left, err := m.l.suspendAs(ctx, key, wait, how)
 	if err == nil && rl.spendCap != "" {
 		o.logger.Error("throttle: the provider says the account's spend cap is reached; this is not a rate limit, no quota was learned. The key is suspended fleet-wide: raise the cap (or wait for the billing period), then resume it (asynq-throttle resume KEY, or Limiter.Resume)",
 			"key", key, "task_id", ev.TaskID, "reason", rl.spendCap, "status", rl.StatusCode, "suspended_for", left)

@@ -100,7 +100,8 @@ func TestObserveReadsGroqRequestsPerDay(t *testing.T) {
 // a Suspended event carrying it, and the handler can still read the body.
 func TestObserveTellsASpendCapFromARateLimit(t *testing.T) {
 	r := newLLMRig(t)
-	require.NoError(t, r.lim.SetLimits(r.ctx, "anthropic:claude", throttle.PerMinute(50), throttle.PerMinute(40000).In("input-tokens")))
+	require.NoError(t, r.lim.SetLimits(r.ctx, "anthropic:claude", throttle.PerMinute(50), throttle.PerMinute(40000).In("input-tokens"),
+		throttle.Adaptive(30*time.Second)))
 	var suspended []throttle.Event
 	r.lim.OnEvent(func(ev throttle.Event) {
 		if ev.Outcome == throttle.Suspended {
@@ -123,6 +124,7 @@ func TestObserveTellsASpendCapFromARateLimit(t *testing.T) {
 	st, err := r.lim.Inspect(r.ctx, "anthropic:claude")
 	require.NoError(t, err)
 	assert.Equal(t, 50, st.InForce[0].N, "no quota learned from a spend cap")
+	assert.Equal(t, 1.0, st.AdaptiveFactor, "no adaptive cut either: a cap says nothing of the rate")
 	assert.Greater(t, st.SuspendedFor, 30*time.Minute, "suspended until an operator resumes it (WithMaxSuspension)")
 	require.NotEmpty(t, r.log.Find("spend cap is reached"), "its own log line")
 	assert.Empty(t, r.log.Find("provider rate limited a task"), "not logged as a rate limit")

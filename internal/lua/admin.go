@@ -94,7 +94,17 @@ type Suspended struct {
 
 // SuspendKey runs suspend.lua (see Suspend) and reports the adaptive cut.
 func SuspendKey(ctx context.Context, r *Runner, k Keys, d, max time.Duration) (Suspended, error) {
-	v, err := r.Run(ctx, suspendScript, []string{k.Bucket}, d.Microseconds(), max.Microseconds())
+	return suspendKey(ctx, r, k, d, max, false)
+}
+
+// SuspendForSpendCap is SuspendKey for a provider's spend cap: no
+// adaptive cut (the cap says nothing of the rate the provider allows).
+func SuspendForSpendCap(ctx context.Context, r *Runner, k Keys, d, max time.Duration) (Suspended, error) {
+	return suspendKey(ctx, r, k, d, max, true)
+}
+
+func suspendKey(ctx context.Context, r *Runner, k Keys, d, max time.Duration, noAdapt bool) (Suspended, error) {
+	v, err := r.Run(ctx, suspendScript, []string{k.Bucket}, d.Microseconds(), max.Microseconds(), boolArg(noAdapt))
 	if err != nil {
 		return Suspended{}, err
 	}

@@ -1,11 +1,13 @@
 -- suspend.lua: suspend a key fleet-wide, extending and never shortening an
 -- existing suspension (see admin.go for the contract). With adaptive limits
 -- (an 'a' token in L), a new suspension (not one extending the last) also
--- cuts the rate tiers to ADAPT_CUT of what was in force, fleet-wide, once;
+-- cuts the rate tiers to ADAPT_CUT of what was in force, fleet-wide, once
+-- (unless ARGV[3] is '1': a spend cap, which says nothing of the rate);
 -- one that extends the last moves the start of the clean intervals to its
 -- new end.
 local key = KEYS[1]
 local d, max = tonumber(ARGV[1]), tonumber(ARGV[2])
+local adapts = ARGV[3] ~= '1'   -- '1': no adaptive cut (a spend cap is no rate limit)
 if d > max then d = max end
 local now = now_us()
 local until_ = now + d
@@ -17,7 +19,7 @@ if cur and cur > until_ and cur - now <= MAX_WAIT then until_ = cur end
 local fields = {'s', string.format('%d', until_)}
 local ppm = -1
 local spec = h[2] and parse_limits(h[2])
-if spec and spec.adaptive then
+if spec and spec.adaptive and adapts then
   local learned, adapt = read_O(h[3])
   if fresh then
     ppm = math.max(ADAPT_FLOOR, math.floor(adapt_ppm(spec, adapt, now) * ADAPT_CUT))
