@@ -55,7 +55,7 @@ import (
 //   - a spend cap (OpenAI's insufficient_quota, Anthropic's spend limits,
 //     read from the start of the error body, which is put back) is no rate
 //     limit: nothing is learned, and the returned *RateLimitedError makes
-//     the middleware suspend the key for WithMaxSuspension with an error
+//     the middleware suspend the key for WithMaxSuspension (no Adaptive cut) with an error
 //     log line saying to raise the cap and resume the key.
 //
 // Every learned change is logged once, by the process that made it, and
