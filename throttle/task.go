@@ -56,7 +56,8 @@ func (t tenantOption) Value() interface{}     { return string(t) }
 // alone gets all of it, and an idle tenant's share goes to the others at
 // once. A refused task is deferred to its tenant's turn, not behind every
 // task booked before it. Tasks without a Tenant share the default tenant.
-// Costs count: a tenant's share is in cost units. The name follows the
+// Costs count: a tenant's share is in cost units (with tiers in several
+// units, of each task's dominant unit). The name follows the
 // rules of keys (ValidateKey). Like Key, it must go through NewTask.
 func Tenant(id string) asynq.Option { return tenantOption(id) }
 

@@ -84,6 +84,7 @@ func TestFairSecondTenantIsNotQueuedBehindTheFirst(t *testing.T) {
 type fairTask struct {
 	tenant, id   string
 	cost         int // 0: 1
+	units        string
 	back, ranAt  time.Duration
 	ran, reached bool
 	deferrals    int
@@ -112,6 +113,7 @@ func runFair(t *testing.T, e *env, tasks []*fairTask, limit time.Duration) {
 			if k.cost > 0 {
 				a.Cost = k.cost
 			}
+			a.Units = k.units
 			r := e.decide(a)
 			if fairTrace != nil {
 				fairTrace(now, k, r)
@@ -367,4 +369,32 @@ func TestFairSharesCountCostUnits(t *testing.T) {
 	}
 	share := float64(units["big"]) / float64(units["big"]+units["small"])
 	assert.InDelta(t, 0.5, share, 0.08, "big's share of the units while both wait (%v)", units)
+}
+
+// With tiers in several units, a tenant's share is of its dominant unit:
+// on 100 requests and 1,000 tokens a second, a tenant of 200-token calls
+// and one of 10-token calls each get half the tokens while both wait (2.5
+// and 50 calls a second), instead of equal calls, which would leave the
+// small calls 5 a second behind the big ones' tokens.
+func TestFairSharesCountTheDominantUnit(t *testing.T) {
+	e := newEnv(t)
+	e.setLimits(Tier{Rate: 100, PerMS: 1000, Burst: 5}, Tier{Rate: 1000, PerMS: 1000, Burst: 500, Unit: "tokens"})
+	var tasks []*fairTask
+	for i := range 40 {
+		tasks = append(tasks, &fairTask{tenant: "big", id: fmt.Sprint("big", i), units: "tokens=200"})
+	}
+	for i := range 400 {
+		tasks = append(tasks, &fairTask{tenant: "small", id: fmt.Sprint("small", i), units: "tokens=10"})
+	}
+	runFair(t, e, tasks, 60*time.Second)
+	calls, tokens := map[string]int{}, map[string]int{}
+	for _, k := range tasks {
+		if k.ranAt >= time.Second && k.ranAt < 5*time.Second {
+			calls[k.tenant]++
+			tokens[k.tenant] += map[string]int{"big": 200, "small": 10}[k.tenant]
+		}
+	}
+	share := float64(tokens["big"]) / float64(tokens["big"]+tokens["small"])
+	assert.InDelta(t, 0.5, share, 0.1, "big's share of the tokens while both wait (calls %v, tokens %v)", calls, tokens)
+	assert.Greater(t, calls["small"], 10*calls["big"], "the small calls run far more often (calls %v)", calls)
 }
