@@ -11,9 +11,9 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/asynq-throttle/asynq-throttle/internal/deferral"
-	"github.com/asynq-throttle/asynq-throttle/internal/lua"
 	"github.com/asynq-throttle/asynq-throttle/internal/jitter"
 	"github.com/asynq-throttle/asynq-throttle/internal/keyspace"
+	"github.com/asynq-throttle/asynq-throttle/internal/lua"
 )
 
 // Outcome is what the middleware did with one task.
