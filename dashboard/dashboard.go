@@ -1,10 +1,11 @@
 // Package dashboard is asynq-throttle's web view: one page that shows every
-// key live (its limits, a gauge per limit: a bucket's tokens, a window's
-// calls left, the slots in flight; the limits' generation, suspension with
-// a countdown, the reservation backlog as a forecast, the tenants sharing
-// it with their weights, shares of its rate, backlogs and work admitted,
-// decisions per second and 429s) with actions to suspend, resume and
-// change limits behind a read-only switch that is on by default.
+// key live (its limits, a gauge per limit in the limit's unit: a bucket's
+// tokens, a window's calls left, the slots in flight; the limits'
+// generation, suspension with a countdown, the reservation backlog as a
+// forecast, the tenants sharing it with their weights, shares of its rate,
+// backlogs and work admitted, decisions per second and 429s) with actions
+// to suspend, resume and change limits (in the CLI's form, units and all:
+// 500/m 30000/m:tokens) behind a read-only switch that is on by default.
 // Everything it serves is embedded: no CDN, no network fetch. It answers
 // only requests addressed to localhost, an IP address or a host given to
 // WithAllowedHosts, so that a site rebinding its own name to this address

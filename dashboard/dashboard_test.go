@@ -136,6 +136,7 @@ func TestAPIKeysShowsStateAndDecisions(t *testing.T) {
 	type tier struct {
 		Kind   string  `json:"kind"`
 		Limit  string  `json:"limit"`
+		Unit   string  `json:"unit"`
 		Burst  int     `json:"burst"`
 		Tokens float64 `json:"tokens"`
 	}
@@ -167,7 +168,7 @@ func TestAPIKeysShowsStateAndDecisions(t *testing.T) {
 	assert.Equal(t, int64(1), k.Generation)
 	assert.Nil(t, k.InFlight, "no in-flight limit")
 	require.Len(t, k.Limits, 2)
-	assert.Equal(t, tier{Kind: "bucket", Limit: "5/s:burst=8", Burst: 8, Tokens: k.Limits[0].Tokens}, k.Limits[0])
+	assert.Equal(t, tier{Kind: "bucket", Limit: "5/s:burst=8", Unit: "requests", Burst: 8, Tokens: k.Limits[0].Tokens}, k.Limits[0])
 	assert.InDelta(t, 7, k.Limits[0].Tokens, 0.2, "8 less the task's call")
 	assert.Equal(t, 100, k.Limits[1].Burst)
 
@@ -178,7 +179,7 @@ func TestAPIKeysShowsStateAndDecisions(t *testing.T) {
 	require.NotNil(t, k.InFlight)
 	assert.Equal(t, struct{ Held, Max int }{1, 3}, *k.InFlight)
 	assert.Equal(t, []tier{
-		{Kind: "window", Limit: "100/m:window", Burst: 100, Tokens: 98},
+		{Kind: "window", Limit: "100/m:window", Unit: "requests", Burst: 100, Tokens: 98},
 		{Kind: "inflight", Limit: "3:inflight", Burst: 3, Tokens: 2},
 	}, k.Limits)
 }
@@ -220,6 +221,8 @@ func TestActionsNeedWritableModeAndTheSameOrigin(t *testing.T) {
 		{"kind first", "limits", `{"key":"slack","limits":"inflight:4"}`, true, nil, http.StatusBadRequest, "as in 4:inflight"},
 		{"two in-flight limits", "limits", `{"key":"slack","limits":"1:inflight 2:inflight"}`, true, nil, http.StatusBadRequest, "a second InFlight limit"},
 		{"limits out of range", "limits", `{"key":"slack","limits":"1/s 2/2s 3/3s 4/4s 5/5s 6/6s 7/7s 8/8s 9/9s"}`, true, nil, http.StatusBadRequest, "at most 8"},
+		{"misspelt modifier", "limits", `{"key":"slack","limits":"500/m 30000/m:windwo"}`, true, nil, http.StatusBadRequest, "did you mean :window?"},
+		{"unit on in-flight", "limits", `{"key":"slack","limits":"4:inflight:tokens"}`, true, nil, http.StatusBadRequest, "not a unit"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			code, v := post(t, base+tc.path, tc.body, tc.header, tc.extra...)
@@ -251,6 +254,20 @@ func TestActionsNeedWritableModeAndTheSameOrigin(t *testing.T) {
 	st, err = lim.Inspect(ctx, "slack")
 	require.NoError(t, err)
 	assert.Equal(t, []throttle.Limit{throttle.Window(5000, time.Hour), throttle.InFlight(4)}, st.Limits)
+
+	// Units, as the CLI writes them: the unit last.
+	code, v = post(t, base+"limits", `{"key":"slack","limits":"500/m 30000/m:burst=5000:tokens 100/m:window:input-tokens 16:inflight"}`, true)
+	require.Equal(t, http.StatusOK, code, v)
+	assert.Equal(t, "500/m 30000/m:burst=5000:tokens 100/m:window:input-tokens 16:inflight", v["limit_spec"])
+	var units []any
+	for _, l := range v["limits"].([]any) {
+		units = append(units, l.(map[string]any)["unit"])
+	}
+	assert.Equal(t, []any{"requests", "tokens", "input-tokens", nil}, units, "each rate tier's unit; none for the in-flight limit")
+	st, err = lim.Inspect(ctx, "slack")
+	require.NoError(t, err)
+	assert.Equal(t, []throttle.Limit{throttle.PerMinute(500).WithBurst(500), throttle.PerMinute(30000).WithBurst(5000).In("tokens"),
+		throttle.Window(100, time.Minute).In("input-tokens"), throttle.InFlight(16)}, st.Limits)
 }
 
 // TestAPIKeysShowsTheLimitInForce: a key cut by adaptive mode after a 429 shows the

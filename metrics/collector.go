@@ -15,8 +15,12 @@
 // distinct values (default 100); events of further keys are counted under
 // key="_other" (tasks without a key under key="_none"), and
 // asynq_throttle_keys_folded_total counts them. The other labels take fixed
-// sets of values (tier 1 to 4, kind bucket or window, the outcomes,
-// reasons, policies and error classes), but for tenant.
+// sets of values (tier 1 to 8, kind bucket, window or fixed, the outcomes,
+// reasons, policies and error classes), but for unit and tenant. The unit
+// label (what a tier counts: "requests", or the unit Limit.In names, such
+// as "tokens") is on the per-tier gauges only, beside tier: a key's tiers
+// are at most 8, so it adds no series, and names what each tier's numbers
+// are in.
 //
 // Tenants (throttle.Tenant) are a per-key view read from Redis on each
 // scrape: asynq_throttle_tenant_share, _tenant_backlog and
@@ -186,11 +190,11 @@ func newDescs() descs {
 		redisErrors:   d("redis_errors_total", "Failed decisions by error class (timeout, connection, reply, bad_config, other).", "key", "class"),
 		folded:        d("keys_folded_total", "Events counted under key=\"_other\" because WithMaxKeys distinct keys were already exported."),
 
-		limitRate:     d("limit_rate", "Calls a tier of the key's limits allows per period (from Redis, on scrape); kind is bucket or window.", "key", "tier", "kind"),
-		limitInForce:  d("limit_rate_in_force", "Calls a tier allows per period now: below limit_rate while a quota learned from the provider (Observe) or adaptive mode's cut is in force.", "key", "tier", "kind"),
-		limitPeriod:   d("limit_period_seconds", "The period of a tier of the key's limits (a window's length).", "key", "tier", "kind"),
-		limitBurst:    d("limit_burst", "The most a tier holds at once: a bucket's burst, a window's calls per window.", "key", "tier", "kind"),
-		tokens:        d("tokens", "Room in a tier now: a bucket's tokens, a window's calls it would still admit.", "key", "tier", "kind"),
+		limitRate:     d("limit_rate", "What a tier of the key's limits allows per period, in its unit (from Redis, on scrape); kind is bucket, window or fixed, unit requests or the tier's own (tokens, ...).", "key", "tier", "kind", "unit"),
+		limitInForce:  d("limit_rate_in_force", "What a tier allows per period now, in its unit: below limit_rate while a quota learned from the provider (Observe) or adaptive mode's cut is in force.", "key", "tier", "kind", "unit"),
+		limitPeriod:   d("limit_period_seconds", "The period of a tier of the key's limits (a window's length).", "key", "tier", "kind", "unit"),
+		limitBurst:    d("limit_burst", "The most a tier holds at once, in its unit: a bucket's burst, a window's calls (or units) per window.", "key", "tier", "kind", "unit"),
+		tokens:        d("tokens", "Room in a tier now, in its unit: a bucket's tokens, a window's calls (or units) it would still admit.", "key", "tier", "kind", "unit"),
 		suspended:     d("suspended_seconds", "Seconds left of the key's fleet-wide suspension (0 when not suspended).", "key"),
 		reservations:  d("reservations", "Deferred tasks of the key holding a reservation: a reserved run time.", "key"),
 		queued:        d("queued_seconds", "Seconds until the key's last reserved run time: how long its backlog takes to drain.", "key"),

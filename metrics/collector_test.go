@@ -297,41 +297,41 @@ func TestScrapeReadsEveryKeysStateFromRedis(t *testing.T) {
 	assert.Equal(t, 4.0, g["asynq_throttle_state_keys{}"])
 	assert.Equal(t, 0.0, g["asynq_throttle_state_key_errors{}"])
 	for name, want := range map[string]float64{
-		"limit_rate{key=slack,kind=bucket,tier=1}":            5,
-		"limit_rate_in_force{key=slack,kind=bucket,tier=1}":   5,
-		"limit_rate{key=zendesk,kind=bucket,tier=1}":          20,
-		"limit_rate_in_force{key=zendesk,kind=bucket,tier=1}": 10,
-		"limit_burst{key=slack,kind=bucket,tier=1}":           8,
-		"limit_period_seconds{key=slack,kind=bucket,tier=1}":  1,
-		"limit_rate{key=slack,kind=bucket,tier=2}":            100,
-		"limit_burst{key=slack,kind=bucket,tier=2}":           100,
-		"limit_period_seconds{key=slack,kind=bucket,tier=2}":  60,
-		"tokens{key=slack,kind=bucket,tier=1}":                8,
-		"tokens{key=slack,kind=bucket,tier=2}":                100,
-		"reservations{key=slack}":                             0,
-		"queued_seconds{key=slack}":                           0,
-		"limit_rate{key=github,kind=bucket,tier=1}":           1,
-		"limit_period_seconds{key=github,kind=bucket,tier=1}": 3600,
-		"reservations{key=github}":                            3,
-		"suspended_seconds{key=github}":                       0,
-		"limits_generation{key=github}":                       1,
-		"limit_rate{key=stripe,kind=window,tier=1}":           100,
-		"limit_period_seconds{key=stripe,kind=window,tier=1}": 60,
-		"limit_burst{key=stripe,kind=window,tier=1}":          100,
-		"tokens{key=stripe,kind=window,tier=1}":               96,
-		"in_flight{key=stripe}":                               2,
-		"in_flight_limit{key=stripe}":                         4,
-		"limits_generation{key=stripe}":                       2,
+		"limit_rate{key=slack,kind=bucket,tier=1,unit=requests}":            5,
+		"limit_rate_in_force{key=slack,kind=bucket,tier=1,unit=requests}":   5,
+		"limit_rate{key=zendesk,kind=bucket,tier=1,unit=requests}":          20,
+		"limit_rate_in_force{key=zendesk,kind=bucket,tier=1,unit=requests}": 10,
+		"limit_burst{key=slack,kind=bucket,tier=1,unit=requests}":           8,
+		"limit_period_seconds{key=slack,kind=bucket,tier=1,unit=requests}":  1,
+		"limit_rate{key=slack,kind=bucket,tier=2,unit=requests}":            100,
+		"limit_burst{key=slack,kind=bucket,tier=2,unit=requests}":           100,
+		"limit_period_seconds{key=slack,kind=bucket,tier=2,unit=requests}":  60,
+		"tokens{key=slack,kind=bucket,tier=1,unit=requests}":                8,
+		"tokens{key=slack,kind=bucket,tier=2,unit=requests}":                100,
+		"reservations{key=slack}":                                           0,
+		"queued_seconds{key=slack}":                                         0,
+		"limit_rate{key=github,kind=bucket,tier=1,unit=requests}":           1,
+		"limit_period_seconds{key=github,kind=bucket,tier=1,unit=requests}": 3600,
+		"reservations{key=github}":                                          3,
+		"suspended_seconds{key=github}":                                     0,
+		"limits_generation{key=github}":                                     1,
+		"limit_rate{key=stripe,kind=window,tier=1,unit=requests}":           100,
+		"limit_period_seconds{key=stripe,kind=window,tier=1,unit=requests}": 60,
+		"limit_burst{key=stripe,kind=window,tier=1,unit=requests}":          100,
+		"tokens{key=stripe,kind=window,tier=1,unit=requests}":               96,
+		"in_flight{key=stripe}":                                             2,
+		"in_flight_limit{key=stripe}":                                       4,
+		"limits_generation{key=stripe}":                                     2,
 	} {
 		assert.Equal(t, want, g["asynq_throttle_"+name], name)
 	}
 	assert.InDelta(t, 60, g["asynq_throttle_suspended_seconds{key=slack}"], 2)
 	// Three slots an hour apart: the last is about 3 h away.
 	assert.InDelta(t, 3*3600, g["asynq_throttle_queued_seconds{key=github}"], 10)
-	assert.Less(t, g["asynq_throttle_tokens{key=github,kind=bucket,tier=1}"], 0.01)
+	assert.Less(t, g["asynq_throttle_tokens{key=github,kind=bucket,tier=1,unit=requests}"], 0.01)
 	assert.NotContains(t, g, "asynq_throttle_in_flight{key=slack}", "only keys with an in-flight limit")
-	assert.NotContains(t, g, "asynq_throttle_limit_rate{key=stripe,kind=inflight,tier=2}", "an in-flight limit is not a tier")
-	assert.NotContains(t, g, "asynq_throttle_limit_rate{key=zendesk,kind=adaptive,tier=2}", "nor is an adaptive one")
+	assert.Empty(t, withPrefix(g, "asynq_throttle_limit_rate{key=stripe,kind=inflight"), "an in-flight limit is not a tier")
+	assert.Empty(t, withPrefix(g, "asynq_throttle_limit_rate{key=zendesk,kind=adaptive"), "nor is an adaptive one")
 
 	// WithMaxKeys bounds the keys whose state is read.
 	g = gauges(t, metrics.New(lim, metrics.WithMaxKeys(1)))
@@ -340,6 +340,58 @@ func TestScrapeReadsEveryKeysStateFromRedis(t *testing.T) {
 	assert.NotContains(t, g, "asynq_throttle_reservations{key=slack}")
 	assert.NotContains(t, g, "asynq_throttle_in_flight{key=stripe}")
 
+}
+
+// withPrefix returns the names in g that start with prefix, sorted.
+func withPrefix(g map[string]float64, prefix string) []string {
+	var out []string
+	for name := range g {
+		if strings.HasPrefix(name, prefix) {
+			out = append(out, name)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Each tier's gauges say what it counts: unit="requests", or the unit its
+// limit is in (Limit.In); the in-flight limit has no tier series.
+func TestScrapeLabelsEachTierWithItsUnit(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Start(t).Client(t)
+	lim := throttle.NewLimiter(rdb)
+	require.NoError(t, lim.SetLimits(ctx, "openai", throttle.PerMinute(500), throttle.PerMinute(30000).In("tokens"),
+		throttle.Window(1000000, 24*time.Hour).In("tokens"), throttle.FixedWindow(40000, time.Hour).In("input-tokens"), throttle.InFlight(16)))
+	_, err := lim.Take(ctx, "openai", throttle.Uses("tokens", 12000), throttle.Uses("input-tokens", 300))
+	require.NoError(t, err)
+
+	g := gauges(t, metrics.New(lim))
+	assert.Equal(t, []string{
+		"asynq_throttle_tokens{key=openai,kind=bucket,tier=1,unit=requests}",
+		"asynq_throttle_tokens{key=openai,kind=bucket,tier=2,unit=tokens}",
+		"asynq_throttle_tokens{key=openai,kind=fixed,tier=4,unit=input-tokens}",
+		"asynq_throttle_tokens{key=openai,kind=window,tier=3,unit=tokens}",
+	}, withPrefix(g, "asynq_throttle_tokens{key=openai,"))
+	for name, want := range map[string]float64{
+		"limit_rate{key=openai,kind=bucket,tier=1,unit=requests}":              500,
+		"limit_rate{key=openai,kind=bucket,tier=2,unit=tokens}":                30000,
+		"limit_rate_in_force{key=openai,kind=bucket,tier=2,unit=tokens}":       30000,
+		"limit_burst{key=openai,kind=bucket,tier=2,unit=tokens}":               30000,
+		"limit_period_seconds{key=openai,kind=bucket,tier=2,unit=tokens}":      60,
+		"limit_rate{key=openai,kind=window,tier=3,unit=tokens}":                1000000,
+		"tokens{key=openai,kind=window,tier=3,unit=tokens}":                    1000000 - 12000,
+		"limit_rate{key=openai,kind=fixed,tier=4,unit=input-tokens}":           40000,
+		"limit_period_seconds{key=openai,kind=fixed,tier=4,unit=input-tokens}": 3600,
+		"in_flight_limit{key=openai}":                                          16,
+		"in_flight{key=openai}":                                                1,
+	} {
+		assert.Equal(t, want, g["asynq_throttle_"+name], name)
+	}
+	// The bucket of tokens: 30000 less the 12000 taken, refilling at 500 a
+	// second; the fixed hour: 40000 less 300, unless the hour turned.
+	assert.InDelta(t, 18000, g["asynq_throttle_tokens{key=openai,kind=bucket,tier=2,unit=tokens}"], 5000)
+	assert.Contains(t, []float64{39700, 40000}, g["asynq_throttle_tokens{key=openai,kind=fixed,tier=4,unit=input-tokens}"])
+	assert.Empty(t, withPrefix(g, "asynq_throttle_limit_rate{key=openai,kind=inflight"), "an in-flight limit is not a tier")
 }
 
 // A Redis that is down makes the scrape report state_up 0 and no state.

@@ -64,6 +64,6 @@ func ExampleNew() {
 	}
 	// Output:
 	// asynq_throttle_decisions_total{key="slack",outcome="ran"} 1
-	// asynq_throttle_limit_period_seconds{key="slack",kind="bucket",tier="1"} 60
-	// asynq_throttle_limit_rate{key="slack",kind="bucket",tier="1"} 50
+	// asynq_throttle_limit_period_seconds{key="slack",kind="bucket",tier="1",unit="requests"} 60
+	// asynq_throttle_limit_rate{key="slack",kind="bucket",tier="1",unit="requests"} 50
 }

@@ -83,3 +83,29 @@ func TestOnlyTheTenantGaugesHaveATenantLabel(t *testing.T) {
 	sort.Strings(withTenant)
 	assert.Equal(t, []string{"asynq_throttle_tenant_admitted", "asynq_throttle_tenant_backlog", "asynq_throttle_tenant_share"}, withTenant)
 }
+
+// The unit label goes with the tier label, on the per-tier gauges only:
+// a key's tiers are at most 8, each in one unit, so it adds no series; on
+// any other metric it would multiply them.
+func TestTheUnitLabelGoesWithTheTierLabel(t *testing.T) {
+	labels := regexp.MustCompile(`variableLabels: \{([^}]*)\}`)
+	name := regexp.MustCompile(`fqName: "([^"]+)"`)
+	var withTier, withUnit []string
+	for _, d := range newDescs().all() {
+		m := labels.FindStringSubmatch(d.String())
+		require.NotNil(t, m, "labels of %s", d)
+		for _, l := range strings.Split(m[1], ",") {
+			switch strings.TrimSpace(l) {
+			case "tier":
+				withTier = append(withTier, name.FindStringSubmatch(d.String())[1])
+			case "unit":
+				withUnit = append(withUnit, name.FindStringSubmatch(d.String())[1])
+			}
+		}
+	}
+	sort.Strings(withTier)
+	sort.Strings(withUnit)
+	assert.Equal(t, []string{"asynq_throttle_limit_burst", "asynq_throttle_limit_period_seconds", "asynq_throttle_limit_rate",
+		"asynq_throttle_limit_rate_in_force", "asynq_throttle_tokens"}, withUnit)
+	assert.Equal(t, withTier, withUnit)
+}

@@ -47,17 +47,17 @@ func (c *Collector) collectState(ctx context.Context, ch chan<- prometheus.Metri
 			if l.Kind == throttle.KindAdaptive {
 				continue // not a tier: it cuts the others (limit_rate_in_force)
 			}
-			tier, kind := tierLabel(i), limitspec.KindName(l.Kind)
-			gauge(c.descs.limitRate, float64(l.N), key, tier, kind)
+			tier, kind, unit := tierLabel(i), limitspec.KindName(l.Kind), limitspec.Unit(l)
+			gauge(c.descs.limitRate, float64(l.N), key, tier, kind, unit)
 			inForce := l
 			if i < len(st.InForce) {
 				inForce = st.InForce[i]
 			}
-			gauge(c.descs.limitInForce, float64(inForce.N), key, tier, kind)
-			gauge(c.descs.limitPeriod, l.Per.Seconds(), key, tier, kind)
-			gauge(c.descs.limitBurst, float64(limitspec.Burst(l)), key, tier, kind)
+			gauge(c.descs.limitInForce, float64(inForce.N), key, tier, kind, unit)
+			gauge(c.descs.limitPeriod, l.Per.Seconds(), key, tier, kind, unit)
+			gauge(c.descs.limitBurst, float64(limitspec.Burst(l)), key, tier, kind, unit)
 			if i < len(st.Tokens) {
-				gauge(c.descs.tokens, st.Tokens[i], key, tier, kind)
+				gauge(c.descs.tokens, st.Tokens[i], key, tier, kind, unit)
 			}
 		}
 		if st.Limits != nil {

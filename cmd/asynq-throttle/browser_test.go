@@ -152,6 +152,7 @@ func TestBrowserPageShowsKeysAndSuspendsOnlyWhenWritable(t *testing.T) {
 		{"set", "hubspot", "100/h:window"},
 		{"set", "stripe", "3:inflight"},
 		{"set", "stripe", "100/h:window", "2:inflight"},
+		{"set", "openai", "500/m", "30000/m:tokens", "16:inflight"},
 	} {
 		r := cli(t, url, args...)
 		require.Equal(t, 0, r.code, r.stderr)
@@ -206,6 +207,13 @@ func TestBrowserPageShowsKeysAndSuspendsOnlyWhenWritable(t *testing.T) {
 	assert.Equal(t, "99 of 100 left", js[string](t, ctx, cardText("stripe", ".tier.kind-window .count")))
 	assert.Equal(t, "gen 2", js[string](t, ctx, cardText("stripe", ".gen")))
 
+	// A key with tokens beside requests: each rate limit's row reads in its
+	// unit; a key of requests alone names none (above).
+	assert.Equal(t, "500/m  ·  30000/m:tokens  ·  16:inflight", js[string](t, ctx, cardText("openai", ".limits")))
+	assert.Equal(t, "500.0 / 500 requests", js[string](t, ctx, cardText("openai", `.tier[data-unit="requests"] .count`)))
+	assert.Equal(t, "30000.0 / 30000 tokens", js[string](t, ctx, cardText("openai", `.tier[data-unit="tokens"] .count`)))
+	assert.Equal(t, "0 of 16 in flight", js[string](t, ctx, cardText("openai", ".tier.kind-inflight .count")))
+
 	// A key's tenants: a table of name, weight, share, backlog, admitted;
 	// none for a key without tenants.
 	rows := eventually(t, ctx, `Array.from(document.querySelectorAll('section.card[data-key="llm"] table.tenants tbody tr'))
@@ -228,6 +236,28 @@ func TestBrowserPageShowsKeysAndSuspendsOnlyWhenWritable(t *testing.T) {
 	require.Equal(t, 0, r.code, r.stderr)
 	eventually(t, ctx, cardText("stripe", ".gen"), func(s string) bool { return s == "gen 3" }, "the new generation")
 	assert.Equal(t, "0 of 4 in flight", js[string](t, ctx, cardText("stripe", ".tier.kind-inflight .count")))
+
+	// Limits typed in the page, units and all, reach Redis; a misspelt
+	// modifier is refused, not taken for a unit.
+	setLimits := func(key, spec string) {
+		t.Helper()
+		sel, _ := json.Marshal(fmt.Sprintf("section.card[data-key=%q]", key))
+		v, _ := json.Marshal(spec)
+		js[bool](t, ctx, fmt.Sprintf(`(() => { const c = document.querySelector(%s); const i = c.querySelector('.limits-input');
+			i.focus(); i.value = %s; i.dispatchEvent(new Event('input', {bubbles: true})); c.querySelector('button.set-limits').click(); return true; })()`, sel, v))
+	}
+	setLimits("openai", "500/m 30000/m:windwo")
+	eventually(t, ctx, `document.getElementById('toast').textContent`, func(s string) bool { return strings.Contains(s, "did you mean :window?") }, "the typo refused")
+	setLimits("openai", "500/m 30000/m:window:tokens 8000/m:output-tokens 16:inflight")
+	eventually(t, ctx, cardText("openai", ".limits"), func(s string) bool {
+		return s == "500/m  ·  30000/m:window:tokens  ·  8000/m:output-tokens  ·  16:inflight"
+	}, "the limits set from the page")
+	assert.Equal(t, "30000 of 30000 tokens left", js[string](t, ctx, cardText("openai", `.tier[data-unit="tokens"] .count`)))
+	assert.Equal(t, "8000.0 / 8000 output-tokens", js[string](t, ctx, cardText("openai", `.tier[data-unit="output-tokens"] .count`)))
+	st, err := lim.Inspect(context.Background(), "openai")
+	require.NoError(t, err)
+	assert.Equal(t, []throttle.Limit{throttle.PerMinute(500).WithBurst(500), throttle.Window(30000, time.Minute).In("tokens"),
+		throttle.PerMinute(8000).WithBurst(8000).In("output-tokens"), throttle.InFlight(16)}, st.Limits)
 
 	// A suspension set from the CLI appears, and counts down.
 	r = cli(t, url, "suspend", "github", "45s")

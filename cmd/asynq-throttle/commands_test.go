@@ -70,13 +70,58 @@ func TestOperatorSessionMatchesItsGolden(t *testing.T) {
 	assert.Equal(t, []string{"github", "hubspot", "slack", "stripe"}, keys)
 	r = tr.run("get", "hubspot", "-o", "json")
 	require.Equal(t, 0, r.code, r.stderr)
+	v = keyView{}
 	require.NoError(t, json.Unmarshal([]byte(r.stdout), &v))
 	assert.Equal(t, int64(2), v.Generation, "set twice")
 	require.NotNil(t, v.InFlight)
 	assert.Equal(t, limitspec.SlotsView{Held: 2, Max: 3}, *v.InFlight, "the slots taken above are held across the change of limits")
 	require.Len(t, v.Limits, 2)
-	assert.Equal(t, limitspec.TierView{Kind: "window", Limit: "100/m:window", Rate: 100, PeriodSeconds: 60, Burst: 100, Tokens: 98}, v.Limits[0])
+	assert.Equal(t, limitspec.TierView{Kind: "window", Limit: "100/m:window", Unit: "requests", Rate: 100, PeriodSeconds: 60, Burst: 100, Tokens: 98}, v.Limits[0])
 	assert.Equal(t, limitspec.TierView{Kind: "inflight", Limit: "3:inflight", Rate: 3, Burst: 3, Tokens: 1}, v.Limits[1])
+}
+
+// Tiers in other units than requests: set takes them (the unit last),
+// get, list and watch name each tier's unit beside its tokens, and -o json
+// carries "unit" per limit.
+func TestUnitsAreSetAndShownPerTier(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	url := "redis://" + srv.Addr
+	tr := &transcript{t: t, redisURL: url}
+	tr.run("set", "openai", "500/m", "30000/m:tokens", "16:inflight")
+	tr.run("set", "anthropic", "50/m:window", "40000/m:window:input-tokens", "8000/d:fixed:output-tokens")
+	tr.run("set", "mistral", "5/s:requests", "2000000/m:burst=500000:tokens")
+	// A call that used 1000 input tokens: the windows hold it (they do
+	// not refill as buckets do, so the counts below are exact).
+	lim := throttle.NewLimiter(srv.Client(t))
+	_, err := lim.Take(ctx, "anthropic", throttle.Uses("input-tokens", 1000))
+	require.NoError(t, err)
+	tr.run("get", "anthropic")
+	tr.run("list")
+	tr.run("watch", "anthropic", "--count", "1")
+	tr.run("get", "anthropic", "-o", "json")
+	golden(t, "units", normalise(tr.b.String()))
+
+	st, err := lim.Inspect(ctx, "openai")
+	require.NoError(t, err)
+	assert.Equal(t, []throttle.Limit{throttle.PerMinute(500).WithBurst(500), throttle.PerMinute(30000).WithBurst(30000).In("tokens"), throttle.InFlight(16)}, st.Limits)
+
+	// A bucket of tokens after a call: its tokens refill, so the test reads
+	// them by pattern.
+	_, err = lim.Take(ctx, "openai", throttle.Uses("tokens", 12000))
+	require.NoError(t, err)
+	r := cli(t, url, "get", "openai")
+	require.Equal(t, 0, r.code, r.stderr)
+	assert.Regexp(t, `(?m)^tokens: +(499\.\d|500\.0)/500 requests, \d+\.\d/30000 tokens$`, r.stdout)
+	assert.Regexp(t, `(?m)^limits: +500/m 30000/m:tokens 16:inflight$`, r.stdout)
+	r = cli(t, url, "get", "openai", "-o", "json")
+	require.Equal(t, 0, r.code, r.stderr)
+	var v keyView
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &v))
+	require.Len(t, v.Limits, 3)
+	assert.Equal(t, []string{"requests", "tokens", ""}, []string{v.Limits[0].Unit, v.Limits[1].Unit, v.Limits[2].Unit})
+	assert.Equal(t, "30000/m:tokens", v.Limits[1].Limit)
+	assert.GreaterOrEqual(t, v.Limits[1].Tokens, 18000.0, "30000 less the 12000 taken, refilling")
 }
 
 // --prefix selects another limiter's keys.

@@ -19,7 +19,9 @@ func (a *app) listCmd() *cobra.Command {
 		Long: `List every limiter key that has anything in Redis (limits, bucket state, a
 suspension or reservations), found with SCAN on every master, never KEYS.
 TOKENS shows, per rate limit in the order of LIMITS, a bucket's tokens
-now/burst and a window's calls it would still admit/calls per window.
+now/burst and a window's calls it would still admit/calls per window; on a
+key with tiers in other units than requests each names its unit
+("499.0/500 requests, 18000.0/30000 tokens").
 IN FLIGHT is the slots of an in-flight limit held now/the most. DRAINS IN
 is the time until the last reserved run time. GEN counts the changes of the
 key's limits: every set bumps it.`,
@@ -98,14 +100,26 @@ slot of the in-flight limit. Each LIMIT is one of:
   RATE/PERIOD[:burst=N]  a token bucket: RATE per PERIOD, at most N at once (default RATE)
   RATE/PERIOD:window     at most RATE calls in any sliding PERIOD, whatever its phase
                          (a provider's "5000 per hour")
+  RATE/PERIOD:fixed      at most RATE calls in each PERIOD of the clock (UTC), for a
+                         provider that resets its count on the minute or the hour
   N:inflight             at most N of the key's tasks running at once, fleet-wide
+  PERIOD:adaptive        rates halved on each 429 suspension, won back every clean PERIOD
 
-PERIOD is s, m, h, d or a duration such as 1500ms, 10s, 2m. Up to 4 buckets
-and windows, and one in-flight limit.`,
+A bucket or window counts requests (a task takes its cost, 1 without one),
+or, with a unit last, another unit: 30000/m:tokens, 30000/m:burst=2000:tokens,
+100/m:window:tokens. A task takes from a unit's tiers what it says it uses
+of it (throttle.Uses). A unit is 1 to 32 of a-z, 0-9, _ and -, starting with
+a letter; "requests" is the default. A word within two edits of a
+modifier's name (windwo, fixd) is refused as a typo, not taken for a unit.
+
+PERIOD is s, m, h, d or a duration such as 1500ms, 10s, 2m. Up to 8 buckets
+and windows, one in-flight and one adaptive limit.`,
 		Example: `  asynq-throttle set slack 10/s 50/m
   asynq-throttle set github 5000/h:window 10/s:burst=20
   asynq-throttle set stripe 25/s 4:inflight
-  asynq-throttle set crm 100/1500ms`,
+  asynq-throttle set crm 100/1500ms
+  asynq-throttle set openai:gpt-4o 500/m 30000/m:tokens 16:inflight   # requests and tokens per minute
+  asynq-throttle set anthropic 50/m 40000/m:input-tokens 8000/m:output-tokens`,
 		Args: args(2, -1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			key := args[0]

@@ -7,6 +7,7 @@
 //	asynq-throttle set slack 10/s:burst=20 50/m
 //	asynq-throttle set github 5000/h:window 10/s
 //	asynq-throttle set stripe 25/s 4:inflight
+//	asynq-throttle set openai 500/m 30000/m:tokens 16:inflight
 //	asynq-throttle weights llm enterprise=3 pro=2
 //	asynq-throttle suspend slack 30s
 //	asynq-throttle why 5f1c0e6a-... --queue default

@@ -128,25 +128,35 @@ func inForce(v keyView) string {
 
 // rateTokens shows the tokens of a key's rate limits, in their order:
 // "8.0/8" for a bucket (tokens now/burst), "4990/5000" for a window (calls
-// it would still admit/calls per window). An in-flight limit is shown in
-// its own column.
+// it would still admit/calls per window). On a key with tiers in other
+// units each names its unit, and they are separated by commas:
+// "499.0/500 requests, 18000.0/30000 tokens". An in-flight limit is shown
+// in its own column.
 func rateTokens(st throttle.Status) string {
 	var parts []string
+	units := limitspec.HasUnits(st.Limits)
 	for i, l := range st.Limits {
 		if i >= len(st.Tokens) || l.Kind == throttle.KindInFlight || l.Kind == throttle.KindAdaptive {
 			continue
 		}
+		unit := limitspec.Unit(l)
 		if i < len(st.InForce) {
 			l = st.InForce[i] // the burst in force
 		}
 		// A bucket in debt (none left until the provider's reset, or a
 		// charge above what was taken) shows 0: what it admits now.
 		tokens := max(st.Tokens[i], 0)
+		s := fmt.Sprintf("%.1f/%d", tokens, burstOf(l))
 		if l.Kind == throttle.KindWindow || l.Kind == throttle.KindFixedWindow {
-			parts = append(parts, fmt.Sprintf("%.0f/%d", math.Floor(tokens), burstOf(l)))
-			continue
+			s = fmt.Sprintf("%.0f/%d", math.Floor(tokens), burstOf(l))
 		}
-		parts = append(parts, fmt.Sprintf("%.1f/%d", tokens, burstOf(l)))
+		if units {
+			s += " " + unit
+		}
+		parts = append(parts, s)
+	}
+	if units {
+		return strings.Join(parts, ", ")
 	}
 	return strings.Join(parts, " ")
 }

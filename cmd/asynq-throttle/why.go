@@ -37,7 +37,13 @@ type whyView struct {
 	ReservedAt  *time.Time `json:"reserved_at,omitempty"` // its reserved run time (Redis clock)
 	Tier        int        `json:"tier,omitempty"`        // the limit that refuses (1-based, as listed)
 	Limit       string     `json:"limit,omitempty"`       // that limit, as set takes it
-	Cost        int        `json:"cost,omitempty"`        // what the task takes of every rate limit
+	// Unit is what the refusing limit counts: "requests" or another unit
+	// (absent for an in-flight limit).
+	Unit string `json:"unit,omitempty"`
+	Cost int    `json:"cost,omitempty"` // the requests the task takes from every request tier
+	// Uses is what the task takes of other units than requests from their
+	// tiers (the throttle-uses header: throttle.Uses); absent when none.
+	Uses map[string]int `json:"uses,omitempty"`
 	// Generation counts the changes of the key's limits (every set bumps it).
 	Generation int64                `json:"generation,omitempty"`
 	InFlight   *limitspec.SlotsView `json:"in_flight,omitempty"` // the key's in-flight slots now
@@ -64,7 +70,7 @@ const (
 	reasonPending      = "pending"       // ready, waiting for a worker
 	reasonNotThrottled = "not_throttled" // no key, or the key has no limits
 	reasonNotWaiting   = "not_waiting"   // running, done or archived
-	reasonInvalidKey   = "invalid_key"   // its key (or tenant) header is invalid
+	reasonInvalidKey   = "invalid_key"   // its key (or tenant, or uses) header is invalid
 )
 
 func (a *app) whyCmd() *cobra.Command {
@@ -75,12 +81,13 @@ func (a *app) whyCmd() *cobra.Command {
 		Long: `Find a task with asynq's Inspector (in --queue, else in every queue), its
 throttle key (the throttle-key header, else its type's prefix before ':'),
 and say why it waits and when it runs: its reserved run time, the key's
-suspension, the bucket or window without room for its cost, the in-flight
+suspension, the bucket or window without room for its cost (or for what it
+uses of the tier's unit: the throttle-uses header), the in-flight
 limit whose slots are all held (refused by slots), the reservations ahead
 of it, or that it is not throttled or not waiting. A task of a tenant (the
 throttle-tenant header), or any task of a key its tenants share, is told of
 its tenant's weight, share of the key's rate and backlog. -o json adds the
-refusing limit, the task's cost, the key's slots in flight, the generation
+refusing limit and its unit, the task's cost and uses, the key's slots in flight, the generation
 of its limits and the tenant. Workers built WithKeyFunc may use
 another key than the one shown for tasks without the header.`,
 		Example: "  asynq-throttle why 9b2f6c1e-4a57-4c1e-9d6f-1f0a2b3c4d5e --queue default",
@@ -155,6 +162,9 @@ func (a *app) explain(ctx context.Context, lim *throttle.Limiter, info *asynq.Ta
 	if err := throttle.ValidateKey(e.tenant); e.hasTenant && err != nil {
 		return e.say(reasonInvalidKey, "%s cannot be throttled: header %s: %v; the middleware fails it when it runs.", e.task, keyspace.Tenant, err)
 	}
+	if e.uses, err = usesOf(info); err != nil {
+		return e.say(reasonInvalidKey, "%s cannot be throttled: %v; the middleware fails it when it runs.", e.task, err)
+	}
 	st, err := lim.Inspect(ctx, key)
 	var cfg *throttle.ConfigError
 	if errors.As(err, &cfg) {
@@ -187,7 +197,10 @@ type explanation struct {
 	// header names one.
 	tenant    string
 	hasTenant bool
-	st        throttle.Status
+	// uses is what the task uses of units other than requests (its
+	// throttle-uses header), nil when none.
+	uses map[string]int
+	st   throttle.Status
 	// tooHigh and blocked are the limits (1-based, 0 for none) that can
 	// never hold the task's cost, and that refuse it now.
 	tooHigh, blocked int
@@ -217,7 +230,36 @@ func (e *explanation) say(reason, format string, args ...any) (whyView, error) {
 
 // refuses records that limit i (1-based) of the key refuses the task.
 func (e *explanation) refuses(i int) {
-	e.v.Tier, e.v.Limit = i, formatLimit(e.st.Limits[i-1])
+	l := e.st.Limits[i-1]
+	e.v.Tier, e.v.Limit, e.v.Unit = i, formatLimit(l), limitspec.Unit(l)
+}
+
+// need is what the task takes of limit l: its cost from a request tier,
+// what it uses of another unit from that unit's tiers (0 when it says
+// nothing of it: the tier takes nothing and does not hold it back), one
+// slot from an in-flight limit.
+func (e *explanation) need(l throttle.Limit) int {
+	switch unit := limitspec.Unit(l); unit {
+	case "":
+		if l.Kind == throttle.KindInFlight {
+			return 1 // a task holds one slot whatever its cost
+		}
+		return 0
+	case limitspec.Requests:
+		return e.v.Cost
+	default:
+		return e.uses[unit]
+	}
+}
+
+// costs says what the task takes of limit tier (1-based): "costs 50", or
+// "uses 40000 tokens" for a tier of another unit.
+func (e *explanation) costs(tier int) string {
+	l := e.st.Limits[tier-1]
+	if u := limitspec.Unit(l); u != limitspec.Requests {
+		return fmt.Sprintf("uses %d %s", e.need(l), u)
+	}
+	return fmt.Sprintf("costs %d", e.need(l))
 }
 
 // notWaiting explains a task that is running, done, archived or grouped:
@@ -263,13 +305,16 @@ func (e *explanation) withStatus(st throttle.Status) {
 	e.v.Throttled = st.Limits != nil
 	e.v.Generation = st.Generation
 	e.v.Cost = costOf(e.info)
+	if len(e.uses) > 0 {
+		e.v.Uses = e.uses
+	}
 	_, e.v.InFlight = limitspec.Views(st)
 	e.task = fmt.Sprintf("task %s (key %q)", e.info.ID, e.key)
 	if e.hasTenant {
 		e.task = fmt.Sprintf("task %s (key %q, tenant %q)", e.info.ID, e.key, e.tenant)
 	}
-	e.tooHigh = costTooHigh(st, e.v.Cost)
-	e.blocked = blocking(st, e.v.Cost)
+	e.tooHigh = costTooHigh(st, e.need)
+	e.blocked = blocking(st, e.need)
 }
 
 // blockedBySlots reports whether the limit that refuses the task now is
@@ -289,13 +334,13 @@ func (e *explanation) pending() (whyView, error) {
 		return e.say(reasonNotThrottled, "%s is pending and not throttled: key %q has no limits in Redis (the workers' default limits, if any, apply); it runs as soon as a worker is free.", task, key)
 	case e.tooHigh > 0:
 		e.refuses(e.tooHigh)
-		return e.say(reasonRejected, "%s can never be admitted: it costs %d, and %s; a worker that picks it up rejects it (fails it for good: asynq archives it); run it again from the archive once the limits or its cost change.", task, e.v.Cost, capacitySentence(st, e.tooHigh, key))
+		return e.say(reasonRejected, "%s can never be admitted: it %s, and %s; a worker that picks it up rejects it (fails it for good: asynq archives it); run it again from the archive once the limits or its cost change.", task, e.costs(e.tooHigh), capacitySentence(st, e.tooHigh, key))
 	case e.blockedBySlots():
 		e.refuses(e.blocked)
 		return e.say(reasonSlots, "%s is pending; a worker that picks it up now is refused by slots, because %s, and defers it to when one is expected to free (or waits for it, when that is within a second).", task, slotsSentence(st, e.blocked, key))
 	case e.blocked > 0:
 		e.refuses(e.blocked)
-		return e.say(reasonTier, "%s is pending; a worker that picks it up now defers it, because %s.", task, tierSentence(st, e.blocked, key, e.v.Cost))
+		return e.say(reasonTier, "%s is pending; a worker that picks it up now defers it, because %s.", task, tierSentence(st, e.blocked, key, e.need(st.Limits[e.blocked-1])))
 	case st.Reservations > 0:
 		return e.say(reasonQueued, "%s is pending; %d deferred tasks hold reserved run times ahead of it (the backlog drains in %s), so a worker that picks it up waits behind them.", task, st.Reservations, formatDur(st.QueuedFor))
 	}
@@ -375,7 +420,7 @@ func (e *explanation) delayed(deferred bool) (whyView, error) {
 		return e.say(reasonNotThrottled, "%s is waiting, but key %q has no limits in Redis now, so it runs unthrottled (or under the workers' defaults) when %s.", task, key, runs)
 	case e.tooHigh > 0:
 		e.refuses(e.tooHigh)
-		return e.say(reasonRejected, "%s can never be admitted: it costs %d, and %s; when %s, a worker rejects it (fails it for good: asynq archives it), unless the limits or its cost change first.", task, e.v.Cost, capacitySentence(st, e.tooHigh, key), runs)
+		return e.say(reasonRejected, "%s can never be admitted: it %s, and %s; when %s, a worker rejects it (fails it for good: asynq archives it), unless the limits or its cost change first.", task, e.costs(e.tooHigh), capacitySentence(st, e.tooHigh, key), runs)
 	case e.blockedBySlots():
 		e.refuses(e.blocked)
 		if bySlots {
@@ -384,7 +429,7 @@ func (e *explanation) delayed(deferred bool) (whyView, error) {
 		return e.say(reasonSlots, "%s is waiting because %s; %s.", task, slotsSentence(st, e.blocked, key), runs)
 	case e.blocked > 0:
 		e.refuses(e.blocked)
-		return e.say(reasonTier, "%s is waiting because %s; %s.", task, tierSentence(st, e.blocked, key, e.v.Cost), runs)
+		return e.say(reasonTier, "%s is waiting because %s; %s.", task, tierSentence(st, e.blocked, key, e.need(st.Limits[e.blocked-1])), runs)
 	case st.Reservations > 0:
 		return e.say(reasonQueued, "%s is waiting behind %d tasks that reserved the next slots of key %q (the backlog drains in %s); %s.", task, st.Reservations, key, formatDur(st.QueuedFor), runs)
 	case !deferred:
@@ -395,7 +440,7 @@ func (e *explanation) delayed(deferred bool) (whyView, error) {
 	return e.say(reasonTokens, "%s was deferred, but key %q has room now (%s), so it should run when %s.", task, key, room(st), runs)
 }
 
-// costOf is what the task takes from every rate limit of its key (its
+// costOf is what the task takes from every request tier of its key (its
 // throttle-cost header; 1 without one).
 func costOf(info *asynq.TaskInfo) int {
 	if n, err := strconv.Atoi(info.Headers[keyspace.Cost]); err == nil && n > 1 {
@@ -404,19 +449,38 @@ func costOf(info *asynq.TaskInfo) int {
 	return 1
 }
 
-// blocking returns the first limit (1-based) that refuses a task of cost
-// now: a bucket or window without cost tokens, or an in-flight limit
-// without a free slot; 0 when none does.
-func blocking(st throttle.Status, cost int) int {
+// usesOf reads what the task uses of other units than requests, from its
+// throttle-uses header ("tokens=12000,input-tokens=300", as throttle.Uses
+// writes it); nil without one. A malformed header is an error: the
+// middleware fails such a task.
+func usesOf(info *asynq.TaskInfo) (map[string]int, error) {
+	h := info.Headers[keyspace.Uses]
+	if h == "" {
+		return nil, nil
+	}
+	uses := map[string]int{}
+	for part := range strings.SplitSeq(h, ",") {
+		unit, v, ok := strings.Cut(part, "=")
+		n, err := strconv.Atoi(v)
+		_, twice := uses[unit]
+		if !ok || err != nil || n < 0 || twice || limitspec.CheckUnit(unit) != nil {
+			return nil, fmt.Errorf("header %s = %q: want unit=n,... (throttle.Uses)", keyspace.Uses, h)
+		}
+		uses[unit] = n
+	}
+	return uses, nil
+}
+
+// blocking returns the first limit (1-based) that refuses a task now: a
+// bucket or window without what it needs of the tier (need), or an
+// in-flight limit without a free slot; 0 when none does.
+func blocking(st throttle.Status, need func(throttle.Limit) int) int {
 	for i, l := range st.Limits {
 		if i >= len(st.Tokens) {
 			break
 		}
-		need := float64(cost)
-		if l.Kind == throttle.KindInFlight {
-			need = 1 // a task holds one slot whatever its cost
-		}
-		if st.Tokens[i] < need {
+		n := need(l)
+		if n > 0 && st.Tokens[i] < float64(n) {
 			return i + 1
 		}
 	}
@@ -424,20 +488,22 @@ func blocking(st throttle.Status, cost int) int {
 }
 
 // costTooHigh returns the first rate limit (1-based) that can never hold
-// cost, or 0.
-func costTooHigh(st throttle.Status, cost int) int {
+// what the task needs of it, or 0.
+func costTooHigh(st throttle.Status, need func(throttle.Limit) int) int {
 	for i, l := range st.Limits {
-		if l.Kind != throttle.KindInFlight && burstOf(l) < cost {
+		if l.Kind != throttle.KindInFlight && l.Kind != throttle.KindAdaptive && burstOf(l) < need(l) {
 			return i + 1
 		}
 	}
 	return 0
 }
 
-// tierSentence says which bucket or window has no room for a task of cost
-// and when it will.
-func tierSentence(st throttle.Status, tier int, key string, cost int) string {
+// tierSentence says which bucket or window has no room for the need of a
+// task and when it will: in calls and tokens for a request tier, in its
+// unit for another (12000 tokens).
+func tierSentence(st throttle.Status, tier int, key string, need int) string {
 	l, t := st.Limits[tier-1], st.Tokens[tier-1]
+	unit := limitspec.Unit(l)
 	name := fmt.Sprintf("tier %d of key %q (%s)", tier, key, formatLimit(l))
 	if tier <= len(st.InForce) && st.InForce[tier-1] != l {
 		// Below its configured limit (learned from the provider, or
@@ -445,6 +511,10 @@ func tierSentence(st throttle.Status, tier int, key string, cost int) string {
 		name = fmt.Sprintf("tier %d of key %q (%s, in force %s)", tier, key, formatLimit(l), formatLimit(st.InForce[tier-1]))
 		l = st.InForce[tier-1]
 	}
+	if unit != limitspec.Requests {
+		return unitTierSentence(name, l, t, need, unit)
+	}
+	cost := need
 	if l.Kind == throttle.KindFixedWindow {
 		left := max(int(math.Floor(t)), 0)
 		return fmt.Sprintf("%s has %d of %d calls left in this fixed %s window (short of the task's cost of %d); the next window opens on the clock", name, left, l.N, shortDur(l.Per), cost)
@@ -463,6 +533,25 @@ func tierSentence(st throttle.Status, tier int, key string, cost int) string {
 	return fmt.Sprintf("%s has %.1f of %d tokens and gets the next in %s", name, t, burstOf(l), formatDur(next))
 }
 
+// unitTierSentence is tierSentence for a tier counted in unit (not
+// requests), named name, with t of it left (below 0: in debt, after a
+// task used more than its estimate) and the task needing need.
+func unitTierSentence(name string, l throttle.Limit, t float64, need int, unit string) string {
+	left := max(int(math.Floor(t)), 0)
+	switch l.Kind {
+	case throttle.KindFixedWindow:
+		return fmt.Sprintf("%s has %d of %d %s left in this fixed %s window, short of the task's %d %s; the next window opens on the clock", name, left, l.N, unit, shortDur(l.Per), need, unit)
+	case throttle.KindWindow:
+		return fmt.Sprintf("%s has %d of %d %s left in its sliding %s window, short of the task's %d %s, and frees them only as it slides past the calls that used them", name, left, l.N, unit, shortDur(l.Per), need, unit)
+	}
+	next := formatDur(time.Duration((float64(need) - t) * float64(l.Per) / float64(l.N)))
+	if t < 0 {
+		// Calls used more than they said (throttle.Used): the bucket owes.
+		return fmt.Sprintf("%s is %.1f %s in debt (of %d: calls used more than their estimates), short of the task's %d %s, and has them in %s", name, -t, unit, burstOf(l), need, unit, next)
+	}
+	return fmt.Sprintf("%s has %.1f of %d %s, short of the task's %d %s, and has them in %s", name, t, burstOf(l), unit, need, unit, next)
+}
+
 // slotsSentence says that every slot of the in-flight limit is held.
 func slotsSentence(st throttle.Status, tier int, key string) string {
 	l := st.Limits[tier-1]
@@ -475,10 +564,19 @@ func slotsSentence(st throttle.Status, tier int, key string) string {
 // capacitySentence says how much a rate limit holds at most.
 func capacitySentence(st throttle.Status, tier int, key string) string {
 	l := st.Limits[tier-1]
+	unit := limitspec.Unit(l)
 	if l.Kind == throttle.KindWindow || l.Kind == throttle.KindFixedWindow {
-		return fmt.Sprintf("tier %d of key %q (%s) admits at most %d calls per window", tier, key, formatLimit(l), l.N)
+		what := "calls"
+		if unit != limitspec.Requests {
+			what = unit
+		}
+		return fmt.Sprintf("tier %d of key %q (%s) admits at most %d %s per window", tier, key, formatLimit(l), l.N, what)
 	}
-	return fmt.Sprintf("tier %d of key %q (%s) holds at most %d tokens", tier, key, formatLimit(l), burstOf(l))
+	what := "tokens"
+	if unit != limitspec.Requests {
+		what = unit
+	}
+	return fmt.Sprintf("tier %d of key %q (%s) holds at most %d %s", tier, key, formatLimit(l), burstOf(l), what)
 }
 
 // room shows what a key has left now: its rate limits' tokens and its

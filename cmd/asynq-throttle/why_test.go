@@ -173,6 +173,80 @@ func TestWhyExplainsEachWayATaskWaits(t *testing.T) {
 	}
 }
 
+// why names the unit of the tier that refuses a task: what the task uses
+// of it (its throttle-uses header) against what the tier has, in that unit.
+func TestWhyNamesTheUnitOfTheRefusingTier(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	lim := throttle.NewLimiter(rdb)
+	client := asynq.NewClientFromRedisClient(rdb)
+	t.Cleanup(func() { client.Close() })
+	enqueue := func(id string, opts ...asynq.Option) {
+		t.Helper()
+		_, err := client.Enqueue(mustTask(t, "llm:chat", nil, opts...), asynq.TaskID(id))
+		require.NoError(t, err)
+	}
+	// openai: 24000 of its 30000 tokens taken (they refill at 500 a second)
+	// by a call that holds one of its 16 slots.
+	require.NoError(t, lim.SetLimits(ctx, "openai", throttle.PerMinute(500), throttle.PerMinute(30000).In("tokens"), throttle.InFlight(16)))
+	_, err := lim.Take(ctx, "openai", throttle.Uses("tokens", 24000))
+	require.NoError(t, err)
+	enqueue("t-tokens", throttle.Key("openai"), throttle.Uses("tokens", 12000), throttle.Uses("input-tokens", 300))
+	enqueue("t-tokens-too-high", throttle.Key("openai"), throttle.Uses("tokens", 40000))
+	enqueue("t-requests-only", throttle.Key("openai"))
+	// anthropic: a sliding window of input tokens with 1000 left.
+	require.NoError(t, lim.SetLimits(ctx, "anthropic", throttle.PerMinute(50), throttle.Window(40000, time.Minute).In("input-tokens")))
+	_, err = lim.Take(ctx, "anthropic", throttle.Uses("input-tokens", 39000))
+	require.NoError(t, err)
+	enqueue("t-window-tokens", throttle.Key("anthropic"), throttle.Uses("input-tokens", 2000))
+	_, err = client.Enqueue(asynq.NewTaskWithHeaders("llm:chat", nil, map[string]string{throttle.HeaderKey: "openai", keyspace.Uses: "tokens=lots"}), asynq.TaskID("t-bad-uses"))
+	require.NoError(t, err)
+
+	url := "redis://" + srv.Addr
+	why := func(id string) whyView {
+		t.Helper()
+		r := cli(t, url, "why", id, "-o", "json")
+		require.Equal(t, 0, r.code, r.stderr)
+		var v whyView
+		require.NoError(t, json.Unmarshal([]byte(r.stdout), &v))
+		return v
+	}
+
+	v := why("t-tokens")
+	assert.Equal(t, reasonTier, v.Reason, v.Sentence)
+	assert.Equal(t, 2, v.Tier)
+	assert.Equal(t, "30000/m:tokens", v.Limit)
+	assert.Equal(t, "tokens", v.Unit)
+	assert.Equal(t, 1, v.Cost)
+	assert.Equal(t, map[string]int{"tokens": 12000, "input-tokens": 300}, v.Uses)
+	assert.Regexp(t, `^task t-tokens \(key "openai"\) is pending; a worker that picks it up now defers it, because tier 2 of key "openai" \(30000/m:tokens\) has [6-9]\d\d\d\.\d of 30000 tokens, short of the task's 12000 tokens, and has them in \S+\.$`, v.Sentence)
+
+	v = why("t-tokens-too-high")
+	assert.Equal(t, reasonRejected, v.Reason, v.Sentence)
+	assert.Equal(t, "tokens", v.Unit)
+	assert.Contains(t, v.Sentence, `can never be admitted: it uses 40000 tokens, and tier 2 of key "openai" (30000/m:tokens) holds at most 30000 tokens;`)
+
+	// A task that says nothing of tokens takes none: the tokens tier does
+	// not hold it back.
+	v = why("t-requests-only")
+	assert.Equal(t, reasonPending, v.Reason, v.Sentence)
+	assert.Nil(t, v.Uses)
+	assert.Regexp(t, `has room \((499\.\d|500\.0)/500 requests, \d+\.\d/30000 tokens; 1 of 16 in flight\)`, v.Sentence)
+
+	v = why("t-window-tokens")
+	assert.Equal(t, reasonTier, v.Reason, v.Sentence)
+	assert.Equal(t, "input-tokens", v.Unit)
+	assert.Contains(t, v.Sentence, `tier 2 of key "anthropic" (40000/m:window:input-tokens) has 1000 of 40000 input-tokens left in its sliding 1m window, short of the task's 2000 input-tokens`)
+
+	v = why("t-bad-uses")
+	assert.Equal(t, reasonInvalidKey, v.Reason, v.Sentence)
+	assert.Contains(t, v.Sentence, `header throttle-uses = "tokens=lots": want unit=n,...`)
+
+	r := cli(t, url, "why", "t-tokens")
+	assert.Contains(t, r.stdout, `(30000/m:tokens) has `)
+}
+
 // why on tasks a real fleet deferred, each holding its reserved run time,
 // and on one it rejected (a cost no tier can hold), which asynq archived.
 func TestWhyExplainsTheTasksARealFleetDeferredOrRejected(t *testing.T) {

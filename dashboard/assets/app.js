@@ -104,7 +104,7 @@
     c.resumeBtn = el('button', 'resume', 'Resume');
     c.limitsIn = el('input', 'limits-input');
     c.limitsIn.setAttribute('aria-label', 'limits');
-    c.limitsIn.placeholder = '10/s:burst=20 5000/h:window 4:inflight';
+    c.limitsIn.placeholder = '10/s:burst=20 5000/h:window 30000/m:tokens 4:inflight';
     c.setBtn = el('button', 'set-limits', 'Set limits');
     a.append(c.duration, c.suspendBtn, c.resumeBtn, c.limitsIn, c.setBtn, el('span'));
     for (const x of [c.duration, c.suspendBtn, c.resumeBtn, c.limitsIn, c.setBtn]) {
@@ -192,7 +192,9 @@
       : t.limit).join('  ·  ') : 'no limits: unthrottled';
     c.error.textContent = k.error || '';
     c.gen.textContent = k.generation ? 'gen ' + k.generation : '';
-    // One row per limit: its kind, a gauge, and what it has left.
+    // One row per limit: its kind, a gauge, and what it has left, in its
+    // unit: named on every rate limit of a key with units besides requests.
+    const units = k.limits.some((t) => t.unit && t.unit !== 'requests');
     while (c.tiers.children.length > k.limits.length) c.tiers.lastChild.remove();
     k.limits.forEach((t, i) => {
       let row = c.tiers.children[i];
@@ -202,8 +204,9 @@
         row.children[1].append(el('div'));
         c.tiers.append(row);
       }
-      const g = gauge(t, k);
+      const g = gauge(t, k, units);
       row.className = 'tier kind-' + t.kind;
+      row.dataset.unit = t.unit || '';
       row.children[0].textContent = kindNames[t.kind] || t.kind;
       const bar = row.children[1].firstChild;
       bar.style.width = (g.frac * 100).toFixed(1) + '%';
@@ -216,11 +219,14 @@
     tick(c, at);
   }
 
-  const kindNames = { bucket: 'bucket', window: 'window', fixed: 'fixed window', inflight: 'in flight' };
+  const kindNames = { bucket: 'bucket', window: 'window', fixed: 'fixed window', inflight: 'in flight', adaptive: 'adaptive' };
 
   // gauge says how full a limit's bar is and what it reads: a bucket's
-  // tokens, a window's calls left, an in-flight limit's slots held.
-  function gauge(t, k) {
+  // tokens, a window's calls left, an in-flight limit's slots held; a
+  // tier of another unit than requests reads in it ("18000.0 / 30000
+  // tokens"), and so does a request tier when units says the key has such
+  // tiers ("499.0 / 500 requests").
+  function gauge(t, k, units) {
     const clamp = (x) => Math.max(0, Math.min(1, x));
     if (t.kind === 'inflight') {
       const held = k.in_flight ? k.in_flight.held : Math.max(0, t.burst - t.tokens);
@@ -233,12 +239,16 @@
     }
     const frac = t.burst > 0 ? clamp(t.tokens / t.burst) : 0;
     const cls = t.tokens < 1 ? 'empty' : frac < 0.25 ? 'low' : '';
+    const other = t.unit && t.unit !== 'requests'; // counted in another unit
+    const unit = (units || other) && t.unit ? ' ' + t.unit : '';
     if (t.kind === 'window' || t.kind === 'fixed') {
       const left = Math.max(0, Math.floor(t.tokens));
-      const of = t.kind === 'fixed' ? ' calls left in this fixed window of ' : ' calls left in any sliding window of ';
-      return { frac, cls, text: left + ' of ' + t.burst + ' left', title: left + of + fmtSeconds(t.period_seconds) };
+      const what = other ? ' ' + t.unit : ' calls';
+      const of = t.kind === 'fixed' ? what + ' left in this fixed window of ' : what + ' left in any sliding window of ';
+      return { frac, cls, text: left + ' of ' + t.burst + unit + ' left', title: left + of + fmtSeconds(t.period_seconds) };
     }
-    return { frac, cls, text: t.tokens.toFixed(1) + ' / ' + t.burst, title: t.tokens.toFixed(2) + ' tokens of ' + t.burst };
+    const what = other ? ' ' + t.unit + ' of ' : ' tokens of ';
+    return { frac, cls, text: t.tokens.toFixed(1) + ' / ' + t.burst + unit, title: t.tokens.toFixed(2) + what + t.burst };
   }
 
   // tick redraws what moves between polls: the countdowns.

@@ -5,11 +5,19 @@
 //	10/s  50/m  5000/h  100/1500ms  10/s:burst=20   a token bucket (throttle.PerSecond, ...)
 //	5000/h:window                                    a sliding window (throttle.Window)
 //	5000/h:fixed                                     a fixed window aligned to the clock (throttle.FixedWindow)
+//	30000/m:tokens  100/m:window:tokens              a tier counted in another unit than requests (Limit.In)
 //	4:inflight                                       tasks running at once (throttle.InFlight)
 //	30s:adaptive                                     adapt to 429s, 30 s clean intervals (throttle.Adaptive)
 //
 // A limit is its numbers, then at most one ":" modifier that says more
-// about it: its burst, or that it is a window or an in-flight cap.
+// about it: its burst, or that it is a window or an in-flight cap. A rate
+// tier (a bucket or a window) may end with its unit, last:
+// 30000/m:burst=2000:tokens. A word after ':' that is none of the
+// modifiers is a unit, as throttle checks one (1 to 32 of a-z, 0-9, '_'
+// and '-', starting with a letter); "requests" is the default and is
+// written without a modifier. So that a misspelt modifier is not taken
+// for a unit, a unit within two edits of a modifier's name (or of
+// "requests") is refused: ":windwo" asks "did you mean :window?".
 package limitspec
 
 import (
@@ -23,7 +31,7 @@ import (
 )
 
 // Forms names the accepted forms, for errors and help texts.
-const Forms = `RATE/PERIOD[:burst=N] (a token bucket), RATE/PERIOD:window (at most RATE in any sliding PERIOD), RATE/PERIOD:fixed (at most RATE in each PERIOD aligned to the clock), N:inflight (at most N tasks running at once) or PERIOD:adaptive (rates halved on each 429 suspension, won back every clean PERIOD); PERIOD one of s, m, h, d or a duration such as 1500ms, 10s, 2m (e.g. 10/s, 10/s:burst=20, 100/1500ms, 5000/h:window, 4:inflight, 30s:adaptive)`
+const Forms = `RATE/PERIOD[:burst=N] (a token bucket), RATE/PERIOD:window (at most RATE in any sliding PERIOD), RATE/PERIOD:fixed (at most RATE in each PERIOD aligned to the clock), each in requests or, with a last :UNIT, in another unit (RATE/PERIOD:UNIT, RATE/PERIOD:window:UNIT; UNIT 1 to 32 of a-z, 0-9, _ and -, starting with a letter), N:inflight (at most N tasks running at once) or PERIOD:adaptive (rates halved on each 429 suspension, won back every clean PERIOD); PERIOD one of s, m, h, d or a duration such as 1500ms, 10s, 2m (e.g. 10/s, 10/s:burst=20, 100/1500ms, 5000/h:window, 30000/m:tokens, 4:inflight, 30s:adaptive)`
 
 // ErrSyntax is wrapped by every error of Parse.
 var ErrSyntax = errors.New("bad limit")
@@ -37,6 +45,13 @@ const (
 	modAdaptive = "adaptive"
 )
 
+// Requests is the default unit: a tier written without a unit counts
+// requests (throttle.Limit.In).
+const Requests = "requests"
+
+// maxUnitLen is the longest unit name (throttle's bound).
+const maxUnitLen = 32
+
 // units are the named periods.
 var units = []struct {
 	name string
@@ -49,21 +64,58 @@ var units = []struct {
 // returns limits read from Redis, so that Parse(Format(l)) == l for every l
 // that Limits returns or Parse accepts: a bucket's Burst is always set (its
 // Rate when the spec gives none), a window's Burst is 0, an in-flight limit
-// is throttle.InFlight(n). Range checks (at most MaxPer, ...) are
-// SetLimits'.
+// is throttle.InFlight(n), a tier in requests has Unit "". Range checks (at
+// most MaxPer, ...) are SetLimits'.
 func Parse(spec string) (throttle.Limit, error) {
 	bad := func(format string, a ...any) (throttle.Limit, error) {
 		return throttle.Limit{}, fmt.Errorf("%w %q: %s; want %s", ErrSyntax, spec, fmt.Sprintf(format, a...), Forms)
 	}
-	body, mod, hasMod := strings.Cut(spec, ":")
-	if body == modWindow || body == modFixed || body == modInFlight || body == modAdaptive || strings.HasPrefix(body, modBurst) {
+	body, rest, hasMod := strings.Cut(spec, ":")
+	if isModifier(body) {
 		// "window:5000/h", "inflight:4": the kind goes after the numbers.
-		return bad("%q goes after the limit, as in %s:%s", body, mod, body)
+		return bad("%q goes after the limit, as in %s:%s", body, rest, body)
 	}
-	if hasMod && strings.Contains(mod, ":") {
-		return bad("%q has more than one ':' modifier; give one of :burst=N, :window, :fixed, :inflight, :adaptive", ":"+mod)
+	if !strings.Contains(body, "/") && strings.Contains(rest, "/") && CheckUnit(body) == nil {
+		// "tokens:30000/m": so does the unit.
+		return bad("the unit %q goes after the limit, as in %s:%s", body, rest, body)
 	}
-	if hasMod && mod == modInFlight {
+	var mods []string
+	if hasMod {
+		mods = strings.Split(rest, ":")
+	}
+	mod, unit, hasUnit := "", "", false
+	switch {
+	case len(mods) == 1 && isModifier(mods[0]):
+		mod = mods[0]
+	case len(mods) == 1:
+		unit, hasUnit = mods[0], true
+	case len(mods) == 2 && isModifier(mods[0]) && !isModifier(mods[1]):
+		mod, unit, hasUnit = mods[0], mods[1], true
+	case len(mods) == 2 && !isModifier(mods[0]) && isModifier(mods[1]) && unitError(mods[0]) == "":
+		return bad("the unit goes last: write %s:%s:%s", body, mods[1], mods[0])
+	case len(mods) == 2 && !isModifier(mods[0]):
+		if msg := unitError(mods[0]); msg != "" {
+			return bad("%s", msg)
+		}
+		return bad("%q has two units; a tier counts one: write %s:%s or %s:%s", ":"+rest, body, mods[0], body, mods[1])
+	case len(mods) >= 2:
+		return bad("%q has more than one ':' modifier; give one of :burst=N, :window, :fixed, :inflight, :adaptive, and then at most a unit (as in 100/m:window:tokens)", ":"+rest)
+	}
+	if hasUnit {
+		if msg := unitError(unit); msg != "" {
+			return bad("%s", msg)
+		}
+	}
+	if hasUnit && (mod == modInFlight || mod == modAdaptive) {
+		if mod == modInFlight {
+			return bad("an in-flight limit counts tasks running, not a unit: write %s:%s", body, modInFlight)
+		}
+		return bad("an adaptive limit has no unit (it cuts the key's rate tiers, whatever they count): write %s:%s", body, modAdaptive)
+	}
+	if unit == Requests {
+		unit = "" // the default, as Limits returns it
+	}
+	if mod == modInFlight {
 		n, err := count("number of tasks in flight", body)
 		if err != nil {
 			if strings.Contains(body, "/") {
@@ -73,7 +125,7 @@ func Parse(spec string) (throttle.Limit, error) {
 		}
 		return throttle.InFlight(n), nil
 	}
-	if hasMod && mod == modAdaptive {
+	if mod == modAdaptive {
 		if strings.Contains(body, "/") {
 			return bad("an adaptive limit is its clean interval alone: write PERIOD:%s, as in 30s:%s", modAdaptive, modAdaptive)
 		}
@@ -97,7 +149,7 @@ func Parse(spec string) (throttle.Limit, error) {
 	}
 	l := throttle.Limit{N: rate, Per: per, Burst: rate}
 	switch {
-	case !hasMod:
+	case mod == "":
 	case mod == modWindow:
 		l = throttle.Window(rate, per)
 	case mod == modFixed:
@@ -108,12 +160,115 @@ func Parse(spec string) (throttle.Limit, error) {
 			return bad("%v", err)
 		}
 		l.Burst = b
-	case mod == "":
-		return bad("nothing after ':'; give one of :burst=N, :window, :fixed, :inflight, :adaptive")
-	default:
-		return bad("%q after ':' is none of burst=N, window, fixed, inflight, adaptive", mod)
 	}
+	l.Unit = unit
 	return l, nil
+}
+
+// isModifier reports whether s is one of the modifiers (burst=N, window,
+// fixed, inflight, adaptive), not a unit.
+func isModifier(s string) bool {
+	switch s {
+	case modWindow, modFixed, modInFlight, modAdaptive:
+		return true
+	}
+	return strings.HasPrefix(s, modBurst)
+}
+
+// CheckUnit checks a unit's name as throttle does: 1 to 32 of a-z, 0-9,
+// '_' and '-', starting with a letter.
+func CheckUnit(unit string) error {
+	if unit == "" || len(unit) > maxUnitLen {
+		return fmt.Errorf("unit %q: want 1 to %d characters", unit, maxUnitLen)
+	}
+	for i, r := range unit {
+		ok := r >= 'a' && r <= 'z' || i > 0 && (r >= '0' && r <= '9' || r == '_' || r == '-')
+		if !ok {
+			return fmt.Errorf("unit %q: want a lowercase letter, then a-z, 0-9, '_' or '-'", unit)
+		}
+	}
+	return nil
+}
+
+// unitError says why word, after ':' and not a modifier, is not a unit
+// ("" when it is one): a name throttle refuses, or one so close to a
+// modifier's name (or to "requests") that it is more likely a typo.
+func unitError(word string) string {
+	if word == "" {
+		return "nothing after ':'; give one of :burst=N, :window, :fixed, :inflight, :adaptive, or a unit"
+	}
+	if word == Requests {
+		return ""
+	}
+	if word == "burst" {
+		return "\":burst\" needs its size: write :burst=N (a bucket's burst), as in 10/s:burst=20"
+	}
+	if s := near(word); s != "" {
+		if CheckUnit(word) != nil {
+			return fmt.Sprintf("%q after ':' is none of burst=N, window, fixed, inflight, adaptive, nor a unit: did you mean :%s?", word, s)
+		}
+		return fmt.Sprintf("%q after ':' looks like a misspelt modifier, not a unit: did you mean :%s? (a unit may not be within two edits of burst, window, fixed, inflight, adaptive or requests)", word, s)
+	}
+	if err := CheckUnit(word); err != nil {
+		msg := fmt.Sprintf("%q after ':' is none of burst=N, window, fixed, inflight, adaptive, nor a unit (%v)", word, err)
+		if low := strings.ToLower(word); CheckUnit(low) == nil {
+			msg += ": did you mean :" + low + "?"
+		}
+		return msg
+	}
+	return ""
+}
+
+// near returns the modifier (or "requests") that word, compared without
+// case, is within two edits of, as it would be written ("burst=20" for
+// "brust=20"); "" when none is.
+func near(word string) string {
+	w := strings.ToLower(word)
+	name, arg, hasArg := strings.Cut(w, "=")
+	best, bestD := "", 3
+	for _, m := range []string{"burst", modWindow, modFixed, modInFlight, modAdaptive, Requests} {
+		if d := editDistance(name, m); d < bestD {
+			best, bestD = m, d
+		}
+	}
+	switch {
+	case best == "":
+		return ""
+	case best == "burst" && hasArg && arg != "":
+		return modBurst + arg
+	case best == "burst":
+		return modBurst + "N"
+	case hasArg:
+		return "" // "windw=3": not a misspelt window
+	}
+	return best
+}
+
+// editDistance is the optimal string alignment distance of a and b: the
+// insertions, deletions, substitutions and swaps of adjacent bytes that
+// turn one into the other.
+func editDistance(a, b string) int {
+	d := make([][]int, len(a)+1)
+	for i := range d {
+		d[i] = make([]int, len(b)+1)
+		d[i][0] = i
+	}
+	for j := range d[0] {
+		d[0][j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			d[i][j] = min(d[i-1][j]+1, d[i][j-1]+1, d[i-1][j-1]+cost)
+			if i > 1 && j > 1 && a[i-1] == b[j-2] && a[i-2] == b[j-1] {
+				d[i][j] = min(d[i][j], d[i-2][j-2]+1)
+			}
+		}
+	}
+	return d[len(a)][len(b)]
 }
 
 // count reads a whole number > 0 named what.
@@ -158,7 +313,8 @@ func ParseAll(specs ...string) ([]throttle.Limit, error) {
 }
 
 // Format writes a limit the way Parse reads it; a bucket's burst is shown
-// when it differs from its rate (Burst 0 means the rate).
+// when it differs from its rate (Burst 0 means the rate), a rate tier's
+// unit last when it is not requests (30000/m:tokens).
 func Format(l throttle.Limit) string {
 	switch l.Kind {
 	case throttle.KindInFlight:
@@ -169,16 +325,42 @@ func Format(l throttle.Limit) string {
 			p = "1" + p
 		}
 		return p + ":" + modAdaptive
-	case throttle.KindWindow:
-		return strconv.Itoa(l.N) + "/" + formatPeriod(l.Per) + ":" + modWindow
-	case throttle.KindFixedWindow:
-		return strconv.Itoa(l.N) + "/" + formatPeriod(l.Per) + ":" + modFixed
 	}
 	s := strconv.Itoa(l.N) + "/" + formatPeriod(l.Per)
-	if l.Burst != 0 && l.Burst != l.N {
+	switch {
+	case l.Kind == throttle.KindWindow:
+		s += ":" + modWindow
+	case l.Kind == throttle.KindFixedWindow:
+		s += ":" + modFixed
+	case l.Burst != 0 && l.Burst != l.N:
 		s += ":" + modBurst + strconv.Itoa(l.Burst)
 	}
+	if u := l.Unit; u != "" && u != Requests {
+		s += ":" + u
+	}
 	return s
+}
+
+// Unit names what a limit counts: its unit for a rate tier (Requests when
+// it names none), "" for an in-flight or adaptive limit, which count none.
+func Unit(l throttle.Limit) string {
+	switch {
+	case l.Kind == throttle.KindInFlight || l.Kind == throttle.KindAdaptive:
+		return ""
+	case l.Unit == "":
+		return Requests
+	}
+	return l.Unit
+}
+
+// HasUnits reports whether any of ls counts another unit than requests.
+func HasUnits(ls []throttle.Limit) bool {
+	for _, l := range ls {
+		if u := Unit(l); u != "" && u != Requests {
+			return true
+		}
+	}
+	return false
 }
 
 // FormatAll joins limits with spaces, as ParseAll reads them.
@@ -238,9 +420,13 @@ func KindName(k throttle.Kind) string {
 // TierView is one of a key's limits with its state now, as the CLI's -o json
 // and the web view's API show it.
 type TierView struct {
-	Kind          string  `json:"kind"`  // bucket, window, fixed, inflight or adaptive
-	Limit         string  `json:"limit"` // as `set` takes it: 10/s:burst=20, 5000/h:window, 4:inflight
-	Rate          int     `json:"rate"`  // per period; an in-flight limit: the slots
+	Kind  string `json:"kind"`  // bucket, window, fixed, inflight or adaptive
+	Limit string `json:"limit"` // as `set` takes it: 10/s:burst=20, 5000/h:window, 30000/m:tokens, 4:inflight
+	// Unit is what a bucket or window counts: "requests", or the unit it
+	// is in (Limit.In: "tokens"); absent for an in-flight or adaptive
+	// limit. Rate, Burst and Tokens are in it.
+	Unit          string  `json:"unit,omitempty"`
+	Rate          int     `json:"rate"` // per period; an in-flight limit: the slots
 	PeriodSeconds float64 `json:"period_seconds"`
 	Burst         int     `json:"burst"`  // in force: a bucket's burst, a window's calls per window, the slots
 	Tokens        float64 `json:"tokens"` // a bucket's tokens, a window's calls left, the slots free
@@ -264,7 +450,7 @@ func Views(st throttle.Status) ([]TierView, *SlotsView) {
 	tiers := []TierView{}
 	var slots *SlotsView
 	for i, l := range st.Limits {
-		t := TierView{Kind: KindName(l.Kind), Limit: Format(l), Rate: l.N, PeriodSeconds: l.Per.Seconds(), Burst: Burst(l)}
+		t := TierView{Kind: KindName(l.Kind), Limit: Format(l), Unit: Unit(l), Rate: l.N, PeriodSeconds: l.Per.Seconds(), Burst: Burst(l)}
 		if i < len(st.Tokens) {
 			t.Tokens = st.Tokens[i]
 		}

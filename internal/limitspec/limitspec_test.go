@@ -44,6 +44,21 @@ func TestParseReadsEveryForm(t *testing.T) {
 		{"30s:adaptive", throttle.Adaptive(30 * time.Second), ""},
 		{"1m:adaptive", throttle.Adaptive(time.Minute), ""},
 		{"+2:inflight", throttle.InFlight(2), "2:inflight"},
+
+		// A rate tier in another unit: the unit last, after at most one
+		// other modifier; "requests" is the default, written without one.
+		{"30000/m:tokens", throttle.PerMinute(30000).WithBurst(30000).In("tokens"), ""},
+		{"30000/m:burst=2000:tokens", throttle.PerMinute(30000).WithBurst(2000).In("tokens"), ""},
+		{"30000/m:burst=30000:tokens", throttle.PerMinute(30000).WithBurst(30000).In("tokens"), "30000/m:tokens"},
+		{"100/m:window:tokens", throttle.Window(100, time.Minute).In("tokens"), ""},
+		{"100/m:fixed:tokens", throttle.FixedWindow(100, time.Minute).In("tokens"), ""},
+		{"400000/m:input-tokens", throttle.PerMinute(400000).WithBurst(400000).In("input-tokens"), ""},
+		{"5/1500ms:gpu_seconds", throttle.Limit{N: 5, Per: 1500 * time.Millisecond, Burst: 5, Unit: "gpu_seconds"}, "5/1.5s:gpu_seconds"},
+		{"1/d:a", throttle.Limit{N: 1, Per: 24 * time.Hour, Burst: 1, Unit: "a"}, ""},
+		{"1/d:" + strings.Repeat("x", 32), throttle.Limit{N: 1, Per: 24 * time.Hour, Burst: 1, Unit: strings.Repeat("x", 32)}, ""},
+		{"500/m:requests", throttle.PerMinute(500).WithBurst(500), "500/m"},
+		{"500/m:window:requests", throttle.Window(500, time.Minute), "500/m:window"},
+		{"10/s:burst=20:requests", throttle.PerSecond(10).WithBurst(20), "10/s:burst=20"},
 	} {
 		t.Run(tc.spec, func(t *testing.T) {
 			got, err := limitspec.Parse(tc.spec)
@@ -81,6 +96,39 @@ func TestParseRefusesBadSpecsNamingThePart(t *testing.T) {
 		{"10/s:b=2", `"b=2" after ':'`},
 		{"10/s:", `nothing after ':'`},
 		{"10/s:Window", `"Window" after ':'`},
+		{"10/s:Window", `did you mean :window?`},
+		{"10/s:burst", `":burst" needs its size: write :burst=N`},
+
+		// Units: a word after ':' that is no modifier is one, if throttle
+		// takes its name and it is not a modifier misspelt.
+		{"30000/m:Tokens", `"Tokens" after ':' is none of burst=N, window, fixed, inflight, adaptive, nor a unit (unit "Tokens": want a lowercase letter`},
+		{"30000/m:Tokens", `did you mean :tokens?`},
+		{"30000/m:1tokens", `"1tokens" after ':' is none of`},
+		{"30000/m:tok.ens", `"tok.ens" after ':' is none of`},
+		{"30000/m:_tokens", `"_tokens" after ':' is none of`},
+		{"30000/m:" + strings.Repeat("x", 33), `want 1 to 32 characters`},
+		{"30000/m:windwo", `did you mean :window?`},
+		{"30000/m:windwo", `"windwo" after ':' looks like a misspelt modifier, not a unit`},
+		{"30000/m:windows", `did you mean :window?`},
+		{"30000/m:fixd", `did you mean :fixed?`},
+		{"30000/m:mixed", `did you mean :fixed?`},
+		{"30000/m:inflihgt", `did you mean :inflight?`},
+		{"30000/m:adaptiv", `did you mean :adaptive?`},
+		{"30000/m:request", `did you mean :requests?`},
+		{"30000/m:brust=2000", `did you mean :burst=2000?`},
+		{"30000/m:bursts", `did you mean :burst=N?`},
+		{"30000/m:windwo:tokens", `did you mean :window?`},
+		{"30000/m:burst=2000:windwo", `did you mean :window?`},
+		{"30000/m:tokens:window", `the unit goes last: write 30000/m:window:tokens`},
+		{"30000/m:tokens:burst=9", `the unit goes last: write 30000/m:burst=9:tokens`},
+		{"30000/m:tokens:input", `":tokens:input" has two units; a tier counts one`},
+		{"30000/m:window:tokens:input", `":window:tokens:input" has more than one ':' modifier`},
+		{"30000/m:window:", `nothing after ':'`},
+		{"4:inflight:tokens", `an in-flight limit counts tasks running, not a unit: write 4:inflight`},
+		{"4:inflight:requests", `an in-flight limit counts tasks running, not a unit`},
+		{"30s:adaptive:tokens", `an adaptive limit has no unit`},
+		{"tokens:30000/m", `the unit "tokens" goes after the limit, as in 30000/m:tokens`},
+		{"4:tokens", `no '/' between rate and period in "4"`},
 		{"10/s:burst=20:window", `":burst=20:window" has more than one ':' modifier`},
 		{"5000/h:window:burst=5", `":window:burst=5" has more than one`},
 		{"window:5000/h", `"window" goes after the limit, as in 5000/h:window`},
@@ -101,7 +149,7 @@ func TestParseRefusesBadSpecsNamingThePart(t *testing.T) {
 			_, err := limitspec.Parse(tc.spec)
 			require.ErrorIs(t, err, limitspec.ErrSyntax, "Parse(%q)", tc.spec)
 			assert.Contains(t, err.Error(), tc.part, "the error names the bad part")
-			for _, form := range []string{"10/s:burst=20", "5000/h:window", "4:inflight"} {
+			for _, form := range []string{"10/s:burst=20", "5000/h:window", "30000/m:tokens", "4:inflight"} {
 				assert.Contains(t, err.Error(), form, "the error names the accepted forms")
 			}
 		})
@@ -126,6 +174,11 @@ func TestFormatThenParseGivesTheLimitBack(t *testing.T) {
 		{throttle.Limit{Kind: throttle.KindWindow, N: 5000, Per: time.Hour}, throttle.Window(5000, time.Hour), "5000/h:window"},
 		{throttle.Limit{Kind: throttle.KindWindow, N: 7, Per: 42 * time.Second}, throttle.Window(7, 42*time.Second), "7/42s:window"},
 		{throttle.Limit{Kind: throttle.KindInFlight, N: 4}, throttle.InFlight(4), "4:inflight"},
+		{throttle.Limit{N: 30000, Per: time.Minute, Burst: 30000, Unit: "tokens"}, throttle.PerMinute(30000).In("tokens"), "30000/m:tokens"},
+		{throttle.Limit{N: 30000, Per: time.Minute, Burst: 2000, Unit: "tokens"}, throttle.PerMinute(30000).WithBurst(2000).In("tokens"), "30000/m:burst=2000:tokens"},
+		{throttle.Limit{Kind: throttle.KindWindow, N: 100, Per: time.Minute, Unit: "tokens"}, throttle.Window(100, time.Minute).In("tokens"), "100/m:window:tokens"},
+		{throttle.Limit{Kind: throttle.KindFixedWindow, N: 100, Per: time.Minute, Unit: "tokens"}, throttle.FixedWindow(100, time.Minute).In("tokens"), "100/m:fixed:tokens"},
+		{throttle.Limit{N: 500, Per: time.Minute, Burst: 500}, throttle.PerMinute(500).In("requests"), "500/m"},
 	} {
 		t.Run(tc.spec, func(t *testing.T) {
 			assert.Equal(t, tc.spec, limitspec.Format(tc.fromRedis))
@@ -150,6 +203,8 @@ func TestSpecRoundTripsThroughRedis(t *testing.T) {
 		"10/s:burst=20 5000/h:window 4:inflight",
 		"100/m:window 1/s 2/d 7/42s:window 1:inflight",
 		"3:inflight",
+		"500/m 30000/m:tokens 16:inflight",
+		"10/s:burst=20 30000/m:burst=2000:tokens 100/m:window:input-tokens 100/m:fixed:output-tokens 1/d:tokens 30s:adaptive",
 	} {
 		t.Run(spec, func(t *testing.T) {
 			ls, err := limitspec.ParseAll(spec)
@@ -175,6 +230,8 @@ func TestBurstAndKindNameDescribeEachKind(t *testing.T) {
 		{throttle.PerSecond(10).WithBurst(3), 3, "bucket"},
 		{throttle.Window(500, time.Hour), 500, "window"},
 		{throttle.InFlight(4), 4, "inflight"},
+		{throttle.FixedWindow(60, time.Minute).In("tokens"), 60, "fixed"},
+		{throttle.Adaptive(time.Minute), 0, "adaptive"},
 	} {
 		t.Run(tc.l.String(), func(t *testing.T) {
 			assert.Equal(t, tc.burst, limitspec.Burst(tc.l))
@@ -184,10 +241,58 @@ func TestBurstAndKindNameDescribeEachKind(t *testing.T) {
 	assert.Equal(t, "kind(9)", limitspec.KindName(9))
 }
 
+// Unit names what each limit counts: requests unless In says otherwise,
+// nothing for an in-flight or adaptive limit; Views carries it per tier.
+func TestUnitNamesWhatEachLimitCounts(t *testing.T) {
+	for _, tc := range []struct {
+		l    throttle.Limit
+		unit string
+	}{
+		{throttle.PerMinute(500), "requests"},
+		{throttle.PerMinute(500).In("requests"), "requests"},
+		{throttle.PerMinute(30000).In("tokens"), "tokens"},
+		{throttle.Window(100, time.Minute).In("input-tokens"), "input-tokens"},
+		{throttle.InFlight(16), ""},
+		{throttle.Adaptive(time.Minute), ""},
+	} {
+		assert.Equal(t, tc.unit, limitspec.Unit(tc.l), "%v", tc.l)
+	}
+	assert.False(t, limitspec.HasUnits([]throttle.Limit{throttle.PerMinute(500), throttle.InFlight(16)}))
+	assert.True(t, limitspec.HasUnits([]throttle.Limit{throttle.PerMinute(500), throttle.PerMinute(30000).In("tokens")}))
+
+	ls, err := limitspec.ParseAll("500/m 30000/m:tokens 16:inflight")
+	require.NoError(t, err)
+	tiers, slots := limitspec.Views(throttle.Status{Limits: ls, InForce: ls, Tokens: []float64{499, 18000, 16}})
+	assert.Equal(t, []limitspec.TierView{
+		{Kind: "bucket", Limit: "500/m", Unit: "requests", Rate: 500, PeriodSeconds: 60, Burst: 500, Tokens: 499},
+		{Kind: "bucket", Limit: "30000/m:tokens", Unit: "tokens", Rate: 30000, PeriodSeconds: 60, Burst: 30000, Tokens: 18000},
+		{Kind: "inflight", Limit: "16:inflight", Rate: 16, Burst: 16, Tokens: 16},
+	}, tiers)
+	assert.Equal(t, &limitspec.SlotsView{Held: 0, Max: 16}, slots)
+}
+
+// A unit is refused within two edits of a modifier's name (or of
+// "requests"), and taken beyond: the rule is the edit distance, with a
+// swap of neighbours one edit.
+func TestUnitsNearAModifierAreRefusedOthersTaken(t *testing.T) {
+	for _, unit := range []string{"windwo", "wind", "indow", "fixes", "fix", "inflght", "adaptiv", "requets", "request", "bursts", "burstx"} {
+		_, err := limitspec.Parse("10/m:" + unit)
+		require.ErrorIs(t, err, limitspec.ErrSyntax, "%q is a modifier misspelt", unit)
+		assert.Contains(t, err.Error(), "did you mean", unit)
+	}
+	for _, unit := range []string{"tokens", "input-tokens", "output-tokens", "bytes", "credits", "images", "win", "fax", "points", "gpu_seconds", "queries"} {
+		l, err := limitspec.Parse("10/m:" + unit)
+		if assert.NoError(t, err, "%q is a unit", unit) {
+			assert.Equal(t, unit, l.Unit)
+		}
+	}
+}
+
 // FuzzParseSpec: Parse never panics, and every spec it accepts formats to
 // one field that parses back to the same limit, and formats the same again.
 func FuzzParseSpec(f *testing.F) {
-	for _, s := range []string{"10/s", "10/s:burst=20", "100/1500ms", "5000/h:window", "4:inflight", "window:5/h", "7/d"} {
+	for _, s := range []string{"10/s", "10/s:burst=20", "100/1500ms", "5000/h:window", "4:inflight", "window:5/h", "7/d",
+		"30000/m:tokens", "30000/m:burst=2000:tokens", "100/m:window:tokens", "100/m:fixed:requests", "10/s:windwo", "4:inflight:tokens"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, spec string) {
@@ -211,6 +316,15 @@ func FuzzParseSpec(f *testing.F) {
 		}
 		if again := limitspec.Format(back); again != s {
 			t.Fatalf("Format not stable: %q, then %q", s, again)
+		}
+		if l.Unit != "" && (l.Unit == limitspec.Requests || limitspec.CheckUnit(l.Unit) != nil || l.Kind == throttle.KindInFlight || l.Kind == throttle.KindAdaptive) {
+			t.Fatalf("Parse(%q) = %#v: a unit throttle refuses, or on a limit that counts none", spec, l)
+		}
+		if l.Kind == throttle.KindAdaptive {
+			if l.Per <= 0 {
+				t.Fatalf("Parse(%q) = %#v: accepted an adaptive limit without a clean period", spec, l)
+			}
+			return // no rate or burst: its Per is the clean period
 		}
 		if l.N <= 0 || (l.Kind != throttle.KindInFlight && l.Per <= 0) || limitspec.Burst(l) <= 0 {
 			t.Fatalf("Parse(%q) = %#v: accepted a limit without a positive rate, period or burst", spec, l)
