@@ -267,6 +267,9 @@ func (l *Limiter) observe(ctx context.Context, tc *taskCharge, q quota.Info, li 
 	ks.mu.Lock()
 	ks.obs.told, ks.obs.tiers = true, o.Tiers
 	ks.mu.Unlock()
+	if q.Source == "" && len(li.Units) > 0 {
+		q.Source = li.Units[0].Source + " headers"
+	}
 	l.logChanges(tc.key, ks, q, o.Changes, now)
 }
 
@@ -274,6 +277,9 @@ func (l *Limiter) observe(ctx context.Context, tc *taskCharge, q quota.Info, li 
 // call made a change is told of it.
 func (l *Limiter) logChanges(key string, ks *keyState, q quota.Info, changes []string, now time.Time) {
 	log := l.o.logger
+	if q.PolicySource == "" {
+		q.PolicySource = q.Source
+	}
 	for _, c := range changes {
 		f := strings.Fields(c)
 		n := make([]int64, len(f))

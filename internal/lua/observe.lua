@@ -58,7 +58,9 @@ for tok in string.gmatch(policies, '%S+') do
     if per and t.per == per and t.unit == unit then
       found = true
       local l = learned[t.key]
-      if b and (b < 1 or t.kind ~= 'b' or b >= t.burst) then b = nil end
+      -- (a burst no lower than the quota's own lowers nothing: a lowered
+      -- quota lowers the burst with it)
+      if b and (b < 1 or t.kind ~= 'b' or b >= math.min(t.burst, q)) then b = nil end
       if q < tier_quota(t) or b then
         local lq = math.min(q, tier_quota(t))
         if not l or l[1] ~= lq or l[3] ~= b or l[2] <= now then
