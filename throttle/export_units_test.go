@@ -1,0 +1,25 @@
+package throttle
+
+// Hooks for the tests of quotas in several units (property_units_test.go).
+
+import (
+	"context"
+	"time"
+
+	"github.com/asynq-throttle/asynq-throttle/internal/lua"
+)
+
+// AdjustUnit settles unit ("requests" for the request tiers) of the call d
+// admitted, charged so far, by delta, as Used does in a handler: a
+// surcharge as of now, a refund as far as the tiers of that unit can give
+// it back.
+func AdjustUnit(l *Limiter, ctx context.Context, key, unit string, delta int, d Decision, charged int) error {
+	call := lua.Call{At: d.at, Charged: charged, Generation: d.gen}
+	if unit != unitRequests {
+		call.Unit = unit
+	}
+	return l.adjust(ctx, key, delta, call)
+}
+
+// AdmittedAt is the instant (Redis clock) a decision admitted its call at.
+func AdmittedAt(d Decision) time.Time { return d.at }
