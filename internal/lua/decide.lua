@@ -717,11 +717,16 @@ local function take_now(key, o, now, L, hasT, spec, owed, x, c)
   end
   local ttl
   x, ttl = keep_alive(full_in(tiers, owed), L ~= nil, o.idle_us, x, now)
-  if not L and not hasT then
+  local T = write_T(tiers, owed, now, x, 0)
+  if not T then
+    -- Every bucket full (a call that took nothing of their units): no
+    -- state to keep.
+    if hasT then redis.call('HDEL', key, 'T') end
+  elseif not L and not hasT then
     -- Record the defaults the buckets are computed under, for SetLimits.
-    redis.call('HSET', key, 'T', write_T(tiers, owed, now, x, 0), 'D', o.defaults)
+    redis.call('HSET', key, 'T', T, 'D', o.defaults)
   else
-    redis.call('HSET', key, 'T', write_T(tiers, owed, now, x, 0))
+    redis.call('HSET', key, 'T', T)
   end
   if ttl then expire_in(key, ttl) end
   if remaining < 0 then remaining = 0 end

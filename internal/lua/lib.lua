@@ -509,9 +509,12 @@ end
 -- per_us units of tokens (0: full; windows get 0), from what T stored at
 -- ts (read_T). Time since refills rate per microsecond; a clock that
 -- stepped back makes a tier owe more, never less, so it refills nothing
--- until the clock is back where it was. A tier owing more than a whole
--- burst beyond MAX_SKEW (a step back of over an hour, or garbage) is taken
--- as empty now: still no refill, and no freeze for longer. A full bucket
+-- until the clock is back where it was. After a step back of over an hour
+-- (MAX_SKEW), a tier is taken as empty now, or as what it owed if that is
+-- more: still no refill, and no freeze for longer. What a tier owes beyond
+-- its burst is debt a surcharge left (Used above the estimate), kept until
+-- it is repaid however long that takes; only more than MAX_BURST calls of
+-- debt is garbage, read as an empty tier. A full bucket
 -- reads as owing down to -headroom x rate (it has been full for that
 -- long): headroom is what a caller keeps room for, and a bucket full for
 -- longer has that room. Whoever takes from it adds to max(owed, 0). The
@@ -527,13 +530,13 @@ local function bucket_owed(stored, ts, tiers, now, headroom, into)
       v = stored[-t.id]
       if not v then
         v = floor
+      elseif v > t.full + MAX_BURST * t.p then
+        v = t.full -- (garbage)
+      elseif elapsed < -MAX_SKEW then
+        v = math.max(v, t.full)
       else
         v = v - elapsed * t.rate
-        if v < floor then
-          v = floor
-        elseif v > t.full + MAX_SKEW * t.rate then
-          v = t.full
-        end
+        if v < floor then v = floor end
       end
     end
     owed[i] = v

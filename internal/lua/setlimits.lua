@@ -67,10 +67,11 @@ for i, t in ipairs(in_force.tiers) do
       -- State without the limits it was computed under: the tokens it owed
       -- at ts, with no refill since (the rate it had is unknown).
       v = stored[-t.id]
-      if ts and now < ts then v = v + (ts - now) * t.rate end
+      if ts and now < ts then v = v + math.min(ts - now, MAX_SKEW) * t.rate end
     end
     if v < 0 then v = 0 end
-    if v > t.full + MAX_SKEW * t.rate then v = t.full end
+    -- (debt a surcharge left is kept; only garbage is read as empty)
+    if v > t.full + MAX_BURST * t.p then v = t.full end
   end
   owed[i] = v
 end
