@@ -261,6 +261,7 @@ func (p *llmProvider) serve(w http.ResponseWriter, r *http.Request) {
 	admitted, short := ep.model.admit(now, estimate)
 	ep.record(now, admitted, short, estimate)
 	ep.model.setHeaders(now, w.Header())
+	w.Header().Set(llmArrivedHeader, strconv.FormatInt(now.UnixMicro(), 10))
 	var refusal llmRefusal
 	if !admitted {
 		refusal = newLLMRefusal(ep.model, now, short, estimate)
@@ -281,6 +282,22 @@ func (p *llmProvider) serve(w http.ResponseWriter, r *http.Request) {
 	p.mu.Unlock()
 	w.Header().Set("Content-Type", "application/json")
 	_, _ = fmt.Fprintf(w, `{"object":"chat.completion","usage":{"total_tokens":%d}}`, used)
+}
+
+// llmArrivedHeader tells the client when the provider decided its call
+// (Unix microseconds), for the bench's own measure of the time from a
+// throttle's decision to the provider's (scenario L's ours); no provider
+// sends it.
+const llmArrivedHeader = "X-Bench-Arrived-Us"
+
+// llmArrived is when the provider decided the call of resp (false if it
+// does not say).
+func llmArrived(resp *http.Response) (time.Time, bool) {
+	us, err := strconv.ParseInt(resp.Header.Get(llmArrivedHeader), 10, 64)
+	if err != nil {
+		return time.Time{}, false
+	}
+	return time.UnixMicro(us), true
 }
 
 // llmQuery reads a call's estimate and usage (tokens, both >= 0).

@@ -19,11 +19,11 @@ import (
 // tokens, against a strict fake provider that meters both as token buckets
 // (llm_provider.go), drained by the OpenAI cookbook's parallel processor
 // (cookbook.go) in one process and in 3 processes each given the full
-// stated limits. It is the groundwork for issue 24: "ours" (a fleet with
-// throttle.Uses and throttle.Used) is one more lVariantFunc once that API
-// exists. A case is a mode (how estimates are made and counted) against
-// buckets of one capacity; every (case, variant) run has an endpoint of
-// its own, and all of them run at once.
+// stated limits, and by ours (scenario_l_ours.go: a fleet with
+// throttle.Uses, throttle.Used and throttle.Observe), given the stated
+// limits or 10x them. A case is a mode (how estimates are made and
+// counted) against buckets of one capacity; every (case, variant) run has
+// an endpoint of its own, and all of them run at once.
 
 // Scenario L's workload: a task's usage is lognormal with median
 // lMedianTokens and 99th percentile lP99Tokens, capped at lMaxUsage; an
@@ -40,7 +40,7 @@ const (
 
 // Scenario L's shape.
 const (
-	lProcesses   = 3                             // cookbook-x3's processes (and ours' servers, later)
+	lProcesses   = 3                             // cookbook-x3's processes, and ours' servers
 	lWorkers     = 16                            // concurrent calls per process
 	lWarmup      = time.Second                   // the measured span starts this long after the start at the earliest
 	lSpentAt     = time.Second                   // ... and once the binding bucket holds at most this much of its rate
@@ -132,7 +132,7 @@ var lConf = lOptions{variants: lVariants, modes: lModeNames, rpm: defaultLRPM, t
 // declareLFlags declares scenario L's flags; the function it returns checks
 // them once flag.Parse has run, and sets lConf.
 func declareLFlags() func() error {
-	vars := flag.String("l-variants", strings.Join(lVariants, ","), "scenario L: variants to run, comma-separated (cookbook-x1: the OpenAI cookbook's parallel processor in one process; cookbook-x3: in 3 processes, each given the full limits)")
+	vars := flag.String("l-variants", strings.Join(lVariants, ","), "scenario L: variants to run, comma-separated (cookbook-x1: the OpenAI cookbook's parallel processor in one process; cookbook-x3: in 3 processes, each given the full limits; ours: a fleet of 3 asynq servers x 16 given the stated limits; ours-10x: given 10x them, to learn them from the headers)")
 	modes := flag.String("l-modes", strings.Join(lModeNames, ","), "scenario L: estimate modes, comma-separated (max: prompt + max_tokens, charged as OpenAI does; 2xmedian: twice the median usage, the provider settling each call to its usage)")
 	tasks := flag.Int("l-tasks", 0, "scenario L: tasks per run (0: enough for an ideal drain of about 12 s past the time one process needs to spend a bucket's burst; -quick 6 s)")
 	rpm := flag.Int("l-rpm", defaultLRPM, "scenario L: the provider's requests per minute")
@@ -250,7 +250,7 @@ const (
 	lCookbook3 = "cookbook-x3" // the same in lProcesses processes, each given the full limits
 )
 
-var lVariants = []string{lCookbook1, lCookbook3}
+var lVariants = []string{lCookbook1, lCookbook3, lOurs, lOurs10x}
 
 // lRun is one run of scenario L as a variant sees it.
 type lRun struct {
@@ -264,9 +264,22 @@ type lRun struct {
 
 // lClientStats is what a variant reports of its run.
 type lClientStats struct {
-	Succeeded, Failed int // tasks done, and tasks given up
+	Succeeded, Failed int // tasks done, and tasks given up (ours: archived)
 	Calls             int // calls made, retries included
-	Pauses            int // cool-downs begun (the cookbook's 15 s pauses)
+	Pauses            int // cool-downs begun (the cookbook's 15 s pauses; ours: the key's suspensions)
+	// End is when the variant stopped draining, when it knows: its last
+	// task done, or the cut-off (ours: its fleet stops after). Zero: when
+	// it returned.
+	End time.Time
+	// Ours: tasks whose call succeeded twice, Used calls that failed, and
+	// what its key's limits in force were (lLearning).
+	Duplicates, UsedErrors int
+	Learning               *lLearning `json:",omitempty"`
+	// Ours: the longest time from a task's admission (as the middleware
+	// was told it) to the provider's decision on its call, and the calls
+	// decided later than the middleware's headroom after theirs.
+	Lag  time.Duration
+	Late int
 }
 
 // lVariantFunc is scenario L's extension point: one way to drain a run's
@@ -274,29 +287,17 @@ type lClientStats struct {
 // or given up, or when ctx ends (the run's cut-off: the run is then
 // unfinished, not failed); an error fails the scenario.
 //
-// How ours plugs in, once issue 24's API exists: add "ours" to lVariants
-// and to lVariantFuncs, with a func that
-//
-//   - sets the key's limits from r.Limits: throttle.PerMinute(r.Limits.RPM)
-//     and throttle.PerMinute(r.Limits.TPM).In("tokens") (and nothing of
-//     r.Limits.Capacity: that is what Observe is to learn);
-//   - starts lProcesses servers x r.Workers with startFleet (fleet.go,
-//     variant vOurs, a prefix and queue from e.names("l", ...)), whose
-//     handler calls r.Provider.call(ctx, r.Endpoint, estimate, used),
-//     hands every response to throttle.Observe(ctx, resp) (the headers
-//     teach the limits; a 429 suspends the key) and, on a 200, calls
-//     throttle.Used(ctx, "tokens", usage) with the usage the call returned;
-//   - enqueues each task with throttle.Uses("tokens", t.Estimate), its
-//     payload carrying the estimate and the usage;
-//   - waits until every task has run (or ctx ends), stops the fleet, cleans
-//     up with e.cleanup, and returns the counts (Pauses: suspensions).
-//
-// The provider, the table and the verdicts need no change.
+// Ours is two of them (scenario_l_ours.go): a fleet of lProcesses servers
+// x r.Workers told the stated limits (with the burst the provider's
+// buckets hold), and one told 10x them, left to learn them from the
+// provider's headers.
 type lVariantFunc func(ctx context.Context, e *env, r *lRun) (lClientStats, error)
 
 var lVariantFuncs = map[string]lVariantFunc{
 	lCookbook1: cookbookVariant(1),
 	lCookbook3: cookbookVariant(lProcesses),
+	lOurs:      oursVariant(1),
+	lOurs10x:   oursVariant(10),
 }
 
 // cookbookVariant runs the cookbook's script in processes processes at
@@ -482,6 +483,9 @@ func lOnce(ctx context.Context, e *env, p *llmProvider, c lCase, variant string)
 	run := &lRun{Mode: c.mode, Endpoint: name, Provider: p, Limits: c.lim, Tasks: c.tasks, Workers: lWorkers}
 	stats, err := lVariantFuncs[variant](rctx, e, run)
 	end := time.Now()
+	if !stats.End.IsZero() && stats.End.Before(end) {
+		end = stats.End
+	}
 	if err != nil {
 		return r, fmt.Errorf("L/%s/%s: %w", c.id(), variant, err)
 	}
@@ -609,7 +613,12 @@ func (s *scenarioL) printHeader(w io.Writer) {
 	fmt.Fprintf(w, "   workload (seed %d): usage lognormal, median %d and p99 %d tokens, capped at %d; an eighth of it the completion, the rest the prompt; max_tokens %d\n",
 		s.Seed, lMedianTokens, lP99Tokens, lMaxUsage, lMaxTokens)
 	fmt.Fprintf(w, "   cookbook-x1: the OpenAI cookbook's parallel processor (capacity tracked in process at the stated per-minute rates, a minute's worth at most; 15 s pause after a 429), one process of %d workers;\n", s.Workers)
-	fmt.Fprintf(w, "   cookbook-x3: %d such processes, each told the full limits, reading one queue. Every case and variant runs at once, on an endpoint of its own\n", s.Processes)
+	fmt.Fprintf(w, "   cookbook-x3: %d such processes, each told the full limits, reading one queue\n", s.Processes)
+	fmt.Fprintf(w, "   ours: an asynq fleet of %d servers x %d workers (worker.NewServer, the Limiter's middleware), one key: PerMinute(RPM) and PerMinute(TPM).In(\"tokens\"),\n", s.Processes, s.Workers)
+	fmt.Fprintln(w, "     WithBurst of what the provider's bucket holds when it holds less than a minute's worth; tasks Uses(\"tokens\", estimate); handler: Observe(ctx, resp) on every response")
+	fmt.Fprintln(w, "     (a 429 suspends the key), Used(ctx, \"tokens\", usage) when the provider settles calls to their usage (2xmedian)")
+	fmt.Fprintln(w, "   ours-10x: the same fleet told 10x the stated limits (PerMinute(10*RPM), PerMinute(10*TPM).In(\"tokens\"), no burst said), left to learn the provider's from its headers")
+	fmt.Fprintln(w, "   Every case and variant runs at once, on an endpoint of its own")
 }
 
 func (s *scenarioL) print(w io.Writer) {
@@ -627,9 +636,13 @@ func (s *scenarioL) print(w io.Writer) {
 			t.col(r.Variant)
 		}
 		lRows(t, c, rs)
+		lOursRatioRows(t, c, rs)
 		t.print(w)
 		for _, r := range rs {
 			printLVerdict(w, c, r)
+		}
+		for _, r := range rs {
+			printLLearning(w, c, r)
 		}
 	}
 	printLNotes(w)
@@ -665,11 +678,26 @@ func lRows(t *table, c lCase, rs []lResult) {
 		}
 		return fmt.Sprintf("%s (%s)", secs(r.Drain), ratio(r.Drain.Seconds(), r.Ideal.Seconds()))
 	}))
-	t.row(fmt.Sprintf("tasks done / given up after %d attempts (of %d)", cookbookMaxAttempts, c.Tasks), each(rs, func(r lResult) string {
-		return fmt.Sprintf("%d / %d", r.Client.Succeeded, r.Client.Failed)
+	t.row(fmt.Sprintf("tasks done / given up (cookbook: after %d attempts; ours: archived) (of %d)", cookbookMaxAttempts, c.Tasks), each(rs, func(r lResult) string {
+		s := fmt.Sprintf("%d / %d", r.Client.Succeeded, r.Client.Failed)
+		if r.Client.Duplicates > 0 {
+			s += fmt.Sprintf(", %d DUPLICATED", r.Client.Duplicates)
+		}
+		if r.Client.UsedErrors > 0 {
+			s += fmt.Sprintf(", %d Used failed", r.Client.UsedErrors)
+		}
+		return s
 	}))
 	t.row("calls: made / admitted by the provider", each(rs, func(r lResult) string { return fmt.Sprintf("%d / %d", r.Client.Calls, r.Admitted) }))
-	t.row(fmt.Sprintf("pauses begun (cookbook: %v after a 429)", cookbookPause), each(rs, func(r lResult) string { return fmt.Sprint(r.Client.Pauses) }))
+	t.row(fmt.Sprintf("pauses begun (cookbook: %v after a 429; ours: key suspended)", cookbookPause), each(rs, func(r lResult) string { return fmt.Sprint(r.Client.Pauses) }))
+	if slices.ContainsFunc(rs, func(r lResult) bool { return r.Client.Learning != nil }) {
+		t.row(fmt.Sprintf("ours: admission to the provider's decision, longest / calls later than the %v headroom", lHeadroom), each(rs, func(r lResult) string {
+			if r.Client.Learning == nil {
+				return "-"
+			}
+			return fmt.Sprintf("%v / %d", r.Client.Lag.Round(time.Millisecond), r.Client.Late)
+		}))
+	}
 }
 
 // printLVerdict marks issue 24's targets for one run: no 429, and the
@@ -680,8 +708,12 @@ func printLVerdict(w io.Writer, c lCase, r lResult) {
 	if !r.Finished {
 		drain = fmt.Sprintf("NOT DRAINED by the cut-off (%d of %d tasks settled)", r.Client.Succeeded+r.Client.Failed, r.Tasks)
 	}
-	fmt.Fprintf(w, "targets %s %s: 429s %d %s (0); share of the %s limit %.2f %s (>= %.2f); %s\n", c.Name, r.Variant,
-		r.Limited, verdict(r.Limited == 0), c.Binding, share, verdict(share >= c.Target), c.Target, drain)
+	shareIs := fmt.Sprintf("%.2f %s", share, verdict(share >= c.Target))
+	if !r.Spent {
+		shareIs = fmt.Sprintf("none MISSED (the provider's %s bucket was never drawn down to %v of its rate: no span)", c.Binding, lSpentAt)
+	}
+	fmt.Fprintf(w, "targets %s %s: 429s %d %s (0); share of the %s limit %s (>= %.2f); %s\n", c.Name, r.Variant,
+		r.Limited, verdict(r.Limited == 0), c.Binding, shareIs, c.Target, drain)
 }
 
 func printLNotes(w io.Writer) {
@@ -693,4 +725,9 @@ func printLNotes(w io.Writer) {
 	fmt.Fprintln(w, "       the provider charges a call's estimate when it admits it (max: OpenAI counts prompt + max_tokens), or charges the estimate and settles")
 	fmt.Fprintln(w, "       it to the call's usage when the call completes (2xmedian); a call is admitted only if both buckets hold 1 request and its estimate.")
 	fmt.Fprintln(w, "       the cookbook's capacity starts at, and refills to, a minute's worth of the stated limits, whatever the provider's buckets hold.")
+	fmt.Fprintln(w, "       ours: drain time to its last task done (its fleet stops after); ratios: ours over the column (share: higher is better; drain: lower).")
+	fmt.Fprintf(w, "       ours-10x: learned = the limit in force (Inspect, polled every %v) within %.0f %% of the provider's rate and of what its bucket holds;\n", lPoll, lLearnTolerance*100)
+	fmt.Fprintln(w, "       responses: those the handlers had had by that poll, or (read after each) by a handler's read of the key right after its Observe;")
+	fmt.Fprintln(w, "       both upper bounds, loose at the start: the fleet's first 48 calls go out at once and their responses come back within milliseconds.")
+	fmt.Fprintln(w, "       Suspensions: polls that saw the key suspended after one that did not.")
 }

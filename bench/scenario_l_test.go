@@ -8,6 +8,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/asynq-throttle/asynq-throttle/throttle"
 )
 
 func TestLLMWorkloadIsHeavyTailedAndSeeded(t *testing.T) {
@@ -156,4 +158,93 @@ func TestLBurstTimeIsWhatOneProcessNeedsToSpendTheBuckets(t *testing.T) {
 	assert.InDelta(t, 590.0/150, lBurstTime(tasks, m, minute, 100*time.Millisecond).Seconds(), 1e-6)
 	assert.Equal(t, time.Minute, lBurstTime(tasks, m, minute, 10*time.Second), "1.6 calls/s never spend 10/s: a minute at most")
 	assert.Zero(t, lBurstTime(tasks, m, minute, 0))
+}
+
+// TestOursLLMLimitsSayTheBucketsBurst: ours is told the stated limits, with
+// the burst the provider's buckets hold when they hold less than a minute;
+// ours-10x 10x the stated limits and no burst (a minute's worth).
+func TestOursLLMLimitsSayTheBucketsBurst(t *testing.T) {
+	second := llmLimits{RPM: 1000, TPM: 2000000, Capacity: time.Second}
+	assert.Equal(t, []throttle.Limit{throttle.PerMinute(1000).WithBurst(16), throttle.PerMinute(2000000).WithBurst(33333).In("tokens")},
+		oursLLMLimits(second, 1))
+	minute := second
+	minute.Capacity = time.Minute
+	assert.Equal(t, []throttle.Limit{throttle.PerMinute(1000), throttle.PerMinute(2000000).In("tokens")}, oursLLMLimits(minute, 1))
+	assert.Equal(t, []throttle.Limit{throttle.PerMinute(10000), throttle.PerMinute(20000000).In("tokens")}, oursLLMLimits(second, 10))
+}
+
+func TestLPayloadRoundTrips(t *testing.T) {
+	task := llmTask{ID: 7, Prompt: 900, Completion: 100, Estimate: 4996}
+	idx, estimate, used, err := lParsePayload(lPayload(task))
+	require.NoError(t, err)
+	assert.Equal(t, []int{7, 4996, 1000}, []int{idx, estimate, used})
+	_, _, _, err = lParsePayload([]byte("7 4996"))
+	assert.Error(t, err)
+	_, _, _, err = lParsePayload([]byte("7 x 1000"))
+	assert.Error(t, err)
+}
+
+// TestLLearningFindsEachUnitsTier: the request tier is the bucket without a
+// unit, the tokens tier the bucket in tokens; within 5 % is learned.
+func TestLLearningFindsEachUnitsTier(t *testing.T) {
+	in := []throttle.Limit{throttle.PerMinute(2000000).WithBurst(33333).In("tokens"), throttle.PerMinute(1000).WithBurst(16), throttle.InFlight(4)}
+	req, ok := tierOf(in, "requests")
+	require.True(t, ok)
+	assert.Equal(t, 1000, req.N)
+	tok, ok := tierOf(in, "tokens")
+	require.True(t, ok)
+	assert.Equal(t, 33333, tok.Burst)
+	_, ok = tierOf(in, "input-tokens")
+	assert.False(t, ok)
+	assert.True(t, near(16, 16.67))
+	assert.False(t, near(15, 16.67), "15 is 10 % below a bucket of 16.7")
+	assert.False(t, near(1, 0))
+}
+
+// TestScenarioLPrintsOursBesideTheCookbook: ratios of ours over each
+// column, and the learning block of ours-10x, learned or not.
+func TestScenarioLPrintsOursBesideTheCookbook(t *testing.T) {
+	lim := llmLimits{RPM: 600, TPM: 6000000, Capacity: time.Second}
+	c, err := newLCase(1, lModes[0], lim, lOptions{tasks: 5, seed: 1}, 0)
+	require.NoError(t, err)
+	learning := func(rateAt time.Duration, seen int) *lLearning {
+		return &lLearning{Configured: oursLLMLimits(lim, 10), Suspensions: 2, Units: []lUnitLearning{
+			{Unit: "requests", ProviderRate: 10, ProviderBurst: 10, RateAt: rateAt, BurstAt: rateAt, RateResponses: 2, BurstResponse: 3,
+				RateSeen: seen, BurstSeen: -1},
+			{Unit: "tokens", ProviderRate: 100000, ProviderBurst: 100000, RateAt: rateAt, BurstAt: rateAt, RateResponses: 2, BurstResponse: 2,
+				RateSeen: seen, BurstSeen: seen},
+		}}
+	}
+	s := &scenarioL{RPM: lim.RPM, TPM: lim.TPM, Cases: []lCase{c}, Results: []lResult{
+		{Case: c.id(), Variant: lCookbook1, Tasks: 5, Binding: c.Binding, Spent: true, Limited: 3, ShareTokens: 0.2, ShareRequests: 0.2, Drain: 20 * time.Second, Client: lClientStats{Succeeded: 2}},
+		{Case: c.id(), Variant: lOurs, Tasks: 5, Finished: true, Binding: c.Binding, Spent: true, ShareTokens: 0.9, ShareRequests: 0.9, Drain: 5 * time.Second,
+			Client: lClientStats{Succeeded: 5, Learning: &lLearning{}, Lag: 12 * time.Millisecond}},
+		{Case: c.id(), Variant: lOurs10x, Tasks: 5, Finished: true, Binding: c.Binding, Spent: true, Limited: 1, ShareTokens: 0.8, ShareRequests: 0.8, Drain: 10 * time.Second,
+			Client: lClientStats{Succeeded: 5, Learning: learning(-1, -1), Late: 1, Lag: 30 * time.Millisecond}},
+	}}
+	var b bytes.Buffer
+	s.print(&b)
+	out := b.String()
+	assert.Regexp(t, `ours / this column: share of the binding limit \(`+c.Binding+`\) +4\.50x +1\.00x +1\.12x`, out)
+	assert.Regexp(t, `ours / this column: drain time \(DNF: at most\) +<0\.25x +1\.00x +0\.50x`, out)
+	assert.Regexp(t, `admission to the provider's decision, longest / calls later than the 20ms headroom +- +12ms / 0 +30ms / 1`, out)
+	assert.Contains(t, out, "targets L1 ours-10x: NOT LEARNED (MISSED)")
+	assert.Contains(t, out, "suspensions 2 MISSED (<= 1); 429s 1")
+
+	// The poll saw the requests' burst after 3 responses; the reads after
+	// each response saw the rates after 1 and the tokens' burst after 1.
+	s.Results[2].Client.Learning = learning(time.Second, 1)
+	b.Reset()
+	s.print(&b)
+	out = b.String()
+	assert.Contains(t, out, "rate learned by 1.0s, after <= 2 responses (poll), <= 1 (read after each); burst learned by 1.0s, after <= 3 responses (poll);")
+	assert.Contains(t, out, "targets L1 ours-10x: learned after at most 3 responses met (<= 3); suspensions 2 MISSED (<= 1)")
+
+	// Seen only by the reads after each response, never by a poll.
+	l := learning(-1, 4)
+	l.Units[0].BurstSeen = 4
+	s.Results[2].Client.Learning = l
+	b.Reset()
+	s.print(&b)
+	assert.Contains(t, b.String(), "targets L1 ours-10x: learned after at most 4 responses MISSED (<= 3)")
 }
