@@ -696,19 +696,30 @@ end
 -- instructions, this one 107k: bench/callgrind.sh, Redis 7.0.)
 local function take_now(key, o, now, L, hasT, spec, owed, x, c)
   local tiers = spec.tiers
-  for i = 1, #tiers do
-    local ci = cv(c, i)
-    if ci > 0 and wait_for(tiers[i], owed[i], ci, o.headroom) > 0 then return nil end
-  end
   local remaining = math.huge
-  for i = 1, #tiers do
-    local left, ci = nil, cv(c, i)
-    if ci > 0 then
-      owed[i], left = bucket_take(tiers[i], owed[i], ci)
-    else
-      left = tokens_at(tiers[i], owed[i])
+  if type(c) == 'number' then -- (one unit: the common case, without a lookup per tier)
+    for i = 1, #tiers do
+      if wait_for(tiers[i], owed[i], c, o.headroom) > 0 then return nil end
     end
-    if left < remaining then remaining = left end
+    for i = 1, #tiers do
+      local left
+      owed[i], left = bucket_take(tiers[i], owed[i], c)
+      if left < remaining then remaining = left end
+    end
+  else
+    for i = 1, #tiers do
+      local ci = c[i]
+      if ci > 0 and wait_for(tiers[i], owed[i], ci, o.headroom) > 0 then return nil end
+    end
+    for i = 1, #tiers do
+      local left, ci = nil, c[i]
+      if ci > 0 then
+        owed[i], left = bucket_take(tiers[i], owed[i], ci)
+      else
+        left = tokens_at(tiers[i], owed[i])
+      end
+      if left < remaining then remaining = left end
+    end
   end
   local extra = 0
   if o.lease > 1 and not spec.units then

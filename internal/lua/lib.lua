@@ -214,7 +214,10 @@ local function parse_limits(s)
              full = b * p * 1000, key = string.format('%d', p)}
       end
       t.unit, t.id = unit, t.per + unit_id(unit)
-      if unit then t.key = t.key .. '~' .. unit end
+      if unit then
+        t.key = t.key .. '~' .. unit
+        t.upat = ',' .. string.gsub(unit, '%-', '%%-') .. '=(%d+)'
+      end
       for j = 1, n - 1 do
         if tiers[j].key == t.key then
           return nil, f .. '.Per', 'same period and unit as limits[' .. (j - 1) .. '] (a tier is identified by its kind, period and unit)'
@@ -314,10 +317,10 @@ local function with_quota(t, q, lb)
   if t.kind == 'b' then
     local b = math.min(t.burst, q, lb or q)
     return {kind = 'b', rate = q, per = t.per, burst = b, e = t.p / q, p = t.p,
-            full = b * t.p, key = t.key, unit = t.unit, id = t.id, ceiling = t}
+            full = b * t.p, key = t.key, unit = t.unit, upat = t.upat, id = t.id, ceiling = t}
   end
   return {kind = 'w', fixed = t.fixed, n = q, per = t.per, p = t.p, sub = t.sub, key = t.key,
-          unit = t.unit, id = t.id, ceiling = t}
+          unit = t.unit, upat = t.upat, id = t.id, ceiling = t}
 end
 
 -- learned_lowers reports whether learned entry l lowers tier t at now:
@@ -567,25 +570,27 @@ end
 -- none of its unit, and does not hold it back).
 
 -- cost_vec reads a caller's cost argument: "n" requests, or "n,unit=m,..."
--- with other units (decide.go).
+-- with other units (decide.go). Each tier of another unit finds its count
+-- with its own pattern (t.upat, ",unit=(%d+)": a unit's name is never the
+-- end of another's after a comma), without a table of the units said.
 local function cost_vec(raw, spec)
-  local n, rest = raw, nil
-  local comma = string.find(raw, ',', 1, true)
-  if comma then n, rest = string.sub(raw, 1, comma - 1), string.sub(raw, comma + 1) end
-  n = tonumber(n) or 1
+  local n = tonumber(raw)
+  if not n then
+    local comma = string.find(raw, ',', 1, true)
+    n = comma and tonumber(string.sub(raw, 1, comma - 1)) or 1
+  end
   if n < 1 or n ~= math.floor(n) or n > MAX_BURST then n = 1 end
   if not spec.units then return n end
-  local by = {}
-  if rest then
-    for u, v in string.gmatch(rest, '([%w_%-]+)=(%d+)') do
-      v = tonumber(v)
-      if v <= MAX_BURST then by[u] = v end
-    end
-  end
   local c, tiers = {}, spec.tiers
   for i = 1, #tiers do
     local t = tiers[i]
-    if t.unit then c[i] = by[t.unit] or 0 else c[i] = n end
+    if t.upat then
+      local v = tonumber(string.match(raw, t.upat) or '')
+      if not v or v > MAX_BURST then v = 0 end
+      c[i] = v
+    else
+      c[i] = n
+    end
   end
   return c
 end

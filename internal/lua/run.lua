@@ -90,7 +90,9 @@ local function decide_run(KEYS, ARGV)
   -- key has a start tag that matters: its tenant's work is done.)
   if n == 1 and not (until_ and until_ > now) and not spec.windows and not spec.inflight and
       vnext <= now and not o.book and vnext >= 0 then
-    local reply = take_now(KEYS[1], o, now, L, h[2] ~= false, spec, owed, x, cost_vec(ARGV[CALLERS_AT + 1] or '1', spec))
+    local raw, c = ARGV[CALLERS_AT + 1], 1
+    if raw or spec.units then c = cost_vec(raw or '1', spec) end
+    local reply = take_now(KEYS[1], o, now, L, h[2] ~= false, spec, owed, x, c)
     if reply then return reply end
   end
   local r = run_state(KEYS, o, now, L, h, spec, until_, owed, x, vnext)
