@@ -29,13 +29,13 @@ func TestKeyStatesReleasedWhenIdle(t *testing.T) {
 		require.NoError(t, err)
 	}
 	require.Equal(t, 200, l.keys.size())
-	l.keys.idle = 100 * time.Millisecond
+	// (300 ms: a loaded machine can hold one Take of the busy key below
+	// back 100 ms. Set once: the sweeper reads it.)
+	l.keys.idle = 300 * time.Millisecond
 	require.Eventually(t, func() bool { l.keys.run(); return l.keys.size() == 0 }, 5*time.Second, 20*time.Millisecond,
 		"per-key state of idle keys still held")
 
-	// A key in use stays, for several idle periods. (The idle period is
-	// longer than above: a loaded machine can hold one Take back 100 ms.)
-	l.keys.idle = 300 * time.Millisecond
+	// A key in use stays, for several idle periods.
 	_, err := l.Take(ctx, "busy")
 	require.NoError(t, err)
 	first := l.keys.peek("busy")
