@@ -18,23 +18,9 @@ import (
 // otherwise, and what Cost sets.
 const unitRequests = "requests"
 
-// maxUnitLen is the longest unit name.
-const maxUnitLen = 32
-
 // validateUnit checks a unit's name: 1 to 32 of a-z, 0-9, '_' and '-',
 // starting with a letter.
-func validateUnit(unit string) error {
-	if unit == "" || len(unit) > maxUnitLen {
-		return fmt.Errorf("unit %q: want 1 to %d characters", unit, maxUnitLen)
-	}
-	for i, r := range unit {
-		ok := r >= 'a' && r <= 'z' || i > 0 && (r >= '0' && r <= '9' || r == '_' || r == '-')
-		if !ok {
-			return fmt.Errorf("unit %q: want a lowercase letter, then a-z, 0-9, '_' or '-'", unit)
-		}
-	}
-	return nil
-}
+func validateUnit(unit string) error { return keyspace.ValidateUnit(unit) }
 
 // taskCost is what a task takes: n requests (its Cost, 1 without one) and,
 // as the uses header spells it, what it uses of other units.

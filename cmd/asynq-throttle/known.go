@@ -9,6 +9,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/asynq-throttle/asynq-throttle/internal/keyspace"
 	"github.com/asynq-throttle/asynq-throttle/throttle"
 )
 
@@ -64,38 +65,11 @@ func (a *app) requireKnown(ctx context.Context, lim *throttle.Limiter, key, does
 func closest(name string, keys []string) string {
 	best, bestD := "", 3
 	for _, k := range keys {
-		if d := editDistance(strings.ToLower(name), strings.ToLower(k)); d < bestD && d < len(name) {
+		if d := keyspace.EditDistance(strings.ToLower(name), strings.ToLower(k)); d < bestD && d < len(name) {
 			best, bestD = k, d
 		}
 	}
 	return best
-}
-
-// editDistance is the optimal string alignment distance of a and b, in
-// bytes: insertions, deletions, substitutions and swaps of neighbours
-// ("slakc" is one edit from "slack").
-func editDistance(a, b string) int {
-	d := make([][]int, len(a)+1)
-	for i := range d {
-		d[i] = make([]int, len(b)+1)
-		d[i][0] = i
-	}
-	for j := range d[0] {
-		d[0][j] = j
-	}
-	for i := 1; i <= len(a); i++ {
-		for j := 1; j <= len(b); j++ {
-			cost := 1
-			if a[i-1] == b[j-1] {
-				cost = 0
-			}
-			d[i][j] = min(d[i-1][j]+1, d[i][j-1]+1, d[i-1][j-1]+cost)
-			if i > 1 && j > 1 && a[i-1] == b[j-2] && a[i-2] == b[j-1] {
-				d[i][j] = min(d[i][j], d[i-2][j-2]+1)
-			}
-		}
-	}
-	return d[len(a)][len(b)]
 }
 
 // negativeArgError is a flag error function that reports an argument such

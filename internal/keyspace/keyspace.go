@@ -173,3 +173,48 @@ func KeyOfTask(t *asynq.Task, fn func(*asynq.Task) string) (key string, invalidP
 	}
 	return t.Type()[:i], false, nil
 }
+
+// MaxUnitLen is the longest unit name (throttle.Limit.In, throttle.Uses).
+const MaxUnitLen = 32
+
+// ValidateUnit checks a unit's name: 1 to MaxUnitLen of a-z, 0-9, '_' and
+// '-', starting with a letter.
+func ValidateUnit(unit string) error {
+	if unit == "" || len(unit) > MaxUnitLen {
+		return fmt.Errorf("unit %q: want 1 to %d characters", unit, MaxUnitLen)
+	}
+	for i, r := range unit {
+		ok := r >= 'a' && r <= 'z' || i > 0 && (r >= '0' && r <= '9' || r == '_' || r == '-')
+		if !ok {
+			return fmt.Errorf("unit %q: want a lowercase letter, then a-z, 0-9, '_' or '-'", unit)
+		}
+	}
+	return nil
+}
+
+// EditDistance is the optimal string alignment distance of a and b, in
+// bytes: insertions, deletions, substitutions and swaps of neighbours
+// ("slakc" is one edit from "slack"), for "did you mean" hints.
+func EditDistance(a, b string) int {
+	d := make([][]int, len(a)+1)
+	for i := range d {
+		d[i] = make([]int, len(b)+1)
+		d[i][0] = i
+	}
+	for j := range d[0] {
+		d[0][j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			d[i][j] = min(d[i-1][j]+1, d[i][j-1]+1, d[i-1][j-1]+cost)
+			if i > 1 && j > 1 && a[i-1] == b[j-2] && a[i-2] == b[j-1] {
+				d[i][j] = min(d[i][j], d[i-2][j-2]+1)
+			}
+		}
+	}
+	return d[len(a)][len(b)]
+}

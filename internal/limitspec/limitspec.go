@@ -27,6 +27,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/asynq-throttle/asynq-throttle/internal/keyspace"
 	"github.com/asynq-throttle/asynq-throttle/throttle"
 )
 
@@ -48,9 +49,6 @@ const (
 // Requests is the default unit: a tier written without a unit counts
 // requests (throttle.Limit.In).
 const Requests = "requests"
-
-// maxUnitLen is the longest unit name (throttle's bound).
-const maxUnitLen = 32
 
 // units are the named periods.
 var units = []struct {
@@ -177,18 +175,7 @@ func isModifier(s string) bool {
 
 // CheckUnit checks a unit's name as throttle does: 1 to 32 of a-z, 0-9,
 // '_' and '-', starting with a letter.
-func CheckUnit(unit string) error {
-	if unit == "" || len(unit) > maxUnitLen {
-		return fmt.Errorf("unit %q: want 1 to %d characters", unit, maxUnitLen)
-	}
-	for i, r := range unit {
-		ok := r >= 'a' && r <= 'z' || i > 0 && (r >= '0' && r <= '9' || r == '_' || r == '-')
-		if !ok {
-			return fmt.Errorf("unit %q: want a lowercase letter, then a-z, 0-9, '_' or '-'", unit)
-		}
-	}
-	return nil
-}
+func CheckUnit(unit string) error { return keyspace.ValidateUnit(unit) }
 
 // unitError says why word, after ':' and not a modifier, is not a unit
 // ("" when it is one): a name throttle refuses, or one so close to a
@@ -227,7 +214,7 @@ func near(word string) string {
 	name, arg, hasArg := strings.Cut(w, "=")
 	best, bestD := "", 3
 	for _, m := range []string{"burst", modWindow, modFixed, modInFlight, modAdaptive, Requests} {
-		if d := editDistance(name, m); d < bestD {
+		if d := keyspace.EditDistance(name, m); d < bestD {
 			best, bestD = m, d
 		}
 	}
@@ -242,33 +229,6 @@ func near(word string) string {
 		return "" // "windw=3": not a misspelt window
 	}
 	return best
-}
-
-// editDistance is the optimal string alignment distance of a and b: the
-// insertions, deletions, substitutions and swaps of adjacent bytes that
-// turn one into the other.
-func editDistance(a, b string) int {
-	d := make([][]int, len(a)+1)
-	for i := range d {
-		d[i] = make([]int, len(b)+1)
-		d[i][0] = i
-	}
-	for j := range d[0] {
-		d[0][j] = j
-	}
-	for i := 1; i <= len(a); i++ {
-		for j := 1; j <= len(b); j++ {
-			cost := 1
-			if a[i-1] == b[j-1] {
-				cost = 0
-			}
-			d[i][j] = min(d[i-1][j]+1, d[i][j-1]+1, d[i-1][j-1]+cost)
-			if i > 1 && j > 1 && a[i-1] == b[j-2] && a[i-2] == b[j-1] {
-				d[i][j] = min(d[i][j], d[i-2][j-2]+1)
-			}
-		}
-	}
-	return d[len(a)][len(b)]
 }
 
 // count reads a whole number > 0 named what.
