@@ -69,51 +69,12 @@ func Parse(spec string) (throttle.Limit, error) {
 		return throttle.Limit{}, fmt.Errorf("%w %q: %s; want %s", ErrSyntax, spec, fmt.Sprintf(format, a...), Forms)
 	}
 	body, rest, hasMod := strings.Cut(spec, ":")
-	if isModifier(body) {
-		// "window:5000/h", "inflight:4": the kind goes after the numbers.
-		return bad("%q goes after the limit, as in %s:%s", body, rest, body)
+	mod, unit, msg := modifiers(body, rest, hasMod)
+	if msg != "" {
+		return bad("%s", msg)
 	}
-	if !strings.Contains(body, "/") && strings.Contains(rest, "/") && CheckUnit(body) == nil {
-		// "tokens:30000/m": so does the unit.
-		return bad("the unit %q goes after the limit, as in %s:%s", body, rest, body)
-	}
-	var mods []string
-	if hasMod {
-		mods = strings.Split(rest, ":")
-	}
-	mod, unit, hasUnit := "", "", false
-	switch {
-	case len(mods) == 1 && isModifier(mods[0]):
-		mod = mods[0]
-	case len(mods) == 1:
-		unit, hasUnit = mods[0], true
-	case len(mods) == 2 && isModifier(mods[0]) && !isModifier(mods[1]):
-		mod, unit, hasUnit = mods[0], mods[1], true
-	case len(mods) == 2 && !isModifier(mods[0]) && isModifier(mods[1]) && unitError(mods[0]) == "":
-		return bad("the unit goes last: write %s:%s:%s", body, mods[1], mods[0])
-	case len(mods) == 2 && !isModifier(mods[0]):
-		if msg := unitError(mods[0]); msg != "" {
-			return bad("%s", msg)
-		}
-		return bad("%q has two units; a tier counts one: write %s:%s or %s:%s", ":"+rest, body, mods[0], body, mods[1])
-	case len(mods) >= 2:
-		return bad("%q has more than one ':' modifier; give one of :burst=N, :window, :fixed, :inflight, :adaptive, and then at most a unit (as in 100/m:window:tokens)", ":"+rest)
-	}
-	if hasUnit {
-		if msg := unitError(unit); msg != "" {
-			return bad("%s", msg)
-		}
-	}
-	if hasUnit && (mod == modInFlight || mod == modAdaptive) {
-		if mod == modInFlight {
-			return bad("an in-flight limit counts tasks running, not a unit: write %s:%s", body, modInFlight)
-		}
-		return bad("an adaptive limit has no unit (it cuts the key's rate tiers, whatever they count): write %s:%s", body, modAdaptive)
-	}
-	if unit == Requests {
-		unit = "" // the default, as Limits returns it
-	}
-	if mod == modInFlight {
+	switch mod {
+	case modInFlight:
 		n, err := count("number of tasks in flight", body)
 		if err != nil {
 			if strings.Contains(body, "/") {
@@ -122,8 +83,7 @@ func Parse(spec string) (throttle.Limit, error) {
 			return bad("%v", err)
 		}
 		return throttle.InFlight(n), nil
-	}
-	if mod == modAdaptive {
+	case modAdaptive:
 		if strings.Contains(body, "/") {
 			return bad("an adaptive limit is its clean interval alone: write PERIOD:%s, as in 30s:%s", modAdaptive, modAdaptive)
 		}
@@ -133,21 +93,81 @@ func Parse(spec string) (throttle.Limit, error) {
 		}
 		return throttle.Adaptive(per), nil
 	}
+	l, err := rateLimit(body, mod)
+	if err != nil {
+		return bad("%v", err)
+	}
+	l.Unit = unit
+	return l, nil
+}
+
+// modifiers reads what follows a limit's numbers: at most one modifier,
+// then at most a unit ("" for requests). msg says what is wrong, if
+// anything.
+func modifiers(body, rest string, hasMod bool) (mod, unit, msg string) {
+	if isModifier(body) {
+		// "window:5000/h", "inflight:4": the kind goes after the numbers.
+		return "", "", fmt.Sprintf("%q goes after the limit, as in %s:%s", body, rest, body)
+	}
+	if !strings.Contains(body, "/") && strings.Contains(rest, "/") && CheckUnit(body) == nil {
+		// "tokens:30000/m": so does the unit.
+		return "", "", fmt.Sprintf("the unit %q goes after the limit, as in %s:%s", body, rest, body)
+	}
+	var mods []string
+	if hasMod {
+		mods = strings.Split(rest, ":")
+	}
+	switch {
+	case len(mods) == 1 && isModifier(mods[0]):
+		mod = mods[0]
+	case len(mods) == 1:
+		unit = mods[0]
+	case len(mods) == 2 && isModifier(mods[0]) && !isModifier(mods[1]):
+		mod, unit = mods[0], mods[1]
+	case len(mods) == 2 && !isModifier(mods[0]) && isModifier(mods[1]) && unitError(mods[0]) == "":
+		return "", "", fmt.Sprintf("the unit goes last: write %s:%s:%s", body, mods[1], mods[0])
+	case len(mods) == 2 && !isModifier(mods[0]):
+		if msg := unitError(mods[0]); msg != "" {
+			return "", "", msg
+		}
+		return "", "", fmt.Sprintf("%q has two units; a tier counts one: write %s:%s or %s:%s", ":"+rest, body, mods[0], body, mods[1])
+	case len(mods) >= 2:
+		return "", "", fmt.Sprintf("%q has more than one ':' modifier; give one of :burst=N, :window, :fixed, :inflight, :adaptive, and then at most a unit (as in 100/m:window:tokens)", ":"+rest)
+	}
+	if unit == "" && (len(mods) == 0 || isModifier(mods[len(mods)-1])) {
+		return mod, "", ""
+	}
+	if msg := unitError(unit); msg != "" {
+		return "", "", msg
+	}
+	switch mod {
+	case modInFlight:
+		return "", "", fmt.Sprintf("an in-flight limit counts tasks running, not a unit: write %s:%s", body, modInFlight)
+	case modAdaptive:
+		return "", "", fmt.Sprintf("an adaptive limit has no unit (it cuts the key's rate tiers, whatever they count): write %s:%s", body, modAdaptive)
+	}
+	if unit == Requests {
+		unit = "" // the default, as Limits returns it
+	}
+	return mod, unit, ""
+}
+
+// rateLimit reads a rate tier, "RATE/PERIOD", with its modifier mod.
+func rateLimit(body, mod string) (throttle.Limit, error) {
 	rateS, perS, ok := strings.Cut(body, "/")
 	if !ok {
-		return bad("no '/' between rate and period in %q (an in-flight limit is written N:inflight)", body)
+		return throttle.Limit{}, fmt.Errorf("no '/' between rate and period in %q (an in-flight limit is written N:inflight)", body)
 	}
 	rate, err := count("rate", rateS)
 	if err != nil {
-		return bad("%v", err)
+		return throttle.Limit{}, err
 	}
 	per, err := period(perS)
 	if err != nil {
-		return bad("%v", err)
+		return throttle.Limit{}, err
 	}
 	l := throttle.Limit{N: rate, Per: per, Burst: rate}
 	switch {
-	case mod == "":
 	case mod == modWindow:
 		l = throttle.Window(rate, per)
 	case mod == modFixed:
@@ -155,11 +175,10 @@ func Parse(spec string) (throttle.Limit, error) {
 	case strings.HasPrefix(mod, modBurst):
 		b, err := count("burst", strings.TrimPrefix(mod, modBurst))
 		if err != nil {
-			return bad("%v", err)
+			return throttle.Limit{}, err
 		}
 		l.Burst = b
 	}
-	l.Unit = unit
 	return l, nil
 }
 
