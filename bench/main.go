@@ -13,7 +13,7 @@
 // 23: fair shares among the tenants of one key, against first come first
 // served and per-tenant caps, about 3.5 minutes), and L LLM quotas (issue
 // 24: requests and tokens against a strict provider, the OpenAI cookbook's
-// parallel processor as baseline, about 45 s). Variants: sleep
+// parallel processor as baseline, and ours, about 60 s). Variants: sleep
 // (redis_rate Allow + sleep), wiki (asynq wiki's per-process x/time/rate +
 // RateLimitError), naive (ours without reservations; in F, a leased
 // semaphore with a blind backoff), semaphore (F: asynq's x/rate.Semaphore),
@@ -96,7 +96,7 @@ type options struct {
 // parseFlags reads and checks the flags; an error names the bad flag.
 func parseFlags() (*options, error) {
 	redisURL := flag.String("redis", "", "use this Redis (redis://...) instead of starting a redis-server")
-	scenarios := flag.String("scenario", "A,B,C,D,E,F", "scenarios to run, comma-separated: A, B, C, D, E, F; G (many keys), S (soak), T (tenants' fair shares, about 3.5 minutes) and L (LLM quotas, about 45 s) run only when named; A3 alone (small rates, part of A) when named")
+	scenarios := flag.String("scenario", "A,B,C,D,E,F", "scenarios to run, comma-separated: A, B, C, D, E, F; G (many keys), S (soak), T (tenants' fair shares, about 3.5 minutes) and L (LLM quotas, about 60 s) run only when named; A3 alone (small rates, part of A) when named")
 	quick := flag.Bool("quick", false, "short smoke run (fewer tasks, shorter measurements)")
 	jsonOut := flag.String("json", "", "also write the results as JSON to this file")
 	verbose := flag.Bool("v", false, "show asynq warnings and errors on stderr")
