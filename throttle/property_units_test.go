@@ -60,6 +60,53 @@ type unitsRefTier struct {
 	// index (time / sub), with the latest instant counted in each.
 	n, sub         int64
 	counts, latest map[int64]int64
+	// A bucket of a key with units: what it owed at least since two
+	// instants (lib.lua's M), the later first; least math.MaxInt64 when
+	// nothing was sampled since.
+	hasM               bool
+	since, least       int64
+	sinceOld, leastOld int64
+}
+
+// unitsRotateUS is lib.lua's M_ROTATE.
+const unitsRotateUS = 60_000_000
+
+// sample records that bucket t owes v at now, before any change at now
+// (sample_M): the least since each instant before now; the later instant
+// is renewed every unitsRotateUS when rotate; a bucket without M starts it.
+func (t *unitsRefTier) sample(v, now int64, rotate bool) {
+	v = max(v, 0)
+	if !t.hasM {
+		t.hasM, t.since, t.least, t.sinceOld, t.leastOld = true, now, math.MaxInt64, now, math.MaxInt64
+		return
+	}
+	if t.since < now {
+		t.least = min(t.least, v)
+	}
+	if t.sinceOld < now {
+		t.leastOld = min(t.leastOld, v)
+	}
+	if rotate && now-t.since >= unitsRotateUS {
+		t.sinceOld, t.leastOld, t.since, t.least = t.since, t.least, now, math.MaxInt64
+	}
+}
+
+// room is what bucket t may give back of a call admitted at at beyond
+// the refill rule (refund_room): the least it owed since the instant at or
+// before at, and now.
+func (t *unitsRefTier) room(at, owedNow int64) int64 {
+	var least int64
+	switch {
+	case !t.hasM:
+		return 0
+	case t.since <= at:
+		least = t.least
+	case t.sinceOld <= at:
+		least = t.leastOld
+	default:
+		return 0
+	}
+	return max(0, min(least, owedNow))
 }
 
 func (t *unitsRefTier) window() bool { return t.kind != throttle.KindBucket }
@@ -129,6 +176,7 @@ func (t *unitsRefTier) windowWait(now, c int64) int64 {
 type unitsRefModel struct {
 	now, ts int64
 	tiers   []*unitsRefTier
+	units   bool // a tier counts another unit than requests: buckets keep M
 }
 
 func newUnitsRefModel(now int64, limits []throttle.Limit) *unitsRefModel {
@@ -150,6 +198,7 @@ func newUnitsRefModel(now int64, limits []throttle.Limit) *unitsRefModel {
 			t.counts, t.latest = map[int64]int64{}, map[int64]int64{}
 		}
 		m.tiers = append(m.tiers, t)
+		m.units = m.units || l.Unit != ""
 	}
 	return m
 }
@@ -229,6 +278,13 @@ func (m *unitsRefModel) take(c unitsCost) unitsRefDecision {
 		return d
 	}
 	d.allowed = true
+	if m.units {
+		for _, t := range m.tiers {
+			if !t.window() {
+				t.sample(m.owed(t), m.now, true)
+			}
+		}
+	}
 	remaining := new(big.Rat).SetInt64(1 << 62)
 	owed := map[*unitsRefTier]int64{}
 	for _, t := range m.tiers {
@@ -279,10 +335,23 @@ func (m *unitsRefModel) settle(unit string, delta int64, c *unitsCall, charged i
 		}
 		if !t.window() {
 			v := m.owed(t)
+			if m.units && t.hasM {
+				t.sample(v, m.now, false)
+			}
 			if delta > 0 {
 				v += delta * t.perUS
-			} else if back := min(-delta, charged)*t.perUS - max(0, m.now-c.at)*t.rate; back > 0 {
-				v = max(v-back, 0)
+			} else {
+				want := min(-delta, charged) * t.perUS
+				back := want - max(0, m.now-c.at)*t.rate
+				if m.units {
+					back = max(back, min(want, t.room(c.at, v)))
+				}
+				if back > 0 {
+					v = max(v-back, 0)
+				}
+			}
+			if m.units && t.hasM {
+				t.least, t.leastOld = min(t.least, v), min(t.leastOld, v)
 			}
 			owed[t] = v
 			continue

@@ -154,3 +154,40 @@ func TestAMalformedUsesHeaderIsRejected(t *testing.T) {
 	assert.True(t, errors.Is(err, asynq.SkipRetry), "failed for good: %v", err)
 	assert.Contains(t, err.Error(), "throttle-uses")
 }
+
+// On a busy key with units, Used below the estimate gives back the unused
+// tokens even after the bucket refilled them: the bucket owed more than the
+// refund all the time since the call (lib.lua's M), so no refill was lost
+// to a full bucket. Without M (a key of requests alone), a bucket gives
+// back only what has not refilled since the call: here nothing. (bench L:
+// at 33,333 tokens/s a 2,000-token estimate refills in 60 ms, so an
+// estimate well above the usage was charged in full.)
+func TestUsedGivesBackOnABusyKeyWithUnits(t *testing.T) {
+	for _, tc := range []struct {
+		name, unit string
+		want       float64
+	}{
+		{"tokens tier (units)", "tokens", 2010 + 1500},
+		{"requests alone (no M)", "requests", 2010},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRig(t, quietLog, throttle.WithHeadroom(0), throttle.WithLease(0, 0))
+			l := throttle.Limit{N: 10000, Per: time.Second, Burst: 10000}
+			limits := []throttle.Limit{l.In(tc.unit)}
+			if tc.unit != "requests" {
+				limits = append(limits, throttle.PerSecond(1000000)) // a request tier beside
+			}
+			r.setLimits("llm", limits...)
+			d, err := r.lim.Take(r.ctx, "llm", throttle.Uses(tc.unit, 8000)) // the key is busy
+			require.NoError(t, err)
+			require.True(t, d.Allowed)
+			r.advance(time.Millisecond)
+			err = r.lim.Middleware()(asynq.HandlerFunc(func(ctx context.Context, _ *asynq.Task) error {
+				r.advance(200 * time.Millisecond) // the call: its 2,000 tokens refill meanwhile
+				return throttle.Used(ctx, tc.unit, 500)
+			})).ProcessTask(r.ctx, newTask(t, "llm:call", nil, throttle.Key("llm"), throttle.Uses(tc.unit, 2000)))
+			require.NoError(t, err)
+			assert.InDelta(t, tc.want, r.inspect("llm").Tokens[0], 0.5, "tokens after Used(500) of an estimate of 2,000")
+		})
+	}
+}

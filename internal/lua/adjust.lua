@@ -27,7 +27,7 @@ local charged  = tonumber(ARGV[5]) or 0    -- what the call was charged so far
 local call_gen = tonumber(ARGV[6]) or -1   -- the limits' generation it was admitted under
 local unit     = ARGV[7] or ''             -- the unit settled ('': requests)
 local now = now_us()
-local h = redis.call('HMGET', key, 'L', 'T', 'O')
+local h = redis.call('HMGET', key, 'L', 'T', 'O', 'M')
 local src = h[1]
 if not src and defaults ~= '' then src = defaults end
 if not src or delta == 0 then return 0 end
@@ -39,19 +39,32 @@ local refund = delta < 0 and at > 0 and call_gen == spec.gen
 local ts, x, q, stored = read_T(h[2], now)
 local owed = bucket_owed(stored, ts, tiers, now, 0)
 local fields, need = {}, 0
+-- On a key with units, what each bucket owed at least since the call
+-- (refund_room) may come back too; every change here is sampled.
+local M = nil
+if spec.units then M = read_M(h[4] or nil, tiers) end
 for i, t in ipairs(tiers) do
   if (t.unit or '') ~= unit then
     -- (another unit's tier: not this settlement's)
   elseif t.kind == 'b' then
     local v = owed[i]
+    if M and M[i] then sample_M(M, i, v, now, false) end
     if delta > 0 then
       v = v + delta * t.p
     elseif refund then
-      local back = math.min(-delta, charged) * t.p - math.max(0, now - at) * t.rate
+      local want = math.min(-delta, charged) * t.p
+      local back = want - math.max(0, now - at) * t.rate
+      if M then back = math.max(back, math.min(want, refund_room(M, i, at, v))) end
       if back > 0 then v = math.max(v - back, 0) end
     end
     if v < 0 then v = 0 end
     owed[i] = v
+    local m = M and M[i]
+    if m then
+      -- (what it owes after: the least since either instant, now included)
+      if v < m[2] then m[2] = v end
+      if v < m[4] then m[4] = v end
+    end
   else
     local f = 'W' .. t.key
     local w = win_load(redis.call('HGET', key, f), t, now, 0)
@@ -78,6 +91,10 @@ if longest > need then need = longest end
 if q > now and q - now > need then need = q - now end
 local ttl
 x, ttl = keep_alive(need, h[1] ~= false, idle_us, x, now)
+if M then
+  fields[#fields + 1] = 'M'
+  fields[#fields + 1] = write_M(M, tiers)
+end
 local t_field = write_T(tiers, owed, now, x, (q > now or q == -1) and q or 0)
 if t_field then
   fields[#fields + 1] = 'T'

@@ -656,6 +656,10 @@ local function write_back(r)
     end
     if r.vnext - now > need then need = r.vnext - now end
     if r.fair_need and r.fair_need > need then need = r.fair_need end
+    if r.M then
+      fields[#fields + 1] = 'M'
+      fields[#fields + 1] = write_M(r.M, r.tiers)
+    end
     if r.suspended and r.until_ - now > need then need = r.until_ - now end
     local ttl
     r.x, ttl = keep_alive(need, r.L ~= nil, r.o.idle_us, r.x, now)
@@ -694,7 +698,7 @@ end
 -- and returns the reply; otherwise it returns nil, changing nothing, and
 -- the general path decides. (The general path cost a lone Take 137k
 -- instructions, this one 107k: bench/callgrind.sh, Redis 7.0.)
-local function take_now(key, o, now, L, hasT, spec, owed, x, c)
+local function take_now(key, o, now, L, hasT, spec, owed, x, c, M)
   local tiers = spec.tiers
   local remaining = math.huge
   if type(c) == 'number' then -- (one unit: the common case, without a lookup per tier)
@@ -729,6 +733,7 @@ local function take_now(key, o, now, L, hasT, spec, owed, x, c)
   local ttl
   x, ttl = keep_alive(full_in(tiers, owed), L ~= nil, o.idle_us, x, now)
   local T = write_T(tiers, owed, now, x, 0)
+  if M then redis.call('HSET', key, 'M', write_M(M, tiers)) end
   if not T then
     -- Every bucket full (a call that took nothing of their units): no
     -- state to keep.

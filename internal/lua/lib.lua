@@ -39,6 +39,10 @@
 --        held (over the last 20 releases)
 --     FL the in-flight lanes while callers wait for a slot: when each of the
 --        N slots is next expected free (us), waiters taking the earliest
+--     M  on a key with units: what each bucket owed at least since two
+--        instants, binary (read_M): per bucket its id, then (since, least
+--        owed) twice, the later first; lets a refund give back what cannot
+--        have been cut by a full bucket (refund_room)
 --     G  fair shares among tenants (fair.lua): the virtual clock, binary
 --     Y  the last yield to a late task (fair.lua): "taskID@granule"
 --     t:<tenant>  an active tenant's record, binary (fair.lua)
@@ -545,6 +549,73 @@ local function bucket_owed(stored, ts, tiers, now, headroom, into)
     owed[i] = v
   end
   return owed
+end
+
+-- Refunds on a key with units (M). A refund of a call admitted at at may
+-- give back what the bucket would hold now had the call cost less, and no
+-- more: that is the refund itself, unless the bucket, holding the refund
+-- more at some instant since at, would have been over its burst (and lost
+-- the refill). It was not when the bucket owed at least the refund all the
+-- time since at. M keeps, per bucket, the least it owed since two instants
+-- (the later renewed every M_ROTATE, the earlier one the one before), from
+-- samples taken at every change of what it owes (a decision that takes, a
+-- settlement), and the least since the instant at or before at bounds it.
+-- Without M (a key without units, or a call older than both instants) a
+-- bucket gives back only what has not refilled since the call.
+local M_ROTATE = 60e6   -- us: calls up to a minute long find their instant
+
+-- read_M reads the M field: per bucket tier index, {since, least, since
+-- earlier, least earlier} (owed units; math.huge: no sample yet).
+local function read_M(raw, tiers)
+  local out = {}
+  if not raw or #raw == 0 or #raw % 40 ~= 0 then return out end
+  if not bin_pack then pick_codec() end
+  local byid, pos = {}, 1
+  for _ = 1, #raw / 40 do
+    local id, ry, my, ro, mo
+    id, ry, my, ro, mo, pos = bin_unpack('<ddddd', raw, pos)
+    if ry == ry and my == my and ro == ro and mo == mo then byid[-id] = {ry, my, ro, mo} end
+  end
+  for i, t in ipairs(tiers) do
+    if t.kind == 'b' then out[i] = byid[-t.id] end
+  end
+  return out
+end
+
+-- write_M writes the M field of tiers.
+local function write_M(M, tiers)
+  if not bin_pack then pick_codec() end
+  local parts = {}
+  for i, t in ipairs(tiers) do
+    local m = M[i]
+    if t.kind == 'b' and m then parts[#parts + 1] = bin_pack('<ddddd', t.id, m[1], m[2], m[3], m[4]) end
+  end
+  return table.concat(parts)
+end
+
+-- sample_M records what bucket i owes at now (owed, before any change at
+-- now) in M, and renews its later instant every M_ROTATE (a bucket without
+-- M starts it now: calls before now find no instant).
+local function sample_M(M, i, v, now, rotate)
+  if v < 0 then v = 0 end
+  local m = M[i]
+  if not m then
+    M[i] = {now, math.huge, now, math.huge}
+    return
+  end
+  if m[1] < now and v < m[2] then m[2] = v end
+  if m[3] < now and v < m[4] then m[4] = v end
+  if rotate and now - m[1] >= M_ROTATE then M[i] = {now, math.huge, m[1], m[2]} end
+end
+
+-- refund_room is what bucket i may give back of a call admitted at at
+-- beyond the rule without M: the least it owed since then, and now.
+local function refund_room(M, i, at, owed_now)
+  local m = M[i]
+  if not m then return 0 end
+  local least
+  if m[1] <= at then least = m[2] elseif m[3] <= at then least = m[4] else return 0 end
+  return math.max(0, math.min(least, owed_now))
 end
 
 -- The virtual clock of fair shares (G) and an active tenant's record (t:<id>),

@@ -185,6 +185,9 @@ if relearned and h[1] then
   fields[#fields + 1] = bump_gen(h[1])
 end
 if t_changed then
+  -- What the buckets owed at least (M) no longer tells what they owed:
+  -- refunds of the calls before now fall back to the refill rule.
+  if ceiling.units then redis.call('HDEL', key, 'M') end
   local longest = full_in(tiers, owed)
   if longest > need then need = longest end
   if q > now and q - now > need then need = q - now end

@@ -84,6 +84,15 @@ local function decide_run(KEYS, ARGV)
   if vnext < 0 and not o.fair then return all_n('-4', n) end
   if vnext > now + o.horizon + MAX_SKEW then vnext = 0 end
   local owed = bucket_owed(stored, ts, spec.tiers, now, o.headroom, OWED)
+  -- A key with units keeps what its buckets owed at least (M), sampled
+  -- before this run changes anything, for refunds (refund_room).
+  local M = nil
+  if spec.units then
+    M = read_M(redis.call('HGET', KEYS[1], 'M'), spec.tiers)
+    for i, t in ipairs(spec.tiers) do
+      if t.kind == 'b' then sample_M(M, i, owed[i], now, true) end
+    end
+  end
   -- The common case: one caller admitted now. With tenants, while none is
   -- active (T's queue end is not -1): nobody's turn is at stake, and a
   -- tenant becomes active once it is refused. (Then no reservation of the
@@ -92,10 +101,11 @@ local function decide_run(KEYS, ARGV)
       vnext <= now and not o.book and vnext >= 0 then
     local raw, c = ARGV[CALLERS_AT + 1], 1
     if raw or spec.units then c = cost_vec(raw or '1', spec) end
-    local reply = take_now(KEYS[1], o, now, L, h[2] ~= false, spec, owed, x, c)
+    local reply = take_now(KEYS[1], o, now, L, h[2] ~= false, spec, owed, x, c, M)
     if reply then return reply end
   end
   local r = run_state(KEYS, o, now, L, h, spec, until_, owed, x, vnext)
+  r.M = M
   local replies
   if o.fair and #spec.tiers > 0 then
     replies = decide_fair_run(r, KEYS, ARGV, h, n)

@@ -87,7 +87,7 @@ if t_field then
   fields[#fields + 1] = t_field
 end
 -- Windows that are gone lose their counts; the others keep them.
-local drop = {'T', 'D', 'V', 'G', 'Y'}
+local drop = {'T', 'D', 'V', 'G', 'Y', 'M'}
 if old then
   for _, ot in ipairs(old.tiers) do
     if ot.kind == 'w' then
