@@ -280,7 +280,7 @@ func (m *unitsRefModel) take(c unitsCost) unitsRefDecision {
 	d.allowed = true
 	if m.units {
 		for _, t := range m.tiers {
-			if !t.window() {
+			if !t.window() && t.unit != "" {
 				t.sample(m.owed(t), m.now, true)
 			}
 		}

@@ -733,11 +733,13 @@ local function take_now(key, o, now, L, hasT, spec, owed, x, c, M)
   local ttl
   x, ttl = keep_alive(full_in(tiers, owed), L ~= nil, o.idle_us, x, now)
   local T = write_T(tiers, owed, now, x, 0)
-  if M then redis.call('HSET', key, 'M', write_M(M, tiers)) end
   if not T then
     -- Every bucket full (a call that took nothing of their units): no
     -- state to keep.
     if hasT then redis.call('HDEL', key, 'T') end
+    if M then redis.call('HSET', key, 'M', write_M(M, tiers)) end
+  elseif M then
+    redis.call('HSET', key, 'T', T, 'M', write_M(M, tiers))
   elseif not L and not hasT then
     -- Record the defaults the buckets are computed under, for SetLimits.
     redis.call('HSET', key, 'T', T, 'D', o.defaults)

@@ -560,8 +560,10 @@ end
 -- (the later renewed every M_ROTATE, the earlier one the one before), from
 -- samples taken at every change of what it owes (a decision that takes, a
 -- settlement), and the least since the instant at or before at bounds it.
--- Without M (a key without units, or a call older than both instants) a
--- bucket gives back only what has not refilled since the call.
+-- M is kept for the buckets of another unit than requests (tokens: what
+-- calls estimate and settle); without it (a request bucket, a call older
+-- than both instants) a bucket gives back only what has not refilled
+-- since the call.
 local M_ROTATE = 60e6   -- us: calls up to a minute long find their instant
 
 -- read_M reads the M field: per bucket tier index, {since, least, since
@@ -570,14 +572,16 @@ local function read_M(raw, tiers)
   local out = {}
   if not raw or #raw == 0 or #raw % 40 ~= 0 then return out end
   if not bin_pack then pick_codec() end
-  local byid, pos = {}, 1
-  for _ = 1, #raw / 40 do
-    local id, ry, my, ro, mo
-    id, ry, my, ro, mo, pos = bin_unpack('<ddddd', raw, pos)
-    if ry == ry and my == my and ro == ro and mo == mo then byid[-id] = {ry, my, ro, mo} end
-  end
+  -- (written in the order of the tiers: a bucket whose record is not next,
+  -- new or of other limits, starts afresh)
+  local pos = 1
   for i, t in ipairs(tiers) do
-    if t.kind == 'b' then out[i] = byid[-t.id] end
+    if t.kind == 'b' and t.unit and pos < #raw then
+      local id, ry, my, ro, mo, npos = bin_unpack('<ddddd', raw, pos)
+      if id == t.id and ry == ry and my == my and ro == ro and mo == mo then
+        out[i], pos = {ry, my, ro, mo}, npos
+      end
+    end
   end
   return out
 end
@@ -588,7 +592,7 @@ local function write_M(M, tiers)
   local parts = {}
   for i, t in ipairs(tiers) do
     local m = M[i]
-    if t.kind == 'b' and m then parts[#parts + 1] = bin_pack('<ddddd', t.id, m[1], m[2], m[3], m[4]) end
+    if t.kind == 'b' and t.unit and m then parts[#parts + 1] = bin_pack('<ddddd', t.id, m[1], m[2], m[3], m[4]) end
   end
   return table.concat(parts)
 end

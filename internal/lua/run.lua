@@ -6,8 +6,8 @@
 -- collection).
 local OWED, STORED = {}, {}
 
--- HM_FIELDS are the hash fields every run reads first (h[1] to h[5]).
-local HM_FIELDS = {'L', 'T', 's', 'O', 'V'}
+-- HM_FIELDS are the hash fields every run reads first (h[1] to h[6]).
+local HM_FIELDS = {'L', 'T', 's', 'O', 'V', 'M'}
 
 -- fair_fields adds to the run's first HMGET what the fair path reads: the
 -- clock, the last yield (fair_yields), and for each caller (ARGV from 2,
@@ -88,9 +88,11 @@ local function decide_run(KEYS, ARGV)
   -- before this run changes anything, for refunds (refund_room).
   local M = nil
   if spec.units then
-    M = read_M(redis.call('HGET', KEYS[1], 'M'), spec.tiers)
+    local rawM = h[6]
+    if o.fair then rawM = redis.call('HGET', KEYS[1], 'M') end -- (h[6] is G there)
+    M = read_M(rawM or nil, spec.tiers)
     for i, t in ipairs(spec.tiers) do
-      if t.kind == 'b' then sample_M(M, i, owed[i], now, true) end
+      if t.kind == 'b' and t.unit then sample_M(M, i, owed[i], now, true) end
     end
   end
   -- The common case: one caller admitted now. With tenants, while none is
