@@ -3,10 +3,12 @@ package throttle
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/hibiken/asynq"
 
+	"github.com/asynq-throttle/asynq-throttle/internal/keyspace"
 	"github.com/asynq-throttle/asynq-throttle/internal/lua"
 )
 
@@ -107,32 +109,21 @@ func (l *Limiter) Take(ctx context.Context, key string, opts ...asynq.Option) (D
 	return l.decide(ctx, key, variant{}, "", cost, tenant)
 }
 
-// takeOptions reads Take's options: the cost (Cost, Uses) and the tenant.
+// takeOptions reads Take's options, as NewTask reads them: the cost (Cost,
+// Uses) and the tenant; a Key or another option is refused.
 func takeOptions(opts []asynq.Option) (taskCost, string, error) {
-	cost, tenant, costs := taskCost{n: 1}, "", 0
-	for _, o := range opts {
-		switch o := o.(type) {
-		case costOption:
-			if costs++; costs > 1 || o < 1 || o > maxBurst {
-				return taskCost{}, "", fmt.Errorf("%v: want one Cost from 1 to %d", o, maxBurst)
-			}
-			cost.n = int(o)
-		case usesOption:
-			u, err := addUses(cost.units, o)
-			if err != nil {
-				return taskCost{}, "", err
-			}
-			cost.units = u
-		case tenantOption:
-			if err := ValidateKey(string(o)); err != nil {
-				return taskCost{}, "", fmt.Errorf("Tenant: %w", err)
-			}
-			tenant = string(o)
-		default:
-			return taskCost{}, "", fmt.Errorf("%v: Take takes Cost, Uses and Tenant only", o)
-		}
+	headers, rest, err := taskHeaders(opts)
+	if err != nil {
+		return taskCost{}, "", err
 	}
-	return cost, tenant, nil
+	if _, key := headers[HeaderKey]; key || len(rest) > 0 {
+		return taskCost{}, "", fmt.Errorf("Take takes Cost, Uses and Tenant only (the key is its argument)")
+	}
+	cost := taskCost{n: 1, units: headers[keyspace.Uses]}
+	if s, ok := headers[keyspace.Cost]; ok {
+		cost.n, _ = strconv.Atoi(s) // (validated)
+	}
+	return cost, headers[keyspace.Tenant], nil
 }
 
 // Release gives back slots in flight that Take held on key (Decision.Slot),

@@ -187,7 +187,7 @@ func (m *observeMemo) policiesDue(pol []lua.Policy, now time.Time, refresh time.
 // quotas pol: each unit's limit per window, with the burst its bucket holds
 // when the reset tells it; and the counts left of each unit, sent at most
 // once per observeGap per key and process (every response says them).
-func llmArgs(pol []lua.Policy, li quota.LLMInfo, tc *taskCharge) ([]lua.Policy, []lua.UnitLeft) {
+func llmArgs(pol []lua.Policy, li quota.LLMInfo, tc *taskCharge, now time.Time) ([]lua.Policy, []lua.UnitLeft) {
 	var left []lua.UnitLeft
 	for _, u := range li.Units {
 		unit := u.Unit
@@ -204,7 +204,6 @@ func llmArgs(pol []lua.Policy, li quota.LLMInfo, tc *taskCharge) ([]lua.Policy, 
 	if left == nil {
 		return pol, nil
 	}
-	now := time.Now()
 	ks := tc.ks
 	ks.mu.Lock()
 	defer ks.mu.Unlock()
@@ -225,7 +224,7 @@ func (l *Limiter) observe(ctx context.Context, tc *taskCharge, q quota.Info, li 
 		}
 		a.Policies = append(a.Policies, lua.Policy{Quota: int64(p.Quota), PerMS: p.Window.Milliseconds()})
 	}
-	a.Policies, a.Left = llmArgs(a.Policies, li, tc)
+	a.Policies, a.Left = llmArgs(a.Policies, li, tc, now)
 	a.Remaining, a.WindowMS = -1, q.Window.Milliseconds()
 	ks := tc.ks
 	ks.mu.Lock()

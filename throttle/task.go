@@ -89,48 +89,55 @@ func Key(name string) asynq.Option { return keyOption(name) }
 // below 1 or above maxBurst, a bad unit or count in Uses, and a second Key,
 // Cost, Tenant or Uses of one unit.
 func NewTask(typename string, payload []byte, opts ...asynq.Option) (*asynq.Task, error) {
-	headers := map[string]string{}
-	rest := make([]asynq.Option, 0, len(opts))
+	headers, rest, err := taskHeaders(opts)
+	if err != nil {
+		return nil, fmt.Errorf("throttle: NewTask(%q): %w", typename, err)
+	}
+	return asynq.NewTaskWithHeaders(typename, payload, headers, rest...), nil
+}
+
+// taskHeaders reads the Key, Cost, Uses and Tenant among opts into the
+// headers the middleware reads (NewTask, Take), refusing what no worker
+// could throttle; rest are the other options.
+func taskHeaders(opts []asynq.Option) (headers map[string]string, rest []asynq.Option, err error) {
+	headers = map[string]string{}
 	for _, o := range opts {
 		switch o := o.(type) {
 		case keyOption:
 			if _, dup := headers[HeaderKey]; dup {
-				return nil, fmt.Errorf("throttle: NewTask(%q): %v: a second Key (the first was %q)", typename, o, headers[HeaderKey])
+				return nil, nil, fmt.Errorf("%v: a second Key (the first was %q)", o, headers[HeaderKey])
 			}
 			if err := ValidateKey(string(o)); err != nil {
-				return nil, fmt.Errorf("throttle: NewTask(%q): Key: %w", typename, err)
+				return nil, nil, fmt.Errorf("Key: %w", err)
 			}
 			headers[HeaderKey] = string(o)
-			continue
 		case costOption:
 			if _, dup := headers[keyspace.Cost]; dup {
-				return nil, fmt.Errorf("throttle: NewTask(%q): %v: a second Cost", typename, o)
+				return nil, nil, fmt.Errorf("%v: a second Cost", o)
 			}
 			if o < 1 || o > maxBurst {
-				return nil, fmt.Errorf("throttle: NewTask(%q): %v: the cost must be from 1 to %d", typename, o, maxBurst)
+				return nil, nil, fmt.Errorf("%v: the cost must be from 1 to %d", o, maxBurst)
 			}
 			headers[keyspace.Cost] = strconv.Itoa(int(o))
-			continue
 		case usesOption:
 			u, err := addUses(headers[keyspace.Uses], o)
 			if err != nil {
-				return nil, fmt.Errorf("throttle: NewTask(%q): %w", typename, err)
+				return nil, nil, err
 			}
 			headers[keyspace.Uses] = u
-			continue
 		case tenantOption:
 			if _, dup := headers[keyspace.Tenant]; dup {
-				return nil, fmt.Errorf("throttle: NewTask(%q): %v: a second Tenant (the first was %q)", typename, o, headers[keyspace.Tenant])
+				return nil, nil, fmt.Errorf("%v: a second Tenant (the first was %q)", o, headers[keyspace.Tenant])
 			}
 			if err := ValidateKey(string(o)); err != nil {
-				return nil, fmt.Errorf("throttle: NewTask(%q): Tenant: %w", typename, err)
+				return nil, nil, fmt.Errorf("Tenant: %w", err)
 			}
 			headers[keyspace.Tenant] = string(o)
-			continue
+		default:
+			rest = append(rest, o)
 		}
-		rest = append(rest, o)
 	}
-	return asynq.NewTaskWithHeaders(typename, payload, headers, rest...), nil
+	return headers, rest, nil
 }
 
 // costOf returns the cost in t's headers: its requests (1 when absent) and
