@@ -61,8 +61,13 @@ for tok in string.gmatch(policies, '%S+') do
       -- (a burst no lower than the quota's own lowers nothing: a lowered
       -- quota lowers the burst with it)
       if b and (b < 1 or t.kind ~= 'b' or b >= math.min(t.burst, q)) then b = nil end
+      local lq = math.min(q, tier_quota(t))
+      -- A burst told from a remaining the provider rounded down (and a
+      -- refill rounded down) is what the bucket holds or one below it: one
+      -- below the burst in force at the same quota keeps the higher, so
+      -- that the bursts told converge up to the bucket, never past it.
+      if b and l and l[2] > now and l[3] and l[1] == lq and b == l[3] - 1 then b = l[3] end
       if q < tier_quota(t) or b then
-        local lq = math.min(q, tier_quota(t))
         if not l or l[1] ~= lq or l[3] ~= b or l[2] <= now then
           if lq < tier_quota(t) then
             changes[#changes + 1] = string.format('learned %d %d %d %d', i - 1, lq, tier_quota(t), per)

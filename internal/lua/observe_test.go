@@ -239,3 +239,25 @@ func TestAdaptiveExtendedSuspensionMovesTheCleanStart(t *testing.T) {
 		})
 	}
 }
+
+// A burst told from a provider's floored remaining is what its bucket
+// holds or one below: told one below the burst in force at the same quota,
+// the key keeps the higher (the bursts told converge up to the bucket);
+// told two below, or a higher one, it takes what it is told.
+func TestObserveLearnedBurstKeepsTheHigherWithinRounding(t *testing.T) {
+	e := newEnv(t)
+	e.setLimits(Tier{Rate: 10000, PerMS: 60_000, Burst: 10000})
+	told := func(b int64) int64 {
+		e.observe(ObserveArgs{Remaining: -1, Policies: []Policy{{Quota: 1000, PerMS: 60_000, Burst: b}}})
+		return e.inspect().Tiers[0].Burst
+	}
+	assert.Equal(t, int64(15), told(15), "first told")
+	assert.Equal(t, int64(16), told(16), "a higher one is taken")
+	assert.Equal(t, int64(16), told(15), "one below: rounding, the higher kept")
+	assert.Equal(t, int64(16), told(16))
+	assert.Equal(t, int64(14), told(14), "two below: the bucket shrank")
+	assert.Equal(t, int64(1000), e.inspect().Tiers[0].Rate)
+	// At another quota the burst told is taken as it is.
+	e.observe(ObserveArgs{Remaining: -1, Policies: []Policy{{Quota: 900, PerMS: 60_000, Burst: 13}}})
+	assert.Equal(t, int64(13), e.inspect().Tiers[0].Burst, "a new quota: no rounding band")
+}
