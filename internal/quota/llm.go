@@ -397,8 +397,10 @@ func newUnit(unit, source string, window time.Duration, guessed bool,
 // (D = 0 tells nothing, hence 0). A D above the window cannot come from a
 // bucket of that window refilled at limit/window (OpenAI's docs show a
 // "6m0s" token reset on a per-minute limit): the capacity is then the
-// limit. One response cannot tell a full bucket of C from one of more that
-// D happens to round into; the smallest C seen is the safe one to keep.
+// limit. R is rounded down by the provider, and so is the sum: against a
+// reset to the millisecond, the estimate is C rounded down or one below it.
+// Observe (observe.lua) keeps the higher of a burst in force and one told
+// one below it at the same quota, and otherwise takes the burst told.
 func bucketCapacity(limit, remaining int, reset, window time.Duration) int {
 	if limit < 1 || remaining < 0 || remaining > limit || reset <= 0 || window <= 0 {
 		return 0
