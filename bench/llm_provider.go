@@ -27,7 +27,8 @@ import (
 // provider charges it. With settle, the provider meters usage instead: the
 // estimate is charged at admission and, when the call completes, the charge
 // is settled to the call's usage (the difference refunded, or the excess
-// charged, which may take the bucket below zero). Every response carries
+// charged, which may take the bucket below zero; the response's headers
+// are as of before the settle). Every response carries
 // OpenAI's x-ratelimit-{limit,remaining,reset}-{requests,tokens} headers,
 // a 429 also retry-after and OpenAI's error body; a 200 reports the call's
 // usage as {"usage":{"total_tokens":N}}.
@@ -276,9 +277,14 @@ func (p *llmProvider) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	p.mu.Lock()
 	now = p.now()
+	// The headers are as of the response, the call's estimate still
+	// charged: OpenAI shows the reservation a response holds, "then
+	// adjusted accordingly once the Response is completed" (its Realtime
+	// API's rate_limits.updated event), and a response's headers go out
+	// before its body ends.
+	ep.model.setHeaders(now, w.Header())
 	charged := ep.model.settle(now, estimate, used)
 	ep.events = append(ep.events, llmEvent{at: now, tokens: charged, used: used, done: true})
-	ep.model.setHeaders(now, w.Header())
 	p.mu.Unlock()
 	w.Header().Set("Content-Type", "application/json")
 	_, _ = fmt.Fprintf(w, `{"object":"chat.completion","usage":{"total_tokens":%d}}`, used)

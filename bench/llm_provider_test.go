@@ -168,7 +168,7 @@ func TestLLMModelSettlesAChargeToItsUsage(t *testing.T) {
 }
 
 // TestLLMProviderAnswersLikeOpenAI: a 200 with the usage in its body and
-// the headers as of its completion; a 429 with retry-after and OpenAI's
+// the headers as of its completion, before the settle; a 429 with retry-after and OpenAI's
 // error body; the counts and events of the endpoint.
 func TestLLMProviderAnswersLikeOpenAI(t *testing.T) {
 	var clock atomic.Int64
@@ -184,8 +184,8 @@ func TestLLMProviderAnswersLikeOpenAI(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, http.StatusOK, resp.StatusCode)
 	assert.Equal(t, 300, used)
-	assert.Equal(t, "700", resp.Header.Get("x-ratelimit-remaining-tokens"), "settled to the usage before the response")
-	assert.Equal(t, "300ms", resp.Header.Get("x-ratelimit-reset-tokens"))
+	assert.Equal(t, "100", resp.Header.Get("x-ratelimit-remaining-tokens"), "as of the response: the estimate of 900 still charged")
+	assert.Equal(t, "900ms", resp.Header.Get("x-ratelimit-reset-tokens"))
 
 	raw, err := p.client.Get(p.srv.URL + "/l/gpt?estimate=800&used=10")
 	require.NoError(t, err)
