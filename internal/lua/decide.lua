@@ -697,7 +697,8 @@ end
 -- headroom (the rules of short and admit, on the same helpers), writes T
 -- and returns the reply; otherwise it returns nil, changing nothing, and
 -- the general path decides. (The general path cost a lone Take 137k
--- instructions, this one 107k: bench/callgrind.sh, Redis 7.0.)
+-- instructions, this one 107k: bench/callgrind.sh, Redis 7.0.) M is the
+-- M field's records when a sample changed them (nil: the field stays).
 local function take_now(key, o, now, L, hasT, spec, owed, x, c, M)
   local tiers = spec.tiers
   local remaining = math.huge
@@ -740,7 +741,7 @@ local function take_now(key, o, now, L, hasT, spec, owed, x, c, M)
     if M then redis.call('HSET', key, 'M', write_M(M, tiers)) end
   elseif M then
     redis.call('HSET', key, 'T', T, 'M', write_M(M, tiers))
-  elseif not L and not hasT then
+  elseif not L and not hasT and not spec.units then
     -- Record the defaults the buckets are computed under, for SetLimits.
     redis.call('HSET', key, 'T', T, 'D', o.defaults)
   else

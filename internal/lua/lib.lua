@@ -234,7 +234,17 @@ local function parse_limits(s)
   end
   if n == 0 and not inflight then return nil, 'limits', 'no tiers' end
   if adaptive and n == 0 then return nil, 'limits.Adaptive', 'needs a rate tier to adapt' end
-  spec = {tiers = tiers, gen = gen, windows = windows, inflight = inflight, adaptive = adaptive, units = units}
+  -- m1: the tier of the key's one bucket of another unit than requests,
+  -- when it has exactly one (its M is read without a table, decide_run).
+  local m1, nm = nil, 0
+  for i = 1, n do
+    if tiers[i].kind == 'b' and tiers[i].unit then m1, nm = i, nm + 1 end
+  end
+  if nm ~= 1 then m1 = nil end
+  spec = {tiers = tiers, gen = gen, windows = windows, inflight = inflight, adaptive = adaptive, units = units, m1 = m1}
+  -- (cost_vec's cache: cost vectors by the caller's cost argument, their
+  -- number at [0])
+  if units then spec.costs = {[0] = 0} end
   if n_parsed >= 256 then parsed, n_parsed = {}, 0 end
   parsed[s] = spec
   n_parsed = n_parsed + 1
@@ -354,7 +364,7 @@ local function apply_learned(spec, src, O, now)
   local eff = parsed[k]
   if eff then return eff end
   eff = {tiers = {}, gen = spec.gen, windows = spec.windows, inflight = spec.inflight,
-         adaptive = spec.adaptive, units = spec.units, ppm = ppm}
+         adaptive = spec.adaptive, units = spec.units, costs = spec.costs, m1 = spec.m1, ppm = ppm}
   for i, t in ipairs(spec.tiers) do
     local q, lb = tier_quota(t), nil
     local l = learned[t.key]
@@ -567,49 +577,89 @@ end
 local M_ROTATE = 60e6   -- us: calls up to a minute long find their instant
 
 -- read_M reads the M field: per bucket tier index, {since, least, since
--- earlier, least earlier} (owed units; math.huge: no sample yet).
-local function read_M(raw, tiers)
-  local out = {}
-  if not raw or #raw == 0 or #raw % 40 ~= 0 then return out end
+-- earlier, least earlier} (owed units; math.huge: no sample yet). It also
+-- returns whether the field holds exactly the records read, so that
+-- write_M would write it unchanged while no record changes. into, when
+-- given, is filled instead of a new table, with records of M_POOL (a
+-- decision keeps them for the run only): a run that reads M and writes it
+-- back allocates nothing for it.
+local M_POOL = {}
+local function read_M(raw, tiers, into)
+  local out, n = into or {}, #tiers
+  if into then
+    for i = 1, n do out[i] = nil end
+  end
+  if not raw or #raw == 0 or #raw % 40 ~= 0 then return out, raw == '' end
   if not bin_pack then pick_codec() end
   -- (written in the order of the tiers: a bucket whose record is not next,
   -- new or of other limits, starts afresh)
-  local pos = 1
-  for i, t in ipairs(tiers) do
-    if t.kind == 'b' and t.unit and pos < #raw then
-      local id, ry, my, ro, mo, npos = bin_unpack('<ddddd', raw, pos)
-      if id == t.id and ry == ry and my == my and ro == ro and mo == mo then
-        out[i], pos = {ry, my, ro, mo}, npos
+  local pos, len, all = 1, #raw, true
+  for i = 1, n do
+    local t = tiers[i]
+    if t.kind == 'b' and t.unit then
+      local found = false
+      if pos < len then
+        local id, ry, my, ro, mo, npos = bin_unpack('<ddddd', raw, pos)
+        if id == t.id and ry == ry and my == my and ro == ro and mo == mo then
+          local m
+          if into then
+            m = M_POOL[i]
+            if not m then
+              m = {}
+              M_POOL[i] = m
+            end
+            m[1], m[2], m[3], m[4] = ry, my, ro, mo
+          else
+            m = {ry, my, ro, mo}
+          end
+          out[i], pos, found = m, npos, true
+        end
       end
+      if not found then all = false end
     end
   end
-  return out
+  return out, all and pos == len + 1
 end
 
 -- write_M writes the M field of tiers.
 local function write_M(M, tiers)
   if not bin_pack then pick_codec() end
-  local parts = {}
-  for i, t in ipairs(tiers) do
-    local m = M[i]
-    if t.kind == 'b' and t.unit and m then parts[#parts + 1] = bin_pack('<ddddd', t.id, m[1], m[2], m[3], m[4]) end
+  local out, parts = '', nil -- (one record, the common case, without a table)
+  for i = 1, #tiers do
+    local t, m = tiers[i], M[i]
+    if m and t.kind == 'b' and t.unit then
+      local p = bin_pack('<ddddd', t.id, m[1], m[2], m[3], m[4])
+      if parts then
+        parts[#parts + 1] = p
+      elseif out == '' then
+        out = p
+      else
+        parts = {out, p}
+      end
+    end
   end
-  return table.concat(parts)
+  if parts then return table.concat(parts) end
+  return out
 end
 
 -- sample_M records what bucket i owes at now (owed, before any change at
 -- now) in M, and renews its later instant every M_ROTATE (a bucket without
--- M starts it now: calls before now find no instant).
+-- M starts it now: calls before now find no instant). It returns whether
+-- the record changed.
 local function sample_M(M, i, v, now, rotate)
   if v < 0 then v = 0 end
   local m = M[i]
   if not m then
     M[i] = {now, math.huge, now, math.huge}
-    return
+    return true
   end
-  if m[1] < now and v < m[2] then m[2] = v end
-  if m[3] < now and v < m[4] then m[4] = v end
-  if rotate and now - m[1] >= M_ROTATE then M[i] = {now, math.huge, m[1], m[2]} end
+  local changed = false
+  if m[1] < now and v < m[2] then m[2], changed = v, true end
+  if m[3] < now and v < m[4] then m[4], changed = v, true end
+  if rotate and now - m[1] >= M_ROTATE then
+    m[1], m[2], m[3], m[4], changed = now, math.huge, m[1], m[2], true
+  end
+  return changed
 end
 
 -- refund_room is what bucket i may give back of a call admitted at at
@@ -647,8 +697,17 @@ end
 -- cost_vec reads a caller's cost argument: "n" requests, or "n,unit=m,..."
 -- with other units (decide.go). Each tier of another unit finds its count
 -- with its own pattern (t.upat, ",unit=(%d+)": a unit's name is never the
--- end of another's after a comma), without a table of the units said.
+-- end of another's after a comma), without a table of the units said. On
+-- a key with units the vectors are kept by the argument (spec.costs, up to
+-- COSTS of them), as parsed limits are: a caller that says the same cost
+-- again costs a lookup, and nothing changes a vector once made.
+local COSTS = 64
 local function cost_vec(raw, spec)
+  local costs = spec.costs
+  if costs then
+    local c = costs[raw]
+    if c then return c end
+  end
   local n = tonumber(raw)
   if not n then
     local comma = string.find(raw, ',', 1, true)
@@ -656,7 +715,8 @@ local function cost_vec(raw, spec)
   end
   if n < 1 or n ~= math.floor(n) or n > MAX_BURST then n = 1 end
   if not spec.units then return n end
-  local c, tiers = {}, spec.tiers
+  local tiers = spec.tiers
+  local c = {}
   for i = 1, #tiers do
     local t = tiers[i]
     if t.upat then
@@ -666,6 +726,14 @@ local function cost_vec(raw, spec)
     else
       c[i] = n
     end
+  end
+  if costs then
+    if costs[0] >= COSTS then
+      for k in pairs(costs) do costs[k] = nil end
+      costs[0] = 0
+    end
+    costs[raw] = c
+    costs[0] = costs[0] + 1
   end
   return c
 end

@@ -6,6 +6,10 @@
 -- collection).
 local OWED, STORED = {}, {}
 
+-- MREC is the M field's records as read (read_M), refilled by every run of
+-- a key with units.
+local MREC = {}
+
 -- HM_FIELDS are the hash fields every run reads first (h[1] to h[6]).
 local HM_FIELDS = {'L', 'T', 's', 'O', 'V', 'M'}
 
@@ -86,13 +90,33 @@ local function decide_run(KEYS, ARGV)
   local owed = bucket_owed(stored, ts, spec.tiers, now, o.headroom, OWED)
   -- A key with units keeps what its buckets owed at least (M), sampled
   -- before this run changes anything, for refunds (refund_room).
-  local M = nil
+  -- It is written back only when a sample changed it (most samples do
+  -- not lower the least owed): Mw, nil when it stays as it is.
+  local Mw = nil
   if spec.units then
     local rawM = h[6]
     if o.fair then rawM = redis.call('HGET', KEYS[1], 'M') end -- (h[6] is G there)
-    M = read_M(rawM or nil, spec.tiers)
-    for i, t in ipairs(spec.tiers) do
-      if t.kind == 'b' and t.unit then sample_M(M, i, owed[i], now, true) end
+    local k, same = spec.m1, false
+    if k and rawM and #rawM == 40 then
+      -- One bucket of another unit, the common case: sample_M's rules on
+      -- its record as read (read_M's), without building M when they
+      -- change nothing.
+      if not bin_pack then pick_codec() end
+      local id, ry, my, ro, mo = bin_unpack('<ddddd', rawM)
+      local v = owed[k]
+      if v < 0 then v = 0 end
+      same = id == spec.tiers[k].id and ry == ry and my == my and ro == ro and mo == mo and
+        not (ry < now and v < my) and not (ro < now and v < mo) and now - ry < M_ROTATE
+    end
+    if not same then
+      local M
+      M, same = read_M(rawM or nil, spec.tiers, MREC)
+      local tiers = spec.tiers
+      for i = 1, #tiers do
+        local t = tiers[i]
+        if t.kind == 'b' and t.unit and sample_M(M, i, owed[i], now, true) then same = false end
+      end
+      if not same then Mw = M end
     end
   end
   -- The common case: one caller admitted now. With tenants, while none is
@@ -102,12 +126,16 @@ local function decide_run(KEYS, ARGV)
   if n == 1 and not (until_ and until_ > now) and not spec.windows and not spec.inflight and
       vnext <= now and not o.book and vnext >= 0 then
     local raw, c = ARGV[CALLERS_AT + 1], 1
-    if raw or spec.units then c = cost_vec(raw or '1', spec) end
-    local reply = take_now(KEYS[1], o, now, L, h[2] ~= false, spec, owed, x, c, M)
+    if spec.units then
+      c = spec.costs[raw or '1'] or cost_vec(raw or '1', spec)
+    elseif raw then
+      c = cost_vec(raw, spec)
+    end
+    local reply = take_now(KEYS[1], o, now, L, h[2] ~= false, spec, owed, x, c, Mw)
     if reply then return reply end
   end
   local r = run_state(KEYS, o, now, L, h, spec, until_, owed, x, vnext)
-  r.M = M
+  r.M = Mw
   local replies
   if o.fair and #spec.tiers > 0 then
     replies = decide_fair_run(r, KEYS, ARGV, h, n)
