@@ -43,13 +43,11 @@ local fields, need = {}, 0
 -- (refund_room) may come back too; every change here is sampled.
 local M = nil
 if spec.units then M = read_M(h[4] or nil, tiers) end
-local moved = nil -- what each bucket's owed moved by (a queue's schedule follows)
 for i, t in ipairs(tiers) do
   if (t.unit or '') ~= unit then
     -- (another unit's tier: not this settlement's)
   elseif t.kind == 'b' then
     local v = owed[i]
-    local before = v
     if M and M[i] then sample_M(M, i, v, now, false) end
     if delta > 0 then
       v = v + delta * t.p
@@ -61,10 +59,6 @@ for i, t in ipairs(tiers) do
     end
     if v < 0 then v = 0 end
     owed[i] = v
-    if v ~= before then
-      moved = moved or {}
-      moved[i] = v - before
-    end
     local m = M and M[i]
     if m then
       -- (what it owes after: the least since either instant, now included)
@@ -90,29 +84,6 @@ for i, t in ipairs(tiers) do
       redis.call('HDEL', key, f)
     end
     if empty_in > need then need = empty_in end
-  end
-end
--- While a queue of reservations is outstanding, later bookings are placed
--- by the buckets' schedule (decide.lua, load_schedule), which simulates
--- each bucket at the reserved instants from its state when the queue
--- opened: it moves with what the settlement moved the bucket by, so that a
--- backlog booked at its estimates runs on what its calls gave back and
--- waits for what they overspent. (Holders are still admitted against what
--- the buckets hold: the schedule only places them.)
-if moved and (q > now or q == -1) then
-  local va, sw, virt = read_V(redis.call('HGET', key, 'V'))
-  if va then
-    local vt = {}
-    for i, t in ipairs(tiers) do
-      if t.kind == 'b' then
-        local d = moved[i] or 0
-        local v = virt[-t.id]
-        if v == nil then v = (owed[i] - d) / t.rate + (now - va) end
-        vt[i] = v + d / t.rate
-      end
-    end
-    fields[#fields + 1] = 'V'
-    fields[#fields + 1] = write_V(va, sw, tiers, vt)
   end
 end
 local longest = full_in(tiers, owed)
