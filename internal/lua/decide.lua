@@ -700,39 +700,52 @@ end
 -- instructions, this one 107k: bench/callgrind.sh, Redis 7.0.) M is the
 -- M field's records when a sample changed them (nil: the field stays).
 local function take_now(key, o, now, L, hasT, spec, owed, x, c, M)
-  local tiers = spec.tiers
-  local remaining = math.huge
+  local tiers, headroom = spec.tiers, o.headroom
+  local n, remaining, longest = #tiers, math.huge, 0
+  -- (wait_for, bucket_take and full_in written out: a call costs more than
+  -- the arithmetic. wait_for > 0 is its need > 0; longest is full_in's,
+  -- before its ceiling.)
   if type(c) == 'number' then -- (one unit: the common case, without a lookup per tier)
-    for i = 1, #tiers do
-      if wait_for(tiers[i], owed[i], c, o.headroom) > 0 then return nil end
+    for i = 1, n do
+      local t = tiers[i]
+      if owed[i] + headroom * t.rate - (t.burst - c) * t.p > 0 then return nil end
     end
-    for i = 1, #tiers do
-      local left
-      owed[i], left = bucket_take(tiers[i], owed[i], c)
+    for i = 1, n do
+      local t, v = tiers[i], owed[i]
+      if v < 0 then v = 0 end
+      v = v + c * t.p
+      owed[i] = v
+      local left = t.burst - v / t.p
       if left < remaining then remaining = left end
+      if v > 0 and v / t.rate > longest then longest = v / t.rate end
     end
   else
-    for i = 1, #tiers do
-      local ci = c[i]
-      if ci > 0 and wait_for(tiers[i], owed[i], ci, o.headroom) > 0 then return nil end
+    for i = 1, n do
+      local t, ci = tiers[i], c[i]
+      if ci > 0 and owed[i] + headroom * t.rate - (t.burst - ci) * t.p > 0 then return nil end
     end
-    for i = 1, #tiers do
-      local left, ci = nil, c[i]
+    for i = 1, n do
+      local t, v, ci = tiers[i], owed[i], c[i]
       if ci > 0 then
-        owed[i], left = bucket_take(tiers[i], owed[i], ci)
-      else
-        left = tokens_at(tiers[i], owed[i])
+        if v < 0 then v = 0 end
+        v = v + ci * t.p
+        owed[i] = v
+      elseif v < 0 then
+        v = 0 -- (tokens_at)
       end
+      local left = t.burst - v / t.p
       if left < remaining then remaining = left end
+      if v > 0 and v / t.rate > longest then longest = v / t.rate end
     end
   end
-  local extra = 0
+  local extra, need = 0, math.ceil(longest)
   if o.lease > 1 and not spec.units then
     extra = lease_more(tiers, owed, o.lease, c, remaining)
     remaining = remaining - extra
+    if extra > 0 then need = full_in(tiers, owed) end
   end
   local ttl
-  x, ttl = keep_alive(full_in(tiers, owed), L ~= nil, o.idle_us, x, now)
+  x, ttl = keep_alive(need, L ~= nil, o.idle_us, x, now)
   local T = write_T(tiers, owed, now, x, 0)
   if not T then
     -- Every bucket full (a call that took nothing of their units): no

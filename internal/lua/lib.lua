@@ -510,11 +510,21 @@ local function read_T(T, now, into)
   local stored = into or {}
   for k in pairs(stored) do stored[k] = nil end
   if not T or #T < 24 or (#T - 24) % 16 ~= 0 then return nil, 0, 0, stored end
-  local ts, x, q, pos = bin_unpack('<ddd', T)
+  -- (one or two buckets owing, the common cases, in one unpack)
+  local len, ts, x, q, pos, p1, o1, p2, o2 = #T
+  if len == 40 then
+    ts, x, q, p1, o1, pos = bin_unpack('<ddddd', T)
+  elseif len == 56 then
+    ts, x, q, p1, o1, p2, o2, pos = bin_unpack('<ddddddd', T)
+  else
+    ts, x, q, pos = bin_unpack('<ddd', T)
+  end
   if not (ts >= 0 and ts < MAX_TIME and ts == math.floor(ts)) then return nil, 0, 0, stored end
   if not (x > 0 and x < MAX_TIME and ts <= now) then x = 0 end
   if q ~= -1 and not (q >= 0 and q < MAX_TIME) then q = 0 end -- (-1: tenants are active, fair.lua)
-  while pos < #T do
+  if p1 and p1 == p1 and o1 == o1 and o1 ~= math.huge then stored[-p1] = o1 end
+  if p2 and p2 == p2 and o2 == o2 and o2 ~= math.huge then stored[-p2] = o2 end
+  while pos < len do
     local per, owed
     per, owed, pos = bin_unpack('<dd', T, pos)
     if per == per and owed == owed and owed ~= math.huge then stored[-per] = owed end
@@ -657,7 +667,13 @@ local function sample_M(M, i, v, now, rotate)
   if m[1] < now and v < m[2] then m[2], changed = v, true end
   if m[3] < now and v < m[4] then m[4], changed = v, true end
   if rotate and now - m[1] >= M_ROTATE then
-    m[1], m[2], m[3], m[4], changed = now, math.huge, m[1], m[2], true
+    -- (the later instant becomes the earlier one; in this order, as
+    -- gopher-lua may assign before it reads the right-hand side)
+    m[3] = m[1]
+    m[4] = m[2]
+    m[1] = now
+    m[2] = math.huge
+    changed = true
   end
   return changed
 end
@@ -819,15 +835,23 @@ end
 -- nothing to keep.
 local function write_T(tiers, owed, now, x, q)
   if not bin_pack then pick_codec() end
-  local owing, only = 0, 0
+  local owing, only, before = 0, 0, 0 -- (before: the one owing before only)
   for i = 1, #tiers do
-    if tiers[i].kind == 'b' and owed[i] > 0 then owing, only = owing + 1, i end
+    if tiers[i].kind == 'b' and owed[i] > 0 then
+      -- (one at a time: gopher-lua, miniredis's Lua, may assign before
+      -- it has read the old only)
+      owing = owing + 1
+      before = only
+      only = i
+    end
   end
   if owing == 0 then
     if q == 0 then return false end
     return bin_pack('<ddd', now, x, q)
-  elseif owing == 1 then -- the common case, without a table
+  elseif owing == 1 then -- the common cases, without a table
     return bin_pack('<ddddd', now, x, q, tiers[only].id, owed[only])
+  elseif owing == 2 then
+    return bin_pack('<ddddddd', now, x, q, tiers[before].id, owed[before], tiers[only].id, owed[only])
   end
   local a, k = {now, x, q}, 3
   for i = 1, #tiers do
