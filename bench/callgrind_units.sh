@@ -11,7 +11,8 @@
 #
 # The keys and ARGV are what the library sends (checked against a
 # Limiter's SetLimits and Take on Redis 7.0: SetLimits stores L as below,
-# Take(ctx, key, Uses("tokens", 100)) sends the caller "" "1,tokens=100"):
+# Take(ctx, key, Uses("tokens", 100)) sends its cost alone, "1,tokens=100":
+# a lone caller without a task ID, lua.AppendCallers):
 #   - one unit: a lone admitted Limiter.Take on a key with one bucket,
 #     PerSecond(1000000) ('1000000/1000/1000000'), of cost 1 (no caller
 #     pair: Take without options sends none);
@@ -79,10 +80,11 @@ case $out in ERR* | *rror*) echo "callgrind_units.sh: FUNCTION LOAD: $out" >&2; 
 keys=(3 't:{c}:b' 't:{c}:r' 't:{c}:f')
 # ARGV[1] (internal/lua/decide.go): "granule_us horizon_us lapse_us idle_ms
 # lease headroom_us flags slot_expiry_us|defaults", then (task ID, cost)
-# per caller; none for a lone caller without an ID, of cost 1.
+# per caller; none for a lone caller without an ID, of cost 1, and the cost
+# alone for one of another cost.
 # Limiter.Take: no granule, no reservation, no lease, exact bucket.
 take=('0 0 300000000 604800000 0 0 0 30000000|')
-take_units=('0 0 300000000 604800000 0 0 0 30000000|' '' '1,tokens=100')
+take_units=('0 0 300000000 604800000 0 0 0 30000000|' '1,tokens=100')
 # The middleware (ByProvider defaults): 1 s granule, 1 min horizon, 20 ms
 # headroom, pacing on (flags 2), a task ID per call (redis-benchmark's -r).
 mw=('1000000 60000000 300000000 604800000 0 20000 2 30000000|' 'id:__rand_int__' 1)

@@ -91,7 +91,8 @@ type DecideReply struct {
 //	        defaults: the default limits as FormatTiers writes them ("" none)
 //	then a pair per caller decided in this run, in order: task ID ("" = no
 //	reservation), cost (fair: a triple, with the tenant). No pair at all is
-//	one caller: "", 1. A cost is the requests, then what the caller uses of
+//	one caller: "", 1; a cost alone (not fair) is one caller without a
+//	task ID: "", cost. A cost is the requests, then what the caller uses of
 //	other units: "1,tokens=1200,input-tokens=300".
 //
 // Reply: the n decisions joined by ';', each one string (reading it costs no
@@ -149,10 +150,15 @@ func AppendDecideArgs(dst []any, m Mode, k Keys, a DecideArgs) []any {
 // AppendCallers appends the callers of a run to a command AppendDecideArgs
 // built: each one's task ID and cost, in the order args holds them. A lone
 // caller without a task ID and of cost 1 (a Take) is the script's default,
-// and is sent as nothing: fewer arguments, a cheaper call.
+// and is sent as nothing; one of another cost (Take with Cost or Uses) is
+// sent as its cost alone: fewer arguments, a cheaper call (the empty task
+// ID cost a two-unit Take 1.4k instructions, bench/callgrind_units.sh).
 func AppendCallers(dst []any, args ...any) []any {
-	if len(args) == 2 && args[0] == "" && args[1] == 1 {
-		return dst
+	if len(args) == 2 && args[0] == "" {
+		if args[1] == 1 {
+			return dst
+		}
+		return append(dst, args[1])
 	}
 	return append(dst, args...)
 }

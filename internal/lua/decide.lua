@@ -83,7 +83,7 @@ local function read_options(s)
   n_options = n_options + 1
   return o
 end
-local CALLERS_AT = 2   -- ARGV: the options, then (task ID, cost[, tenant]) per caller; none: one, ('', 1)
+local CALLERS_AT = 2   -- ARGV: the options, then (task ID, cost[, tenant]) per caller; none: one, ('', 1); a cost alone: one, ('', cost)
 
 -- is_paced says whether reserved instants are exact. With a bucket whose
 -- burst is below its rate per granule, instants on whole granules would

@@ -78,6 +78,13 @@ local function decide_run(KEYS, ARGV)
   local stride = o.fair and 3 or 2
   local n = math.floor((#ARGV - 1) / stride)
   if n < 1 then n = 1 end
+  -- The first caller's task ID and cost; a lone caller without a task ID
+  -- sends its cost alone (AppendCallers, decide.go).
+  local lone_id, lone_cost = ARGV[CALLERS_AT], ARGV[CALLERS_AT + 1]
+  if #ARGV == CALLERS_AT and not o.fair then
+    lone_cost = lone_id -- (then the ID: gopher-lua may assign in order)
+    lone_id = ''
+  end
   local now = now_us()
   local h = redis.call('HMGET', KEYS[1], unpack(o.fair and fair_fields(ARGV, n) or HM_FIELDS))
   local spec, L, until_ = read_limits(o, h, now)
@@ -125,7 +132,7 @@ local function decide_run(KEYS, ARGV)
   -- key has a start tag that matters: its tenant's work is done.)
   if n == 1 and not (until_ and until_ > now) and not spec.windows and not spec.inflight and
       vnext <= now and not o.book and vnext >= 0 then
-    local raw, c = ARGV[CALLERS_AT + 1], 1
+    local raw, c = lone_cost, 1
     if spec.units then
       c = spec.costs[raw or '1'] or cost_vec(raw or '1', spec)
     elseif raw then
@@ -145,7 +152,9 @@ local function decide_run(KEYS, ARGV)
     replies = {}
     for k = 1, n do
       local at = CALLERS_AT + stride * (k - 1)
-      replies[k] = decide_one(r, ARGV[at] or '', cost_vec(ARGV[at + 1] or '1', spec))
+      local id, raw = ARGV[at], ARGV[at + 1]
+      if k == 1 then id, raw = lone_id, lone_cost end
+      replies[k] = decide_one(r, id or '', cost_vec(raw or '1', spec))
     end
   end
   write_back(r)
