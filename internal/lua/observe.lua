@@ -60,7 +60,13 @@ for tok in string.gmatch(policies, '%S+') do
       local l = learned[t.key]
       -- (a burst no lower than the quota's own lowers nothing: a lowered
       -- quota lowers the burst with it)
-      if b and (b < 1 or t.kind ~= 'b' or b >= math.min(t.burst, q)) then b = nil end
+      -- (a burst told is the bucket's or one below, rounded: one below a
+      -- burst of the key's own of 100 or more, 1 % at most, tells nothing
+      -- either, and changes no limits; below a smaller one it may be the
+      -- bucket, and is learned)
+      local own = math.min(t.burst, q)
+      if b and own >= 100 and b == own - 1 then b = nil end
+      if b and (b < 1 or t.kind ~= 'b' or b >= own) then b = nil end
       local lq = math.min(q, tier_quota(t))
       -- A burst told from a remaining the provider rounded down (and a
       -- refill rounded down) is what the bucket holds or one below it: one
@@ -190,9 +196,11 @@ if relearned and h[1] then
   fields[#fields + 1] = bump_gen(h[1])
 end
 if t_changed then
-  -- What the buckets owed at least (M) no longer tells what they owed:
-  -- refunds of the calls before now fall back to the refill rule.
-  if ceiling.units then redis.call('HDEL', key, 'M') end
+  -- (M, what the buckets owed at least since its instants, stays: a bucket
+  -- brought down owes more from now on, never less, so the least it owed
+  -- before still bounds a refund of a call before now, and the refund is
+  -- bounded by what it owes now as well: refund_room. Dropping M here lost
+  -- every refund of the calls under way at each such response: bench L.)
   local longest = full_in(tiers, owed)
   if longest > need then need = longest end
   if q > now and q - now > need then need = q - now end

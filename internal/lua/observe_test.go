@@ -261,3 +261,46 @@ func TestObserveLearnedBurstKeepsTheHigherWithinRounding(t *testing.T) {
 	e.observe(ObserveArgs{Remaining: -1, Policies: []Policy{{Quota: 900, PerMS: 60_000, Burst: 13}}})
 	assert.Equal(t, int64(13), e.inspect().Tiers[0].Burst, "a new quota: no rounding band")
 }
+
+// A burst told one below the key's own burst of 100 or more is the
+// provider's rounding of that same bucket: nothing is learned and the
+// limits' generation stays (a change of generation would cost the refunds
+// of every call under way); below a small burst it is learned.
+func TestObserveBurstOneBelowALargeBurstIsRounding(t *testing.T) {
+	e := newEnv(t)
+	e.setLimits(Tier{Rate: 1000, PerMS: 60_000, Burst: 1000}, Tier{Rate: 16, PerMS: 1000, Burst: 16})
+	gen := e.inspect().Generation
+	assert.Empty(t, e.observe(ObserveArgs{Remaining: -1, Policies: []Policy{{Quota: 1000, PerMS: 60_000, Burst: 999}}}))
+	r := e.inspect()
+	assert.Equal(t, int64(1000), r.Tiers[0].Burst)
+	assert.Equal(t, gen, r.Generation, "no change of limits")
+	assert.Equal(t, []string{"burst 1 15 16 1000"},
+		e.observe(ObserveArgs{Remaining: -1, Policies: []Policy{{Quota: 16, PerMS: 1000, Burst: 15}}}))
+	assert.Equal(t, int64(15), e.inspect().Tiers[1].Burst, "one below 16 may be the bucket: learned")
+	assert.Equal(t, []string{"burst 0 998 1000 60000"},
+		e.observe(ObserveArgs{Remaining: -1, Policies: []Policy{{Quota: 1000, PerMS: 60_000, Burst: 998}}}))
+}
+
+// Observe bringing a unit's bucket down keeps what refunds are bounded by
+// (M): a call under way when a response said less was left still gets
+// back what it did not use.
+func TestObserveLoweringKeepsRefunds(t *testing.T) {
+	e := newEnv(t)
+	e.setLimits(Tier{Rate: 60_000, PerMS: 60_000, Burst: 60_000, Unit: "tokens"})
+	a := DecideArgs{IdleExpiry: time.Hour, Units: "tokens=2000"}
+	first := e.decide(a) // from a full bucket: M starts at its instant
+	require.Equal(t, StatusAllowed, first.Status)
+	for range 20 {
+		require.Equal(t, StatusAllowed, e.decide(a).Status)
+	}
+	e.at(100 * time.Millisecond)
+	call := e.decide(a)
+	require.Equal(t, StatusAllowed, call.Status)
+	e.at(200 * time.Millisecond)
+	e.observe(ObserveArgs{Remaining: -1, Left: []UnitLeft{{Unit: "tokens", WindowMS: 60_000, Remaining: 10_000}}})
+	before := e.inspect().Tokens[0]
+	require.InDelta(t, 10_000, before, 1e-6, "brought down to what the provider said")
+	e.at(300 * time.Millisecond)
+	require.NoError(t, Adjust(e.ctx, e.run, e.k, -1500, Call{At: call.At, Charged: 2000, Generation: call.Generation, Unit: "tokens"}, time.Hour, nil))
+	assert.InDelta(t, before+100+1500, e.inspect().Tokens[0], 1e-6, "100 refilled, and the 1,500 not used given back")
+}
