@@ -47,6 +47,10 @@ local function unit_of(u)
   return u
 end
 
+-- burst_tol is how far a burst told may be from a bucket of b and still be
+-- it, rounded: 1, or 1 % of b.
+local function burst_tol(b) return math.max(1, math.floor(b / 100)) end
+
 -- Published quotas (a bucket's burst too, when the provider tells it),
 -- matched to the tier of their period and unit.
 for tok in string.gmatch(policies, '%S+') do
@@ -60,19 +64,26 @@ for tok in string.gmatch(policies, '%S+') do
       local l = learned[t.key]
       -- (a burst no lower than the quota's own lowers nothing: a lowered
       -- quota lowers the burst with it)
-      -- (a burst told is the bucket's or one below, rounded: one below a
-      -- burst of the key's own of 100 or more, 1 % at most, tells nothing
-      -- either, and changes no limits; below a smaller one it may be the
-      -- bucket, and is learned)
+      -- (a burst told is the bucket's, rounded: within burst_tol below a
+      -- burst of the key's own of 100 or more it tells nothing, and
+      -- changes no limits; one below a smaller one may be the bucket, and
+      -- is learned)
       local own = math.min(t.burst, q)
-      if b and own >= 100 and b == own - 1 then b = nil end
+      if b and own >= 100 and b < own and b >= own - burst_tol(own) then b = nil end
       if b and (b < 1 or t.kind ~= 'b' or b >= own) then b = nil end
       local lq = math.min(q, tier_quota(t))
       -- A burst told from a remaining the provider rounded down (and a
-      -- refill rounded down) is what the bucket holds or one below it: one
-      -- below the burst in force at the same quota keeps the higher, so
-      -- that the bursts told converge up to the bucket, never past it.
-      if b and l and l[2] > now and l[3] and l[1] == lq and b == l[3] - 1 then b = l[3] end
+      -- refill rounded down, and a reset rounded to the millisecond) is
+      -- what the bucket holds, a little below or a hair above: within
+      -- burst_tol of the burst learned at the same quota it is the same
+      -- bucket, and the burst learned stays (no change of limits, whose
+      -- new generation would cost the refunds of every call under way). A
+      -- small burst is raised by any higher one told, so that the bursts
+      -- told converge up to the bucket.
+      if b and l and l[2] > now and l[3] and l[1] == lq then
+        local tl = burst_tol(l[3])
+        if (b < l[3] and b >= l[3] - tl) or (b > l[3] and tl > 1 and b <= l[3] + tl) then b = l[3] end
+      end
       if q < tier_quota(t) or b then
         if not l or l[1] ~= lq or l[3] ~= b or l[2] <= now then
           if lq < tier_quota(t) then

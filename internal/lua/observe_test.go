@@ -277,8 +277,37 @@ func TestObserveBurstOneBelowALargeBurstIsRounding(t *testing.T) {
 	assert.Equal(t, []string{"burst 1 15 16 1000"},
 		e.observe(ObserveArgs{Remaining: -1, Policies: []Policy{{Quota: 16, PerMS: 1000, Burst: 15}}}))
 	assert.Equal(t, int64(15), e.inspect().Tiers[1].Burst, "one below 16 may be the bucket: learned")
-	assert.Equal(t, []string{"burst 0 998 1000 60000"},
-		e.observe(ObserveArgs{Remaining: -1, Policies: []Policy{{Quota: 1000, PerMS: 60_000, Burst: 998}}}))
+	assert.Empty(t, e.observe(ObserveArgs{Remaining: -1, Policies: []Policy{{Quota: 1000, PerMS: 60_000, Burst: 990}}}), "within 1 %")
+	assert.Equal(t, []string{"burst 0 989 1000 60000"},
+		e.observe(ObserveArgs{Remaining: -1, Policies: []Policy{{Quota: 1000, PerMS: 60_000, Burst: 989}}}))
+}
+
+// A large bucket's burst, told from every response with a reset to the
+// millisecond, moves by tens of tokens from one response to the next: it
+// is learned once and kept while the bursts told stay within 1 % of it,
+// with no new generation each time.
+func TestObserveLargeLearnedBurstIgnoresRoundingJitter(t *testing.T) {
+	e := newEnv(t)
+	e.setLimits(Tier{Rate: 20_000_000, PerMS: 60_000, Burst: 20_000_000, Unit: "tokens"})
+	told := func(b int64) []string {
+		return e.observe(ObserveArgs{Remaining: -1, Policies: []Policy{{Quota: 2_000_000, PerMS: 60_000, Unit: "tokens", Burst: b}}})
+	}
+	assert.Equal(t, []string{"learned 0 2000000 20000000 60000"}, told(1_999_967), "a bucket of the quota, rounded")
+	gen := e.inspect().Generation
+	for _, b := range []int64{2_000_000, 1_999_933, 2_000_010, 1_980_000} {
+		assert.Empty(t, told(b), "%d: the same bucket", b)
+	}
+	r := e.inspect()
+	assert.Equal(t, int64(2_000_000), r.Tiers[0].Burst)
+	assert.Equal(t, gen, r.Generation, "no new generation")
+	assert.Equal(t, []string{"learned 0 2000000 20000000 60000", "burst 0 1950000 20000000 60000"}, told(1_950_000), "more than 1 % below: learned")
+	gen = e.inspect().Generation
+	for _, b := range []int64{1_950_000, 1_931_000, 1_969_000} {
+		assert.Empty(t, told(b), "%d: the same bucket", b)
+	}
+	r = e.inspect()
+	assert.Equal(t, int64(1_950_000), r.Tiers[0].Burst, "kept")
+	assert.Equal(t, gen, r.Generation, "no new generation")
 }
 
 // Observe bringing a unit's bucket down keeps what refunds are bounded by
