@@ -20,6 +20,14 @@
 #     key with a request bucket and a tokens bucket of the same period,
 #     PerSecond(1000000) and PerSecond(1000000).In("tokens")
 #     ('1000000/1000/1000000 1000000/1000/1000000~tokens');
+#   - two units, a token count that differs call to call, as an LLM
+#     task's estimate (prompt + max tokens) does: Uses("tokens", m) with m
+#     from 7 to 99997 ("1,tokens=__rand_int__7": redis-benchmark -r 10000
+#     writes 12 zero-padded digits, so m is 10 x a number below 10000 + 7,
+#     never 0; leading zeros read as decimal, as the Lua reads any count),
+#     on a key whose tokens bucket holds 1e9 (PerSecond(1000000).In("tokens")
+#     with a burst of 1e9: the run's calls take at most 2.2e8 tokens, so
+#     none is refused);
 #   - for context: two request tiers of one unit (PerSecond(1000000),
 #     PerMinute(60000000): what a second tier costs without a second
 #     unit), and the middleware's admitted decision (task ID, 20 ms
@@ -85,6 +93,8 @@ keys=(3 't:{c}:b' 't:{c}:r' 't:{c}:f')
 # Limiter.Take: no granule, no reservation, no lease, exact bucket.
 take=('0 0 300000000 604800000 0 0 0 30000000|')
 take_units=('0 0 300000000 604800000 0 0 0 30000000|' '1,tokens=100')
+# The same Take with a different token count each call (see above).
+take_units_vary=('0 0 300000000 604800000 0 0 0 30000000|' '1,tokens=__rand_int__7')
 # The middleware (ByProvider defaults): 1 s granule, 1 min horizon, 20 ms
 # headroom, pacing on (flags 2), a task ID per call (redis-benchmark's -r).
 mw=('1000000 60000000 300000000 604800000 0 20000 2 30000000|' 'id:__rand_int__' 1)
@@ -92,15 +102,18 @@ mw_units=('1000000 60000000 300000000 604800000 0 20000 2 30000000|' 'id:__rand_
 one='1000000/1000/1000000 #1'
 two_units='1000000/1000/1000000 1000000/1000/1000000~tokens #1'
 two_tiers='1000000/1000/1000000 60000000/60000/60000000 #1'
+two_units_big='1000000/1000/1000000 1000000/1000/1000000000~tokens #1'
 
 declare -A result nocron dumpof
 # measure NAME COMMAND...: instructions per call over $n pipelined calls.
+# range: redis-benchmark's -r, the numbers __rand_int__ draws from.
+range=100000000
 measure() {
   local name=$1
   shift
-  redis-benchmark -p "$port" -n 200 -P 16 -c 1 -r 100000000 "$@" >/dev/null
+  redis-benchmark -p "$port" -n 200 -P 16 -c 1 -r "$range" "$@" >/dev/null
   callgrind_control -z "$vg_pid" >/dev/null 2>&1
-  redis-benchmark -p "$port" -n "$n" -P 16 -c 1 -r 100000000 "$@" >/dev/null
+  redis-benchmark -p "$port" -n "$n" -P 16 -c 1 -r "$range" "$@" >/dev/null
   callgrind_control -d "$vg_pid" >/dev/null 2>&1
   sleep 0.5
   local dump total cron
@@ -143,6 +156,13 @@ run() { # run NAME LIMITS ARGS...: a fresh key, checked before and after
 
 run take1 "$one" "${take[@]}"
 run take_units "$two_units" "${take_units[@]}"
+# (checked with a count of its own: __rand_int__ is drawn only by redis-benchmark)
+limits "$two_units_big"
+admitted FCALL "$fn" "${keys[@]}" "${take_units[0]}" '1,tokens=17'
+range=10000
+measure take_units_vary FCALL "$fn" "${keys[@]}" "${take_units_vary[@]}"
+range=100000000
+admitted FCALL "$fn" "${keys[@]}" "${take_units[0]}" '1,tokens=17'
 run take2 "$two_tiers" "${take[@]}"
 run mw1 "$one" "${mw[@]}"
 run mw_units "$two_units" "${mw_units[@]}"
@@ -155,17 +175,26 @@ line() { # line NAME LABEL BASE
 }
 echo "redis-server $(redis-server --version | awk '{print $3}' | sed 's/^v=//') under callgrind, $n pipelined calls per line, all in one run; decide = $fn"
 printf '  %-78s %8s %8s   %6s %6s\n' "FCALL decide (instructions per call; ratios against the line's base)" "all" "no cron" "/base" "/base"
-line take1 "Take, one unit: 1 bucket, cost 1 (base of the next three)" take1
+line take1 "Take, one unit: 1 bucket, cost 1 (base of the next four)" take1
 line take_units "Take, two units: request + tokens buckets (1s), Uses(\"tokens\", 100)" take1
+line take_units_vary "Take, two units, Uses(\"tokens\", m), m different each call (7-99997)" take1
 line take2 "Take, one unit, two tiers (1s, 1m): for context" take1
 line take1_again "Take, one unit, again at the end of the run" take1
 line mw1 "middleware admitted, one unit: 1 bucket (base of the next)" mw1
 line mw_units "middleware admitted, two units, Uses(\"tokens\", 100)" mw1
-r_all=$(awk -v a="${result[take_units]}" -v b="${result[take1]}" 'BEGIN{print a/b}')
-r_nc=$(awk -v a="${nocron[take_units]}" -v b="${nocron[take1]}" 'BEGIN{print a/b}')
+# verdict NAME: NAME against the one-unit Take, all and no cron, met or not.
+verdict() {
+  local r_all r_nc
+  r_all=$(awk -v a="${result[$1]}" -v b="${result[take1]}" 'BEGIN{print a/b}')
+  r_nc=$(awk -v a="${nocron[$1]}" -v b="${nocron[take1]}" 'BEGIN{print a/b}')
+  printf '%s %s (all), %s %s (no cron)' "$(ratio "${result[$1]}" "${result[take1]}")" \
+    "$(awk -v r="$r_all" 'BEGIN{print (r <= 1.2 ? "met" : "MISSED")}')" \
+    "$(ratio "${nocron[$1]}" "${nocron[take1]}")" "$(awk -v r="$r_nc" 'BEGIN{print (r <= 1.2 ? "met" : "MISSED")}')"
+}
 echo "By part (instructions per call, no cron): outside the command (request, reply) | FCALL itself (lookup, KEYS/ARGV, GC) | the decision's Lua less the next four | strtod | __printf_fp | redis.call commands (scriptCall) | their replies for Lua (parseReply)"
 printf '  %-22s %8s %8s %8s %8s %8s %8s %8s\n' case outside fcall lua strtod printf calls replies
 parts take1
 parts take_units
+parts take_units_vary
 parts take2
-echo "Two-unit Take against one-unit Take (issue 24: <= 1.2x): $(ratio "${result[take_units]}" "${result[take1]}") $(awk -v r="$r_all" 'BEGIN{print (r <= 1.2 ? "met" : "MISSED")}') (all), $(ratio "${nocron[take_units]}" "${nocron[take1]}") $(awk -v r="$r_nc" 'BEGIN{print (r <= 1.2 ? "met" : "MISSED")}') (no cron); middleware admitted: $(ratio "${result[mw_units]}" "${result[mw1]}") (all), $(ratio "${nocron[mw_units]}" "${nocron[mw1]}") (no cron)"
+echo "Two-unit Take against one-unit Take (issue 24: <= 1.2x): constant cost $(verdict take_units); varying cost $(verdict take_units_vary); middleware admitted: $(ratio "${result[mw_units]}" "${result[mw1]}") (all), $(ratio "${nocron[mw_units]}" "${nocron[mw1]}") (no cron)"
