@@ -241,10 +241,22 @@ local function parse_limits(s)
     if tiers[i].kind == 'b' and tiers[i].unit then m1, nm = i, nm + 1 end
   end
   if nm ~= 1 then m1 = nil end
-  spec = {tiers = tiers, gen = gen, windows = windows, inflight = inflight, adaptive = adaptive, units = units, m1 = m1}
+  -- upat1: when every tier of another unit counts the same one, the
+  -- common cost argument of that unit, "n,unit=m", anchored (cost_vec).
+  local upat1, u1 = nil, nil
+  for i = 1, n do
+    local u = tiers[i].unit
+    if u then
+      if u1 and u ~= u1 then upat1 = false end
+      u1 = u
+    end
+  end
+  if u1 and upat1 == nil then upat1 = '^(%d+),' .. string.gsub(u1, '%-', '%%-') .. '=(%d+)$' end
+  spec = {tiers = tiers, gen = gen, windows = windows, inflight = inflight, adaptive = adaptive, units = units,
+          m1 = m1, upat1 = upat1 or nil}
   -- (cost_vec's cache: cost vectors by the caller's cost argument, their
-  -- number at [0])
-  if units then spec.costs = {[0] = 0} end
+  -- number at [0], cost_miss's count at [-1])
+  if units then spec.costs = {[0] = 0, [-1] = 0} end
   if n_parsed >= 256 then parsed, n_parsed = {}, 0 end
   parsed[s] = spec
   n_parsed = n_parsed + 1
@@ -364,7 +376,7 @@ local function apply_learned(spec, src, O, now)
   local eff = parsed[k]
   if eff then return eff end
   eff = {tiers = {}, gen = spec.gen, windows = spec.windows, inflight = spec.inflight,
-         adaptive = spec.adaptive, units = spec.units, costs = spec.costs, m1 = spec.m1, ppm = ppm}
+         adaptive = spec.adaptive, units = spec.units, costs = spec.costs, m1 = spec.m1, upat1 = spec.upat1, ppm = ppm}
   for i, t in ipairs(spec.tiers) do
     local q, lb = tier_quota(t), nil
     local l = learned[t.key]
@@ -710,19 +722,39 @@ end
 -- (0 when it says nothing: a tier takes nothing from a task that uses
 -- none of its unit, and does not hold it back).
 
--- cost_vec reads a caller's cost argument: "n" requests, or "n,unit=m,..."
--- with other units (decide.go). Each tier of another unit finds its count
--- with its own pattern (t.upat, ",unit=(%d+)": a unit's name is never the
--- end of another's after a comma), without a table of the units said. On
--- a key with units the vectors are kept by the argument (spec.costs, up to
--- COSTS of them), as parsed limits are: a caller that says the same cost
--- again costs a lookup, and nothing changes a vector once made.
-local COSTS = 64
-local function cost_vec(raw, spec)
-  local costs = spec.costs
-  if costs then
-    local c = costs[raw]
-    if c then return c end
+-- parse_cost reads a caller's cost argument: "n" requests, or
+-- "n,unit=m,..." with other units (decide.go). Each tier of another unit
+-- finds its count with its own pattern (t.upat, ",unit=(%d+)": a unit's
+-- name is never the end of another's after a comma), without a table of
+-- the units said. On a key with units it fills into (when given) or a new
+-- table.
+local function parse_cost(raw, spec, into)
+  local tiers = spec.tiers
+  local pat = spec.upat1
+  if pat then
+    -- One unit besides requests, said as "n,unit=m" (what decide.go
+    -- writes): one anchored match reads both counts, as the general rules
+    -- below would (whole numbers; n above MAX_BURST is 1, m above it 0).
+    local a, b = string.match(raw, pat)
+    if a then
+      -- (nil: digits past a number, in gopher-lua; Redis reads inf)
+      local n, m = 1, tonumber(b)
+      if a ~= '1' then
+        n = tonumber(a)
+        if not n or n < 1 or n > MAX_BURST then n = 1 end
+      end
+      if not m or m > MAX_BURST then m = 0 end
+      local k, c = #tiers, into
+      if c then
+        for i = 1, k do c[i] = tiers[i].upat and m or n end
+      elseif k == 2 then
+        c = {tiers[1].upat and m or n, tiers[2].upat and m or n}
+      else
+        c = {}
+        for i = 1, k do c[i] = tiers[i].upat and m or n end
+      end
+      return c
+    end
   end
   local n = tonumber(raw)
   if not n then
@@ -731,8 +763,7 @@ local function cost_vec(raw, spec)
   end
   if n < 1 or n ~= math.floor(n) or n > MAX_BURST then n = 1 end
   if not spec.units then return n end
-  local tiers = spec.tiers
-  local c = {}
+  local c = into or {}
   for i = 1, #tiers do
     local t = tiers[i]
     if t.upat then
@@ -743,15 +774,51 @@ local function cost_vec(raw, spec)
       c[i] = n
     end
   end
-  if costs then
-    if costs[0] >= COSTS then
-      for k in pairs(costs) do costs[k] = nil end
-      costs[0] = 0
-    end
-    costs[raw] = c
-    costs[0] = costs[0] + 1
-  end
   return c
+end
+
+-- On a key with units the vectors are kept by the cost argument
+-- (spec.costs: up to COSTS of them, their number at [0]), as parsed limits
+-- are: a caller that says the same cost again costs a lookup, and nothing
+-- changes a vector once kept. Costs that differ call after call (an LLM
+-- task's estimate) would only churn it: once full, a cost not kept is
+-- parsed without keeping it (into the caller's table when it gives one),
+-- unless it is the cost missed just before ([-2]), or COSTS_RENEW misses
+-- have passed since it filled ([-1]): then the costs kept are dropped and
+-- it is kept in their place.
+local COSTS, COSTS_RENEW = 64, 1024
+
+-- cost_miss is cost_vec for a cost argument not kept in spec.costs.
+local function cost_miss(raw, spec, into)
+  local costs = spec.costs
+  if not costs then return parse_cost(raw, spec, into) end
+  local k = costs[0]
+  if k >= COSTS then
+    local missed = costs[-1] + 1
+    if missed < COSTS_RENEW and raw ~= costs[-2] then
+      costs[-1] = missed
+      costs[-2] = raw
+      return parse_cost(raw, spec, into)
+    end
+    for key in pairs(costs) do costs[key] = nil end
+    costs[-1] = 0
+    k = 0
+  end
+  local c = parse_cost(raw, spec, nil)
+  costs[raw] = c
+  costs[0] = k + 1
+  return c
+end
+
+-- cost_vec reads a caller's cost argument (parse_cost), kept or not as
+-- cost_miss says.
+local function cost_vec(raw, spec)
+  local costs = spec.costs
+  if costs then
+    local c = costs[raw]
+    if c then return c end
+  end
+  return cost_miss(raw, spec, nil)
 end
 
 -- cv is what tier i takes of cost c.

@@ -6,6 +6,11 @@
 -- collection).
 local OWED, STORED = {}, {}
 
+-- COSTV is the cost vector of a lone caller on a key with units whose
+-- cost is not kept (cost_miss), refilled by every such run: take_now only
+-- reads it.
+local COSTV = {}
+
 -- MREC is the M field's records as read (read_M), refilled by every run of
 -- a key with units.
 local MREC = {}
@@ -134,7 +139,8 @@ local function decide_run(KEYS, ARGV)
       vnext <= now and not o.book and vnext >= 0 then
     local raw, c = lone_cost, 1
     if spec.units then
-      c = spec.costs[raw or '1'] or cost_vec(raw or '1', spec)
+      raw = raw or '1'
+      c = spec.costs[raw] or cost_miss(raw, spec, COSTV)
     elseif raw then
       c = cost_vec(raw, spec)
     end
