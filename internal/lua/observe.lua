@@ -205,6 +205,11 @@ end
 if relearned and h[1] then
   fields[#fields + 1] = 'L'
   fields[#fields + 1] = bump_gen(h[1])
+  -- The calls before now are of another generation, refunded nothing
+  -- (adjust.lua): M starts afresh, so that what the buckets owed under the
+  -- limits before (say, 10x too high) does not bound the refunds of the
+  -- calls after.
+  if ceiling.units then redis.call('HDEL', key, 'M') end
 end
 if t_changed then
   -- (M, what the buckets owed at least since its instants, stays: a bucket

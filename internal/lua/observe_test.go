@@ -333,3 +333,31 @@ func TestObserveLoweringKeepsRefunds(t *testing.T) {
 	require.NoError(t, Adjust(e.ctx, e.run, e.k, -1500, Call{At: call.At, Charged: 2000, Generation: call.Generation, Unit: "tokens"}, time.Hour, nil))
 	assert.InDelta(t, before+100+1500, e.inspect().Tokens[0], 1e-6, "100 refilled, and the 1,500 not used given back")
 }
+
+// A change of limits learned from a response starts M afresh: a call
+// admitted after it gets back what it did not use, whatever the bucket
+// owed under the limits before (a key 10x too high owed little of its
+// burst).
+func TestObserveRelearnedStartsRefundsAfresh(t *testing.T) {
+	e := newEnv(t)
+	e.setLimits(Tier{Rate: 600_000, PerMS: 60_000, Burst: 600_000, Unit: "tokens"}) // 10x
+	small := DecideArgs{IdleExpiry: time.Hour, Units: "tokens=100"}
+	for i := range 2 {
+		e.at(time.Duration(i) * time.Millisecond)
+		require.Equal(t, StatusAllowed, e.decide(small).Status) // M's least: about 100 owed
+	}
+	e.at(2 * time.Millisecond)
+	e.observe(ObserveArgs{Remaining: -1, Policies: []Policy{{Quota: 60_000, PerMS: 60_000, Unit: "tokens"}}})
+	a := DecideArgs{IdleExpiry: time.Hour, Units: "tokens=2000"}
+	for i := range 20 {
+		e.at(time.Duration(3+i) * time.Millisecond)
+		require.Equal(t, StatusAllowed, e.decide(a).Status)
+	}
+	e.at(30 * time.Millisecond)
+	call := e.decide(a)
+	require.Equal(t, StatusAllowed, call.Status)
+	e.at(2 * time.Second) // 2,000 refilled since: the refill rule gives nothing back
+	before := e.inspect().Tokens[0]
+	require.NoError(t, Adjust(e.ctx, e.run, e.k, -1900, Call{At: call.At, Charged: 2000, Generation: call.Generation, Unit: "tokens"}, time.Hour, nil))
+	assert.InDelta(t, before+1900, e.inspect().Tokens[0], 1e-6, "all 1,900 back: the bucket owed more than that all the time since the call")
+}
