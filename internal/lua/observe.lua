@@ -68,9 +68,12 @@ for tok in string.gmatch(policies, '%S+') do
       -- burst of the key's own of 100 or more it tells nothing, and
       -- changes no limits; one below a smaller one may be the bucket, and
       -- is learned)
-      local own = math.min(t.burst, q)
-      if b and own >= 100 and b < own and b >= own - burst_tol(own) then b = nil end
-      if b and (b < 1 or t.kind ~= 'b' or b >= own) then b = nil end
+      if b and t.kind ~= 'b' then b = nil end -- (a window has no burst)
+      if b then
+        local own = math.min(t.burst, q)
+        if own >= 100 and b < own and b >= own - burst_tol(own) then b = nil end
+        if b and (b < 1 or b >= own) then b = nil end
+      end
       local lq = math.min(q, tier_quota(t))
       -- A burst told from a remaining the provider rounded down (and a
       -- refill rounded down, and a reset rounded to the millisecond) is

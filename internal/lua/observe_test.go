@@ -361,3 +361,15 @@ func TestObserveRelearnedStartsRefundsAfresh(t *testing.T) {
 	require.NoError(t, Adjust(e.ctx, e.run, e.k, -1900, Call{At: call.At, Charged: 2000, Generation: call.Generation, Unit: "tokens"}, time.Hour, nil))
 	assert.InDelta(t, before+1900, e.inspect().Tokens[0], 1e-6, "all 1,900 back: the bucket owed more than that all the time since the call")
 }
+
+// A window tier learns a published quota, with or without a burst told
+// (a window has none).
+func TestObserveWindowLearnsAQuota(t *testing.T) {
+	for _, burst := range []int64{0, 5} {
+		e := newEnv(t)
+		e.setLimits(Tier{Kind: KindWindow, Rate: 100, PerMS: 1000})
+		assert.Equal(t, []string{"learned 0 10 100 1000"},
+			e.observe(ObserveArgs{Remaining: -1, Policies: []Policy{{Quota: 10, PerMS: 1000, Burst: burst}}}))
+		assert.Equal(t, int64(10), e.inspect().Tiers[0].Rate)
+	}
+}
