@@ -2,8 +2,10 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"math"
 	"net/http"
 	"strconv"
@@ -33,7 +35,10 @@ import (
 //     Observe, reading the provider's x-ratelimit-* headers, can bring them
 //     to the provider's (rate and burst). The run polls the key's limits in
 //     force (Limiter.Inspect, Status.InForce) every lPoll and reports after
-//     how many responses each was within lLearnTolerance of the provider's.
+//     how many responses each was within lLearnTolerance of the provider's;
+//     beside the fleet, a serial probe (runLProbe: one call at a time, an
+//     endpoint and a key of its own) gives the exact count the verdict
+//     uses.
 //
 // Each task is throttle.NewTask(..., throttle.Key(lKey), throttle.Uses(
 // "tokens", estimate)); its handler calls the provider, hands every
@@ -92,6 +97,9 @@ type lLearning struct {
 	Suspensions, Suspended int
 	// Polls is how many polls read the key; PollErrors how many failed.
 	Polls, PollErrors int
+	// Probe (ours-10x) is the serial learning probe run beside the fleet:
+	// the exact count the fleet's bursts of responses cannot give.
+	Probe *lProbe `json:",omitempty"`
 }
 
 // lUnitLearning is one unit's learning: the provider's rate (per second)
@@ -235,6 +243,196 @@ func (o *lOursRun) checkLearned() {
 	}
 }
 
+// The serial learning probe of ours-10x: the fleet's first lProcesses x
+// r.Workers calls go out at once and their responses come back together,
+// so its reads tell only "after at most N responses". The probe makes calls
+// one at a time, beside the fleet, on an endpoint of its own at the
+// provider (the run's limits, r.Endpoint+lProbeSuffix) through a key of its
+// own (lKey+lProbeSuffix, under the run's prefix, configured 10x too high
+// as the fleet's), and reads the key after each response: after how many
+// responses each unit's rate and burst in force were within
+// lLearnTolerance of the provider's, exactly.
+const (
+	lProbeSuffix = "-probe"
+	lProbeCalls  = 20 // the most calls the probe makes
+)
+
+// lProbe is what the serial probe saw: per unit, after how many responses
+// the key's rate and burst in force were first within lLearnTolerance of
+// the provider's (-1: not within lProbeCalls calls); each call declares
+// the run's first task's estimate (Estimate) and reports its usage (Used).
+type lProbe struct {
+	Endpoint, Key    string
+	Estimate, Used   int
+	Calls, Responses int // calls made, and answered (200 or 429)
+	Limited          int // 429s
+	Units            []lProbeUnit
+	// Err is what stopped the probe before its units were learned or its
+	// calls made (a call that failed, a read of the key that failed).
+	Err string `json:",omitempty"`
+}
+
+// lProbeUnit is one unit of the probe: the provider's figures, the
+// responses after which the rate (the burst) in force was first within
+// lLearnTolerance of them (-1 never), the limit in force at the end, and
+// the responses whose x-ratelimit-reset of the unit was 0s: a full bucket,
+// from which Observe learns no capacity (quota.bucketCapacity), as one call
+// at a time finds it whenever the call's latency refills what it took.
+type lProbeUnit struct {
+	Unit                        string
+	ProviderRate, ProviderBurst float64
+	Rate, Burst                 int
+	End                         throttle.Limit
+	Found                       bool
+	Full                        int
+}
+
+// responses is how many responses it took to learn both the rate and the
+// burst (-1: not both).
+func (u lProbeUnit) responses() int {
+	if u.Rate < 0 || u.Burst < 0 {
+		return -1
+	}
+	return max(u.Rate, u.Burst)
+}
+
+// learned reports whether every unit's rate and burst were learned, and
+// after how many responses the last of them was.
+func (p *lProbe) learned() (int, bool) {
+	most := 0
+	for _, u := range p.Units {
+		n := u.responses()
+		if n < 0 {
+			return -1, false
+		}
+		most = max(most, n)
+	}
+	return most, len(p.Units) > 0
+}
+
+// onlyFullBursts says, when every figure the probe missed is a burst whose
+// bucket every response showed full, that the rates were learned and why
+// the bursts were not ("" otherwise).
+func (p *lProbe) onlyFullBursts() string {
+	rates := 0
+	for _, u := range p.Units {
+		if u.Rate < 0 || (u.Burst < 0 && u.Full < p.Responses) {
+			return ""
+		}
+		rates = max(rates, u.Rate)
+	}
+	return fmt.Sprintf(": the rates after %d, the bursts missed with every response showing the buckets full", rates)
+}
+
+// runLProbe runs the serial probe of an ours-10x run r, its key under
+// prefix: each call a task run through a Limiter's middleware whose
+// handler calls the provider, hands the response to Observe and, when the
+// provider settles calls, settles the task's tokens with Used, as the
+// fleet's handler does; after each, Inspect. It stops once every unit is
+// learned, after lProbeCalls calls, or on an error (p.Err).
+func runLProbe(ctx context.Context, e *env, prefix string, r *lRun) *lProbe {
+	l := r.Limits
+	p := &lProbe{Endpoint: r.Endpoint + lProbeSuffix, Key: lKey + lProbeSuffix, Units: []lProbeUnit{
+		{Unit: "requests", ProviderRate: l.requestRate(), ProviderBurst: l.requestCapacity(), Rate: -1, Burst: -1},
+		{Unit: lUnit, ProviderRate: l.tokenRate(), ProviderBurst: l.tokenCapacity(), Rate: -1, Burst: -1},
+	}}
+	if len(r.Tasks) == 0 {
+		p.Err = "no task to take the estimate from"
+		return p
+	}
+	t := r.Tasks[0]
+	p.Estimate, p.Used = t.Estimate, t.used()
+	r.Provider.add(p.Endpoint, l)
+	// The run's own bound for its setup (see run), and no log lines.
+	lim := throttle.NewLimiter(e.ctl, throttle.WithPrefix(prefix), throttle.WithTimeout(10*time.Second),
+		throttle.WithLogger(slog.New(slog.DiscardHandler)))
+	defer lim.Close()
+	if err := lim.SetLimits(ctx, p.Key, oursLLMLimits(l, 10)...); err != nil {
+		p.Err = fmt.Sprintf("setting the key's limits: %v", err)
+		return p
+	}
+	h := lim.Middleware()(asynq.HandlerFunc(func(ctx context.Context, _ *asynq.Task) error {
+		p.Calls++
+		resp, usage, err := r.Provider.call(ctx, p.Endpoint, p.Estimate, p.Used)
+		if err != nil {
+			return err
+		}
+		p.Responses++
+		for i := range p.Units {
+			if resp.Header.Get("x-ratelimit-reset-"+p.Units[i].Unit) == "0s" {
+				p.Units[i].Full++
+			}
+		}
+		if limited := throttle.Observe(ctx, resp); limited != nil {
+			p.Limited++
+			return limited
+		}
+		if r.Mode.Settle {
+			return throttle.Used(ctx, lUnit, usage)
+		}
+		return nil
+	}))
+	// One call at a time, and no faster than the provider's rates (its
+	// buckets, and the key's once learned, refill what each call takes):
+	// the key never defers a call (outside an asynq server, the middleware
+	// would re-enqueue a copy of the task).
+	every := time.Duration(max(1/l.requestRate(), float64(p.Estimate)/l.tokenRate()) * float64(time.Second))
+	var deferred atomic.Int64
+	lim.OnEvent(func(ev throttle.Event) {
+		if !ev.HandlerRan && ev.Outcome != throttle.Ran {
+			deferred.Add(1)
+		}
+	})
+	next := time.Now()
+	for p.Calls < lProbeCalls {
+		if sleepCtx(ctx, time.Until(next)) != nil {
+			p.Err = fmt.Sprintf("call %d: %v", p.Calls+1, ctx.Err())
+			return p
+		}
+		next = time.Now().Add(every)
+		answered := p.Responses
+		err := h.ProcessTask(ctx, keyedTask(lTaskType, lPayload(t), throttle.Key(p.Key), throttle.Uses(lUnit, p.Estimate)))
+		var rl *throttle.RateLimitedError
+		switch {
+		case p.Responses == answered:
+			if err == nil {
+				err = errors.New("the handler made no call")
+			}
+			if deferred.Load() > 0 {
+				err = fmt.Errorf("the key deferred the call: %w", err)
+			}
+			p.Err = fmt.Sprintf("call %d: %v", p.Calls+1, err)
+			return p
+		case err != nil && !errors.As(err, &rl):
+			p.Err = fmt.Sprintf("call %d: %v", p.Calls, err)
+			return p
+		}
+		st, err := lim.Inspect(ctx, p.Key)
+		if err != nil {
+			p.Err = fmt.Sprintf("reading the key after response %d: %v", p.Responses, err)
+			return p
+		}
+		for i := range p.Units {
+			u := &p.Units[i]
+			in, ok := tierOf(st.InForce, u.Unit)
+			u.End, u.Found = in, ok
+			if !ok {
+				continue
+			}
+			if u.Rate < 0 && near(float64(in.N)/in.Per.Seconds(), u.ProviderRate) {
+				u.Rate = p.Responses
+			}
+			if u.Burst < 0 && near(float64(in.Burst), u.ProviderBurst) {
+				u.Burst = p.Responses
+			}
+		}
+		if _, ok := p.learned(); ok {
+			return p
+		}
+	}
+	return p
+}
+
 // lHeadroom is the middleware's default headroom (throttle.WithHeadroom):
 // the dispatch jitter its decisions keep room for.
 const lHeadroom = 20 * time.Millisecond
@@ -361,8 +559,17 @@ func (o *lOursRun) run(ctx context.Context) (lClientStats, error) {
 	o.learn = learn
 	o.inspector = throttle.NewLimiter(o.e.ctl, throttle.WithPrefix(o.prefix))
 	defer o.inspector.Close()
+	// ours-10x: the serial probe, beside the fleet (its own endpoint and
+	// key: the fleet's buckets never see it), done long before the fleet.
+	probed := make(chan *lProbe, 1)
+	if o.factor != 1 {
+		go func() { probed <- runLProbe(ctx, o.e, o.prefix, r) }()
+	} else {
+		probed <- nil
+	}
 	f, err := startFleet(o.e, spec, o.c)
 	if err != nil {
+		<-probed
 		return lClientStats{}, err
 	}
 	pollCtx, stopPoll := context.WithCancel(context.Background())
@@ -379,6 +586,7 @@ func (o *lOursRun) run(ctx context.Context) (lClientStats, error) {
 		stopPoll()
 		<-polled
 		f.stop()
+		<-probed
 		return lClientStats{}, err
 	}
 	deadline, ok := ctx.Deadline()
@@ -393,6 +601,7 @@ func (o *lOursRun) run(ctx context.Context) (lClientStats, error) {
 	stopPoll()
 	<-polled
 	f.stop()
+	learn.Probe = <-probed
 	learn.Suspended = int(o.c.suspensions.Load())
 	s := lClientStats{Succeeded: int(o.set.done.Load()), Calls: int(o.calls.Load()), Pauses: learn.Suspensions,
 		End: end, Duplicates: o.set.duplicates(), UsedErrors: int(o.usedErrs.Load()), Learning: learn}
@@ -490,7 +699,9 @@ func lOursRatioRows(t *table, c lCase, rs []lResult) {
 }
 
 // printLLearning prints, for an ours-10x run, what its key learned: issue
-// 24's target for limits configured 10x too high.
+// 24's target for limits configured 10x too high. The verdict takes the
+// serial probe's exact count when the probe ran; else the fleet's upper
+// bound.
 func printLLearning(w io.Writer, c lCase, r lResult) {
 	l := r.Client.Learning
 	if r.Variant != lOurs10x || l == nil {
@@ -512,12 +723,81 @@ func printLLearning(w io.Writer, c lCase, r lResult) {
 		}
 		most = max(most, u.responses())
 	}
-	learned := fmt.Sprintf("NOT LEARNED (MISSED): not every unit's rate and burst came within %.0f %% of the provider's", lLearnTolerance*100)
+	fleet := fmt.Sprintf("NOT LEARNED (MISSED): not every unit's rate and burst came within %.0f %% of the provider's", lLearnTolerance*100)
 	if all {
-		learned = fmt.Sprintf("learned after at most %d responses %s (<= %d)", most, verdict(most <= lLearnResponses), lLearnResponses)
+		fleet = fmt.Sprintf("learned after at most %d responses %s (<= %d)", most, verdict(most <= lLearnResponses), lLearnResponses)
+	}
+	learned := fleet
+	if p := l.Probe; p != nil {
+		printLProbe(w, p)
+		n, ok := p.learned()
+		bound := fmt.Sprintf("the fleet's bound: after <= %d", most)
+		if !all {
+			bound = "the fleet: not learned"
+		}
+		switch {
+		case p.Err != "" && !ok:
+			learned = fmt.Sprintf("serial probe FAILED (%s), so by the fleet's upper bound: %s", p.Err, fleet)
+		case !ok:
+			learned = fmt.Sprintf("NOT LEARNED (MISSED) by the serial probe: not every unit's rate and burst within %.0f %% of the provider's after %d calls%s (%s)",
+				lLearnTolerance*100, p.Calls, p.onlyFullBursts(), bound)
+		default:
+			learned = fmt.Sprintf("learned after %d responses (the serial probe's exact count; %s) %s (<= %d)", n, bound, verdict(n <= lLearnResponses), lLearnResponses)
+		}
 	}
 	fmt.Fprintf(w, "targets %s %s: %s; suspensions %d %s (<= %d); 429s %d; tasks deferred by a 429 %d; polls %d (%d failed)\n", c.Name, r.Variant,
 		learned, l.Suspensions, verdict(l.Suspensions <= lLearnSuspensions), lLearnSuspensions, r.Limited, l.Suspended, l.Polls, l.PollErrors)
+}
+
+// printLProbe prints the serial probe's line of a learning block.
+func printLProbe(w io.Writer, p *lProbe) {
+	units := make([]string, len(p.Units))
+	for i, u := range p.Units {
+		// "requests rate and burst within 5 % after 1 response(s), tokens
+		// after 1": the first unit says what is counted.
+		name, within := u.Unit, ""
+		if i == 0 {
+			name, within = u.Unit+" rate and burst", fmt.Sprintf(" within %.0f %%", lLearnTolerance*100)
+		}
+		switch n := u.responses(); {
+		case n >= 0 && u.Rate == u.Burst:
+			units[i] = fmt.Sprintf("%s%s after %d response(s)", name, within, n)
+		case n >= 0:
+			units[i] = fmt.Sprintf("%s%s after %d response(s) (rate after %d, burst after %d)", name, within, n, u.Rate, u.Burst)
+		default:
+			end := "no tier of the unit"
+			if u.Found {
+				end = u.End.String()
+			}
+			units[i] = fmt.Sprintf("%s NOT LEARNED (MISSED) within %d calls (rate %s, burst %s; in force: %s; the provider's %s/s holding %s)",
+				name, p.Calls, probeAfter(u.Rate), probeAfter(u.Burst), end, fmtRate(u.ProviderRate), fmtRate(u.ProviderBurst))
+		}
+	}
+	var verdictOf string
+	if n, ok := p.learned(); ok {
+		verdictOf = fmt.Sprintf("; target <= %d %s", lLearnResponses, verdict(n <= lLearnResponses))
+	} else {
+		verdictOf = fmt.Sprintf("; target <= %d MISSED", lLearnResponses)
+	}
+	stopped := ""
+	if p.Err != "" {
+		stopped = "; STOPPED: " + p.Err
+	}
+	full := make([]string, len(p.Units))
+	for i, u := range p.Units {
+		full[i] = fmt.Sprintf("%s %d", u.Unit, u.Full)
+	}
+	fmt.Fprintf(w, "  serial probe (one call at a time, own endpoint %s and key %s, each declaring %d tokens, using %d): %s; %d call(s), %d 429(s); of its %d response(s), showing the bucket full (reset 0s, from which Observe learns no capacity): %s%s%s\n",
+		p.Endpoint, p.Key, p.Estimate, p.Used, strings.Join(units, ", "), p.Calls, p.Limited, p.Responses, strings.Join(full, ", "), stopped, verdictOf)
+}
+
+// probeAfter says after how many of the probe's responses a figure was
+// learned.
+func probeAfter(n int) string {
+	if n < 0 {
+		return "never"
+	}
+	return fmt.Sprintf("after %d", n)
 }
 
 // learnedAt says when a poll first saw a limit within lLearnTolerance,
