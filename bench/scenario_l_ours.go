@@ -276,8 +276,9 @@ type lProbe struct {
 // responses after which the rate (the burst) in force was first within
 // lLearnTolerance of them (-1 never), the limit in force at the end, and
 // the responses whose x-ratelimit-reset of the unit was 0s: a full bucket,
-// from which Observe learns no capacity (quota.bucketCapacity), as one call
-// at a time finds it whenever the call's latency refills what it took.
+// which Observe reads as holding what is left (quota.bucketCapacity), as
+// one call at a time finds it whenever the call's latency refills what it
+// took.
 type lProbeUnit struct {
 	Unit                        string
 	ProviderRate, ProviderBurst float64
@@ -787,7 +788,7 @@ func printLProbe(w io.Writer, p *lProbe) {
 	for i, u := range p.Units {
 		full[i] = fmt.Sprintf("%s %d", u.Unit, u.Full)
 	}
-	fmt.Fprintf(w, "  serial probe (one call at a time, own endpoint %s and key %s, each declaring %d tokens, using %d): %s; %d call(s), %d 429(s); of its %d response(s), showing the bucket full (reset 0s, from which Observe learns no capacity): %s%s%s\n",
+	fmt.Fprintf(w, "  serial probe (one call at a time, own endpoint %s and key %s, each declaring %d tokens, using %d): %s; %d call(s), %d 429(s); of its %d response(s), showing the bucket full (reset 0s: a full bucket, which Observe reads as holding what is left): %s%s%s\n",
 		p.Endpoint, p.Key, p.Estimate, p.Used, strings.Join(units, ", "), p.Calls, p.Limited, p.Responses, strings.Join(full, ", "), stopped, verdictOf)
 }
 

@@ -94,7 +94,7 @@ func TestScenarioLPrintsTheProbesCount(t *testing.T) {
 	assert.Contains(t, out, "burst learned by 1.0s, after <= 48 responses (poll), <= 11 (read after each)", "the fleet's bounds stay")
 	assert.Contains(t, out, "serial probe (one call at a time, own endpoint l-ep-probe and key openai:gpt-4o-probe, each declaring 5000 tokens, using 900): "+
 		"requests rate and burst within 5 % after 1 response(s), tokens after 2 response(s) (rate after 1, burst after 2); 2 call(s), 0 429(s); "+
-		"of its 2 response(s), showing the bucket full (reset 0s, from which Observe learns no capacity): requests 0, tokens 0; target <= 3 met")
+		"of its 2 response(s), showing the bucket full (reset 0s: a full bucket, which Observe reads as holding what is left): requests 0, tokens 0; target <= 3 met")
 	assert.Contains(t, out, "targets L1 ours-10x: learned after 2 responses (the serial probe's exact count; the fleet's bound: after <= 11) met (<= 3)")
 
 	probe.Calls, probe.Responses = lProbeCalls, lProbeCalls

@@ -380,21 +380,24 @@ func newUnit(unit, source string, window time.Duration, guessed bool,
 	if u.Limit == 0 && u.Remaining < 0 && !u.HasReset {
 		return UnitQuota{}, false
 	}
-	u.Burst = bucketCapacity(u.Limit, u.Remaining, u.Reset, u.Window)
+	if u.HasReset {
+		u.Burst = bucketCapacity(u.Limit, u.Remaining, u.Reset, u.Window)
+	}
 	return u, true
 }
 
 // bucketCapacity is the capacity C of a bucket refilled continuously at
 // r = limit/window that holds remaining R now and is full again after
 // reset D: C = R + r*D, rounded down, at least 1, at most limit. It is 0
-// (cannot be told) unless limit, R (0 to limit) and a D above 0 are all
-// stated.
+// (cannot be told) unless limit, R (0 to limit) and D are all stated.
 //
 // The estimate's meaning: R + r*D is what the bucket will hold when full,
 // so it is the capacity when D is exact. It is a lower bound when the reset
 // is rounded down (Anthropic's resets are whole seconds, its token counts
-// rounded to thousands) and it is the limit itself when the bucket is full
-// (D = 0 tells nothing, hence 0). A D above the window cannot come from a
+// rounded to thousands). D = 0 is a full bucket holding R: its capacity
+// (OpenAI's "0s" on a bucket of a second's worth, the answer a client
+// calling one at a time always gets), unless R is the limit (a full bucket
+// of the whole limit lowers nothing) or 0 (nonsense). A D above the window cannot come from a
 // bucket of that window refilled at limit/window (OpenAI's docs show a
 // "6m0s" token reset on a per-minute limit): the capacity is then the
 // limit. R is rounded down by the provider, and so is the sum: against a
@@ -402,8 +405,16 @@ func newUnit(unit, source string, window time.Duration, guessed bool,
 // Observe (observe.lua) keeps the higher of a burst in force and one told
 // one below it at the same quota, and otherwise takes the burst told.
 func bucketCapacity(limit, remaining int, reset, window time.Duration) int {
-	if limit < 1 || remaining < 0 || remaining > limit || reset <= 0 || window <= 0 {
+	if limit < 1 || remaining < 0 || remaining > limit || reset < 0 || window <= 0 {
 		return 0
+	}
+	if reset == 0 {
+		// Full now: the bucket holds what is left. At the limit, or
+		// holding nothing, that tells nothing.
+		if remaining == limit || remaining == 0 {
+			return 0
+		}
+		return remaining
 	}
 	// r*D = limit*D/window, exactly, in 128 bits: limit <= 1e9 and D <= 30
 	// days in nanoseconds overflow 64.

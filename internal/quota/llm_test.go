@@ -277,6 +277,12 @@ func TestLLMLearnsTheBurst(t *testing.T) {
 		"x-ratelimit-limit-tokens", "120000", "x-ratelimit-remaining-tokens", "1500", "x-ratelimit-reset-tokens", "250ms"), llmNow)
 	require.Len(t, got.Units, 1)
 	assert.Equal(t, 2000, got.Units[0].Burst)
+	// A caller one call at a time finds a bucket of a second's worth full:
+	// "0s", and what is left is what it holds.
+	got = ParseLLM(ProviderOpenAI, 200, hdr(
+		"x-ratelimit-limit-tokens", "2000000", "x-ratelimit-remaining-tokens", "33333", "x-ratelimit-reset-tokens", "0s"), llmNow)
+	require.Len(t, got.Units, 1)
+	assert.Equal(t, 33333, got.Units[0].Burst)
 
 	tests := []struct {
 		name             string
@@ -292,7 +298,10 @@ func TestLLMLearnsTheBurst(t *testing.T) {
 		{"Groq's day of requests", 14400, 14370, 179560 * time.Millisecond, Day, 14399},
 		{"128-bit product", maxQuota, 0, maxQuotaDelay, time.Minute, maxQuota},
 		{"128-bit product below the limit", maxQuota, 0, time.Minute - 1, time.Minute, maxQuota - 1},
-		{"reset 0: cannot tell", 60, 60, 0, time.Minute, 0},
+		{"reset 0 at the limit: cannot tell", 60, 60, 0, time.Minute, 0},
+		{"reset 0: full, holding what is left", 120000, 2000, 0, time.Minute, 2000},
+		{"reset 0 and nothing left: cannot tell", 60, 0, 0, time.Minute, 0},
+		{"negative reset", 60, 5, -time.Second, time.Minute, 0},
 		{"no limit", 0, 5, time.Second, time.Minute, 0},
 		{"no remaining", 60, -1, time.Second, time.Minute, 0},
 		{"remaining above the limit", 60, 61, time.Second, time.Minute, 0},
@@ -502,8 +511,8 @@ func checkUnitQuota(t testing.TB, u UnitQuota) {
 	if u.Burst == 0 {
 		return
 	}
-	if u.Burst < 1 || u.Burst > u.Limit || u.Remaining < 0 || u.Remaining > u.Limit || u.Reset <= 0 ||
-		(u.Remaining > 0 && u.Burst < u.Remaining) {
+	if u.Burst < 1 || u.Burst > u.Limit || u.Remaining < 0 || u.Remaining > u.Limit || !u.HasReset ||
+		(u.Remaining > 0 && u.Burst < u.Remaining) || (u.Reset == 0 && u.Burst != u.Remaining) {
 		t.Errorf("burst %d for %+v", u.Burst, u)
 	}
 	if want := bucketCapacity(u.Limit, u.Remaining, u.Reset, u.Window); u.Burst != want {
