@@ -132,6 +132,28 @@ local function check_count(v, field, min, max, unit)
   if v > max then return field, 'above maximum ' .. fmt(max) .. unit end
 end
 
+-- unit_shortcuts returns, for tiers, m1: the tier of the key's one bucket
+-- of another unit than requests, when it has exactly one (its M is read
+-- without a table, decide_run); and upat1: when every tier of another unit
+-- counts the same one, the common cost argument of that unit,
+-- "n,unit=m", anchored (cost_vec).
+local function unit_shortcuts(tiers)
+  local m1, nm = nil, 0
+  local upat1, u1 = nil, nil
+  for i = 1, #tiers do
+    local t = tiers[i]
+    if t.kind == 'b' and t.unit then m1, nm = i, nm + 1 end
+    local u = t.unit
+    if u then
+      if u1 and u ~= u1 then upat1 = false end
+      u1 = u
+    end
+  end
+  if nm ~= 1 then m1 = nil end
+  if u1 and upat1 == nil then upat1 = '^(%d+),' .. string.gsub(u1, '%-', '%%-') .. '=(%d+)$' end
+  return m1, upat1 or nil
+end
+
 -- parse_limits reads a limits string (the L field, or defaults from the
 -- caller). It returns the spec ({tiers, gen, windows}), or nil, field,
 -- reason. The string is untrusted: anything but whole numbers in range is
@@ -234,26 +256,9 @@ local function parse_limits(s)
   end
   if n == 0 and not inflight then return nil, 'limits', 'no tiers' end
   if adaptive and n == 0 then return nil, 'limits.Adaptive', 'needs a rate tier to adapt' end
-  -- m1: the tier of the key's one bucket of another unit than requests,
-  -- when it has exactly one (its M is read without a table, decide_run).
-  local m1, nm = nil, 0
-  for i = 1, n do
-    if tiers[i].kind == 'b' and tiers[i].unit then m1, nm = i, nm + 1 end
-  end
-  if nm ~= 1 then m1 = nil end
-  -- upat1: when every tier of another unit counts the same one, the
-  -- common cost argument of that unit, "n,unit=m", anchored (cost_vec).
-  local upat1, u1 = nil, nil
-  for i = 1, n do
-    local u = tiers[i].unit
-    if u then
-      if u1 and u ~= u1 then upat1 = false end
-      u1 = u
-    end
-  end
-  if u1 and upat1 == nil then upat1 = '^(%d+),' .. string.gsub(u1, '%-', '%%-') .. '=(%d+)$' end
+  local m1, upat1 = unit_shortcuts(tiers)
   spec = {tiers = tiers, gen = gen, windows = windows, inflight = inflight, adaptive = adaptive, units = units,
-          m1 = m1, upat1 = upat1 or nil}
+          m1 = m1, upat1 = upat1}
   -- (cost_vec's cache: cost vectors by the caller's cost argument, their
   -- number at [0], cost_miss's count at [-1])
   if units then spec.costs = {[0] = 0, [-1] = 0} end
