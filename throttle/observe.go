@@ -63,7 +63,8 @@ import (
 // has no tier for is warned about once per key per process. A process
 // sends what a response says only when it could change something: a
 // published quota below the one in force for its tier's period at once,
-// one that would raise it back at most once a second, every quota again
+// one that would raise it back at most once a second (a bucket's burst
+// likewise, beyond the provider's rounding of it), every quota again
 // every 2.5 minutes (to keep a learned one in force for its 10), a
 // remaining count below what the task's decision left. So a handler can
 // call Observe on every response at the cost of a Redis call on few of
@@ -153,7 +154,8 @@ const observeGap = time.Second
 // a quota for the period of one of the key's tiers can change anything:
 // below the one in force it is sent at once (the provider allows fewer
 // calls than the fleet makes), above it (and the tier below its configured
-// quota) at most once per observeGap. Quotas for other periods change
+// quota) at most once per observeGap; a bucket's burst told at the quota in
+// force likewise, beyond the rounding observe.lua ignores. Quotas for other periods change
 // nothing until the limits do; like a learned quota that must be said
 // again to stay in force, they are sent every refresh (a quarter of the
 // time a learned quota stays in force). A provider whose quotas or windows change on every
@@ -169,19 +171,34 @@ func (m *observeMemo) policiesDue(pol []lua.Policy, now time.Time, refresh time.
 	case !m.told:
 		return since >= min(observeGap, refresh) // the first reply is not in yet
 	}
+	gap := since >= min(observeGap, refresh)
 	for _, p := range pol {
 		for _, t := range m.tiers {
 			switch {
 			case t.PerMS != p.PerMS || t.Unit != p.Unit:
 			case p.Quota < t.InForce:
 				return true
-			case p.Quota > t.InForce && t.InForce < t.Configured && since >= min(observeGap, refresh):
+			case p.Quota > t.InForce && t.InForce < t.Configured && gap:
 				return true
+			case p.Burst > 0 && t.Burst > 0 && p.Quota == t.InForce:
+				// A bucket's burst told: within burstTol it is the same
+				// bucket, rounded (observe.lua keeps the burst in force).
+				lower, upper := burstTol(t.Burst), burstTol(t.Burst)
+				if upper == 1 {
+					upper = 0 // (a small burst rises to any higher one told)
+				}
+				if p.Burst < t.Burst-lower || (p.Burst > t.Burst+upper && gap) {
+					return true
+				}
 			}
 		}
 	}
 	return false
 }
+
+// burstTol is observe.lua's burst_tol: how far a burst told may be from a
+// bucket of b and still be it, rounded (1, or 1 % of b).
+func burstTol(b int64) int64 { return max(1, b/100) }
 
 // llmArgs adds what an LLM provider's headers say (li) to the published
 // quotas pol: each unit's limit per window, with the burst its bucket holds

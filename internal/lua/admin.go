@@ -477,6 +477,7 @@ type Observed struct {
 type ObservedTier struct {
 	PerMS, InForce, Configured int64
 	Unit                       string // "" requests
+	Burst                      int64  // a bucket's burst in force; 0 a window
 }
 
 // ObserveKey is Observe, also telling the key's tiers (observe.lua's last
@@ -527,7 +528,7 @@ func ObserveKey(ctx context.Context, r *Runner, k Keys, a ObserveArgs) (Observed
 		for _, f := range strings.Fields(rest) {
 			var t ObservedTier
 			parts := strings.Split(f, ":")
-			if len(parts) != 4 {
+			if len(parts) != 5 {
 				return Observed{}, errBadReply("observe", v)
 			}
 			if n, err := fmt.Sscanf(strings.Join(parts[:3], ":"), "%d:%d:%d", &t.PerMS, &t.InForce, &t.Configured); n != 3 || err != nil {
@@ -536,6 +537,11 @@ func ObserveKey(ctx context.Context, r *Runner, k Keys, a ObserveArgs) (Observed
 			if parts[3] != "requests" {
 				t.Unit = parts[3]
 			}
+			b, err := strconv.ParseInt(parts[4], 10, 64)
+			if err != nil || b < 0 {
+				return Observed{}, errBadReply("observe", v)
+			}
+			t.Burst = b
 			out.Tiers = append(out.Tiers, t)
 		}
 	}

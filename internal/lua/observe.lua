@@ -13,9 +13,10 @@
 --     shortening, a suspension, unless the caller says not to (a 429,
 --     which the caller suspends the key for itself).
 -- Reply: one string per change, for the caller to log, and last, when the
--- key has limits, "tiers per_ms:in_force:configured ..." (each tier's
--- period and quota), which tells the caller which published quotas could
--- change anything, so that it sends only those.
+-- key has limits, "tiers per_ms:in_force:configured:unit:burst ..." (each
+-- tier's period, quota and unit, and a bucket's burst in force, 0 for a
+-- window), which tells the caller which published quotas (and bursts)
+-- could change anything, so that it sends only those.
 local key = KEYS[1]
 local policies  = ARGV[1]             -- "per_ms:quota[:unit:burst] ..." ('' none)
 local remaining = tonumber(ARGV[2])   -- -1: not said
@@ -64,14 +65,12 @@ for tok in string.gmatch(policies, '%S+') do
       local l = learned[t.key]
       -- (a burst no lower than the quota's own lowers nothing: a lowered
       -- quota lowers the burst with it)
-      -- (a burst told is the bucket's, rounded: within burst_tol below a
-      -- burst of the key's own of 100 or more it tells nothing, and
-      -- changes no limits; one below a smaller one may be the bucket, and
-      -- is learned)
+      -- (a burst told is the bucket's, rounded: within burst_tol below the
+      -- key's own it tells nothing, and changes no limits)
       if b and t.kind ~= 'b' then b = nil end -- (a window has no burst)
       if b then
         local own = math.min(t.burst, q)
-        if own >= 100 and b < own and b >= own - burst_tol(own) then b = nil end
+        if b < own and b >= own - burst_tol(own) then b = nil end
         if b and (b < 1 or b >= own) then b = nil end
       end
       local lq = math.min(q, tier_quota(t))
@@ -244,7 +243,9 @@ if #fields > 0 then
 end
 local in_force = {}
 for i, t in ipairs(ceiling.tiers) do
-  in_force[i] = string.format('%d:%d:%d:%s', t.per, tier_quota(tiers[i]), tier_quota(t), t.unit or 'requests')
+  local b = 0
+  if tiers[i].kind == 'b' then b = tiers[i].burst end
+  in_force[i] = string.format('%d:%d:%d:%s:%d', t.per, tier_quota(tiers[i]), tier_quota(t), t.unit or 'requests', b)
 end
 changes[#changes + 1] = 'tiers ' .. table.concat(in_force, ' ')
 return changes

@@ -196,11 +196,11 @@ func TestObserveKeyTellsTheTiers(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, Observed{
 		Changes: []string{"learned 0 60 100 60000", "unmatched 3000 7 requests"},
-		Tiers:   []ObservedTier{{PerMS: 60_000, InForce: 60, Configured: 100}, {PerMS: 1000, InForce: 10, Configured: 10}},
+		Tiers:   []ObservedTier{{PerMS: 60_000, InForce: 60, Configured: 100, Burst: 60}, {PerMS: 1000, InForce: 10, Configured: 10}},
 	}, o)
 	o, err = ObserveKey(e.ctx, e.run, e.k, ObserveArgs{Remaining: -1, LearnFor: time.Minute, MaxSuspension: time.Hour, IdleExpiry: time.Hour})
 	require.NoError(t, err)
-	assert.Equal(t, []ObservedTier{{PerMS: 60_000, InForce: 60, Configured: 100}, {PerMS: 1000, InForce: 10, Configured: 10}}, o.Tiers,
+	assert.Equal(t, []ObservedTier{{PerMS: 60_000, InForce: 60, Configured: 100, Burst: 60}, {PerMS: 1000, InForce: 10, Configured: 10}}, o.Tiers,
 		"told with nothing sent")
 	assert.Empty(t, o.Changes)
 }
@@ -262,11 +262,11 @@ func TestObserveLearnedBurstKeepsTheHigherWithinRounding(t *testing.T) {
 	assert.Equal(t, int64(13), e.inspect().Tiers[0].Burst, "a new quota: no rounding band")
 }
 
-// A burst told one below the key's own burst of 100 or more is the
-// provider's rounding of that same bucket: nothing is learned and the
-// limits' generation stays (a change of generation would cost the refunds
-// of every call under way); below a small burst it is learned.
-func TestObserveBurstOneBelowALargeBurstIsRounding(t *testing.T) {
+// A burst told within rounding below the key's own burst (one, or 1 % of
+// it) is the provider's rounding of that same bucket: nothing is learned
+// and the limits' generation stays (a change of generation would cost the
+// refunds of every call under way).
+func TestObserveBurstWithinRoundingOfTheKeysIsNothing(t *testing.T) {
 	e := newEnv(t)
 	e.setLimits(Tier{Rate: 1000, PerMS: 60_000, Burst: 1000}, Tier{Rate: 16, PerMS: 1000, Burst: 16})
 	gen := e.inspect().Generation
@@ -274,9 +274,10 @@ func TestObserveBurstOneBelowALargeBurstIsRounding(t *testing.T) {
 	r := e.inspect()
 	assert.Equal(t, int64(1000), r.Tiers[0].Burst)
 	assert.Equal(t, gen, r.Generation, "no change of limits")
-	assert.Equal(t, []string{"burst 1 15 16 1000"},
-		e.observe(ObserveArgs{Remaining: -1, Policies: []Policy{{Quota: 16, PerMS: 1000, Burst: 15}}}))
-	assert.Equal(t, int64(15), e.inspect().Tiers[1].Burst, "one below 16 may be the bucket: learned")
+	assert.Empty(t, e.observe(ObserveArgs{Remaining: -1, Policies: []Policy{{Quota: 16, PerMS: 1000, Burst: 15}}}), "one below 16: rounding")
+	assert.Equal(t, []string{"burst 1 14 16 1000"},
+		e.observe(ObserveArgs{Remaining: -1, Policies: []Policy{{Quota: 16, PerMS: 1000, Burst: 14}}}))
+	assert.Equal(t, int64(14), e.inspect().Tiers[1].Burst, "two below: learned")
 	assert.Empty(t, e.observe(ObserveArgs{Remaining: -1, Policies: []Policy{{Quota: 1000, PerMS: 60_000, Burst: 990}}}), "within 1 %")
 	assert.Equal(t, []string{"burst 0 989 1000 60000"},
 		e.observe(ObserveArgs{Remaining: -1, Policies: []Policy{{Quota: 1000, PerMS: 60_000, Burst: 989}}}))
