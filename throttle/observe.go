@@ -154,12 +154,12 @@ const observeGap = time.Second
 // a quota for the period of one of the key's tiers can change anything:
 // below the one in force it is sent at once (the provider allows fewer
 // calls than the fleet makes), above it (and the tier below its configured
-// quota) at most once per observeGap; a bucket's burst told at the quota in
-// force likewise, beyond the rounding observe.lua ignores. Quotas for other periods change
+// quota) at most once per observeGap; a bucket's burst told likewise,
+// beyond the rounding observe.lua ignores. Quotas for other periods change
 // nothing until the limits do; like a learned quota that must be said
 // again to stay in force, they are sent every refresh (a quarter of the
-// time a learned quota stays in force). A provider whose quotas or windows change on every
-// response thus costs a bounded number of calls.
+// time a learned quota stays in force). A provider whose quotas or windows
+// change on every response thus costs a bounded number of calls.
 func (m *observeMemo) policiesDue(pol []lua.Policy, now time.Time, refresh time.Duration) bool {
 	if len(pol) == 0 {
 		return false
@@ -180,7 +180,7 @@ func (m *observeMemo) policiesDue(pol []lua.Policy, now time.Time, refresh time.
 				return true
 			case p.Quota > t.InForce && t.InForce < t.Configured && gap:
 				return true
-			case p.Burst > 0 && t.Burst > 0 && p.Quota == t.InForce:
+			case p.Burst > 0 && t.Burst > 0 && p.Quota >= t.InForce:
 				// A bucket's burst told: within burstTol it is the same
 				// bucket, rounded (observe.lua keeps the burst in force).
 				lower, upper := burstTol(t.Burst), burstTol(t.Burst)

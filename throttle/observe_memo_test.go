@@ -34,3 +34,13 @@ func TestPoliciesDueSendsABurstBeyondRounding(t *testing.T) {
 		tiers: []lua.ObservedTier{{PerMS: 1000, InForce: 10, Configured: 10}}}
 	assert.False(t, m.policiesDue([]lua.Policy{{Quota: 10, PerMS: 1000, Burst: 3}}, now, time.Minute), "a window: no burst")
 }
+
+// A burst is sent too when the quota told is above the configured one (the
+// tier in force at its ceiling): the bucket can still hold less.
+func TestPoliciesDueSendsABurstAtTheCeiling(t *testing.T) {
+	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	m := &observeMemo{sentAt: now.Add(-10 * time.Millisecond), told: true,
+		tiers: []lua.ObservedTier{{PerMS: 60_000, InForce: 500, Configured: 500, Burst: 500}}}
+	assert.True(t, m.policiesDue([]lua.Policy{{Quota: 1000, PerMS: 60_000, Burst: 16}}, now, time.Minute))
+	assert.False(t, m.policiesDue([]lua.Policy{{Quota: 1000, PerMS: 60_000, Burst: 499}}, now, time.Minute))
+}

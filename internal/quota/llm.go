@@ -397,13 +397,13 @@ func newUnit(unit, source string, window time.Duration, guessed bool,
 // rounded to thousands). D = 0 is a full bucket holding R: its capacity
 // (OpenAI's "0s" on a bucket of a second's worth, the answer a client
 // calling one at a time always gets), unless R is the limit (a full bucket
-// of the whole limit lowers nothing) or 0 (nonsense). A D above the window cannot come from a
-// bucket of that window refilled at limit/window (OpenAI's docs show a
-// "6m0s" token reset on a per-minute limit): the capacity is then the
-// limit. R is rounded down by the provider, and so is the sum: against a
-// reset to the millisecond, the estimate is C rounded down or one below it.
-// Observe (observe.lua) keeps the higher of a burst in force and one told
-// one below it at the same quota, and otherwise takes the burst told.
+// of the whole limit lowers nothing) or 0 (nonsense). A D above the window
+// cannot come from a bucket of that window refilled at limit/window
+// (OpenAI's docs show a "6m0s" token reset on a per-minute limit): the
+// capacity is then the limit. R is rounded down by the provider, and so is
+// the sum: against a reset to the millisecond, the estimate is C rounded
+// down or one below it. Observe (observe.lua) keeps the burst in force
+// against one told within that rounding of it (one, or 1 %).
 func bucketCapacity(limit, remaining int, reset, window time.Duration) int {
 	if limit < 1 || remaining < 0 || remaining > limit || reset < 0 || window <= 0 {
 		return 0
