@@ -415,7 +415,13 @@ func (m *middleware) run(ctx context.Context, t *asynq.Task, next asynq.Handler,
 		}
 	}
 	if ks != nil {
-		ctx = context.WithValue(ctx, chargeKey{}, &taskCharge{l: m.l, ks: ks, key: ev.Key, cost: ev.cost.orOne(), left: ev.left, at: ev.at, gen: ev.gen})
+		cost := ev.cost.orOne()
+		if ev.Outcome == Unthrottled || ev.Outcome == Failed {
+			// Nothing was taken (no limits, or run unthrottled when Redis
+			// could not decide): Used takes all it says.
+			cost = taskCost{}
+		}
+		ctx = context.WithValue(ctx, chargeKey{}, &taskCharge{l: m.l, ks: ks, key: ev.Key, cost: cost, left: ev.left, at: ev.at, gen: ev.gen})
 	}
 	herr := next.ProcessTask(ctx, t)
 	var rl *RateLimitedError

@@ -191,3 +191,24 @@ func TestUsedGivesBackOnABusyKeyWithUnits(t *testing.T) {
 		})
 	}
 }
+
+// A handler run with nothing taken (its key had no limits, or Redis could
+// not decide under WithFailOpen) has Used take all it says: limits set
+// while it ran count its usage in full, not its usage less an estimate
+// never taken.
+func TestUsedTakesAllWhenNothingWasTaken(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Start(t).Client(t)
+	lim := throttle.NewLimiter(rdb, quietLog, throttle.WithHeadroom(0), throttle.WithLease(0, 0))
+	var outcome throttle.Outcome
+	lim.OnEvent(func(ev throttle.Event) { outcome = ev.Outcome })
+	err := lim.Middleware()(asynq.HandlerFunc(func(ctx context.Context, _ *asynq.Task) error {
+		require.NoError(t, lim.SetLimits(ctx, "llm", llmLimits()[:2]...)) // mid-flight
+		return throttle.Used(ctx, "tokens", 500)
+	})).ProcessTask(ctx, newTask(t, "llm:call", nil, throttle.Key("llm"), throttle.Uses("tokens", 1000)))
+	require.NoError(t, err)
+	assert.Equal(t, throttle.Unthrottled, outcome, "run with no limits")
+	st, err := lim.Inspect(ctx, "llm")
+	require.NoError(t, err)
+	assert.InDelta(t, 30000-500, st.Tokens[1], 5, "the 500 used, taken in full")
+}
