@@ -38,12 +38,21 @@ func TestE2ELightTenantIsNotQueuedBehindAHeavyBacklog(t *testing.T) {
 			lightDone = runs[0]
 		}
 	}
+	heavyAfter := 0
+	for job, runs := range f.rec.runs {
+		if strings.HasPrefix(job, "heavy-") && runs[0].After(lightDone) {
+			heavyAfter++
+		}
+	}
 	f.rec.mu.Unlock()
 	took := lightDone.Sub(lightAt)
 	// At its share (half of 40/s) the light tenant's 40 tasks take about
-	// 2 s; behind the heavy backlog (about 4 s left of it), about 5 s.
-	t.Logf("FIGURE tenants: light tenant's %d tasks done %.2fs after enqueue, behind %d of a heavy tenant at %d/s", light, took.Seconds(), heavy, rate)
-	assert.Less(t, took, 4*time.Second, "the light tenant waited behind the heavy backlog")
+	// 2 s, while some 150 of the heavy backlog wait: about 110 of them run
+	// after the light tenant's last. Behind the backlog, none would. (A
+	// count, not a time: on a busy machine both stretch alike; this test
+	// once took 4.3 s under CI's load against 2.4-3.2 s alone.)
+	t.Logf("FIGURE tenants: light tenant's %d tasks done %.2fs after enqueue, behind %d of a heavy tenant at %d/s; %d heavy tasks ran after them", light, took.Seconds(), heavy, rate, heavyAfter)
+	assert.GreaterOrEqual(t, heavyAfter, heavy/8, "the light tenant waited behind the heavy backlog")
 
 	ts := f.rec.times("crm")
 	assert.LessOrEqual(t, maxInWindow(ts, time.Second), rate+10+1, "the key's limit in any second (burst 10, one of dispatch jitter)")
