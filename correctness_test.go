@@ -172,6 +172,31 @@ func TestE2EResumeBringsTasksBack(t *testing.T) {
 	assert.LessOrEqual(t, maxInWindow(ts, time.Second), 50+50, "the limit holds after Resume")
 }
 
+// Resume brings back the tasks Limiter.Enqueue booked during the
+// suspension (they wait in asynq's scheduled set for the old end, with no
+// mark of the key) as well as those the middleware deferred (issue 29,
+// item 8): Resume 1.5 s into a 20 s suspension, and they run at once.
+func TestE2EResumeBringsBackTasksEnqueuedDuringTheSuspension(t *testing.T) {
+	t.Parallel()
+	f := startFleet(t, fleetConfig{servers: 1})
+	f.setLimits("crm", throttle.PerSecond(50))
+	lim := throttle.NewLimiter(f.rdb)
+	ctx := context.Background()
+	require.NoError(t, lim.Suspend(ctx, "crm", 20*time.Second))
+	for i := range 3 {
+		job := fmt.Sprintf("booked-%d", i)
+		info, err := lim.Enqueue(ctx, f.client, newTask(t, "sync:crm", []byte(job), throttle.Key("crm")))
+		require.NoError(t, err)
+		f.jobOfID.Store(info.ID, job)
+		require.Equal(t, asynq.TaskStateScheduled, info.State, "booked for the end of the suspension")
+	}
+	n, err := lim.Resume(ctx, "crm")
+	require.NoError(t, err)
+	assert.Equal(t, 3, n, "Resume brings back the tasks Enqueue booked for the old end")
+	f.waitDone(3, 10*time.Second)
+	f.audit(3)
+}
+
 // Enqueued through Limiter.Enqueue, a backlog reserves its slots when it is
 // enqueued: each task waits in asynq's scheduled set for its slot and is
 // dequeued once, admitted against its reservation. The fleet holds the

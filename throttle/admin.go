@@ -250,13 +250,14 @@ func (l *Limiter) suspendAs(ctx context.Context, key string, d time.Duration,
 }
 
 // Resume ends key's suspension at once, and with it the reservation queue
-// built while it lasted (its reserved times all lie after the old end): the
-// key runs at its limits from the next decision of every process
-// (processes that cached the suspension ask Redis again within 5 s). Tasks that the
-// middleware deferred because of the suspension, waiting in asynq's retry
-// or scheduled sets for its old end, are brought back to run now (found
-// through asynq's Inspector on the tasks' Redis: WithTaskRedis, else the
-// limiter's); each is then decided anew. Resume reports an error when
+// built while it lasted (its reserved times all lie after the old end) and
+// the tenants' places in line booked with it: the key runs at its limits
+// from the next decision of every process (processes that cached the
+// suspension ask Redis again within 5 s). Tasks waiting in asynq's retry or
+// scheduled sets for the old end, deferred by the middleware or booked by
+// Limiter.Enqueue, are brought back to run now (found through asynq's
+// Inspector on the tasks' Redis: WithTaskRedis, else the limiter's); each
+// is then decided anew. Resume reports an error when
 // Redis cannot end the suspension, or when it ended it but could not look
 // the deferred tasks up (they then run at their old time). It returns how
 // many deferred tasks it brought back.
@@ -270,15 +271,23 @@ func (l *Limiter) Resume(ctx context.Context, key string) (int, error) {
 		return 0, err
 	}
 	ks.lease.drop()
-	_, err = bounded(l, ctx, func(ctx context.Context) (time.Duration, error) {
+	r, err := bounded(l, ctx, func(ctx context.Context) (lua.Resumed, error) {
 		return lua.Resume(ctx, l.runner, keys)
 	})
 	if err != nil {
 		return 0, fmt.Errorf("throttle: key %q: resume: %w", key, err)
 	}
 	ks.forgetSuspension()
+	// The tasks waiting for the old end: deferred by the middleware, or
+	// holding a reservation it booked, or that Limiter.Enqueue booked (such
+	// a task waits in asynq's scheduled set with no mark of the key).
+	reserved := make(map[string]bool, len(r.Reserved))
+	for _, id := range r.Reserved {
+		reserved[id] = true
+	}
 	n, err := l.tasks.bringBack(ctx, func(info *asynq.TaskInfo) bool {
-		return deferredBy(info, key, RefusedBySuspension.String())
+		return reserved[info.ID] || (info.Headers[keyspace.Origin] != "" && reserved[info.Headers[keyspace.Origin]]) ||
+			deferredBy(info, key, RefusedBySuspension.String())
 	})
 	if err != nil {
 		return n, fmt.Errorf("throttle: key %q: resumed, but deferred tasks wait for their old time: %w", key, err)

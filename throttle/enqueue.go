@@ -8,6 +8,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/hibiken/asynq"
+
+	"github.com/asynq-throttle/asynq-throttle/internal/lua"
 )
 
 // Enqueue enqueues task on client, throttled at enqueue time rather than
@@ -84,7 +86,7 @@ func (l *Limiter) Enqueue(ctx context.Context, client *asynq.Client, task *asynq
 	}
 	info, err := client.EnqueueContext(ctx, task, opts...)
 	if err != nil {
-		l.release(ctx, key, id)
+		l.release(ctx, key, id, tenant, cost)
 		return nil, err
 	}
 	return info, nil
@@ -104,19 +106,22 @@ func (l *Limiter) reservedDelay(at, now time.Time) time.Duration {
 	return max(at.Sub(now), 0)
 }
 
-// release gives up the reservation of task id (its enqueue failed), so that
-// run time does not sit reserved until it lapses. The schedule keeps it
-// counted: callers are spaced a little further, never closer.
-func (l *Limiter) release(ctx context.Context, key, id string) {
+// release gives up the booking of task id, of tenant and cost (its enqueue
+// failed: asynq refused a duplicate, say), and undoes what it wrote: the
+// reservation, the tenant's place in line and, when it was the last
+// booking, the schedule (see lua.Unbook). Nobody waits behind work that
+// never comes.
+func (l *Limiter) release(ctx context.Context, key, id, tenant string, cost taskCost) {
 	keys, err := redisKeys(l.o.prefix, key)
 	if err != nil {
 		return
 	}
-	_, err = bounded(l, context.WithoutCancel(ctx), func(ctx context.Context) (int64, error) {
-		return l.rdb.ZRem(ctx, keys.Reservations, id).Result()
+	_, err = bounded(l, context.WithoutCancel(ctx), func(ctx context.Context) (bool, error) {
+		return lua.Unbook(ctx, l.runner, keys, id, tenant, cost.orOne().arg(), l.defaults(key))
 	})
 	if err != nil {
-		l.o.logger.Debug("throttle: cannot release the reservation of a task that was not enqueued", "key", key, "task_id", id, "err", err)
+		l.o.logger.Warn("throttle: cannot give up the booking of a task that was not enqueued; it lapses by itself",
+			"key", key, "task_id", id, "lapse", l.o.lapse, "err", err)
 	}
 }
 

@@ -26,3 +26,9 @@ func BookAs(l *Limiter, ctx context.Context, key, id, tenant string, n int) (Dec
 	v := variant{horizon: l.o.horizon, granule: granule, headroom: l.o.headroom, pace: l.o.pacing, book: true}
 	return l.decide(ctx, key, v, id, taskCost{n: n}, tenant)
 }
+
+// ReleaseBooking gives up the booking of task id of tenant at cost n, as
+// Enqueue does when asynq refuses the task it booked.
+func ReleaseBooking(l *Limiter, ctx context.Context, key, id, tenant string, n int) {
+	l.release(ctx, key, id, tenant, taskCost{n: n})
+}

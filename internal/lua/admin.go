@@ -124,22 +124,48 @@ func suspendKey(ctx context.Context, r *Runner, k Keys, d, max time.Duration, no
 	return out, nil
 }
 
+// Resumed is what Resume did.
+type Resumed struct {
+	// Left is the suspension that was left (0: the key was not suspended,
+	// and nothing changed).
+	Left time.Duration
+	// Reserved are the tasks that held a reservation in the schedule
+	// dropped with the suspension (at most 100,000), whichever path booked
+	// them: the caller brings them back.
+	Reserved []string
+}
+
 // Resume runs resume.lua: the suspension ends now, and with it the
-// reservation schedule built while it lasted.
+// reservation schedule built while it lasted and the state of fair shares
+// (whose finish tags count the work those reservations booked).
 //
 //	KEYS[1] bucket hash  KEYS[2] reservations
+//	KEYS[3] active tenants  KEYS[4] start tags
 //
-// Reply: the suspension that was left, in microseconds (0: not suspended).
-func Resume(ctx context.Context, r *Runner, k Keys) (time.Duration, error) {
-	v, err := r.Run(ctx, resumeScript, []string{k.Bucket, k.Reservations})
+// Reply: {the suspension that was left in microseconds (0: not
+// suspended), the task IDs that held a reservation...}.
+func Resume(ctx context.Context, r *Runner, k Keys) (Resumed, error) {
+	v, err := r.Run(ctx, resumeScript, []string{k.Bucket, k.Reservations, k.Tenants, k.Tags})
 	if err != nil {
-		return 0, err
+		return Resumed{}, err
 	}
-	us, ok := num(v)
+	a, ok := v.([]any)
+	if !ok || len(a) < 1 {
+		return Resumed{}, errBadReply("resume", v)
+	}
+	us, ok := num(a[0])
 	if !ok {
-		return 0, errBadReply("resume", v)
+		return Resumed{}, errBadReply("resume", v)
 	}
-	return time.Duration(us) * time.Microsecond, nil
+	out := Resumed{Left: time.Duration(us) * time.Microsecond}
+	for _, e := range a[1:] {
+		id, ok := e.(string)
+		if !ok {
+			return Resumed{}, errBadReply("resume", v)
+		}
+		out.Reserved = append(out.Reserved, id)
+	}
+	return out, nil
 }
 
 // Call identifies an admitted call whose cost is settled by Adjust.
@@ -174,7 +200,7 @@ func Adjust(ctx context.Context, r *Runner, k Keys, delta int, call Call, idle t
 // SetWeights runs setweights.lua: the weights of the key's tenants become
 // weights (a tenant not named weighs 1), kept as long as the limits (idle).
 //
-//	KEYS[1] bucket hash
+//	KEYS[1] bucket hash  KEYS[2] active tenants
 //	ARGV[1] idle, milliseconds; then tenant, weight pairs
 //
 // Reply: how many weights are set. The caller validates the names and the
@@ -190,7 +216,7 @@ func SetWeights(ctx context.Context, r *Runner, k Keys, idle time.Duration, weig
 	for _, name := range names {
 		args = append(args, name, weights[name])
 	}
-	v, err := r.Run(ctx, setWeightsScript, []string{k.Bucket}, args...)
+	v, err := r.Run(ctx, setWeightsScript, []string{k.Bucket, k.Tenants}, args...)
 	if err != nil {
 		return 0, err
 	}
@@ -222,6 +248,29 @@ func Release(ctx context.Context, r *Runner, k Keys, holds ...string) (int64, er
 		return 0, errBadReply("release", v)
 	}
 	return n, nil
+}
+
+// Unbook runs unbook.lua: the booking of task id (a reservation that
+// Limiter.Enqueue made for a task asynq then refused) is given up, and what
+// it wrote undone: the reservation, its start tag and its tenant's work on
+// a key tenants share, else the buckets' schedule when it was the last
+// booking and the calls it reserved in each window.
+//
+//	KEYS[1] bucket hash  KEYS[2] reservations  KEYS[3] active tenants  KEYS[4] start tags
+//	ARGV[1] task ID  ARGV[2] tenant ("" the default)  ARGV[3] its cost (as decide takes it)
+//	ARGV[4] default limits ("" = none)
+//
+// Reply: 1 when the booking was there, else 0.
+func Unbook(ctx context.Context, r *Runner, k Keys, id, tenant string, cost any, defaults []Tier) (bool, error) {
+	v, err := r.Run(ctx, unbookScript, []string{k.Bucket, k.Reservations, k.Tenants, k.Tags}, id, tenant, cost, FormatTiers(defaults))
+	if err != nil {
+		return false, err
+	}
+	n, ok := v.(int64)
+	if !ok {
+		return false, errBadReply("unbook", v)
+	}
+	return n == 1, nil
 }
 
 // Extend runs extend.lua: the leases of the slots still held end lease from

@@ -142,16 +142,17 @@ func TestResumeEndsTheSuspensionAndItsSchedule(t *testing.T) {
 	require.Equal(t, "suspended", r.RefusedBy)
 	require.False(t, r.Reserved.IsZero(), "a slot after the suspension")
 
-	left, err := Resume(e.ctx, e.run, e.k)
+	res, err := Resume(e.ctx, e.run, e.k)
 	require.NoError(t, err)
-	assert.Equal(t, time.Hour, left, "Resume reports what was left")
+	assert.Equal(t, time.Hour, res.Left, "Resume reports what was left")
+	assert.Equal(t, []string{"a"}, res.Reserved, "Resume names the tasks that held a reservation")
 	assert.Equal(t, StatusAllowed, e.decide(DecideArgs{IdleExpiry: time.Hour}).Status, "a fresh caller after Resume")
 	assert.Equal(t, StatusAllowed, e.decide(resv).Status, "the former slot holder after Resume")
 	assert.False(t, e.mr.Exists(e.k.Reservations), "reservations after Resume")
 
-	left, err = Resume(e.ctx, e.run, e.k)
+	res, err = Resume(e.ctx, e.run, e.k)
 	require.NoError(t, err)
-	assert.Zero(t, left, "Resume of a key not suspended")
+	assert.Zero(t, res.Left, "Resume of a key not suspended")
 }
 
 func TestInspectReportsTheStateWithoutWriting(t *testing.T) {

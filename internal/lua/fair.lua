@@ -117,6 +117,38 @@ local function fair_expire(r)
   if #first == 0 then g.W = 0 end
 end
 
+-- fair_least_live returns the least start tag, at most upto, of a booking
+-- whose task is still expected: its reservation is held and its instant
+-- is no more than FAIR_GRACE granules past (asynq brings a task back up to
+-- a second late). Tags of bookings that are gone (given up, lapsed, or
+-- that many granules overdue: a task deleted from asynq) are taken out of
+-- the tags on the way; their task, should it come back after all, is
+-- decided as a fresh one. nil: no booking at or below upto is expected.
+local FAIR_GRACE = 2
+local FAIR_PRUNE = 16
+local function fair_least_live(r, upto)
+  local m = redis.call('ZRANGEBYSCORE', r.tkey, '-inf', fmt(upto), 'WITHSCORES', 'LIMIT', 0, FAIR_PRUNE)
+  if #m == 0 then return nil end
+  local ids = {}
+  for k = 1, #m, 2 do ids[#ids + 1] = m[k] end
+  local at = redis.call('ZMSCORE', r.resv_key, unpack(ids))
+  local since = r.now - FAIR_GRACE * math.max(r.o.granule, 1e6)
+  local gone = {}
+  for k, id in ipairs(ids) do
+    local a = tonumber(at[k])
+    if a and a >= since then
+      if #gone > 0 then redis.call('ZREM', r.tkey, unpack(gone)) end
+      return tonumber(m[2 * k])
+    end
+    gone[#gone + 1] = id
+  end
+  redis.call('ZREM', r.tkey, unpack(gone))
+  -- (All gone; more may lie beyond the ones looked at: they are looked at
+  -- next time, and the clock moves no further than the last one here.)
+  if #ids == FAIR_PRUNE then return tonumber(m[#m]) end
+  return nil
+end
+
 -- fair_clock brings V to now: it advances at R / W, and tenants leave W
 -- when V passes their finish tags. It stands still while the key is
 -- suspended (nothing is served) and while no tenant is active.
@@ -131,10 +163,20 @@ local function fair_clock(r)
       fair_expire(r)
     end
     if g.W > 0 then
-      -- (The clock runs ahead of what was served by at most a granule's
-      -- service: tasks that were due but not served yet are served first.)
-      local cap = g.Vs + math.max(r.o.granule, 1e6) * r.R / g.W
-      g.V = math.max(g.V, math.min(g.V + (now - g.tV) * r.R / g.W, cap))
+      -- The clock runs ahead of the work still expected by at most a
+      -- granule's service: tasks that were due but not served yet (back
+      -- late) are served first. Work that will not come (tasks deleted
+      -- from asynq, never back) holds it back for two granules past its
+      -- instant at most (fair_least_live): without that, a tenant's own
+      -- booked work that never ran kept the clock from ever reaching its
+      -- next tasks, on an idle key.
+      local free = g.V + (now - g.tV) * r.R / g.W
+      local slack = math.max(r.o.granule, 1e6) * r.R / g.W
+      if free > g.Vs + slack then
+        local least = fair_least_live(r, free)
+        if least then free = math.min(free, math.max(g.Vs, least) + slack) end
+      end
+      if free > g.V then g.V = free end
     end
   end
   g.tV = math.max(g.tV, now)

@@ -871,6 +871,27 @@ local function read_tenant(raw)
   return {F = F, w = w, units = units}
 end
 
+-- hdel_all deletes fields of key, a thousand per command (unpack has a
+-- limit).
+local function hdel_all(key, fields)
+  for i = 1, #fields, 1000 do
+    redis.call('HDEL', key, unpack(fields, i, math.min(i + 999, #fields)))
+  end
+end
+
+-- drop_fair deletes the state of fair shares of a key (fair.lua): the
+-- clock, the last yield, every tenant's record, the active tenants and
+-- the start tags, so that no tenant is active and none is behind work
+-- booked before. Weights (w:<tenant>, WL) are configuration and stay.
+local function drop_fair(key, akey, tkey)
+  local del = {'G', 'Y'}
+  for _, f in ipairs(redis.call('HKEYS', key)) do
+    if string.sub(f, 1, 2) == 't:' then del[#del + 1] = f end
+  end
+  hdel_all(key, del)
+  if akey and tkey then redis.call('DEL', akey, tkey) end
+end
+
 -- tokens_at is what token bucket t holds when it owes owed.
 local function tokens_at(t, owed)
   if owed < 0 then owed = 0 end

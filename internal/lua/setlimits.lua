@@ -87,7 +87,7 @@ if t_field then
   fields[#fields + 1] = t_field
 end
 -- Windows that are gone lose their counts; the others keep them.
-local drop = {'T', 'D', 'V', 'G', 'Y', 'M'}
+local drop = {'T', 'D', 'V', 'M'}
 if old then
   for _, ot in ipairs(old.tiers) do
     if ot.kind == 'w' then
@@ -106,9 +106,9 @@ expire_in(key, ttl)
 -- decided under the new limits; at most MAX_BACK of them).
 local held = redis.call('ZRANGE', resv_key, 0, MAX_BACK - 1)
 redis.call('DEL', resv_key)
--- (With the clock gone no tenant is active: records left in the hash are
--- read as stale and removed by the next decision.)
-if tags_key then redis.call('DEL', tenants_key, tags_key) end
+-- The fair shares' state goes too, tenants' records included (a record
+-- left behind counted an inactive tenant's weight in the next SetWeights).
+drop_fair(key, tenants_key, tags_key)
 local out = {1, gen, 1}
 for i = 1, #held do out[3 + i] = held[i] end
 return out

@@ -1,14 +1,17 @@
 -- setweights.lua: set the weights of a key's tenants (see admin.go),
 -- replacing the ones set before: a tenant not named weighs 1.
 --
---   KEYS[1] bucket hash
+--   KEYS[1] bucket hash   KEYS[2] the active tenants (fair.lua)
 --   ARGV[1] the limits' inactivity expiry, ms: the weights live as long
 --   then tenant, weight, ...: the weights (whole numbers, 1 to 1e6)
 --
--- An active tenant (one with work booked) counts with its new weight at
--- once: the sum W of the fair clock follows. Weights live in fields
+-- An active tenant (one with work booked: in the set of active tenants,
+-- while the clock counts any) counts with its new weight at once: the sum
+-- W of the fair clock follows. A record of a tenant that is not active is
+-- stale and counts nothing: counted, it gave an idle key a weight no
+-- tenant holds, and a tenant alone on it a fraction of the rate. Weights live in fields
 -- w:<tenant>, listed in WL (one name per line: names are printable).
-local key = KEYS[1]
+local key, akey = KEYS[1], KEYS[2]
 local now = now_us()
 local h = redis.call('HMGET', key, 'WL', 'G')
 local new, names = {}, {}
@@ -29,7 +32,10 @@ local g = read_G(h[2] or nil, now)
 local fields = {}
 local changed = false
 for _, name in ipairs(touched) do
-  local rec = read_tenant(redis.call('HGET', key, 't:' .. name) or nil)
+  local rec = nil
+  if g.W > 0 and (not akey or redis.call('ZSCORE', akey, name)) then
+    rec = read_tenant(redis.call('HGET', key, 't:' .. name) or nil)
+  end
   if rec then
     local w = new[name] or 1
     g.W = g.W - rec.w + w
