@@ -338,6 +338,7 @@ func (m *unitsRefModel) settle(unit string, delta int64, c *unitsCall, charged i
 			if m.units && t.hasM {
 				t.sample(v, m.now, false)
 			}
+			var given int64
 			if delta > 0 {
 				v += delta * t.perUS
 			} else {
@@ -347,10 +348,21 @@ func (m *unitsRefModel) settle(unit string, delta int64, c *unitsCall, charged i
 					back = max(back, min(want, t.room(c.at, v)))
 				}
 				if back > 0 {
+					before := max(v, 0)
 					v = max(v-back, 0)
+					given = before - v
 				}
 			}
 			if m.units && t.hasM {
+				// The least owed since each instant is less by what was
+				// given back: had the call cost that much less, the bucket
+				// would have owed that much less all along.
+				if given > 0 && t.least != math.MaxInt64 {
+					t.least = max(0, t.least-given)
+				}
+				if given > 0 && t.leastOld != math.MaxInt64 {
+					t.leastOld = max(0, t.leastOld-given)
+				}
 				t.least, t.leastOld = min(t.least, v), min(t.leastOld, v)
 			}
 			owed[t] = v

@@ -49,19 +49,36 @@ for i, t in ipairs(tiers) do
   elseif t.kind == 'b' then
     local v = owed[i]
     if M and M[i] then sample_M(M, i, v, now, false) end
+    local given = 0
     if delta > 0 then
       v = v + delta * t.p
     elseif refund then
       local want = math.min(-delta, charged) * t.p
       local back = want - math.max(0, now - at) * t.rate
       if M then back = math.max(back, math.min(want, refund_room(M, i, at, v))) end
-      if back > 0 then v = math.max(v - back, 0) end
+      if back > 0 then
+        local before = math.max(v, 0)
+        v = math.max(v - back, 0)
+        given = before - v
+      end
     end
     if v < 0 then v = 0 end
     owed[i] = v
     local m = M and M[i]
     if m then
-      -- (what it owes after: the least since either instant, now included)
+      -- What the bucket owed at least since either instant is now what it
+      -- would have owed had the call cost that much less: less by what was
+      -- given back (a lower bound: the instant may lie before the call).
+      -- Left as it was, a second refund that fit it alone gave back what
+      -- the first one had already taken from it (two calls refunded 40
+      -- each of a bucket that owed 40 at least: 80 tokens, half of them
+      -- tokens a full bucket would have lost).
+      if given > 0 then
+        m[2] = math.max(0, m[2] - given)
+        m[4] = math.max(0, m[4] - given)
+      end
+      -- (and what it owes after: the least since either instant, now
+      -- included)
       if v < m[2] then m[2] = v end
       if v < m[4] then m[4] = v end
     end
