@@ -84,3 +84,23 @@ func TestDeadlineCtxClosesAtItsDeadlineOrItsParents(t *testing.T) {
 		assert.Equal(t, "v", d.Value(k{}))
 	})
 }
+
+// A task admitted at an instant ahead is deferred to it, rather than run
+// early, when the wait is longer than a worker waits (a paced wait) or
+// than half the time its deadline leaves (issue 29, item 6: a worker that
+// slept at most a paced wait and then ran started calls a window counted
+// seconds later).
+func TestMiddlewareDefersAdmissionsFurtherAheadThanAPacedWait(t *testing.T) {
+	m := &middleware{now: time.Now}
+	// (asynq gives every task a deadline: its Timeout, 30 min by default)
+	ctx, cancelAll := context.WithTimeout(context.Background(), 30*time.Minute)
+	defer cancelAll()
+	assert.False(t, m.tooFarAhead(ctx, 0), "admitted now")
+	assert.False(t, m.tooFarAhead(ctx, maxPaceWait), "a paced wait")
+	assert.True(t, m.tooFarAhead(ctx, maxPaceWait+time.Millisecond), "beyond a paced wait")
+	assert.True(t, m.tooFarAhead(ctx, 54*time.Second), "a window's tolerance")
+	short, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	assert.True(t, m.tooFarAhead(short, 600*time.Millisecond), "beyond half of what a 1 s deadline leaves")
+	assert.False(t, m.tooFarAhead(short, 100*time.Millisecond), "well within a 1 s deadline")
+}

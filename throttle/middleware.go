@@ -244,11 +244,12 @@ func (m *middleware) act(ctx context.Context, t *asynq.Task, next asynq.Handler,
 	case !d.Allowed:
 		return m.deferDecision(ctx, t, ks, d, ev, Deferred)
 	}
-	if d.wait > 0 && d.wait > m.waitBudget(ctx, 0)/2 {
-		// Admitted at a paced time further ahead than the task's deadline
-		// lets it wait and leaves its handler at least as long: give the
-		// admission back and defer the task to it (it comes back with its
-		// whole timeout).
+	if m.tooFarAhead(ctx, d.wait) {
+		// Admitted at a paced time further ahead than the worker waits, or
+		// than the task's deadline lets it wait while leaving its handler
+		// at least as long: give the admission back and defer the task to
+		// it (it comes back with its whole timeout). Its call never starts
+		// before the instant its tiers counted it at.
 		m.giveBack(ctx, key, d, ev.cost)
 		return m.deferDecision(ctx, t, ks, Decision{RetryAfter: d.wait, Reason: RefusedByQueue}, ev, Deferred)
 	}
@@ -362,7 +363,15 @@ func (m *middleware) cannotDecide(ctx context.Context, t *asynq.Task, ks *keySta
 
 // maxPaceWait bounds the wait for a paced slot: one granule and the
 // tolerance the script allows a task back early.
-const maxPaceWait = granule + 200*time.Millisecond
+const maxPaceWait = granule + lua.PaceEarly
+
+// tooFarAhead reports whether a task admitted wait ahead (paced) should be
+// deferred to its instant instead of waiting for it in its worker: the
+// worker never waits longer than maxPaceWait, and never into the half of
+// the time left before the task's deadline.
+func (m *middleware) tooFarAhead(ctx context.Context, wait time.Duration) bool {
+	return wait > 0 && (wait > maxPaceWait || wait > m.waitBudget(ctx, 0)/2)
+}
 
 // maxSlotWait bounds how long a task refused a slot waits in its worker
 // for one expected free; minSlotPoll is the shortest such wait.

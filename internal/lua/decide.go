@@ -60,6 +60,12 @@ type DecideArgs struct {
 	Tenant string
 }
 
+// PaceEarly is how long before its granule a paced holder may come back
+// and be admitted at its instant (decide.lua's PACE_EARLY): with the
+// granule, the longest a paced admission makes its caller wait
+// (DecideReply.Wait).
+const PaceEarly = 200 * time.Millisecond
+
 // DecideReply is the outcome of one decision.
 type DecideReply struct {
 	Status     int           // StatusAllowed, StatusDenied, StatusBadConfig, StatusNoLimits, StatusCostTooHigh or StatusFair

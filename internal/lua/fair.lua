@@ -360,7 +360,11 @@ local function fair_run_due(r, p, ahead)
   if tier == 0 and fair_yields(r, p) then
     return nil, 0, math.max(p.t_f - now, p.u / r.R)
   end
-  if tier == 0 and at - now <= ahead then
+  -- (Never further ahead than a paced wait: its worker waits for the
+  -- instant at most that long, and a call started before the instant a
+  -- window counted it at lands in the window before. A window's
+  -- tolerance admitted holders 54 s ahead.)
+  if tier == 0 and at - now <= ahead and at - now <= r.o.granule + PACE_EARLY then
     local S = p.S
     local _, trec = fair_book(r, p.tenant, p.w, p.u, S)
     trec.units = trec.units + p.u

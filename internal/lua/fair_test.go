@@ -398,3 +398,55 @@ func TestFairSharesCountTheDominantUnit(t *testing.T) {
 	assert.InDelta(t, 0.5, share, 0.1, "big's share of the tokens while both wait (calls %v, tokens %v)", calls, tokens)
 	assert.Greater(t, calls["small"], 10*calls["big"], "the small calls run far more often (calls %v)", calls)
 }
+
+// A paced holder is never admitted at an instant further ahead than the
+// middleware waits for one (a granule and PACE_EARLY): on a key with a
+// long window, the window's tolerance (54 s of a 10-a-minute window)
+// admitted a holder back early seconds before its instant, and its worker,
+// waiting at most about a second, started its call before the instant the
+// window counted it at (issue 29, item 6). The same for a bucket with a
+// large burst.
+func TestFairPacedHolderIsNeverAdmittedFurtherAheadThanAPacedWait(t *testing.T) {
+	maxWait := time.Second + PaceEarly
+	for name, tiers := range map[string][]Tier{
+		"window": {{Kind: KindWindow, Rate: 10, PerMS: 60_000}},
+		"bucket": {{Rate: 1, PerMS: 1000, Burst: 30}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			e := newEnv(t)
+			e.setLimits(tiers...)
+			paced := func(tenant, id string) DecideArgs {
+				a := fairArgs(tenant, id)
+				a.Pace, a.Granule = true, time.Second
+				return a
+			}
+			reserved := map[string]time.Time{}
+			for i := range 40 {
+				for _, tenant := range []string{"a", "b"} {
+					id := fmt.Sprintf("%s%d", tenant, i)
+					r := e.decide(paced(tenant, id))
+					if r.Status == StatusDenied && !r.Reserved.IsZero() {
+						reserved[id] = r.Reserved
+					}
+				}
+			}
+			require.NotEmpty(t, reserved)
+			// The holders come back early (brought back by an operator's
+			// run-now, or SetLimits): each is admitted at most a paced
+			// wait ahead, or deferred.
+			for now := time.Second; now < 3*time.Minute; now += 500 * time.Millisecond {
+				e.at(now)
+				for id, at := range reserved {
+					a := paced(id[:1], id)
+					r := e.decide(a)
+					if r.Status == StatusAllowed {
+						assert.LessOrEqual(t, r.Wait, maxWait, "%s (reserved at +%v) admitted at +%v to start %v later", id, at.Sub(testEpoch()), now, r.Wait)
+						delete(reserved, id)
+					} else if !r.Reserved.IsZero() {
+						reserved[id] = r.Reserved
+					}
+				}
+			}
+		})
+	}
+}
