@@ -170,6 +170,7 @@ var _ prometheus.Collector = (*Collector)(nil)
 // descs are the descriptors of the metrics built at Collect time.
 type descs struct {
 	decisions, deferrals, copies, rateLimited, leased, failurePolicy, redisErrors, folded     *prometheus.Desc
+	unsettled                                                                                 *prometheus.Desc
 	limitRate, limitInForce, limitPeriod, limitBurst, tokens, suspended, reservations, queued *prometheus.Desc
 	inFlight, inFlightLimit, generation                                                       *prometheus.Desc
 	tenantShare, tenantBacklog, tenantAdmitted                                                *prometheus.Desc
@@ -189,6 +190,7 @@ func newDescs() descs {
 		failurePolicy: d("failure_policy_total", "Decisions Redis could not make, by the failure policy that decided instead (fail_open ran the task, fail_closed deferred it).", "key", "policy"),
 		redisErrors:   d("redis_errors_total", "Failed decisions by error class (timeout, connection, reply, bad_config, other).", "key", "class"),
 		folded:        d("keys_folded_total", "Events counted under key=\"_other\" because WithMaxKeys distinct keys were already exported."),
+		unsettled:     d("settlements_failed_total", "Settlements (throttle.Used) Redis could not record: the task's result stands, and the key counts its estimate instead of what it used.", "key"),
 
 		limitRate:     d("limit_rate", "What a tier of the key's limits allows per period, in its unit (from Redis, on scrape); kind is bucket, window or fixed, unit requests or the tier's own (tokens, ...).", "key", "tier", "kind", "unit"),
 		limitInForce:  d("limit_rate_in_force", "What a tier allows per period now, in its unit: below limit_rate while a quota learned from the provider (Observe) or adaptive mode's cut is in force.", "key", "tier", "kind", "unit"),
@@ -215,7 +217,7 @@ func newDescs() descs {
 
 func (d descs) all() []*prometheus.Desc {
 	return []*prometheus.Desc{
-		d.decisions, d.deferrals, d.copies, d.rateLimited, d.leased, d.failurePolicy, d.redisErrors, d.folded,
+		d.decisions, d.deferrals, d.copies, d.rateLimited, d.leased, d.failurePolicy, d.redisErrors, d.folded, d.unsettled,
 		d.limitRate, d.limitInForce, d.limitPeriod, d.limitBurst, d.tokens, d.suspended, d.reservations, d.queued,
 		d.inFlight, d.inFlightLimit, d.generation,
 		d.tenantShare, d.tenantBacklog, d.tenantAdmitted,

@@ -28,7 +28,7 @@ import (
 var eventMetrics = []string{
 	"asynq_throttle_decisions_total", "asynq_throttle_deferrals_total", "asynq_throttle_deferral_copies_total",
 	"asynq_throttle_rate_limited_total", "asynq_throttle_leased_total", "asynq_throttle_failure_policy_total",
-	"asynq_throttle_redis_errors_total", "asynq_throttle_keys_folded_total",
+	"asynq_throttle_redis_errors_total", "asynq_throttle_keys_folded_total", "asynq_throttle_settlements_failed_total",
 }
 
 // A scripted sequence of events gives exact counters; keys past the cap are
@@ -50,6 +50,7 @@ func TestScriptedEventsGiveExactCounters(t *testing.T) {
 		{Key: "zendesk", Outcome: throttle.Deferred, Reason: throttle.RefusedByQueue, Latency: time.Millisecond},
 		{Key: "slack", Outcome: throttle.Deferred, Reason: throttle.RefusedBySlots, Latency: time.Millisecond},
 		{Key: "slack", Outcome: throttle.Deferred, Reason: throttle.RefusedBySlots, Copied: true, Latency: time.Millisecond},
+		{Key: "slack", Outcome: throttle.Unsettled, HandlerRan: true, Err: refused},
 	} {
 		c.Observe(ev)
 	}
@@ -92,6 +93,9 @@ asynq_throttle_redis_errors_total{class="timeout",key="github"} 1
 # HELP asynq_throttle_keys_folded_total Events counted under key="_other" because WithMaxKeys distinct keys were already exported.
 # TYPE asynq_throttle_keys_folded_total counter
 asynq_throttle_keys_folded_total 2
+# HELP asynq_throttle_settlements_failed_total Settlements (throttle.Used) Redis could not record: the task's result stands, and the key counts its estimate instead of what it used.
+# TYPE asynq_throttle_settlements_failed_total counter
+asynq_throttle_settlements_failed_total{key="slack"} 1
 `
 	require.NoError(t, testutil.CollectAndCompare(c, strings.NewReader(want), eventMetrics...))
 

@@ -21,6 +21,7 @@ const (
 	mLeased
 	mFailurePolicy
 	mRedisErrors
+	mUnsettled
 )
 
 // series is one counter of a key: its family and its other labels.
@@ -41,6 +42,12 @@ type keyStats struct {
 func (c *Collector) observe(ev throttle.Event) {
 	ks := c.stats(ev.Key)
 	ks.mu.Lock()
+	if ev.Outcome == throttle.Unsettled {
+		// (not a decision: a settlement after the handler ran)
+		ks.n[series{m: mUnsettled}]++
+		ks.mu.Unlock()
+		return
+	}
 	ks.n[series{m: mDecisions, a: ev.Outcome.String()}]++
 	deferred := false
 	switch ev.Outcome {
@@ -148,6 +155,8 @@ func (c *Collector) collectEvents(ch chan<- prometheus.Metric) {
 				ch <- prometheus.MustNewConstMetric(c.descs.failurePolicy, prometheus.CounterValue, v, key, s.a)
 			case mRedisErrors:
 				ch <- prometheus.MustNewConstMetric(c.descs.redisErrors, prometheus.CounterValue, v, key, s.a)
+			case mUnsettled:
+				ch <- prometheus.MustNewConstMetric(c.descs.unsettled, prometheus.CounterValue, v, key)
 			}
 		}
 		ks.mu.Unlock()

@@ -37,6 +37,11 @@ const (
 	// its headers, a cost above what a tier of its key can ever admit); it
 	// failed for good (asynq.SkipRetry), and asynq archived it.
 	Rejected
+	// Unsettled: a handler's Used could not be recorded in Redis (Event.Err
+	// says why). The task's result stands: its call to the provider was
+	// made, and failing it would make the call again; the key's tiers
+	// count the task's estimate instead of what it used.
+	Unsettled
 )
 
 // String names the outcome for logs.
@@ -54,13 +59,16 @@ func (o Outcome) String() string {
 		return "failed"
 	case Rejected:
 		return "rejected"
+	case Unsettled:
+		return "unsettled"
 	}
 	return "Outcome(" + strconv.Itoa(int(o)) + ")"
 }
 
 // Event describes one middleware decision, for the functions given to
 // Limiter.OnEvent. A handler that reports a rate limit gives a second event
-// for the same task: Suspended.
+// for the same task: Suspended; a Used that could not be recorded, one
+// more: Unsettled.
 type Event struct {
 	Key      string
 	TaskID   string

@@ -183,7 +183,12 @@ func usesOf(t *asynq.Task) (string, error) {
 // only from the window it was counted in. Used for a unit again replaces
 // what the task was charged of it. It returns an error outside a handler
 // run by the middleware, for a negative count or a bad unit; for a key
-// without limits it does nothing.
+// without limits it does nothing. When Redis cannot record the settlement
+// (unreachable, or the task ran under WithFailOpen because it could not
+// decide), Used logs it, reports an Event with Outcome Unsettled and
+// returns nil: the handler's call was made, and an error would fail the
+// task and make it again; the next Used of the unit settles the whole
+// difference.
 func Used(ctx context.Context, unit string, n int) error {
 	tc, ok := ctx.Value(chargeKey{}).(*taskCharge)
 	if !ok {
@@ -211,11 +216,29 @@ func Used(ctx context.Context, unit string, n int) error {
 		call.Unit = unit
 	}
 	if err := tc.l.adjust(ctx, tc.key, n-charged, call); err != nil {
-		return err // not settled: the next Used settles it
+		// Not settled (the next Used settles it). Never the task's error:
+		// its call to the provider was made, and a failed task would be
+		// retried and make it again.
+		tc.l.unsettled(ctx, tc, unit, n, charged, err)
+		return nil
 	}
 	if tc.used == nil {
 		tc.used = map[string]int{}
 	}
 	tc.used[unit] = n
 	return nil
+}
+
+// unsettled reports a settlement of unit (the task charged charged, using
+// n) that Redis could not record: logged, and an Event for metrics.
+func (l *Limiter) unsettled(ctx context.Context, tc *taskCharge, unit string, n, charged int, err error) {
+	id, _ := asynq.GetTaskID(ctx)
+	l.o.logger.Warn("throttle: cannot record what a task used; the key counts its estimate, the task's result stands",
+		"key", tc.key, "task_id", id, "unit", unit, "used", n, "charged", charged, "err", err)
+	if fs := l.onEvent.Load(); fs != nil {
+		ev := Event{Key: tc.key, TaskID: id, Outcome: Unsettled, HandlerRan: true, Err: err, left: -1}
+		for _, f := range *fs {
+			f(ev)
+		}
+	}
 }

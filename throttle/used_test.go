@@ -3,6 +3,7 @@ package throttle_test
 import (
 	"context"
 	"sync"
+	"time"
 	"testing"
 
 	"github.com/hibiken/asynq"
@@ -44,4 +45,35 @@ func TestConcurrentUsedCallsSettleTheCostOnce(t *testing.T) {
 	st, err := lim.Inspect(ctx, "gql")
 	require.NoError(t, err)
 	assert.InDelta(t, 950, st.Tokens[0], 0.5, "a task of cost 1 whose actual cost, said %d times at once, was 50", goroutines)
+}
+
+// A settlement Redis cannot record never fails the task that ran (issue 29,
+// item 7): under WithFailOpen a task whose decision Redis could not make
+// runs, and the documented handler ends with `return throttle.Used(...)`;
+// an error there would fail the task, and asynq would make its paid call
+// again. Used logs it, reports an Unsettled event and returns nil.
+func TestUsedThatCannotBeRecordedNeverFailsTheTask(t *testing.T) {
+	r := newRig(t, quietLog, throttle.WithFailOpen(), throttle.WithTimeout(200*time.Millisecond))
+	r.setLimits("openai", throttle.PerMinute(100), throttle.PerMinute(10_000).In("tokens"))
+	ev := recordEvents(r.lim)
+	r.mr.Close() // Redis goes away
+	ran := false
+	err := r.lim.Middleware()(asynq.HandlerFunc(func(ctx context.Context, _ *asynq.Task) error {
+		ran = true
+		return throttle.Used(ctx, "tokens", 1800)
+	})).ProcessTask(context.Background(), newTask(t, "llm:chat", nil, throttle.Key("openai"), throttle.Uses("tokens", 1000)))
+	require.True(t, ran, "WithFailOpen runs the task when Redis cannot decide")
+	assert.NoError(t, err, "the task's result: its call was made")
+	var unsettled []throttle.Event
+	ev.mu.Lock()
+	for _, e := range ev.all {
+		if e.Outcome == throttle.Unsettled {
+			unsettled = append(unsettled, e)
+		}
+	}
+	ev.mu.Unlock()
+	require.Len(t, unsettled, 1, "one Unsettled event")
+	assert.Equal(t, "openai", unsettled[0].Key)
+	assert.Error(t, unsettled[0].Err, "the event says why")
+	assert.Equal(t, "unsettled", throttle.Unsettled.String())
 }
