@@ -52,7 +52,8 @@ func (r Reason) String() string {
 	return fmt.Sprintf("Reason(%d)", int(r))
 }
 
-// Decision is the outcome of Take or TakeN.
+// Decision is the outcome of one decision: Limiter.Take returns it, and the
+// middleware acts on it (Event reports what it did).
 type Decision struct {
 	// Allowed reports whether every tier admitted the call: its cost was
 	// taken from all of them (and, with an InFlight limit, a slot).

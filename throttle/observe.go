@@ -43,7 +43,10 @@ import (
 //     period lowers that tier for every process, until the provider has not
 //     said it for 10 minutes; one at or above the configured
 //     tier puts the tier back to it. A quota is never raised above what the
-//     operator set.
+//     operator set. A quota for a period the key has no tier of binds the
+//     tier of its unit with the nearest period, converted to that period
+//     (2,400 a minute: 40 a second; rounded down) and, when the tier's
+//     period is the longer, holding no more than the quota at once.
 //   - a remaining count below the key's tokens brings the tokens down to it
 //     (other clients share the provider's quota), never up: the tier of the
 //     remaining's window when the response tells it, else every rate tier.
@@ -59,8 +62,8 @@ import (
 //     log line saying to raise the cap and resume the key.
 //
 // Every learned change is logged once, by the process that made it, and
-// shown by Inspect (Limits against InForce); a quota for a period the key
-// has no tier for is warned about once per key per process. A process
+// shown by Inspect (Limits against InForce); a quota in a unit the key has
+// no tier of is ignored with a warning, once per key, unit and process. A process
 // sends what a response says only when it could change something: a
 // published quota below the one in force for its tier's period at once,
 // one that would raise it back at most once a second (a bucket's burst
@@ -173,6 +176,7 @@ func (m *observeMemo) policiesDue(pol []lua.Policy, now time.Time, refresh time.
 	}
 	gap := since >= min(observeGap, refresh)
 	for _, p := range pol {
+		p = convertPolicy(p, m.tiers)
 		for _, t := range m.tiers {
 			switch {
 			case t.PerMS != p.PerMS || t.Unit != p.Unit:
@@ -194,6 +198,36 @@ func (m *observeMemo) policiesDue(pol []lua.Policy, now time.Time, refresh time.
 		}
 	}
 	return false
+}
+
+// convertPolicy is observe.lua's matches for a quota of a period none of
+// tiers has: stated for the tier of its unit whose period is nearest (a
+// tie to the longer), converted to that period (rounded down, at least 1),
+// holding the quota at most when that period is the longer. A quota of a
+// tier's own period, or of a unit no tier counts, is p as it is.
+func convertPolicy(p lua.Policy, tiers []lua.ObservedTier) lua.Policy {
+	best, dist := -1, 0.0
+	for i, t := range tiers {
+		if t.Unit != p.Unit {
+			continue
+		}
+		if t.PerMS == p.PerMS {
+			return p
+		}
+		d := max(float64(t.PerMS)/float64(p.PerMS), float64(p.PerMS)/float64(t.PerMS))
+		if best < 0 || d < dist || (d == dist && t.PerMS > tiers[best].PerMS) {
+			best, dist = i, d
+		}
+	}
+	if best < 0 {
+		return p
+	}
+	t := tiers[best]
+	c := lua.Policy{Quota: max(p.Quota*t.PerMS/p.PerMS, 1), PerMS: t.PerMS, Unit: p.Unit, Burst: p.Burst}
+	if t.PerMS > p.PerMS && (c.Burst == 0 || p.Quota < c.Burst) {
+		c.Burst = p.Quota
+	}
+	return c
 }
 
 // burstTol is observe.lua's burst_tol: how far a burst told may be from a
@@ -308,6 +342,11 @@ func (l *Limiter) logChanges(key string, ks *keyState, q quota.Info, changes []s
 			log.Info("throttle: the provider publishes a lower quota; the key's tier is lowered fleet-wide",
 				"key", key, "tier", n[1], "quota", n[2], "configured", n[3], "per", time.Duration(n[4])*time.Millisecond,
 				"source", q.PolicySource, "learned_for", l.o.learnFor)
+		case f[0] == "converted" && len(f) == 7:
+			ks.lease.drop()
+			log.Info("throttle: the provider publishes a lower quota for a period the key has no tier of; the tier of the nearest period is lowered fleet-wide to it, converted",
+				"key", key, "tier", n[1], "quota", n[2], "configured", n[3], "per", time.Duration(n[4])*time.Millisecond,
+				"stated", n[5], "stated_per", time.Duration(n[6])*time.Millisecond, "source", q.PolicySource, "learned_for", l.o.learnFor)
 		case f[0] == "burst" && len(f) == 5:
 			ks.lease.drop()
 			log.Info("throttle: the provider's bucket holds less than the key's burst (its per-minute quota is enforced over a shorter span); the key's tier burst is lowered fleet-wide",
@@ -329,9 +368,9 @@ func (l *Limiter) logChanges(key string, ks *keyState, q quota.Info, changes []s
 		case f[0] == "unmatched" && len(f) == 4:
 			// Once per key, whatever the period: a provider whose window
 			// changes on every response must not flood the log.
-			if l.o.warned.first("unmatched", key) {
-				log.Warn("throttle: the provider publishes a quota for a period (or unit) the key has no tier for; add one to SetLimits to follow it (logged once per key)",
-					"key", key, "quota", n[2], "per", time.Duration(n[1])*time.Millisecond, "unit", f[3], "source", q.PolicySource)
+			if l.o.warned.first("unmatched "+f[3], key) {
+				log.Warn("throttle: the provider publishes a quota in a unit the key has no tier of; it was ignored: add a tier of that unit to SetLimits (Limit.In) to follow it (logged once per key and unit)",
+					"key", key, "ignored_quota", n[2], "per", time.Duration(n[1])*time.Millisecond, "unit", f[3], "source", q.PolicySource)
 			}
 		}
 	}

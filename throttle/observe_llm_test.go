@@ -77,6 +77,40 @@ func TestObserveLearnsEachUnitFromOpenAIHeaders(t *testing.T) {
 	assert.NotEmpty(t, r.log.Find("bucket holds less than the key's burst"), "the learned burst is logged")
 }
 
+// Limits configured 10x too high as per-second tiers learn an OpenAI
+// response's per-minute quotas, converted to a second (issue 29, item 10:
+// nothing was learned, silently, and the fleet drew 153 429s): 2,400
+// requests and 120,000 tokens a minute, from buckets holding a second, are
+// 40 requests and 2,000 tokens a second. A unit the key has no tier of is
+// ignored with a warning that names the key, the header and the quota.
+func TestObserveLearnsPerMinuteQuotasIntoPerSecondTiers(t *testing.T) {
+	r := newLLMRig(t)
+	require.NoError(t, r.lim.SetLimits(r.ctx, "openai:gpt-4o", throttle.PerSecond(400), throttle.PerSecond(20_000).In("tokens")))
+	resp := llmResponse(200, "{}",
+		"x-ratelimit-limit-requests", "2400", "x-ratelimit-remaining-requests", "39", "x-ratelimit-reset-requests", "25ms",
+		"x-ratelimit-limit-tokens", "120000", "x-ratelimit-remaining-tokens", "1900", "x-ratelimit-reset-tokens", "50ms")
+	_, err := r.observe("openai:gpt-4o", resp)
+	require.NoError(t, err)
+	st, err := r.lim.Inspect(r.ctx, "openai:gpt-4o")
+	require.NoError(t, err)
+	require.Len(t, st.InForce, 2)
+	assert.Equal(t, throttle.PerSecond(40).WithBurst(40), st.InForce[0], "2,400 requests/min in force as 40/s")
+	assert.Equal(t, throttle.PerSecond(2000).WithBurst(2000).In("tokens"), st.InForce[1], "120,000 tokens/min in force as 2,000/s")
+	assert.NotEmpty(t, r.log.Find("converted"), "the conversion is logged")
+
+	require.NoError(t, r.lim.SetLimits(r.ctx, "anthropic:claude", throttle.PerMinute(50)))
+	_, err = r.observe("anthropic:claude", llmResponse(200, "{}",
+		"anthropic-ratelimit-input-tokens-limit", "30000", "anthropic-ratelimit-input-tokens-remaining", "29000",
+		"anthropic-ratelimit-input-tokens-reset", time.Now().Add(2*time.Second).UTC().Format(time.RFC3339)))
+	require.NoError(t, err)
+	warned := r.log.Find("it was ignored")
+	require.Len(t, warned, 1, "a quota in a unit the key has no tier of is warned about")
+	assert.Equal(t, "anthropic:claude", logtest.Attr(warned[0], "key").String())
+	assert.Equal(t, "input-tokens", logtest.Attr(warned[0], "unit").String())
+	assert.Equal(t, int64(30000), logtest.Attr(warned[0], "ignored_quota").Int64())
+	assert.Contains(t, logtest.Attr(warned[0], "source").String(), "nthropic", "the header family")
+}
+
 // Groq's x-ratelimit-*-requests count per day, OpenAI's per minute: a key
 // named for Groq matches them to its day tier, whatever else it has.
 func TestObserveReadsGroqRequestsPerDay(t *testing.T) {

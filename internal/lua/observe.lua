@@ -52,59 +52,117 @@ end
 -- it, rounded: 1, or 1 % of b.
 local function burst_tol(b) return math.max(1, math.floor(b / 100)) end
 
--- Published quotas (a bucket's burst too, when the provider tells it),
--- matched to the tier of their period and unit.
-for tok in string.gmatch(policies, '%S+') do
-  local per, q, u, b = string.match(tok, '^(%d+):(%d+):?([%w_%-]*):?(%d*)$')
-  per, q, b = tonumber(per), tonumber(q), tonumber(b)
-  local unit = unit_of(u or '')
-  local found = false
+-- matches returns the tiers a published quota of q per per_ms in unit is
+-- about, each with the quota it states for that tier's period and the
+-- burst it implies (nil: none): the tiers of that period and unit; when
+-- there is none, the tier of the unit whose period is nearest (by ratio;
+-- a tie goes to the longer), the quota converted to its period (q x its
+-- period / per_ms, rounded down, at least 1) and, when that period is the
+-- longer, a burst of q (the provider admits no more than q at once). So a
+-- quota per minute binds a tier per second at a sixtieth of it, and one
+-- per second a tier per minute at sixty times it, holding q at most: the
+-- provider's sustained rate, never more. (Without it, limits configured as
+-- per-second tiers never learned a provider's per-minute quota, silently.)
+-- It also reports whether the quota was converted.
+local function matches(per, q, unit)
+  local out = {}
   for i, t in ipairs(ceiling.tiers) do
-    if per and t.per == per and t.unit == unit then
-      found = true
-      local l = learned[t.key]
-      -- (a burst no lower than the quota's own lowers nothing: a lowered
-      -- quota lowers the burst with it)
-      -- (a burst told is the bucket's, rounded: within burst_tol below the
-      -- key's own it tells nothing, and changes no limits)
-      if b and t.kind ~= 'b' then b = nil end -- (a window has no burst)
-      if b then
-        local own = math.min(t.burst, q)
-        if b < own and b >= own - burst_tol(own) then b = nil end
-        if b and (b < 1 or b >= own) then b = nil end
-      end
-      local lq = math.min(q, tier_quota(t))
-      -- A burst told from a remaining the provider rounded down (and a
-      -- refill rounded down, and a reset rounded to the millisecond) is
-      -- what the bucket holds, a little below or a hair above: within
-      -- burst_tol of the burst learned at the same quota it is the same
-      -- bucket, and the burst learned stays (no change of limits, whose
-      -- new generation would cost the refunds of every call under way). A
-      -- small burst is raised by any higher one told, so that the bursts
-      -- told converge up to the bucket.
-      if b and l and l[2] > now and l[3] and l[1] == lq then
-        local tl = burst_tol(l[3])
-        if (b < l[3] and b >= l[3] - tl) or (b > l[3] and tl > 1 and b <= l[3] + tl) then b = l[3] end
-      end
-      if q < tier_quota(t) or b then
-        if not l or l[1] ~= lq or l[3] ~= b or l[2] <= now then
-          if lq < tier_quota(t) then
-            changes[#changes + 1] = string.format('learned %d %d %d %d', i - 1, lq, tier_quota(t), per)
-          end
-          if b and (not l or l[3] ~= b or l[2] <= now) then
-            changes[#changes + 1] = string.format('burst %d %d %d %d', i - 1, b, t.burst, per)
-          end
-          relearned = true
-        end
-        learned[t.key] = {lq, now + math.max(learn_for, 2 * t.p), b}
-      elseif l and l[2] > now then
-        changes[#changes + 1] = string.format('ceiling %d %d %d', i - 1, tier_quota(t), per)
-        learned[t.key] = nil
-        relearned = true
-      end
+    if t.per == per and t.unit == unit then out[#out + 1] = {i, q} end
+  end
+  if #out > 0 then return out, false end
+  local best, dist = nil, nil
+  for i, t in ipairs(ceiling.tiers) do
+    if t.unit == unit then
+      local d = math.max(t.per / per, per / t.per)
+      if not best or d < dist or (d == dist and t.per > ceiling.tiers[best].per) then best, dist = i, d end
     end
   end
-  if per and not found then changes[#changes + 1] = string.format('unmatched %d %d %s', per, q, u ~= '' and u or 'requests') end
+  if not best then return out, false end
+  local t = ceiling.tiers[best]
+  local qc = math.floor(q * t.per / per)
+  if qc < 1 then qc = 1 end
+  local b = nil
+  if t.per > per then b = q end
+  out[1] = {best, qc, b}
+  return out, true
+end
+
+-- Published quotas (a bucket's burst too, when the provider tells it),
+-- matched to the tier of their period and unit, else converted to the
+-- periods of the tiers of their unit. A tier told several (a quota of its
+-- own period and one converted, say) follows the strictest.
+local stated, order = {}, {}
+for tok in string.gmatch(policies, '%S+') do
+  local per, q0, u, b0 = string.match(tok, '^(%d+):(%d+):?([%w_%-]*):?(%d*)$')
+  per, q0, b0 = tonumber(per), tonumber(q0), tonumber(b0)
+  local unit = unit_of(u or '')
+  local found, converted = {}, false
+  if per and q0 then found, converted = matches(per, q0, unit) end
+  for _, m in ipairs(found) do
+    local i, q = m[1], m[2]
+    local bm = b0
+    if m[3] and (not bm or m[3] < bm) then bm = m[3] end
+    local st = stated[i]
+    if not st then
+      st = {q = q, per = per, q0 = q0, converted = converted}
+      stated[i] = st
+      order[#order + 1] = i
+    elseif q < st.q then
+      st.q, st.per, st.q0, st.converted = q, per, q0, converted
+    end
+    if bm and (not st.b or bm < st.b) then st.b = bm end
+  end
+  if per and #found == 0 then changes[#changes + 1] = string.format('unmatched %d %d %s', per, q0, u ~= '' and u or 'requests') end
+end
+for _, i in ipairs(order) do
+  local st = stated[i]
+  local t, q, b = ceiling.tiers[i], st.q, st.b
+  local l = learned[t.key]
+  -- (a burst no lower than the quota's own lowers nothing: a lowered
+  -- quota lowers the burst with it)
+  -- (a burst told is the bucket's, rounded: within burst_tol below the
+  -- key's own it tells nothing, and changes no limits)
+  if b and t.kind ~= 'b' then b = nil end -- (a window has no burst)
+  if b then
+    local own = math.min(t.burst, q)
+    if b < own and b >= own - burst_tol(own) then b = nil end
+    if b and (b < 1 or b >= own) then b = nil end
+  end
+  local lq = math.min(q, tier_quota(t))
+  -- A burst told from a remaining the provider rounded down (and a
+  -- refill rounded down, and a reset rounded to the millisecond) is
+  -- what the bucket holds, a little below or a hair above: within
+  -- burst_tol of the burst learned at the same quota it is the same
+  -- bucket, and the burst learned stays (no change of limits, whose
+  -- new generation would cost the refunds of every call under way). A
+  -- small burst is raised by any higher one told, so that the bursts
+  -- told converge up to the bucket.
+  if b and l and l[2] > now and l[3] and l[1] == lq then
+    local tl = burst_tol(l[3])
+    if (b < l[3] and b >= l[3] - tl) or (b > l[3] and tl > 1 and b <= l[3] + tl) then b = l[3] end
+  end
+  if q < tier_quota(t) or b then
+    if not l or l[1] ~= lq or l[3] ~= b or l[2] <= now then
+      if lq < tier_quota(t) then
+        if st.converted then
+          changes[#changes + 1] = string.format('converted %d %d %d %d %d %d', i - 1, lq, tier_quota(t), t.per, st.q0, st.per)
+        else
+          changes[#changes + 1] = string.format('learned %d %d %d %d', i - 1, lq, tier_quota(t), t.per)
+        end
+      end
+      if b and (not l or l[3] ~= b or l[2] <= now) then
+        changes[#changes + 1] = string.format('burst %d %d %d %d', i - 1, b, t.burst, t.per)
+      end
+      relearned = true
+    end
+    -- (in force until learn_for after the provider last said it, and at
+    -- least two of its periods: a quota per hour is said again within one)
+    learned[t.key] = {lq, now + math.max(learn_for, 2 * t.p, 2 * st.per * 1000), b}
+  elseif l and l[2] > now then
+    changes[#changes + 1] = string.format('ceiling %d %d %d', i - 1, tier_quota(t), t.per)
+    learned[t.key] = nil
+    relearned = true
+  end
 end
 
 -- What is in force now, with what was just learned.

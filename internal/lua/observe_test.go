@@ -68,9 +68,9 @@ func TestObserveLearnsAQuotaBelowTheCeiling(t *testing.T) {
 		e.observe(ObserveArgs{Remaining: -1, Policies: []Policy{{Quota: 500, PerMS: 60_000}}}))
 	assert.Equal(t, int64(100), e.inspect().Tiers[0].Rate, "never above the configured tier")
 
-	// A period the key has no tier for is reported, not applied.
-	assert.Equal(t, []string{"unmatched 3600000 5000 requests"},
-		e.observe(ObserveArgs{Remaining: -1, Policies: []Policy{{Quota: 5000, PerMS: 3_600_000}}}))
+	// A unit the key has no tier of is reported, not applied.
+	assert.Equal(t, []string{"unmatched 3600000 5000 tokens"},
+		e.observe(ObserveArgs{Remaining: -1, Policies: []Policy{{Quota: 5000, PerMS: 3_600_000, Unit: "tokens"}}}))
 
 	// Learned, then the provider goes quiet: back to the ceiling after
 	// LearnFor.
@@ -194,13 +194,14 @@ func TestObserveKeyTellsTheTiers(t *testing.T) {
 	e.setLimits(Tier{Rate: 100, PerMS: 60_000, Burst: 100}, Tier{Kind: KindWindow, Rate: 10, PerMS: 1000, Burst: 10})
 	o, err = ObserveKey(e.ctx, e.run, e.k, args)
 	require.NoError(t, err)
+	// (7 per 3 s: the 1 s window is the nearest period, at 2 a second.)
 	assert.Equal(t, Observed{
-		Changes: []string{"learned 0 60 100 60000", "unmatched 3000 7 requests"},
-		Tiers:   []ObservedTier{{PerMS: 60_000, InForce: 60, Configured: 100, Burst: 60}, {PerMS: 1000, InForce: 10, Configured: 10}},
+		Changes: []string{"learned 0 60 100 60000", "converted 1 2 10 1000 7 3000"},
+		Tiers:   []ObservedTier{{PerMS: 60_000, InForce: 60, Configured: 100, Burst: 60}, {PerMS: 1000, InForce: 2, Configured: 10}},
 	}, o)
 	o, err = ObserveKey(e.ctx, e.run, e.k, ObserveArgs{Remaining: -1, LearnFor: time.Minute, MaxSuspension: time.Hour, IdleExpiry: time.Hour})
 	require.NoError(t, err)
-	assert.Equal(t, []ObservedTier{{PerMS: 60_000, InForce: 60, Configured: 100, Burst: 60}, {PerMS: 1000, InForce: 10, Configured: 10}}, o.Tiers,
+	assert.Equal(t, []ObservedTier{{PerMS: 60_000, InForce: 60, Configured: 100, Burst: 60}, {PerMS: 1000, InForce: 2, Configured: 10}}, o.Tiers,
 		"told with nothing sent")
 	assert.Empty(t, o.Changes)
 }
@@ -373,4 +374,39 @@ func TestObserveWindowLearnsAQuota(t *testing.T) {
 			e.observe(ObserveArgs{Remaining: -1, Policies: []Policy{{Quota: 10, PerMS: 1000, Burst: burst}}}))
 		assert.Equal(t, int64(10), e.inspect().Tiers[0].Rate)
 	}
+}
+
+// A published quota for a period the key has no tier of binds the tier of
+// the nearest period, converted to it (issue 29, item 10): limits set 10x
+// too high as per-second tiers learn a provider's per-minute quota, from a
+// bucket holding a second, in requests and in tokens alike; a quota per
+// second binds a per-minute tier at sixty times it, holding no more than
+// the per-second quota at once.
+func TestObserveConvertsAQuotaOfAnotherPeriodToTheNearestTier(t *testing.T) {
+	e := newEnv(t)
+	e.setLimits(Tier{Rate: 400, PerMS: 1000, Burst: 400}, Tier{Rate: 20_000, PerMS: 1000, Burst: 20_000, Unit: "tokens"})
+	got := e.observe(ObserveArgs{Remaining: -1, Policies: []Policy{
+		{Quota: 2400, PerMS: 60_000, Burst: 40}, {Quota: 120_000, PerMS: 60_000, Unit: "tokens", Burst: 2000}}})
+	assert.Equal(t, []string{"converted 0 40 400 1000 2400 60000", "converted 1 2000 20000 1000 120000 60000"}, got)
+	r := e.inspect()
+	assert.Equal(t, Tier{Rate: 40, PerMS: 1000, Burst: 40}, r.Tiers[0], "2,400/min in force as 40/s")
+	assert.Equal(t, Tier{Rate: 2000, PerMS: 1000, Burst: 2000, Unit: "tokens"}, r.Tiers[1], "120,000 tokens/min in force as 2,000/s")
+	assert.Equal(t, Tier{Rate: 400, PerMS: 1000, Burst: 400}, r.Configured[0], "the ceiling stays")
+
+	// Per second into a tier per minute: 60x, holding 10 at once.
+	e2 := newEnv(t)
+	e2.setLimits(Tier{Rate: 1000, PerMS: 60_000, Burst: 1000}, Tier{Rate: 100_000, PerMS: 3_600_000, Burst: 100_000})
+	assert.Equal(t, []string{"converted 0 600 1000 60000 10 1000", "burst 0 10 1000 60000"},
+		e2.observe(ObserveArgs{Remaining: -1, Policies: []Policy{{Quota: 10, PerMS: 1000}}}))
+	r = e2.inspect()
+	assert.Equal(t, Tier{Rate: 600, PerMS: 60_000, Burst: 10}, r.Tiers[0])
+	assert.Equal(t, Tier{Rate: 100_000, PerMS: 3_600_000, Burst: 100_000}, r.Tiers[1], "only the nearest period is bound")
+
+	// The strictest of what one response says binds a tier: a quota of its
+	// own period, and a converted one above it, do not undo it.
+	e3 := newEnv(t)
+	e3.setLimits(Tier{Rate: 100, PerMS: 1000, Burst: 100})
+	assert.Equal(t, []string{"learned 0 50 100 1000"},
+		e3.observe(ObserveArgs{Remaining: -1, Policies: []Policy{{Quota: 50, PerMS: 1000}, {Quota: 6000, PerMS: 60_000}}}))
+	assert.Equal(t, int64(50), e3.inspect().Tiers[0].Rate)
 }
