@@ -182,11 +182,11 @@ func TestACLGrantsLetEachUserDoItsJob(t *testing.T) {
 		var r lua.DecideReply
 		for range 10 {
 			r, err = lua.Decide(ctx, run, keys, lua.DecideArgs{TaskID: "task-1", Horizon: time.Minute, Granule: time.Second,
-				Lapse: time.Minute, IdleExpiry: time.Hour, SlotExpiry: 30 * time.Second})
+				Lapse: time.Minute, SlotExpiry: 30 * time.Second})
 			require.NoError(t, err, "a decision that reserves")
 		}
 		assert.False(t, r.Reserved.IsZero(), "a reservation after the burst: %+v", r)
-		require.NoError(t, lua.Adjust(ctx, run, keys, 1, lua.Call{Generation: -1}, time.Hour, nil), "a settlement (Used)")
+		require.NoError(t, lua.Adjust(ctx, run, keys, 1, lua.Call{Generation: -1}, nil), "a settlement (Used)")
 
 		d, err = w.Take(ctx, "crm")
 		require.NoError(t, err, "Take on an InFlight key")

@@ -82,8 +82,8 @@ func (l *Limiter) Keys(ctx context.Context) ([]string, error) {
 	return keys, nil
 }
 
-// Delete removes what key has in Redis: its limits, bucket state,
-// suspension and reservations. Tasks of the key then run under the
+// Delete removes what key has in Redis: its limits and weights, bucket
+// state, suspension and reservations. Tasks of the key then run under the
 // limiter's defaults, or unthrottled without any; a task that held a
 // reservation contends again. The slots in flight of handlers still running
 // are kept (each until its holder gives it back or it expires), so
@@ -120,7 +120,10 @@ func (l *Limiter) Delete(ctx context.Context, key string) error {
 //
 // Limits are tiers taken all or nothing: SetLimits(ctx, "slack",
 // PerSecond(1).WithBurst(3), PerMinute(50)) admits a call only when both have
-// a token. The limits expire after 7 days without any decision.
+// a token. They stay until Delete, however long the key is idle: an idle
+// key keeps its configuration (limits and weights) and nothing else, its
+// buckets' state expiring once they are full again (docs/guarantees.md,
+// "What an idle key keeps").
 //
 // Setting the limits a key already has changes nothing. Other limits drop
 // the key's reservation queue, spaced under the old ones, and bring the
@@ -144,7 +147,7 @@ func (l *Limiter) SetLimits(ctx context.Context, key string, limits ...Limit) er
 		return err
 	}
 	r, err := bounded(l, ctx, func(ctx context.Context) (lua.SetLimitsReply, error) {
-		return lua.SetLimits(ctx, l.runner, keys, l.o.idleExpiry, tiers, l.defaults(key))
+		return lua.SetLimits(ctx, l.runner, keys, tiers, l.defaults(key))
 	})
 	ks.lease.drop()
 	ks.forgetNoLimits()
@@ -181,9 +184,9 @@ const maxWeight = 1_000_000
 // "openai", map[string]int{"enterprise": 3}) gives "enterprise" three
 // times the share of any other tenant. A tenant not named weighs 1; nil
 // puts every tenant back to 1. Weights are whole numbers from 1 to
-// 1000000, kept in Redis beside the limits and expiring with them; every
-// process follows them from its next decision, and tenants with work
-// booked count with their new weight at once.
+// 1000000, kept in Redis beside the limits until Delete; every process
+// follows them from its next decision, and tenants with work booked count
+// with their new weight at once.
 func (l *Limiter) SetWeights(ctx context.Context, key string, weights map[string]int) error {
 	keys, err := redisKeys(l.o.prefix, key)
 	if err != nil {
@@ -198,7 +201,7 @@ func (l *Limiter) SetWeights(ctx context.Context, key string, weights map[string
 		}
 	}
 	_, err = bounded(l, ctx, func(ctx context.Context) (int, error) {
-		return lua.SetWeights(ctx, l.runner, keys, l.o.idleExpiry, weights)
+		return lua.SetWeights(ctx, l.runner, keys, weights)
 	})
 	if err != nil {
 		return fmt.Errorf("throttle: key %q: set weights: %w", key, err)
@@ -272,7 +275,7 @@ func (l *Limiter) Resume(ctx context.Context, key string) (int, error) {
 	}
 	ks.lease.drop()
 	r, err := bounded(l, ctx, func(ctx context.Context) (lua.Resumed, error) {
-		return lua.Resume(ctx, l.runner, keys)
+		return lua.Resume(ctx, l.runner, keys, l.defaults(key))
 	})
 	if err != nil {
 		return 0, fmt.Errorf("throttle: key %q: resume: %w", key, err)

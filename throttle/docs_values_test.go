@@ -83,7 +83,7 @@ func TestOptionDocsStateTheDefaults(t *testing.T) {
 		{"WithMaxSuspension", "(default " + short(defaultMaxSuspension) + ")"},
 		{"WithSlotExpiry", "(default " + short(defaultSlotExpiry) + ","},
 		{"WithDefaultLimits", "asks Redis again after " + short(noLimitsCacheFor)},
-		{"Limiter.SetLimits", "expire after " + short(defaultIdleExpiry) + " without any decision"},
+		{"Limiter.SetLimits", "They stay until Delete"},
 		{"Limiter.Resume", "within " + strings.TrimSuffix(short(suspensionCacheMax), "s") + " s"},
 		{"RateLimited", "suspends for " + short(defaultSuspension)},
 		{"Observe", fmt.Sprintf("said it for %d minutes", defaultLearnFor/time.Minute)},

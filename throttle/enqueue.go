@@ -133,12 +133,13 @@ var errNoTaskContext = errors.New("throttle: Used needs the context of a handler
 // settle the task's actual cost (Used) and what its decision saw
 // (Observe).
 type taskCharge struct {
-	l    *Limiter
-	ks   *keyState
-	key  string
-	left int       // tokens the decision left, -1 unknown
-	at   time.Time // when the task was admitted (Redis clock; zero for a leased token)
-	gen  int64     // the limits' generation it was admitted under
+	l      *Limiter
+	ks     *keyState
+	key    string
+	tenant string    // the task's tenant ("" the default), settled with the tiers
+	left   int       // tokens the decision left, -1 unknown
+	at     time.Time // when the task was admitted (Redis clock; zero for a leased token)
+	gen    int64     // the limits' generation it was admitted under
 
 	// A handler may call Used from several goroutines: one settles at a
 	// time, so that each tells Redis what the task was charged before it.

@@ -11,11 +11,16 @@ import (
 	"github.com/asynq-throttle/asynq-throttle/throttle"
 )
 
+// config is the Redis key of a limiter key's configuration (limits and
+// weights, kept until Delete).
+func config(name string) string { return redisKey(name, "c") }
+
 func TestEveryKeyHasATTLThatOutlivesItsState(t *testing.T) {
-	t.Run("every key written has a TTL", func(t *testing.T) {
+	t.Run("every state key has a TTL, the configuration none", func(t *testing.T) {
 		r := newRig(t)
 		r.setLimits("k", throttle.PerSecond(1))
-		assert.Equal(t, throttle.DefaultIdleExpiry, r.mr.TTL(bucket("k")), "key TTL after SetLimits")
+		assert.Positive(t, r.mr.TTL(bucket("k")), "the hash's TTL after SetLimits")
+		assert.Zero(t, r.mr.TTL(config("k")), "the configuration's TTL: none")
 		r.take("k")
 		d := r.reserve("k", "a", time.Minute, 0)
 		require.True(t, throttle.Reserved(d), "Reserve: %+v", d)
@@ -24,27 +29,37 @@ func TestEveryKeyHasATTLThatOutlivesItsState(t *testing.T) {
 			assert.Positive(t, r.mr.TTL(redisKey("k", p)), "TTL of %s", redisKey("k", p))
 		}
 		assert.GreaterOrEqual(t, r.mr.TTL(redisKey("k", "r")), time.Second+throttle.DefaultLapse, "reservations TTL covers slot + lapse")
-		assert.Equal(t, []string{bucket("k"), redisKey("k", "r")}, r.mr.Keys(), "keys")
+		assert.ElementsMatch(t, []string{bucket("k"), redisKey("k", "r"), config("k")}, r.mr.Keys(), "keys")
 	})
-	t.Run("idle expiry refreshed by Take", func(t *testing.T) {
-		r := newRig(t, throttle.WithIdleExpiry(time.Hour))
-		r.setLimits("k", throttle.PerSecond(1))
-		r.advance(30 * time.Minute)
+	t.Run("an idle key keeps its limits until Delete", func(t *testing.T) {
+		r := newRig(t)
+		r.setLimits("k", throttle.PerSecond(1).WithBurst(2))
+		require.NoError(t, r.lim.SetWeights(r.ctx, "k", map[string]int{"gold": 3}))
 		r.take("k")
-		assert.Equal(t, time.Hour, r.mr.TTL(bucket("k")), "key TTL after a Take 30 min later")
-		r.advance(59 * time.Minute)
-		_, err := throttle.Limits(r.lim, r.ctx, "k")
-		assert.NoError(t, err, "Limits 59 min after the last Take")
-		r.advance(time.Minute)
-		_, err = throttle.Limits(r.lim, r.ctx, "k")
-		assert.ErrorIs(t, err, throttle.ErrNoLimits, "Limits an hour after the last Take")
+		r.advance(30 * 24 * time.Hour) // a month without a decision
+		assert.Equal(t, []string{config("k")}, r.mr.Keys(), "an idle key shrinks to its configuration")
+		got, err := throttle.Limits(r.lim, r.ctx, "k")
+		require.NoError(t, err, "Limits a month after the last decision")
+		assert.Equal(t, []throttle.Limit{throttle.PerSecond(1).WithBurst(2)}, got)
+		st := r.inspect("k")
+		require.Len(t, st.Tenants, 1, "the weights stay too")
+		assert.Equal(t, 3, st.Tenants[0].Weight)
+		n, d := r.takeAll("k", 10)
+		assert.Equal(t, 2, n, "a month later the limits still hold: the burst, then a refusal")
+		assert.Equal(t, throttle.RefusedByTier, d.Reason)
+		require.NoError(t, r.lim.Delete(r.ctx, "k"))
+		assert.Empty(t, r.mr.Keys(), "Delete removes the configuration")
 	})
-	t.Run("hand-written limits get a TTL", func(t *testing.T) {
+	t.Run("limits set before the configuration key existed are kept", func(t *testing.T) {
 		r := newRig(t)
 		r.hset(bucket("k"), "L", "1/1000/1")
 		require.Zero(t, r.mr.TTL(bucket("k")), "TTL of the hand-written limits")
 		r.take("k")
-		assert.Equal(t, throttle.DefaultIdleExpiry, r.mr.TTL(bucket("k")), "key TTL after Take")
+		assert.Positive(t, r.mr.TTL(bucket("k")), "key TTL after Take")
+		r.advance(30 * 24 * time.Hour)
+		got, err := throttle.Limits(r.lim, r.ctx, "k")
+		require.NoError(t, err, "Limits a month after the last decision")
+		assert.Equal(t, []throttle.Limit{throttle.PerSecond(1).WithBurst(1)}, got)
 	})
 	t.Run("a suspension keeps the key alive", func(t *testing.T) {
 		r := newRig(t)

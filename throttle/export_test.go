@@ -20,7 +20,6 @@ const (
 	MaxKeyLen            = keyspace.MaxKeyLen
 	DefaultPrefix        = keyspace.DefaultPrefix
 	DefaultLapse         = defaultLapse
-	DefaultIdleExpiry    = defaultIdleExpiry
 	DefaultMaxSuspension = defaultMaxSuspension
 	Granule              = granule
 )
@@ -44,10 +43,9 @@ func Surcharge(l *Limiter, ctx context.Context, key string, delta int) error {
 // CheckOptions is the error NewLimiter panics with for opts.
 func CheckOptions(opts ...Option) error { return newOptions(opts).err }
 
-// WithIdleExpiry, WithLearnFor and WithDefaultSuspension set durations the
-// library does not let its users change.
-func WithIdleExpiry(d time.Duration) Option { return func(o *options) { o.idleExpiry = d } }
-func WithLearnFor(d time.Duration) Option   { return func(o *options) { o.learnFor = d } }
+// WithLearnFor and WithDefaultSuspension set durations the library does
+// not let its users change.
+func WithLearnFor(d time.Duration) Option { return func(o *options) { o.learnFor = d } }
 func WithDefaultSuspension(d time.Duration) Option {
 	return func(o *options) { o.defaultSuspend = d }
 }

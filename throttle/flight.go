@@ -549,7 +549,7 @@ func (l *Limiter) giveBack(c *call) {
 	if err != nil || r.Status != lua.StatusAllowed {
 		return
 	}
-	key, cost := c.key, c.cost
+	key, cost, tenant := c.key, c.cost, c.tenant
 	cost.n += int(r.Lease)
 	go func() {
 		ctx := context.Background()
@@ -560,7 +560,7 @@ func (l *Limiter) giveBack(c *call) {
 			}
 		}
 		// The whole charge back, from where it was counted (see adjust).
-		if err := l.refund(ctx, key, r.At, r.Generation, cost); err != nil {
+		if err := l.refund(ctx, key, r.At, r.Generation, cost, tenant); err != nil {
 			l.o.logger.Warn("throttle: cannot give back the tokens of a decision its caller gave up on", "key", key, "tokens", cost.String(), "err", err)
 			return
 		}

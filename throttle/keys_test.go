@@ -50,7 +50,7 @@ func TestRedisKeysCarryThePrefixAndTheHashTag(t *testing.T) {
 			r.reserve("slack", "task-1", time.Minute, time.Second)
 			r.suspend("slack", time.Second)
 			want := []string{}
-			for _, p := range []string{"b", "r"} {
+			for _, p := range []string{"b", "c", "r"} {
 				want = append(want, tt.prefix+":{slack}:"+p)
 			}
 			assert.Equal(t, want, r.mr.Keys(), "Redis keys of limiter key slack")

@@ -217,7 +217,7 @@ func (l *Limiter) template(ks *keyState, key string, v variant) ([]any, error) {
 	}
 	t := &template{v: v, args: lua.AppendDecideArgs(nil, v.mode, keys, lua.DecideArgs{
 		Granule: v.granule, Horizon: v.horizon, Lapse: l.o.lapse,
-		IdleExpiry: l.o.idleExpiry, Defaults: l.defaults(key), Lease: v.lease,
+		Defaults: l.defaults(key), Lease: v.lease,
 		Headroom: v.headroom, Book: v.book, Pace: v.pace, Probe: v.probe, SlotExpiry: l.o.slotExpiry, Fair: v.fair,
 	})}
 	if v == (variant{mode: v.mode}) {
@@ -307,7 +307,7 @@ func (l *Limiter) adjust(ctx context.Context, key string, delta int, call lua.Ca
 		return err
 	}
 	_, err = bounded(l, ctx, func(ctx context.Context) (struct{}, error) {
-		return struct{}{}, lua.Adjust(ctx, l.runner, keys, delta, call, l.o.idleExpiry, l.defaults(key))
+		return struct{}{}, lua.Adjust(ctx, l.runner, keys, delta, call, l.defaults(key))
 	})
 	if err != nil {
 		return fmt.Errorf("throttle: key %q: adjust by %d: %w", key, delta, err)

@@ -258,7 +258,7 @@ func (m *middleware) act(ctx context.Context, t *asynq.Task, next asynq.Handler,
 		// at least as long: give the admission back and defer the task to
 		// it (it comes back with its whole timeout). Its call never starts
 		// before the instant its tiers counted it at.
-		m.giveBack(ctx, key, d, ev.cost)
+		m.giveBack(ctx, key, d, ev.cost, ev.Tenant)
 		return m.deferDecision(ctx, t, ks, Decision{RetryAfter: d.wait, Reason: RefusedByQueue}, ev, Deferred)
 	}
 	if d.Slot != "" {
@@ -321,7 +321,7 @@ func (m *middleware) waitBudget(ctx context.Context, then time.Duration) time.Du
 
 // giveBack undoes the admission d of a task that will not run now: its slot
 // in flight and its cost go back to the key.
-func (m *middleware) giveBack(ctx context.Context, key string, d Decision, cost taskCost) {
+func (m *middleware) giveBack(ctx context.Context, key string, d Decision, cost taskCost, tenant string) {
 	ctx = context.WithoutCancel(ctx)
 	if d.Slot != "" {
 		if err := m.l.Release(ctx, key, d.Slot); err != nil {
@@ -329,7 +329,7 @@ func (m *middleware) giveBack(ctx context.Context, key string, d Decision, cost 
 				"key", key, "slot", d.Slot, "slot_expiry", m.l.o.slotExpiry, "err", err)
 		}
 	}
-	if err := m.l.refund(ctx, key, d.at, d.gen, cost); err != nil {
+	if err := m.l.refund(ctx, key, d.at, d.gen, cost, tenant); err != nil {
 		m.l.o.logger.Warn("throttle: cannot give back the tokens of a task that did not run", "key", key, "cost", cost.String(), "err", err)
 	}
 }
@@ -438,7 +438,7 @@ func (m *middleware) run(ctx context.Context, t *asynq.Task, next asynq.Handler,
 			// could not decide): Used takes all it says.
 			cost = taskCost{}
 		}
-		ctx = context.WithValue(ctx, chargeKey{}, &taskCharge{l: m.l, ks: ks, key: ev.Key, cost: cost, left: ev.left, at: ev.at, gen: ev.gen})
+		ctx = context.WithValue(ctx, chargeKey{}, &taskCharge{l: m.l, ks: ks, key: ev.Key, tenant: ev.Tenant, cost: cost, left: ev.left, at: ev.at, gen: ev.gen})
 	}
 	herr := next.ProcessTask(ctx, t)
 	var rl *RateLimitedError
@@ -487,7 +487,7 @@ func (m *middleware) run(ctx context.Context, t *asynq.Task, next asynq.Handler,
 		switch {
 		case derr != nil:
 		case rd.Allowed:
-			m.giveBack(ctx, key, rd, cost)
+			m.giveBack(ctx, key, rd, cost, ev.Tenant)
 		case rd.Reason == RefusedBySuspension:
 			d = rd
 		}

@@ -305,7 +305,7 @@ func (l *Limiter) observe(ctx context.Context, tc *taskCharge, q quota.Info, li 
 	if err != nil {
 		return
 	}
-	a.LearnFor, a.Defaults, a.MaxSuspension, a.IdleExpiry = l.o.learnFor, l.defaults(tc.key), l.o.maxSuspension, l.o.idleExpiry
+	a.LearnFor, a.Defaults, a.MaxSuspension = l.o.learnFor, l.defaults(tc.key), l.o.maxSuspension
 	o, err := bounded(l, ctx, func(ctx context.Context) (lua.Observed, error) {
 		return lua.ObserveKey(ctx, l.runner, keys, a)
 	})

@@ -22,7 +22,6 @@ type Option func(*options)
 // (TestOptionDocsStateTheDefaults compares the two).
 const (
 	defaultTimeout       = time.Second
-	defaultIdleExpiry    = 7 * 24 * time.Hour
 	defaultMaxSuspension = time.Hour
 	defaultSuspension    = 5 * time.Second // a 429 that does not say how long
 	defaultHorizon       = time.Minute
@@ -42,7 +41,6 @@ const (
 type options struct {
 	prefix        string
 	timeout       time.Duration
-	idleExpiry    time.Duration
 	maxSuspension time.Duration
 	defaults      []Limit
 	defaultTiers  []lua.Tier            // defaults, validated
@@ -72,7 +70,6 @@ func newOptions(opts []Option) options {
 	o := options{
 		prefix:         keyspace.DefaultPrefix,
 		timeout:        defaultTimeout,
-		idleExpiry:     defaultIdleExpiry,
 		maxSuspension:  defaultMaxSuspension,
 		horizon:        defaultHorizon,
 		lapse:          defaultLapse,

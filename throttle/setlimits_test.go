@@ -100,14 +100,15 @@ func TestSetLimitsOnAKeyOnDefaultLimitsKeepsItsDebt(t *testing.T) {
 
 // A SetLimits from a Limiter that does not know the defaults the workers'
 // decisions used still carries their tokens over: the buckets record the
-// defaults they were computed under. The expiry follows the new limits.
+// defaults they were computed under. The limits are kept until Delete.
 func TestSetLimitsFromALimiterWithoutTheDefaultsKeepsTheTokens(t *testing.T) {
 	r := newRig(t, throttle.WithDefaultLimits(throttle.PerMinute(600).WithBurst(10)))
 	n, _ := r.takeAll("k", 100)
 	require.Equal(t, 10, n, "burst of the default limit")
 	operator := throttle.NewLimiter(r.rdb) // no defaults
 	require.NoError(t, operator.SetLimits(r.ctx, "k", throttle.PerMinute(10)), "SetLimits from the operator's Limiter")
-	assert.Equal(t, throttle.DefaultIdleExpiry, r.mr.TTL(bucket("k")), "key TTL after SetLimits: the idle expiry")
+	assert.Zero(t, r.mr.TTL(redisKey("k", "c")), "the configuration is kept until Delete")
+	assert.Positive(t, r.mr.TTL(bucket("k")), "the hash lives with its state")
 
 	r.advance(2 * time.Second)
 	n, d := r.takeAll("k", 100)

@@ -80,7 +80,7 @@ func TestTakeOnALongPeriodIsNeverEarly(t *testing.T) {
 		{N: 1, Per: throttle.MaxPer},
 	} {
 		t.Run(l.String(), func(t *testing.T) {
-			r := newRig(t, throttle.WithIdleExpiry(2*throttle.MaxPer))
+			r := newRig(t)
 			r.setLimits("k", l)
 			assertAllowed(t, r.take("k"), "first Take")
 			r.advance(l.Per - time.Microsecond)

@@ -83,12 +83,12 @@ func (c taskCost) String() string {
 
 // refund gives back all of cost, admitted at at under the limits of
 // generation gen, to key: its requests and each other unit, from where
-// they were counted (see adjust).
-func (l *Limiter) refund(ctx context.Context, key string, at time.Time, gen int64, cost taskCost) error {
-	err := l.adjust(ctx, key, -cost.n, lua.Call{At: at, Charged: cost.n, Generation: gen})
+// they were counted (see adjust), and to its tenant's share.
+func (l *Limiter) refund(ctx context.Context, key string, at time.Time, gen int64, cost taskCost, tenant string) error {
+	err := l.adjust(ctx, key, -cost.n, lua.Call{At: at, Charged: cost.n, Generation: gen, Tenant: tenant})
 	cost.each(func(unit string, n int) {
 		if n > 0 && err == nil {
-			err = l.adjust(ctx, key, -n, lua.Call{At: at, Charged: n, Generation: gen, Unit: unit})
+			err = l.adjust(ctx, key, -n, lua.Call{At: at, Charged: n, Generation: gen, Unit: unit, Tenant: tenant})
 		}
 	})
 	return err
@@ -211,7 +211,7 @@ func Used(ctx context.Context, unit string, n int) error {
 	if n == charged {
 		return nil
 	}
-	call := lua.Call{At: tc.at, Charged: charged, Generation: tc.gen}
+	call := lua.Call{At: tc.at, Charged: charged, Generation: tc.gen, Tenant: tc.tenant}
 	if unit != unitRequests {
 		call.Unit = unit
 	}

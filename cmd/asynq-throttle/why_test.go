@@ -406,7 +406,7 @@ func reserve(t testing.TB, rdb redis.UniversalClient, key, id string) {
 	keys, err := keyspace.RedisKeys(keyspace.DefaultPrefix, key)
 	require.NoError(t, err)
 	r, err := lua.Decide(context.Background(), lua.NewRunner(rdb), keys, lua.DecideArgs{
-		TaskID: id, Horizon: 3 * time.Hour, Granule: time.Second, Lapse: 5 * time.Minute, IdleExpiry: time.Hour, SlotExpiry: 30 * time.Second})
+		TaskID: id, Horizon: 3 * time.Hour, Granule: time.Second, Lapse: 5 * time.Minute, SlotExpiry: 30 * time.Second})
 	require.NoError(t, err)
 	require.False(t, r.Reserved.IsZero(), "a reservation for %s under %s: %+v", id, key, r)
 }

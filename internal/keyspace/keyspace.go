@@ -96,7 +96,7 @@ func RedisKeys(prefix, name string) (lua.Keys, error) {
 		return lua.Keys{}, err
 	}
 	base := prefix + ":{" + name + "}:"
-	return lua.Keys{Bucket: base + "b", Reservations: base + "r", Slots: base + "f", Tenants: base + "a", Tags: base + "t"}, nil
+	return lua.Keys{Bucket: base + "b", Reservations: base + "r", Slots: base + "f", Tenants: base + "a", Tags: base + "t", Config: base + "c"}, nil
 }
 
 // All lists every Redis key of one limiter key. It names every field of
@@ -108,7 +108,7 @@ func All(k lua.Keys) []string {
 // Deletable lists what Limiter.Delete removes: every Redis key of one
 // limiter key but its slots in flight, which running handlers hold.
 func Deletable(k lua.Keys) []string {
-	return []string{k.Bucket, k.Reservations, k.Tenants, k.Tags}
+	return []string{k.Bucket, k.Reservations, k.Tenants, k.Tags, k.Config}
 }
 
 // ScanPattern is the SCAN MATCH pattern of every Redis key RedisKeys can

@@ -1,5 +1,5 @@
 -- adjust.lua: settle a cost after the fact (see admin.go): every tier of a
--- key in the unit settled (requests unless ARGV[7] names another) takes
+-- key in the unit settled (requests unless ARGV[6] names another) takes
 -- delta more of it as of now, or gives -delta back; other units' tiers are
 -- left as they are.
 --
@@ -18,17 +18,22 @@
 -- Without at, or for a call admitted under other limits (another
 -- generation: its tier may not have counted it), a refund gives nothing
 -- back.
-local key = KEYS[1]
+--
+-- On a key tenants share (fair.lua), the task's tenant (ARGV[7]) is
+-- settled too, as its tiers are: its finish tag counted the estimate, and
+-- moves on by a surcharge, back by a refund (never behind the clock), so
+-- that a tenant that estimates low does not take the others' share.
+local key, kc, akey = KEYS[1], KEYS[2], KEYS[3]
 local delta    = tonumber(ARGV[1])
-local idle_us  = ARGV[2] * 1000
-local defaults = ARGV[3]
-local at       = tonumber(ARGV[4]) or 0    -- us: when the call was admitted (0 unknown)
-local charged  = tonumber(ARGV[5]) or 0    -- what the call was charged so far
-local call_gen = tonumber(ARGV[6]) or -1   -- the limits' generation it was admitted under
-local unit     = ARGV[7] or ''             -- the unit settled ('': requests)
+local defaults = ARGV[2]
+local at       = tonumber(ARGV[3]) or 0    -- us: when the call was admitted (0 unknown)
+local charged  = tonumber(ARGV[4]) or 0    -- what the call was charged so far
+local call_gen = tonumber(ARGV[5]) or -1   -- the limits' generation it was admitted under
+local unit     = ARGV[6] or ''             -- the unit settled ('': requests)
+local tenant   = ARGV[7]                   -- the task's tenant (nil: none said)
 local now = now_us()
-local h = redis.call('HMGET', key, 'L', 'T', 'O', 'M')
-local src = h[1]
+local h = redis.call('HMGET', key, 'L', 'T', 'O', 'M', 'D')
+local src = config_of(kc, h[1], h[5])
 if not src and defaults ~= '' then src = defaults end
 if not src or delta == 0 then return 0 end
 local spec = parse_limits(src)
@@ -106,19 +111,45 @@ end
 local longest = full_in(tiers, owed)
 if longest > need then need = longest end
 if q > now and q - now > need then need = q - now end
-local ttl
-x, ttl = keep_alive(need, h[1] ~= false, idle_us, x, now)
 if M then
   fields[#fields + 1] = 'M'
   fields[#fields + 1] = write_M(M, tiers)
 end
-local t_field = write_T(tiers, owed, now, x, (q > now or q == -1) and q or 0)
+local t_field = write_T(tiers, owed, now, 0, (q > now or q == -1) and q or 0)
+if not t_field and h[2] then redis.call('HDEL', key, 'T') end
+-- (the lifetime after the deletions, which may have emptied the hash)
+local ttl
+x, ttl = keep_alive(key, need, x, now)
 if t_field then
   fields[#fields + 1] = 'T'
-  fields[#fields + 1] = t_field
-elseif h[2] then
-  redis.call('HDEL', key, 'T')
+  fields[#fields + 1] = string.sub(t_field, 1, 8) .. bin_pack('<d', x) .. string.sub(t_field, 17)
+end
+-- The tenant's share: its finish tag moves with what it used.
+if tenant and akey and q == -1 and redis.call('ZSCORE', akey, tenant) then
+  local gh = redis.call('HMGET', key, 'G', 't:' .. tenant)
+  local g, rec = read_G(gh[1] or nil, now), read_tenant(gh[2] or nil)
+  if rec and g.W > 0 then
+    local c = {}
+    for i, t in ipairs(tiers) do
+      if (t.unit or '') == unit then c[i] = math.abs(delta) else c[i] = 0 end
+    end
+    local u = cost_units(tiers, c)
+    if delta < 0 then
+      rec.F = math.max(rec.F - u / rec.w, g.V)
+      rec.units = math.max(rec.units - u, 0)
+      if rec.F < g.Fmin then g.Fmin = rec.F end
+      -- (the set's scores may be low, never high: fair_expire)
+      redis.call('ZADD', akey, fmt(rec.F), tenant)
+      fields[#fields + 1] = 'G'
+      fields[#fields + 1] = bin_pack('<dddddd', g.V, g.tV, g.W, g.Fmin, g.sw, g.Vs)
+    else
+      rec.F = rec.F + u / rec.w
+      rec.units = rec.units + u
+    end
+    fields[#fields + 1] = 't:' .. tenant
+    fields[#fields + 1] = bin_pack('<ddd', rec.F, rec.w, rec.units)
+  end
 end
 if #fields > 0 then redis.call('HSET', key, unpack(fields)) end
-if ttl then expire_in(key, ttl) end
+if ttl then set_ttl(key, ttl) end
 return 1

@@ -28,20 +28,16 @@ type SetLimitsReply struct {
 // then the limits are replaced and their generation bumped. Limits equal to
 // those in force change nothing.
 //
-//	KEYS[1] bucket hash  KEYS[2] reservations
-//	ARGV[1] limits' inactivity expiry, milliseconds
-//	ARGV[2] the new limits, "rate/per_ms/burst ..."
-//	ARGV[3] default limits, same form ("" = none)
+//	KEYS[1] bucket hash  KEYS[2] reservations  KEYS[3] configuration
+//	KEYS[4] active tenants  KEYS[5] start tags
+//	ARGV[1] the new limits, "rate/per_ms/burst ..."
+//	ARGV[2] default limits, same form ("" = none)
 //
 // Reply: {1, generation, changed (0/1), the tasks that held a reservation...},
 // or {-1, field, reason} when a tier is out of range.
-func SetLimits(ctx context.Context, r *Runner, k Keys, idle time.Duration, tiers, defaults []Tier) (SetLimitsReply, error) {
-	keys := []string{k.Bucket, k.Reservations}
-	if k.Tenants != "" && k.Tags != "" {
-		keys = append(keys, k.Tenants, k.Tags)
-	}
-	v, err := r.Run(ctx, setLimitsScript, keys,
-		idle.Milliseconds(), FormatTiers(tiers), FormatTiers(defaults))
+func SetLimits(ctx context.Context, r *Runner, k Keys, tiers, defaults []Tier) (SetLimitsReply, error) {
+	v, err := r.Run(ctx, setLimitsScript, []string{k.Bucket, k.Reservations, k.Config, k.Tenants, k.Tags},
+		FormatTiers(tiers), FormatTiers(defaults))
 	if err != nil {
 		return SetLimitsReply{}, err
 	}
@@ -72,7 +68,7 @@ func SetLimits(ctx context.Context, r *Runner, k Keys, idle time.Duration, tiers
 // Suspend runs suspend.lua: the key is suspended until now+d (d capped at
 // max) or until its current end, whichever is later.
 //
-//	KEYS[1] bucket hash
+//	KEYS[1] bucket hash  KEYS[2] configuration
 //	ARGV[1] duration, microseconds   ARGV[2] maximum, microseconds
 //
 // Reply: {the remaining suspension in microseconds as a string, the
@@ -104,7 +100,7 @@ func SuspendForSpendCap(ctx context.Context, r *Runner, k Keys, d, max time.Dura
 }
 
 func suspendKey(ctx context.Context, r *Runner, k Keys, d, max time.Duration, noAdapt bool) (Suspended, error) {
-	v, err := r.Run(ctx, suspendScript, []string{k.Bucket}, d.Microseconds(), max.Microseconds(), boolArg(noAdapt))
+	v, err := r.Run(ctx, suspendScript, []string{k.Bucket, k.Config}, d.Microseconds(), max.Microseconds(), boolArg(noAdapt))
 	if err != nil {
 		return Suspended{}, err
 	}
@@ -137,15 +133,17 @@ type Resumed struct {
 
 // Resume runs resume.lua: the suspension ends now, and with it the
 // reservation schedule built while it lasted and the state of fair shares
-// (whose finish tags count the work those reservations booked).
+// (whose finish tags count the work those reservations booked); a debt a
+// provider's near reset left the buckets in is cleared.
 //
 //	KEYS[1] bucket hash  KEYS[2] reservations
-//	KEYS[3] active tenants  KEYS[4] start tags
+//	KEYS[3] active tenants  KEYS[4] start tags  KEYS[5] configuration
+//	ARGV[1] default limits ("" = none)
 //
 // Reply: {the suspension that was left in microseconds (0: not
 // suspended), the task IDs that held a reservation...}.
-func Resume(ctx context.Context, r *Runner, k Keys) (Resumed, error) {
-	v, err := r.Run(ctx, resumeScript, []string{k.Bucket, k.Reservations, k.Tenants, k.Tags})
+func Resume(ctx context.Context, r *Runner, k Keys, defaults []Tier) (Resumed, error) {
+	v, err := r.Run(ctx, resumeScript, []string{k.Bucket, k.Reservations, k.Tenants, k.Tags, k.Config}, FormatTiers(defaults))
 	if err != nil {
 		return Resumed{}, err
 	}
@@ -174,49 +172,53 @@ type Call struct {
 	Charged    int       // what it was charged so far
 	Generation int64     // the limits' generation it was admitted under
 	Unit       string    // the unit settled: "" requests, else another unit's tiers alone
+	// Tenant is the call's tenant ("" the default tenant), settled with the
+	// tiers on a key tenants share.
+	Tenant string
 }
 
 // Adjust runs adjust.lua: every tier of the key takes delta more calls'
 // worth as of now, or gives -delta back as far as it can without admitting
-// more real calls than had call cost that much less (see adjust.lua).
+// more real calls than had call cost that much less (see adjust.lua); on a
+// key tenants share, the call's tenant is settled likewise.
 //
-//	KEYS[1] bucket hash
-//	ARGV[1] delta, calls   ARGV[2] limits' inactivity expiry, milliseconds
-//	ARGV[3] default limits ("" = none)
-//	ARGV[4] when the call was admitted, microseconds of the Redis clock (0 unknown)
-//	ARGV[5] what the call was charged so far   ARGV[6] its limits' generation
+//	KEYS[1] bucket hash  KEYS[2] configuration  KEYS[3] active tenants
+//	ARGV[1] delta, calls   ARGV[2] default limits ("" = none)
+//	ARGV[3] when the call was admitted, microseconds of the Redis clock (0 unknown)
+//	ARGV[4] what the call was charged so far   ARGV[5] its limits' generation
+//	ARGV[6] the unit settled ("" requests)   ARGV[7] its tenant ("" the default)
 //
 // Reply: 1 when the key had limits, else 0.
-func Adjust(ctx context.Context, r *Runner, k Keys, delta int, call Call, idle time.Duration, defaults []Tier) error {
+func Adjust(ctx context.Context, r *Runner, k Keys, delta int, call Call, defaults []Tier) error {
 	var atUS int64
 	if !call.At.IsZero() {
 		atUS = call.At.UnixMicro()
 	}
-	_, err := r.Run(ctx, adjustScript, []string{k.Bucket}, delta, idle.Milliseconds(), FormatTiers(defaults),
-		atUS, call.Charged, call.Generation, call.Unit)
+	_, err := r.Run(ctx, adjustScript, []string{k.Bucket, k.Config, k.Tenants},
+		delta, FormatTiers(defaults), atUS, call.Charged, call.Generation, call.Unit, call.Tenant)
 	return err
 }
 
 // SetWeights runs setweights.lua: the weights of the key's tenants become
-// weights (a tenant not named weighs 1), kept as long as the limits (idle).
+// weights (a tenant not named weighs 1), kept in the configuration until
+// Delete.
 //
-//	KEYS[1] bucket hash  KEYS[2] active tenants
-//	ARGV[1] idle, milliseconds; then tenant, weight pairs
+//	KEYS[1] bucket hash  KEYS[2] active tenants  KEYS[3] configuration
+//	ARGV tenant, weight pairs
 //
 // Reply: how many weights are set. The caller validates the names and the
 // weights (whole numbers from 1 to 1e6).
-func SetWeights(ctx context.Context, r *Runner, k Keys, idle time.Duration, weights map[string]int) (int, error) {
+func SetWeights(ctx context.Context, r *Runner, k Keys, weights map[string]int) (int, error) {
 	names := make([]string, 0, len(weights))
 	for name := range weights {
 		names = append(names, name)
 	}
 	sort.Strings(names)
-	args := make([]any, 0, 1+2*len(names))
-	args = append(args, idle.Milliseconds())
+	args := make([]any, 0, 2*len(names))
 	for _, name := range names {
 		args = append(args, name, weights[name])
 	}
-	v, err := r.Run(ctx, setWeightsScript, []string{k.Bucket, k.Tenants}, args...)
+	v, err := r.Run(ctx, setWeightsScript, []string{k.Bucket, k.Tenants, k.Config}, args...)
 	if err != nil {
 		return 0, err
 	}
@@ -257,12 +259,13 @@ func Release(ctx context.Context, r *Runner, k Keys, holds ...string) (int64, er
 // booking and the calls it reserved in each window.
 //
 //	KEYS[1] bucket hash  KEYS[2] reservations  KEYS[3] active tenants  KEYS[4] start tags
+//	KEYS[5] configuration
 //	ARGV[1] task ID  ARGV[2] tenant ("" the default)  ARGV[3] its cost (as decide takes it)
 //	ARGV[4] default limits ("" = none)
 //
 // Reply: 1 when the booking was there, else 0.
 func Unbook(ctx context.Context, r *Runner, k Keys, id, tenant string, cost any, defaults []Tier) (bool, error) {
-	v, err := r.Run(ctx, unbookScript, []string{k.Bucket, k.Reservations, k.Tenants, k.Tags}, id, tenant, cost, FormatTiers(defaults))
+	v, err := r.Run(ctx, unbookScript, []string{k.Bucket, k.Reservations, k.Tenants, k.Tags, k.Config}, id, tenant, cost, FormatTiers(defaults))
 	if err != nil {
 		return false, err
 	}
@@ -336,7 +339,9 @@ type TenantReply struct {
 
 // Inspect runs inspect.lua; it writes nothing.
 //
-//	KEYS as Decide; ARGV[1] default limits ("" = none), ARGV[2] lapse (us):
+//	KEYS[1] bucket hash  KEYS[2] reservations  KEYS[3] slots in flight
+//	KEYS[4] active tenants  KEYS[5] configuration
+//	ARGV[1] default limits ("" = none), ARGV[2] lapse (us):
 //	reservations older than it are not counted (0: count all)
 //
 // Reply: {1, suspended_us, reservations, queued_us, from_redis (0/1), n,
@@ -346,7 +351,7 @@ type TenantReply struct {
 // {-2, suspended_us, reservations} without limits; {-1, field, reason} for
 // bad limits.
 func Inspect(ctx context.Context, r *Runner, k Keys, defaults []Tier, lapse time.Duration) (InspectReply, error) {
-	v, err := r.Run(ctx, inspectScript, []string{k.Bucket, k.Reservations, k.Slots, k.Tenants}, FormatTiers(defaults), lapse.Microseconds())
+	v, err := r.Run(ctx, inspectScript, []string{k.Bucket, k.Reservations, k.Slots, k.Tenants, k.Config}, FormatTiers(defaults), lapse.Microseconds())
 	if err != nil {
 		return InspectReply{}, err
 	}
@@ -471,8 +476,6 @@ type ObserveArgs struct {
 	Defaults []Tier
 	// MaxSuspension caps a suspension until the reset.
 	MaxSuspension time.Duration
-	// IdleExpiry is the key's inactivity expiry (as Decide's).
-	IdleExpiry time.Duration
 	// Stop makes remaining 0 with a reset suspend the key until the reset.
 	Stop bool
 	// Left are the counts left of other units' buckets (LLM providers'
@@ -498,13 +501,14 @@ type UnitLeft struct {
 // limits in force (never above the configured ones), the tokens, or
 // suspends the key until the provider's reset.
 //
-//	KEYS[1] bucket hash
+//	KEYS[1] bucket hash  KEYS[2] configuration
 //	ARGV policies ("per_ms:quota[:unit:burst] ..."), remaining, window_ms,
-//	reset_us, learn_for_us, defaults, max_suspension_us, idle_ms, stop (1:
+//	reset_us, learn_for_us, defaults, max_suspension_us, stop (1:
 //	remaining 0 with a reset suspends), other units left
 //	("unit:window_ms:remaining ...")
 //
 // Reply: one line per change: "learned i quota configured per_ms",
+// "converted i quota configured per_ms stated stated_per_ms",
 // "burst i burst configured per_ms", "ceiling i configured per_ms",
 // "tokens i from to", "suspended us", "unmatched per_ms quota unit" (see
 // ObserveKey for the tiers it also tells).
@@ -553,9 +557,9 @@ func ObserveKey(ctx context.Context, r *Runner, k Keys, a ObserveArgs) (Observed
 		}
 		fmt.Fprintf(&left, "%s:%d:%d", unit, u.WindowMS, u.Remaining)
 	}
-	v, err := r.Run(ctx, observeScript, []string{k.Bucket}, pol.String(), a.Remaining, a.WindowMS,
+	v, err := r.Run(ctx, observeScript, []string{k.Bucket, k.Config}, pol.String(), a.Remaining, a.WindowMS,
 		a.Reset.Microseconds(), a.LearnFor.Microseconds(), FormatTiers(a.Defaults), a.MaxSuspension.Microseconds(),
-		a.IdleExpiry.Milliseconds(), boolArg(a.Stop), left.String())
+		boolArg(a.Stop), left.String())
 	if err != nil {
 		return Observed{}, err
 	}

@@ -27,7 +27,7 @@ func TestSetLimitsRefusesBadTiersWritingNothing(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			e := newEnv(t)
-			r, err := SetLimits(e.ctx, e.run, e.k, time.Hour, tt.tiers, nil)
+			r, err := SetLimits(e.ctx, e.run, e.k, tt.tiers, nil)
 			require.NoError(t, err, "SetLimits(%+v)", tt.tiers)
 			assert.Equal(t, tt.field, r.Field, "SetLimits(%+v): field", tt.tiers)
 			assert.Equal(t, tt.reason, r.Reason, "SetLimits(%+v): reason", tt.tiers)
@@ -43,7 +43,9 @@ func TestSetLimitsReplacesTheStoredLimits(t *testing.T) {
 	got, err := e.rdb.HGetAll(e.ctx, e.k.Bucket).Result()
 	require.NoError(t, err, "HGETALL %s", e.k.Bucket)
 	assert.Equal(t, "3/1500/2 #2", got["L"], "limits, generation after two SetLimits")
-	assert.Equal(t, time.Hour, e.mr.TTL(e.k.Bucket), "bucket TTL: the idle expiry")
+	assert.Equal(t, "3/1500/2 #2", e.mr.HGet(e.k.Config, "L"), "the configuration's copy")
+	assert.Zero(t, e.mr.TTL(e.k.Config), "the configuration is kept until Delete")
+	assert.Positive(t, e.mr.TTL(e.k.Bucket), "the hash lives with its state")
 }
 
 // A tier is identified by its period: whatever SetLimits does with the
@@ -67,14 +69,14 @@ func TestSetLimitsKeepsEachTiersTokensByPeriod(t *testing.T) {
 			e.setLimits(sec, hour)
 			admitted := 0
 			for range 20 {
-				if e.decide(DecideArgs{IdleExpiry: time.Hour}).Status == StatusAllowed {
+				if e.decide(DecideArgs{}).Status == StatusAllowed {
 					admitted++
 				}
 			}
 			require.Equal(t, 10, admitted, "the hourly tier admits its burst")
 			e.setLimits(tt.after...)
 			e.at(200 * time.Millisecond)
-			r := e.decide(DecideArgs{IdleExpiry: time.Hour})
+			r := e.decide(DecideArgs{})
 			assert.Equal(t, StatusDenied, r.Status, "a used-up hourly tier admitted after SetLimits(%v): %+v", tt.after, r)
 		})
 	}
@@ -82,19 +84,19 @@ func TestSetLimitsKeepsEachTiersTokensByPeriod(t *testing.T) {
 
 // SetLimits from a caller that does not know the defaults the buckets were
 // computed under still carries their tokens over (the D field), clamps them
-// and resets the expiry.
+// and keeps the key until its bucket is full again.
 func TestSetLimitsCarriesTokensOverFromOtherDefaults(t *testing.T) {
 	e := newEnv(t)
 	defaults := []Tier{{Rate: 60, PerMS: 60000, Burst: 10}}
 	for range 10 {
-		require.Equal(t, StatusAllowed, e.decide(DecideArgs{Defaults: defaults, IdleExpiry: time.Hour}).Status)
+		require.Equal(t, StatusAllowed, e.decide(DecideArgs{Defaults: defaults}).Status)
 	}
-	sr, err := SetLimits(e.ctx, e.run, e.k, time.Hour, []Tier{{Rate: 1, PerMS: 60000, Burst: 1}}, nil)
+	sr, err := SetLimits(e.ctx, e.run, e.k, []Tier{{Rate: 1, PerMS: 60000, Burst: 1}}, nil)
 	require.NoError(t, err)
 	require.Empty(t, sr.Field)
-	assert.Equal(t, time.Hour, e.mr.TTL(e.k.Bucket), "TTL: the idle expiry")
+	assert.GreaterOrEqual(t, e.mr.TTL(e.k.Bucket), 2*time.Minute, "TTL: until the bucket is full again, at least")
 	e.at(2 * time.Second)
-	r := e.decide(DecideArgs{IdleExpiry: time.Hour})
+	r := e.decide(DecideArgs{})
 	assert.Equal(t, StatusDenied, r.Status, "an exhausted bucket lowered to 1/min admitted after 2 s: %+v", r)
 	// 0 tokens kept, clamped to the new burst of 1: the next one comes a
 	// minute after the change.
@@ -137,20 +139,20 @@ func TestResumeEndsTheSuspensionAndItsSchedule(t *testing.T) {
 	e.setLimits(Tier{Rate: 10, PerMS: 1000, Burst: 10})
 	_, err := Suspend(e.ctx, e.run, e.k, time.Hour, time.Hour)
 	require.NoError(t, err)
-	resv := DecideArgs{TaskID: "a", Horizon: 2 * time.Hour, Lapse: time.Minute, IdleExpiry: time.Hour}
+	resv := DecideArgs{TaskID: "a", Horizon: 2 * time.Hour, Lapse: time.Minute}
 	r := e.decide(resv)
 	require.Equal(t, "suspended", r.RefusedBy)
 	require.False(t, r.Reserved.IsZero(), "a slot after the suspension")
 
-	res, err := Resume(e.ctx, e.run, e.k)
+	res, err := Resume(e.ctx, e.run, e.k, nil)
 	require.NoError(t, err)
 	assert.Equal(t, time.Hour, res.Left, "Resume reports what was left")
 	assert.Equal(t, []string{"a"}, res.Reserved, "Resume names the tasks that held a reservation")
-	assert.Equal(t, StatusAllowed, e.decide(DecideArgs{IdleExpiry: time.Hour}).Status, "a fresh caller after Resume")
+	assert.Equal(t, StatusAllowed, e.decide(DecideArgs{}).Status, "a fresh caller after Resume")
 	assert.Equal(t, StatusAllowed, e.decide(resv).Status, "the former slot holder after Resume")
 	assert.False(t, e.mr.Exists(e.k.Reservations), "reservations after Resume")
 
-	res, err = Resume(e.ctx, e.run, e.k)
+	res, err = Resume(e.ctx, e.run, e.k, nil)
 	require.NoError(t, err)
 	assert.Zero(t, res.Left, "Resume of a key not suspended")
 }
@@ -167,10 +169,10 @@ func TestInspectReportsTheStateWithoutWriting(t *testing.T) {
 		Configured: []Tier{{Rate: 1, PerMS: 1000, Burst: 4}}, LearnedFor: []time.Duration{0}, AdaptiveFactor: 1}, r, "Inspect with defaults")
 
 	e.setLimits(Tier{Rate: 10, PerMS: 1000, Burst: 10}, Tier{Rate: 100, PerMS: 60000, Burst: 100})
-	e.decide(DecideArgs{IdleExpiry: time.Hour})
+	e.decide(DecideArgs{})
 	_, err = Suspend(e.ctx, e.run, e.k, 5*time.Second, time.Hour)
 	require.NoError(t, err, "Suspend")
-	e.decide(DecideArgs{TaskID: "a", Horizon: time.Minute, Lapse: time.Minute, IdleExpiry: time.Hour})
+	e.decide(DecideArgs{TaskID: "a", Horizon: time.Minute, Lapse: time.Minute})
 	before := e.mr.Dump()
 	r, err = Inspect(e.ctx, e.run, e.k, nil, 0)
 	require.NoError(t, err, "Inspect")
@@ -197,7 +199,7 @@ func TestInspectReportsTheStateWithoutWriting(t *testing.T) {
 func TestAdjustSettlesACostAfterTheFact(t *testing.T) {
 	e := newEnv(t)
 	e.setLimits(Tier{Rate: 10, PerMS: 1000, Burst: 10}, Tier{Kind: KindWindow, Rate: 20, PerMS: 60000})
-	r := e.decide(DecideArgs{IdleExpiry: time.Hour, Cost: 4})
+	r := e.decide(DecideArgs{Cost: 4})
 	require.Equal(t, StatusAllowed, r.Status)
 	require.Equal(t, testEpoch(), r.At, "an admission says when it was admitted")
 	tokens := func() []float64 {
@@ -208,22 +210,22 @@ func TestAdjustSettlesACostAfterTheFact(t *testing.T) {
 	}
 	assert.Equal(t, []float64{6, 16}, tokens(), "after a cost of 4")
 	e.at(10 * time.Second) // the bucket is full again; the window is another sub-window on
-	require.NoError(t, Adjust(e.ctx, e.run, e.k, 3, Call{Generation: -1}, time.Hour, nil))
+	require.NoError(t, Adjust(e.ctx, e.run, e.k, 3, Call{Generation: -1}, nil))
 	assert.Equal(t, []float64{7, 13}, tokens(), "charged 3 more")
-	require.NoError(t, Adjust(e.ctx, e.run, e.k, -5, Call{Generation: -1}, time.Hour, nil))
+	require.NoError(t, Adjust(e.ctx, e.run, e.k, -5, Call{Generation: -1}, nil))
 	assert.Equal(t, []float64{7, 13}, tokens(), "a refund of no known call gives nothing back")
 	call := Call{At: r.At, Charged: 4, Generation: r.Generation}
-	require.NoError(t, Adjust(e.ctx, e.run, e.k, -3, call, time.Hour, nil))
+	require.NoError(t, Adjust(e.ctx, e.run, e.k, -3, call, nil))
 	assert.Equal(t, []float64{7, 16}, tokens(), "the call's debit was refilled 10 s ago; the window gives 3 back in the sub-window of the call")
-	require.NoError(t, Adjust(e.ctx, e.run, e.k, -3, Call{At: r.At, Charged: 4, Generation: r.Generation + 1}, time.Hour, nil))
+	require.NoError(t, Adjust(e.ctx, e.run, e.k, -3, Call{At: r.At, Charged: 4, Generation: r.Generation + 1}, nil))
 	assert.Equal(t, []float64{7, 16}, tokens(), "a call admitted under other limits: nothing back")
 
 	// A refund right after the call gives the bucket back what the refill
 	// has not paid yet of the call's own debit.
-	r = e.decide(DecideArgs{IdleExpiry: time.Hour, Cost: 5})
+	r = e.decide(DecideArgs{Cost: 5})
 	require.Equal(t, StatusAllowed, r.Status)
 	e.at(10*time.Second + 200*time.Millisecond) // 2 tokens refilled since
-	require.NoError(t, Adjust(e.ctx, e.run, e.k, -4, Call{At: r.At, Charged: 5, Generation: r.Generation}, time.Hour, nil))
+	require.NoError(t, Adjust(e.ctx, e.run, e.k, -4, Call{At: r.At, Charged: 5, Generation: r.Generation}, nil))
 	assert.InDeltaSlice(t, []float64{6, 15}, tokens(), 1e-9, "4 of the 5 taken come back less the 2 refilled since: 2 to the bucket")
 }
 
@@ -235,7 +237,7 @@ func TestAdjustSettlesACostAfterTheFact(t *testing.T) {
 func TestAdjustRefundComesOutOfTheCallsSubWindow(t *testing.T) {
 	e := newEnv(t)
 	e.setLimits(Tier{Kind: KindWindow, Rate: 10, PerMS: 1000})
-	a := DecideArgs{IdleExpiry: time.Hour}
+	a := DecideArgs{}
 	var real []time.Duration // instants of the calls actually made
 	takeAt := func(at time.Duration, n int) int {
 		e.at(at)
@@ -254,7 +256,7 @@ func TestAdjustRefundComesOutOfTheCallsSubWindow(t *testing.T) {
 	a.Cost = 1
 	require.Equal(t, 5, takeAt(902*time.Millisecond, 5), "5 at 902 ms")
 	e.at(954 * time.Millisecond)
-	require.NoError(t, Adjust(e.ctx, e.run, e.k, -5, Call{At: refunded.At, Charged: 5, Generation: refunded.Generation}, time.Hour, nil), "the first call's real cost was 0")
+	require.NoError(t, Adjust(e.ctx, e.run, e.k, -5, Call{At: refunded.At, Charged: 5, Generation: refunded.Generation}, nil), "the first call's real cost was 0")
 	takeAt(954*time.Millisecond, 20)
 	takeAt(1102*time.Millisecond, 20)
 	takeAt(1500*time.Millisecond, 20)
@@ -276,8 +278,8 @@ func TestAdjustRefundComesOutOfTheCallsSubWindow(t *testing.T) {
 func TestInspectDoesNotCountLapsedReservations(t *testing.T) {
 	e := newEnv(t)
 	e.setLimits(Tier{Rate: 1, PerMS: 1000, Burst: 1})
-	a := DecideArgs{TaskID: "a", Horizon: time.Minute, Lapse: time.Minute, IdleExpiry: time.Hour}
-	require.Equal(t, StatusAllowed, e.decide(DecideArgs{IdleExpiry: time.Hour}).Status)
+	a := DecideArgs{TaskID: "a", Horizon: time.Minute, Lapse: time.Minute}
+	require.Equal(t, StatusAllowed, e.decide(DecideArgs{}).Status)
 	r := e.decide(a)
 	require.Equal(t, StatusDenied, r.Status)
 	require.False(t, r.Reserved.IsZero(), "a reserves a slot: %+v", r)

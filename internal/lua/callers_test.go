@@ -25,8 +25,8 @@ func TestAppendCallersSendsALoneCostAlone(t *testing.T) {
 func TestACostAloneDecidesAsTheCallerWithoutID(t *testing.T) {
 	costs := []string{"1,tokens=12000", "1,tokens=12000", "1,tokens=12000", "2", "1", "1,tokens=100,images=3", "1,tokens=30001"}
 	modes := []DecideArgs{
-		{IdleExpiry: time.Hour},
-		{Horizon: time.Minute, Lapse: time.Minute, IdleExpiry: time.Hour},
+		{},
+		{Horizon: time.Minute, Lapse: time.Minute},
 	}
 	limits := [][]Tier{
 		llmTiers,

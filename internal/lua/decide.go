@@ -20,8 +20,6 @@ type DecideArgs struct {
 	Horizon time.Duration
 	// Lapse is how long a reservation is kept after its instant.
 	Lapse time.Duration
-	// IdleExpiry is how long limits in Redis outlive the last decision.
-	IdleExpiry time.Duration
 	// Defaults apply when the key has no limits in Redis.
 	Defaults []Tier
 	// Lease is how many tokens an admitted caller without a reservation may
@@ -85,13 +83,13 @@ type DecideReply struct {
 // Decide runs decide.lua for one caller.
 //
 //	KEYS[1] bucket hash  KEYS[2] reservations  KEYS[3] slots in flight
-//	KEYS[4] active tenants, KEYS[5] start tags (with flag 8, fair)
+//	KEYS[4] configuration
+//	KEYS[5] active tenants, KEYS[6] start tags (with flag 8, fair)
 //	ARGV[1] the options, one string (a Limiter sends the same few again
 //	        and again, and the script parses each once):
-//	        "granule horizon lapse idle lease headroom flags slot_expiry|defaults"
+//	        "granule horizon lapse lease headroom flags slot_expiry|defaults"
 //	        granule, horizon (0 = never reserve), lapse, headroom and
-//	        slot_expiry in microseconds; idle (the limits' inactivity
-//	        expiry) in milliseconds; lease: tokens an admitted caller may
+//	        slot_expiry in microseconds; lease: tokens an admitted caller may
 //	        take for its process (0 = 1); flags: 1 book, 2 pace, 4 probe,
 //	        8 fair (callers say their tenant);
 //	        defaults: the default limits as FormatTiers writes them ("" none)
@@ -142,15 +140,15 @@ var DecideScript = decideScript
 
 // AppendDecideArgs appends a call of decide.lua in mode m to dst without its
 // callers: the verb and function (or sha), the number of keys, the keys
-// (three; five with a.Fair) and ARGV[1], the options. AppendCallers adds
+// (four; six with a.Fair) and ARGV[1], the options. AppendCallers adds
 // the callers (with a.Fair, the caller appends a task ID, a cost and a
 // tenant per caller). a.TaskID, a.Cost and a.Tenant are ignored.
 func AppendDecideArgs(dst []any, m Mode, k Keys, a DecideArgs) []any {
 	verb, id := decideScript.Head(m)
 	if a.Fair {
-		return append(dst, verb, id, 5, k.Bucket, k.Reservations, k.Slots, k.Tenants, k.Tags, FormatOptions(a))
+		return append(dst, verb, id, 6, k.Bucket, k.Reservations, k.Slots, k.Config, k.Tenants, k.Tags, FormatOptions(a))
 	}
-	return append(dst, verb, id, 3, k.Bucket, k.Reservations, k.Slots, FormatOptions(a))
+	return append(dst, verb, id, 4, k.Bucket, k.Reservations, k.Slots, k.Config, FormatOptions(a))
 }
 
 // AppendCallers appends the callers of a run to a command AppendDecideArgs
@@ -187,7 +185,7 @@ func FormatOptions(a DecideArgs) string {
 	}
 	b := make([]byte, 0, 64)
 	for i, v := range []int64{a.Granule.Microseconds(), a.Horizon.Microseconds(), a.Lapse.Microseconds(),
-		a.IdleExpiry.Milliseconds(), int64(a.Lease), a.Headroom.Microseconds(), int64(flags), a.SlotExpiry.Microseconds()} {
+		int64(a.Lease), a.Headroom.Microseconds(), int64(flags), a.SlotExpiry.Microseconds()} {
 		if i > 0 {
 			b = append(b, ' ')
 		}

@@ -60,15 +60,14 @@ local options, n_options = {}, 0
 local function read_options(s)
   local o = options[s]
   if o then return o end
-  local g, hz, lp, idle, lease, hr, flags, se, defaults =
-    string.match(s, '^(%d+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+)|(.*)$')
+  local g, hz, lp, lease, hr, flags, se, defaults =
+    string.match(s, '^(%d+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+)|(.*)$')
   if not g then error('decide: options "' .. string.sub(s, 1, 60) .. '" are not as decide.go writes them') end
   flags = tonumber(flags)
   o = {
     granule = tonumber(g),         -- us; 0: callers come back at any instant
     horizon = tonumber(hz),        -- us; 0: never reserve
     lapse = tonumber(lp),          -- us a reservation is kept after its instant
-    idle_us = tonumber(idle) * 1000,   -- inactivity expiry of the limits
     lease = tonumber(lease),       -- tokens a caller may take for its process (0: none)
     headroom = tonumber(hr),       -- us of dispatch jitter to keep room for
     book = flags % 2 == 1,         -- always reserve (Enqueue)
@@ -138,7 +137,7 @@ end
 -- what the general path needs beyond the hash: windows and slots held.
 local function run_state(KEYS, o, now, L, h, spec, until_, owed, x, vnext)
   local r = {
-    key = KEYS[1], resv_key = KEYS[2], slots_key = KEYS[3], o = o, now = now,
+    key = KEYS[1], resv_key = KEYS[2], slots_key = KEYS[3], kc = KEYS[4], o = o, now = now,
     L = L, hasT = h[2] ~= false, V = h[5] or nil, spec = spec, tiers = spec.tiers, gen = spec.gen,
     until_ = until_, suspended = until_ ~= nil and until_ > now,
     owed = owed, x = x, vnext = vnext,
@@ -510,7 +509,7 @@ local function reserve(r, id, c, resv, earliest, by, could_run)
     -- opens (the set may be new) and at most once a second while it is
     -- open, for every booking the next second may make (up to the
     -- horizon ahead): not a PEXPIRE per booking.
-    expire_in(r.resv_key, r.vnext - now + o.lapse + o.horizon + SWEEP_EVERY)
+    extend_to(r.resv_key, r.vnext - now + o.lapse + o.horizon + SWEEP_EVERY)
   end
   return denied(r, math.max(at - now, 0), by, at)
 end
@@ -626,14 +625,13 @@ local function decide_one(r, id, c)
   return denied(r, earliest - now, by, 0)
 end
 
--- write_back writes what the run changed, once, and keeps the key alive:
--- never shorter than the time the tiers need to refill, the queue of
--- reservations, or the suspension; with limits in Redis, never shorter
--- than the idle expiry.
+-- write_back writes what the run changed, once, and keeps the key alive
+-- (keep_alive): never shorter than the time the tiers need to refill, the
+-- queue of reservations, the suspension, or what any other path needs.
 local function write_back(r)
   local now = r.now
   if r.taken or r.scheduled then
-    local fields, need = {}, full_in(r.tiers, r.owed)
+    local fields, del, need = {}, {}, full_in(r.tiers, r.owed)
     if r.write_extra then r.write_extra(r, fields) end
     for i, t in ipairs(r.tiers) do
       if t.kind == 'w' then
@@ -642,7 +640,7 @@ local function write_back(r)
           fields[#fields + 1] = 'W' .. t.key
           fields[#fields + 1] = s
         else
-          redis.call('HDEL', r.key, 'W' .. t.key)
+          del[#del + 1] = 'W' .. t.key
         end
         if empty_in > need then need = empty_in end
       end
@@ -661,24 +659,32 @@ local function write_back(r)
       fields[#fields + 1] = write_M(r.M, r.tiers)
     end
     if r.suspended and r.until_ - now > need then need = r.until_ - now end
+    local q = r.q_override or (r.vnext > now and r.vnext or 0)
+    local T = write_T(r.tiers, r.owed, now, 0, q)
+    if not T and r.hasT then del[#del + 1] = 'T' end
+    -- (deletions first: keep_alive reads the lifetime of the hash they
+    -- leave, which the writes below may make anew)
+    if #del > 0 then redis.call('HDEL', r.key, unpack(del)) end
     local ttl
-    r.x, ttl = keep_alive(need, r.L ~= nil, r.o.idle_us, r.x, now)
-    local T = write_T(r.tiers, r.owed, now, r.x, r.q_override or (r.vnext > now and r.vnext or 0))
+    r.x, ttl = keep_alive(r.key, need, r.x, now)
     if T then
+      -- (x, T's second double, now known)
       fields[#fields + 1] = 'T'
-      fields[#fields + 1] = T
+      fields[#fields + 1] = string.sub(T, 1, 8) .. bin_pack('<d', r.x) .. string.sub(T, 17)
       if not r.L and not r.hasT then
         -- Record the defaults the buckets are computed under, for SetLimits.
         fields[#fields + 1] = 'D'
         fields[#fields + 1] = r.o.defaults
       end
-    elseif r.hasT then
-      redis.call('HDEL', r.key, 'T')
     end
     if #fields > 0 then redis.call('HSET', r.key, unpack(fields)) end
-    if ttl then expire_in(r.key, ttl) end
+    if ttl then
+      set_ttl(r.key, ttl)
+      -- (a key configured before :c existed: its limits outlive the hash)
+      if r.L then save_config(r.key, r.kc) end
+    end
     -- The active tenants (fair.lua) outlive the hash that counts them.
-    if r.akey and (ttl or r.akey_new) then expire_in(r.akey, r.x - now + 1e6) end
+    if r.akey and (ttl or r.akey_new) then extend_to(r.akey, r.x - now + 1e6) end
   end
   if r.lanes and not r.lanes.guess then
     local l = {}
@@ -686,8 +692,9 @@ local function write_back(r)
     redis.call('HSET', r.key, 'FL', table.concat(l, ' '))
   end
   if r.slot_n and r.held > 0 then
-    -- The slots live as long as their longest expiry.
-    expire_in(r.slots_key, r.o.slot_expiry)
+    -- The slots live as long as their longest expiry: this process's, or
+    -- a longer one another process gave its live holders.
+    extend_to(r.slots_key, r.o.slot_expiry)
   end
 end
 
@@ -699,7 +706,7 @@ end
 -- the general path decides. (The general path cost a lone Take 137k
 -- instructions, this one 107k: bench/callgrind.sh, Redis 7.0.) M is the
 -- M field's records when a sample changed them (nil: the field stays).
-local function take_now(key, o, now, L, hasT, spec, owed, x, c, M)
+local function take_now(key, kc, o, now, L, hasT, spec, owed, x, c, M)
   local tiers, headroom = spec.tiers, o.headroom
   local n, remaining, longest = #tiers, math.huge, 0
   -- (wait_for, bucket_take and full_in written out: a call costs more than
@@ -745,22 +752,29 @@ local function take_now(key, o, now, L, hasT, spec, owed, x, c, M)
     if extra > 0 then need = full_in(tiers, owed) end
   end
   local ttl
-  x, ttl = keep_alive(need, L ~= nil, o.idle_us, x, now)
+  x, ttl = keep_alive(key, need, x, now)
   local T = write_T(tiers, owed, now, x, 0)
+  -- (D: the defaults the buckets are computed under, recorded for
+  -- SetLimits, and as the mark of a key without configured limits)
+  local D = not L and not hasT
   if not T then
     -- Every bucket full (a call that took nothing of their units): no
     -- state to keep.
     if hasT then redis.call('HDEL', key, 'T') end
     if M then redis.call('HSET', key, 'M', write_M(M, tiers)) end
+  elseif M and D then
+    redis.call('HSET', key, 'T', T, 'M', write_M(M, tiers), 'D', o.defaults)
   elseif M then
     redis.call('HSET', key, 'T', T, 'M', write_M(M, tiers))
-  elseif not L and not hasT and not spec.units then
-    -- Record the defaults the buckets are computed under, for SetLimits.
+  elseif D then
     redis.call('HSET', key, 'T', T, 'D', o.defaults)
   else
     redis.call('HSET', key, 'T', T)
   end
-  if ttl then expire_in(key, ttl) end
+  if ttl then
+    set_ttl(key, ttl)
+    if L then save_config(key, kc) end
+  end
   if remaining < 0 then remaining = 0 end
   return string.format('1|0|%d||%d|%d|%d', math.floor(remaining), now, extra, spec.gen)
 end

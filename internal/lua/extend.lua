@@ -13,5 +13,7 @@ for i = 2, #ARGV do
     n = n + redis.call('ZADD', slots_key, 'XX', 'GT', 'CH', now + lease, ARGV[i])
   end
 end
-expire_in(slots_key, lease)
+-- (the set lives as long as its longest lease: never shorter than another
+-- process's, whose live holders renew theirs)
+extend_to(slots_key, lease)
 return n

@@ -63,7 +63,7 @@ end
 -- and, for each caller, its tenant's record, weight and reservation tag
 -- (fields f, from the run's first HMGET: see decide_run).
 local function fair_state(r, KEYS, f)
-  r.akey, r.tkey = KEYS[4], KEYS[5]
+  r.akey, r.tkey = KEYS[5], KEYS[6]
   r.g = read_G(f.G, r.now)
   r.R = fair_rate(r.tiers)
   r.tenants, r.weights, r.stags = {}, {}, {}
@@ -414,7 +414,7 @@ local function fair_reserve(r, p, earliest, by)
     r.g.sw = now
   end
   redis.call('ZADD', r.resv_key, at, id)
-  expire_in(r.resv_key, at - now + o.lapse)
+  extend_to(r.resv_key, at - now + o.lapse)
   return denied(r, math.max(at - now, 0), by, at)
 end
 
@@ -478,7 +478,7 @@ local function fair_write(r, fields)
   if #r.stag_set > 0 then
     redis.call('ZADD', r.tkey, unpack(r.stag_set))
     -- (As the reservations: their lapse past the last one booked.)
-    expire_in(r.tkey, (r.fair_need or 0) + r.o.lapse)
+    extend_to(r.tkey, (r.fair_need or 0) + r.o.lapse)
   end
   local gone, del = nil, nil
   for id in pairs(r.leaving) do

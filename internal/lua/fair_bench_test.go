@@ -23,12 +23,12 @@ func BenchmarkFairTenants(b *testing.B) {
 			ctx := context.Background()
 			rdb := redistest.Start(b).Client(b)
 			run := NewRunner(rdb)
-			k := Keys{Bucket: "p:{k}:b", Reservations: "p:{k}:r", Slots: "p:{k}:f", Tenants: "p:{k}:a", Tags: "p:{k}:t"}
-			if _, err := SetLimits(ctx, run, k, time.Hour, []Tier{{Rate: 1_000_000, PerMS: 3_600_000, Burst: 1}}, nil); err != nil {
+			k := Keys{Bucket: "p:{k}:b", Reservations: "p:{k}:r", Slots: "p:{k}:f", Tenants: "p:{k}:a", Tags: "p:{k}:t", Config: "p:{k}:c"}
+			if _, err := SetLimits(ctx, run, k, []Tier{{Rate: 1_000_000, PerMS: 3_600_000, Burst: 1}}, nil); err != nil {
 				b.Fatal(err)
 			}
 			args := func(tenant, id string) DecideArgs {
-				return DecideArgs{Fair: true, Tenant: tenant, TaskID: id, Horizon: time.Hour, Lapse: time.Hour, IdleExpiry: time.Hour}
+				return DecideArgs{Fair: true, Tenant: tenant, TaskID: id, Horizon: time.Hour, Lapse: time.Hour}
 			}
 			// Every tenant books one task: all n are active.
 			for i := range n {

@@ -14,7 +14,7 @@ import (
 // fairArgs is a fair decision of tenant for task id at cost 1, reserving
 // up to a minute ahead, exact instants.
 func fairArgs(tenant, id string) DecideArgs {
-	a := DecideArgs{Fair: true, Tenant: tenant, TaskID: id, Horizon: time.Minute, Lapse: time.Minute, IdleExpiry: time.Hour}
+	a := DecideArgs{Fair: true, Tenant: tenant, TaskID: id, Horizon: time.Minute, Lapse: time.Minute}
 	if fairArgsHook != nil {
 		fairArgsHook(&a)
 	}
@@ -142,7 +142,7 @@ func runFair(t *testing.T, e *env, tasks []*fairTask, limit time.Duration) {
 func TestFairWeightsDivideTheRate(t *testing.T) {
 	e := newEnv(t)
 	e.setLimits(Tier{Rate: 40, PerMS: 1000, Burst: 1})
-	_, err := SetWeights(e.ctx, e.run, e.k, time.Hour, map[string]int{"gold": 3})
+	_, err := SetWeights(e.ctx, e.run, e.k, map[string]int{"gold": 3})
 	require.NoError(t, err)
 	// Both enqueue a backlog at the same instant, alternately.
 	var tasks []*fairTask
@@ -227,7 +227,7 @@ func TestFairKeyAsksCallersWithoutATenantToAskAgain(t *testing.T) {
 	e.setLimits(Tier{Rate: 10, PerMS: 1000, Burst: 1})
 	e.decide(fairArgs("a", "a0"))
 	e.decide(fairArgs("a", "a1"))
-	r := e.decide(DecideArgs{TaskID: "x", Horizon: time.Minute, Lapse: time.Minute, IdleExpiry: time.Hour})
+	r := e.decide(DecideArgs{TaskID: "x", Horizon: time.Minute, Lapse: time.Minute})
 	assert.Equal(t, StatusFair, r.Status)
 	r = e.decide(fairArgs("", "x"))
 	assert.Equal(t, StatusDenied, r.Status, "as the default tenant: %+v", r)
@@ -242,7 +242,7 @@ func TestFairSharesNeverBreakTheBound(t *testing.T) {
 			e := newEnv(t)
 			tier := Tier{Rate: 20, PerMS: 1000, Burst: 5}
 			e.setLimits(tier)
-			_, err := SetWeights(e.ctx, e.run, e.k, time.Hour, map[string]int{"t1": 2, "t3": 5})
+			_, err := SetWeights(e.ctx, e.run, e.k, map[string]int{"t1": 2, "t3": 5})
 			require.NoError(t, err)
 			var admitted []time.Duration
 			at := time.Duration(0)

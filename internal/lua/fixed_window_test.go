@@ -22,7 +22,7 @@ func TestFixedWindowAdmitsNInEachAlignedWindow(t *testing.T) {
 	for at := int64(0); at < 10*per; at += 3_000 {
 		times = append(times, at)
 	}
-	got := windowAdmissions(t, e, DecideArgs{IdleExpiry: time.Hour, Headroom: d}, times)
+	got := windowAdmissions(t, e, DecideArgs{Headroom: d}, times)
 	perWindow := make([]int, 10)
 	for _, at := range got {
 		off := at % per // testEpoch is a whole second: at's phase in its aligned window
@@ -41,7 +41,7 @@ func TestFixedWindowRefusalWaitsForTheNextOpening(t *testing.T) {
 	const d = 20 * time.Millisecond
 	e := newEnv(t)
 	e.setLimits(Tier{Kind: KindFixed, Rate: 2, PerMS: 1000})
-	a := DecideArgs{IdleExpiry: time.Hour, Headroom: d}
+	a := DecideArgs{Headroom: d}
 
 	e.at(5 * time.Millisecond)
 	r := e.decide(a)
@@ -71,12 +71,12 @@ func TestFixedWindowRefusalWaitsForTheNextOpening(t *testing.T) {
 func TestFixedWindowRefundStaysInItsWindow(t *testing.T) {
 	e := newEnv(t)
 	e.setLimits(Tier{Kind: KindFixed, Rate: 10, PerMS: 1000})
-	a := DecideArgs{IdleExpiry: time.Hour}
+	a := DecideArgs{}
 	e.at(100 * time.Millisecond)
-	r := e.decide(DecideArgs{IdleExpiry: time.Hour, Cost: 5})
+	r := e.decide(DecideArgs{Cost: 5})
 	require.Equal(t, StatusAllowed, r.Status)
 	e.at(200 * time.Millisecond)
-	require.NoError(t, Adjust(e.ctx, e.run, e.k, -5, Call{At: r.At, Charged: 5, Generation: r.Generation}, time.Hour, nil))
+	require.NoError(t, Adjust(e.ctx, e.run, e.k, -5, Call{At: r.At, Charged: 5, Generation: r.Generation}, nil))
 	admitted := 0
 	for e.decide(a).Status == StatusAllowed {
 		admitted++
@@ -85,13 +85,13 @@ func TestFixedWindowRefundStaysInItsWindow(t *testing.T) {
 
 	// A refund of a call from the last window gives nothing to this one.
 	e.at(1100 * time.Millisecond)
-	r = e.decide(DecideArgs{IdleExpiry: time.Hour, Cost: 4})
+	r = e.decide(DecideArgs{Cost: 4})
 	require.Equal(t, StatusAllowed, r.Status)
 	e.at(2100 * time.Millisecond)
 	for range 10 {
 		require.Equal(t, StatusAllowed, e.decide(a).Status)
 	}
-	require.NoError(t, Adjust(e.ctx, e.run, e.k, -4, Call{At: r.At, Charged: 4, Generation: r.Generation}, time.Hour, nil))
+	require.NoError(t, Adjust(e.ctx, e.run, e.k, -4, Call{At: r.At, Charged: 4, Generation: r.Generation}, nil))
 	assert.Equal(t, StatusDenied, e.decide(a).Status, "a refund from the last window frees nothing in this one")
 }
 
@@ -100,7 +100,7 @@ func TestInspectShowsAFixedWindow(t *testing.T) {
 	e := newEnv(t)
 	e.setLimits(Tier{Kind: KindFixed, Rate: 3, PerMS: 60000}, Tier{Kind: KindWindow, Rate: 3, PerMS: 60000})
 	e.at(time.Second)
-	require.Equal(t, StatusAllowed, e.decide(DecideArgs{IdleExpiry: time.Hour}).Status)
+	require.Equal(t, StatusAllowed, e.decide(DecideArgs{}).Status)
 	r := e.inspect()
 	require.Len(t, r.Tiers, 2)
 	assert.Equal(t, byte(KindFixed), r.Tiers[0].Kind)

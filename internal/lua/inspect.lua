@@ -1,8 +1,15 @@
 -- inspect.lua: read a key's state without changing it (see admin.go).
-local key, resv_key, slots_key, tenants_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local key, resv_key, slots_key, tenants_key, kc = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local defaults = ARGV[1]
 local now = now_us()
-local h = redis.call('HMGET', key, 'L', 's', 'T', 'O', 'G', 'WL')
+local h = redis.call('HMGET', key, 'L', 's', 'T', 'O', 'G', 'WL', 'D')
+-- (the configuration: the hash's copy, else :c, kept until Delete)
+h[1] = config_of(kc, h[1], h[7]) or false
+local wsrc = key
+if not h[6] and kc then
+  h[6] = redis.call('HGET', kc, 'WL') or false
+  wsrc = kc
+end
 local until_ = finite(h[2]) or 0
 local suspended = 0
 -- (An end beyond any honest wait is garbage, not a suspension: as decide.)
@@ -103,7 +110,7 @@ if tenants_key and g.W > 0 then
 end
 for name in string.gmatch(h[6] or '', '[^\n]+') do
   if not seen[name] then
-    local w = tonumber(redis.call('HGET', key, 'w:' .. name)) or 1
+    local w = tonumber(redis.call('HGET', wsrc, 'w:' .. name)) or 1
     tenants[#tenants + 1] = {name, w, 0, 0, 0}
   end
 end

@@ -5,9 +5,9 @@
 --
 -- Storage (one limiter key, all under one hash tag; TestStorageSpecNamesEveryField
 -- checks that every hash field a script reads or writes is listed here):
---   <prefix>:{name}:b  hash, fields
+--   <prefix>:{name}:b  hash, fields; it expires with its state (keep_alive)
 --     L  the configured limits (SetLimits), the ceiling of the limits in
---        force (see O), space-separated items:
+--        force (see O), a copy of :c's, space-separated items:
 --          rate/per_ms/burst   a token bucket
 --          wN/per_ms           a window: at most N calls in any per_ms
 --          xN/per_ms           a fixed window: at most N calls in each
@@ -16,7 +16,8 @@
 --          aP                  adaptive: P ms clean periods
 --          #G                  the generation, bumped by every change
 --     D  the default limits the buckets were last computed under, while the
---        key has no L (so that SetLimits from any process carries them over)
+--        key has no L (so that SetLimits from any process carries them over;
+--        and the mark of a key without configured limits: see config_of)
 --     O  what was learned below L: quotas a provider stated (observe.lua)
 --        and the adaptive cut (suspend.lua); see read_O
 --     T  bucket state, binary (read_T): ts, x, q, then per_ms and owed of
@@ -31,6 +32,8 @@
 --        sub-window, then the calls reserved per sub-window; Wx<per_ms> a
 --        fixed window's, per aligned window
 --     s  suspended until (us)
+--     P  until when a provider's near reset holds the buckets in debt
+--        beyond empty (observe.lua; Resume clears it)
 --     V  the reservation schedule of the token buckets while a queue is
 --        outstanding, binary as T (read_V): its anchor (us), when lapsed
 --        reservations were last swept (us), then per_ms and the virtual
@@ -46,8 +49,10 @@
 --     G  fair shares among tenants (fair.lua): the virtual clock, binary
 --     Y  the last yield to a late task (fair.lua): "taskID@granule"
 --     t:<tenant>  an active tenant's record, binary (fair.lua)
---     w:<tenant>  a tenant's weight (SetWeights)
---     WL the tenants that have a weight, a name per line
+--     w:<tenant>  a tenant's weight (SetWeights), a copy of :c's
+--     WL the tenants that have a weight, a name per line, a copy of :c's
+--   <prefix>:{name}:c  hash without expiry, until Delete: the configuration,
+--        L, w:<tenant> and WL as above (config_of)
 --   <prefix>:{name}:r  sorted set of reservations: task ID scored by its
 --        reserved instant (us)
 --   <prefix>:{name}:a  sorted set of active tenants by finish tag (fair.lua)
@@ -96,12 +101,33 @@ local function finite(raw)
   return v
 end
 
--- expire_in sets a key's expiry to us microseconds from now, at least 1 ms
--- and at most MAX_TTL_MS, as a whole number of milliseconds.
-local function expire_in(key, us)
+-- Lifetimes (issue 34). What a key holds lives as long as some path
+-- promised: a bucket until it is full again, a suspension until its end, a
+-- learned quota until it lapses, a reservation until it lapses, a slot
+-- until its holder stops renewing it. No path may shorten a lifetime that
+-- another path set: every expiry a script sets goes through extend_to (or
+-- keep_alive, for the key's hash), which only ever raises a key's TTL to
+-- what its caller needs, so what the key holds for other paths outlives
+-- the caller's own need. (TestEveryExpiryGoesThroughExtendTo holds every
+-- script to it.) Configuration never expires: see config_of.
+
+-- ttl_ms is a lifetime of us microseconds as PEXPIRE takes it: a whole
+-- number of milliseconds, at least 1 and at most MAX_TTL_MS.
+local function ttl_ms(us)
   local ms = math.ceil(us / 1000)
   if ms < 1 then ms = 1 end
   if ms > MAX_TTL_MS then ms = MAX_TTL_MS end
+  return ms
+end
+
+-- extend_to makes key live at least us microseconds more, never less than
+-- it would have: its TTL is raised, never lowered (a key without a TTL
+-- gets one: only configuration is kept without; a missing key is left
+-- missing).
+local function extend_to(key, us)
+  local ms = ttl_ms(us)
+  local pttl = redis.call('PTTL', key)
+  if pttl == -2 or pttl >= ms then return end
   redis.call('PEXPIRE', key, ms)
 end
 
@@ -981,20 +1007,105 @@ local function all_n(reply, n)
   return table.concat(out, ';')
 end
 
--- keep_alive decides the key's expiry: it must live at least need
--- microseconds more (and, when it holds limits, at least 7/8 of the idle
--- expiry, renewed to the whole expiry). x is the memo of when it expires
--- (0 unknown). It returns the new memo and the TTL to set (us), or x and
--- nil when the key lives long enough.
-local function keep_alive(need, has_limits, idle_us, x, now)
+-- keep_alive decides the expiry of the key's hash (key), which must live
+-- at least need microseconds more: x is the memo of when it expires at the
+-- earliest (T's x; 0 unknown), a lower bound because no path shortens a
+-- TTL. When the memo says the key lives long enough, nothing is asked;
+-- otherwise its TTL is read (another path may have raised it: a
+-- suspension, a learned quota), and raised only when it is short, to twice
+-- the need (so that the next calls find the memo long enough). It returns
+-- the new memo and the TTL to set once the hash is written (us), or the
+-- memo and nil.
+local function keep_alive(key, need, x, now)
   if need < 1e6 then need = 1e6 end
-  local ttl = 2 * need
-  if has_limits and idle_us > 0 then
-    if need < idle_us * 7 / 8 then need = idle_us * 7 / 8 end
-    if ttl < idle_us then ttl = idle_us end
-  end
   x = finite(x) or 0
   if x >= now + need and x <= now + MAX_TTL_MS * 1000 then return x, nil end
+  local pttl = redis.call('PTTL', key)
+  if pttl > 0 and pttl * 1000 >= need then return now + pttl * 1000, nil end
+  local ttl = 2 * need
   if ttl > MAX_TTL_MS * 1000 then ttl = MAX_TTL_MS * 1000 end
+  if pttl > 0 and pttl * 1000 > ttl then ttl = pttl * 1000 end
   return now + ttl, ttl
+end
+
+-- set_ttl sets the TTL keep_alive asked for (us), once the hash is
+-- written.
+local function set_ttl(key, ttl)
+  redis.call('PEXPIRE', key, ttl_ms(ttl))
+end
+
+-- Configuration (issue 34). What an operator set lives in a hash of its
+-- own, <prefix>:{name}:c, with no expiry, until Delete: the limits (L) and
+-- the tenants' weights (w:<tenant>, WL). The key's hash keeps a copy of it
+-- beside the state, read in the same HMGET as the state, and expires with
+-- the state: an idle key shrinks to its configuration, and costs nothing
+-- else. A hash without L and without D (the defaults the buckets were
+-- computed under, written only on a key without configured limits) may
+-- have lost its copy: the configuration is read from :c (config_of), and
+-- a decision copies it back (restore_config).
+
+-- is_config reports whether a field of the key's hash is configuration.
+local function is_config(f)
+  return f == 'L' or f == 'WL' or string.sub(f, 1, 2) == 'w:'
+end
+
+-- config_of returns the configured limits of a key whose hash has L (h_L)
+-- and D (h_D) as read: L; else, without D, those of :c (kc); nil: none.
+local function config_of(kc, h_L, h_D)
+  if h_L then return h_L end
+  if h_D or not kc or kc == '' then return nil end
+  return redis.call('HGET', kc, 'L') or nil
+end
+
+-- restore_config copies the configuration (:c) into the key's hash (kb)
+-- and returns its limits (nil: none) and whether there was any. The hash
+-- lives at least a second more (it may be new).
+local function restore_config(kb, kc)
+  local all = redis.call('HGETALL', kc)
+  if #all == 0 then return nil, false end
+  local L = nil
+  for i = 1, #all, 2 do
+    if all[i] == 'L' then L = all[i + 1] end
+  end
+  for i = 1, #all, 1000 do redis.call('HSET', kb, unpack(all, i, math.min(i + 999, #all))) end
+  extend_to(kb, 1e6)
+  return L, true
+end
+
+-- save_config writes the configuration of the key's hash (kb) to :c when
+-- :c has none (a key configured before :c existed keeps its limits past
+-- its hash).
+local function save_config(kb, kc)
+  if not kc or kc == '' or redis.call('EXISTS', kc) == 1 then return end
+  local h = redis.call('HMGET', kb, 'L', 'WL')
+  local fields = {}
+  if h[1] then
+    fields[#fields + 1] = 'L'
+    fields[#fields + 1] = h[1]
+  end
+  if h[2] then
+    fields[#fields + 1] = 'WL'
+    fields[#fields + 1] = h[2]
+    for name in string.gmatch(h[2], '[^\n]+') do
+      local w = redis.call('HGET', kb, 'w:' .. name)
+      if w then
+        fields[#fields + 1] = 'w:' .. name
+        fields[#fields + 1] = w
+      end
+    end
+  end
+  if #fields > 0 then redis.call('HSET', kc, unpack(fields)) end
+end
+
+-- set_config writes configuration fields (pairs) to the key's hash and to
+-- :c, and deletes the fields del from both.
+local function set_config(kb, kc, fields, del)
+  if del and #del > 0 then
+    hdel_all(kb, del)
+    if kc and kc ~= '' then hdel_all(kc, del) end
+  end
+  if #fields > 0 then
+    redis.call('HSET', kb, unpack(fields))
+    if kc and kc ~= '' then redis.call('HSET', kc, unpack(fields)) end
+  end
 end

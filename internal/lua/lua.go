@@ -310,6 +310,7 @@ type Keys struct {
 	Slots        string // sorted set: slots in flight scored by when each expires (us)
 	Tenants      string // sorted set: active tenants scored by finish tag (fair.lua)
 	Tags         string // sorted set: the start tag of each fair reservation, by task ID (fair.lua)
+	Config       string // hash without expiry: the configuration (limits, weights), until Delete (lib.lua)
 }
 
 // Tier kinds.

@@ -15,7 +15,7 @@ import (
 // testKeys are the keys of limiter key "k" as the throttle package derives
 // them; the scripts care only that they are passed in KEYS.
 func testKeys() Keys {
-	return Keys{Bucket: "t:{k}:b", Reservations: "t:{k}:r", Slots: "t:{k}:f", Tenants: "t:{k}:a", Tags: "t:{k}:t"}
+	return Keys{Bucket: "t:{k}:b", Reservations: "t:{k}:r", Slots: "t:{k}:f", Tenants: "t:{k}:a", Tags: "t:{k}:t", Config: "t:{k}:c"}
 }
 
 func testEpoch() time.Time { return time.Unix(1_700_000_000, 0) }
@@ -49,7 +49,7 @@ func (e *env) decide(a DecideArgs) DecideReply {
 
 func (e *env) setLimits(tiers ...Tier) {
 	e.t.Helper()
-	r, err := SetLimits(e.ctx, e.run, e.k, time.Hour, tiers, nil)
+	r, err := SetLimits(e.ctx, e.run, e.k, tiers, nil)
 	require.NoError(e.t, err, "SetLimits(%+v)", tiers)
 	require.Empty(e.t, r.Field, "SetLimits(%+v): field (reason %q)", tiers, r.Reason)
 }
@@ -102,12 +102,12 @@ func TestScriptsSurviveScriptFlush(t *testing.T) {
 		run  func() error
 	}{
 		{"SetLimits", func() error {
-			_, err := SetLimits(e.ctx, e.run, e.k, time.Hour, []Tier{{Rate: 1, PerMS: 1000, Burst: 1}}, nil)
+			_, err := SetLimits(e.ctx, e.run, e.k, []Tier{{Rate: 1, PerMS: 1000, Burst: 1}}, nil)
 			return err
 		}},
 		{"Decide", func() error { _, err := Decide(e.ctx, e.run, e.k, DecideArgs{}); return err }},
 		{"Suspend", func() error { _, err := Suspend(e.ctx, e.run, e.k, time.Second, time.Hour); return err }},
-		{"Resume", func() error { _, err := Resume(e.ctx, e.run, e.k); return err }},
+		{"Resume", func() error { _, err := Resume(e.ctx, e.run, e.k, nil); return err }},
 		{"Inspect", func() error { _, err := Inspect(e.ctx, e.run, e.k, nil, 0); return err }},
 	}
 	for _, c := range calls {

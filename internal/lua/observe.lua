@@ -17,7 +17,7 @@
 -- tier's period, quota and unit, and a bucket's burst in force, 0 for a
 -- window), which tells the caller which published quotas (and bursts)
 -- could change anything, so that it sends only those.
-local key = KEYS[1]
+local key, kc = KEYS[1], KEYS[2]
 local policies  = ARGV[1]             -- "per_ms:quota[:unit:burst] ..." ('' none)
 local remaining = tonumber(ARGV[2])   -- -1: not said
 local window_ms = tonumber(ARGV[3])   -- window of remaining, 0: not said
@@ -25,13 +25,13 @@ local reset_us  = tonumber(ARGV[4])   -- 0: not said
 local learn_for = tonumber(ARGV[5])   -- us a learned quota lasts unconfirmed
 local defaults  = ARGV[6]
 local max_susp  = tonumber(ARGV[7])
-local idle_us   = ARGV[8] * 1000
-local stop      = ARGV[9] == '1'      -- remaining 0 with a reset suspends
-local unit_left = ARGV[10] or ''      -- "unit:window_ms:remaining ...": other units' counts left
+local stop      = ARGV[8] == '1'      -- remaining 0 with a reset suspends
+local unit_left = ARGV[9] or ''       -- "unit:window_ms:remaining ...": other units' counts left
 local now = now_us()
 local SUSPEND_FROM = 10e6             -- us: a nearer reset is left to the tiers
 
-local h = redis.call('HMGET', key, 'L', 'T', 'O', 's')
+local h = redis.call('HMGET', key, 'L', 'T', 'O', 's', 'P', 'D')
+h[1] = config_of(kc, h[1], h[6]) or false
 local src = h[1]
 if not src and defaults ~= '' then src = defaults end
 if not src then return {} end
@@ -178,14 +178,22 @@ local t_changed = false
 
 -- lower_to brings tier i's tokens down to remaining (never up), as of a
 -- reset reset_us away (0: not said, or a bucket refilling continuously).
+-- None left until a near reset, a bucket refills from empty then: it owes
+-- the time until the reset beyond its burst, a debt the provider imposed
+-- (P: until when; Resume clears it, an operator winning over a provider).
+-- A reset SUSPEND_FROM away or more is a suspension's (this script's, or
+-- the middleware's for a 429), which Inspect shows and Resume ends: no
+-- debt then, the bucket refilling while the key is suspended (a debt of
+-- the whole reset, an hour at most, outlived an operator's Resume).
+local provider_until = finite(h[5])
 local function lower_to(i, remaining, reset_us)
     local t = tiers[i]
     if t.kind == 'b' then
       local has = tokens_at(t, owed[i])
       local want = (t.burst - remaining) * t.p
-      if remaining == 0 and reset_us > 0 then
-        -- None left until the reset: the bucket refills from empty then.
-        want = math.min(want + reset_us * t.rate, t.full + MAX_SKEW * t.rate)
+      if remaining == 0 and reset_us > 0 and reset_us < SUSPEND_FROM then
+        want = want + reset_us * t.rate
+        if not provider_until or provider_until < now + reset_us then provider_until = now + reset_us end
       end
       if want > owed[i] + SLACK * t.rate then
         owed[i] = want
@@ -263,8 +271,7 @@ if O ~= before then
   end
 end
 if relearned and h[1] then
-  fields[#fields + 1] = 'L'
-  fields[#fields + 1] = bump_gen(h[1])
+  set_config(key, kc, {'L', bump_gen(h[1])})
   -- The calls before now are of another generation, refunded nothing
   -- (adjust.lua): M starts afresh, so that what the buckets owed under the
   -- limits before (say, 10x too high) does not bound the refunds of the
@@ -281,14 +288,18 @@ if t_changed then
   if longest > need then need = longest end
   if q > now and q - now > need then need = q - now end
   local ttl
-  x, ttl = keep_alive(need, h[1] ~= false, idle_us, x, now)
+  x, ttl = keep_alive(key, need, x, now)
   fields[#fields + 1] = 'T'
   fields[#fields + 1] = write_T(tiers, owed, now, x, (q > now or q == -1) and q or 0)
-  if ttl then expire_in(key, ttl) end
+  if provider_until and provider_until > now then
+    fields[#fields + 1] = 'P'
+    fields[#fields + 1] = string.format('%d', provider_until)
+  end
 end
 if #fields > 0 then
   redis.call('HSET', key, unpack(fields))
-  -- The key lives as long as what it holds says.
+  -- The key lives as long as what it holds says (what other paths wrote
+  -- lives as long as they said: no path shortens it).
   local longest = need
   if until_ and until_ - now > longest then longest = until_ - now end
   if O then
@@ -296,8 +307,7 @@ if #fields > 0 then
       if l[2] - now > longest then longest = l[2] - now end
     end
   end
-  local pttl = redis.call('PTTL', key)
-  if pttl < 0 or pttl * 1000 < longest then expire_in(key, longest) end
+  extend_to(key, longest)
 end
 local in_force = {}
 for i, t in ipairs(ceiling.tiers) do

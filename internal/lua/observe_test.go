@@ -16,9 +16,6 @@ func (e *env) observe(a ObserveArgs) []string {
 	if a.MaxSuspension == 0 {
 		a.MaxSuspension = time.Hour
 	}
-	if a.IdleExpiry == 0 {
-		a.IdleExpiry = time.Hour
-	}
 	got, err := Observe(e.ctx, e.run, e.k, a)
 	require.NoError(e.t, err)
 	return got
@@ -52,7 +49,7 @@ func TestObserveLearnsAQuotaBelowTheCeiling(t *testing.T) {
 
 	// Decisions obey it: 60 at once and 1/s after, for 19.8 s (the
 	// configured 100/min would admit all 100 calls).
-	a := DecideArgs{IdleExpiry: time.Hour}
+	a := DecideArgs{}
 	admitted := 0
 	for i := range 100 {
 		e.at(time.Duration(i) * 200 * time.Millisecond)
@@ -102,7 +99,7 @@ func TestObserveRemainingLowersTokensNeverRaises(t *testing.T) {
 	got = e.observe(ObserveArgs{Remaining: 0, WindowMS: 60_000, Reset: 30 * time.Second, Stop: true})
 	assert.Equal(t, []string{"tokens 0 20 0", "suspended 30000000"}, got)
 	assert.Equal(t, 30*time.Second, e.inspect().Suspended)
-	d := e.decide(DecideArgs{IdleExpiry: time.Hour})
+	d := e.decide(DecideArgs{})
 	assert.Equal(t, StatusDenied, d.Status)
 	assert.Equal(t, "suspended", d.RefusedBy)
 	// A shorter reset never shortens the suspension.
@@ -174,7 +171,7 @@ func TestObserveNoneLeftAdmitsNothingUntilANearReset(t *testing.T) {
 	e.setLimits(Tier{Rate: 10, PerMS: 1000, Burst: 10})
 	assert.Equal(t, []string{"tokens 0 10 0"}, e.observe(ObserveArgs{Remaining: 0, Reset: 3 * time.Second, Stop: true}))
 	assert.Zero(t, e.inspect().Suspended, "a near reset is kept by the tier, not a suspension")
-	a := DecideArgs{IdleExpiry: time.Hour}
+	a := DecideArgs{}
 	e.at(2900 * time.Millisecond)
 	assert.Equal(t, StatusDenied, e.decide(a).Status, "before the reset")
 	e.at(3100 * time.Millisecond)
@@ -185,7 +182,7 @@ func TestObserveNoneLeftAdmitsNothingUntilANearReset(t *testing.T) {
 // was sent: what lets a process send only the quotas that change something.
 func TestObserveKeyTellsTheTiers(t *testing.T) {
 	e := newEnv(t)
-	args := ObserveArgs{Remaining: -1, LearnFor: time.Minute, MaxSuspension: time.Hour, IdleExpiry: time.Hour,
+	args := ObserveArgs{Remaining: -1, LearnFor: time.Minute, MaxSuspension: time.Hour,
 		Policies: []Policy{{Quota: 60, PerMS: 60_000}, {Quota: 7, PerMS: 3_000}}}
 	o, err := ObserveKey(e.ctx, e.run, e.k, args)
 	require.NoError(t, err)
@@ -199,7 +196,7 @@ func TestObserveKeyTellsTheTiers(t *testing.T) {
 		Changes: []string{"learned 0 60 100 60000", "converted 1 2 10 1000 7 3000"},
 		Tiers:   []ObservedTier{{PerMS: 60_000, InForce: 60, Configured: 100, Burst: 60}, {PerMS: 1000, InForce: 2, Configured: 10}},
 	}, o)
-	o, err = ObserveKey(e.ctx, e.run, e.k, ObserveArgs{Remaining: -1, LearnFor: time.Minute, MaxSuspension: time.Hour, IdleExpiry: time.Hour})
+	o, err = ObserveKey(e.ctx, e.run, e.k, ObserveArgs{Remaining: -1, LearnFor: time.Minute, MaxSuspension: time.Hour})
 	require.NoError(t, err)
 	assert.Equal(t, []ObservedTier{{PerMS: 60_000, InForce: 60, Configured: 100, Burst: 60}, {PerMS: 1000, InForce: 2, Configured: 10}}, o.Tiers,
 		"told with nothing sent")
@@ -318,7 +315,7 @@ func TestObserveLargeLearnedBurstIgnoresRoundingJitter(t *testing.T) {
 func TestObserveLoweringKeepsRefunds(t *testing.T) {
 	e := newEnv(t)
 	e.setLimits(Tier{Rate: 60_000, PerMS: 60_000, Burst: 60_000, Unit: "tokens"})
-	a := DecideArgs{IdleExpiry: time.Hour, Units: "tokens=2000"}
+	a := DecideArgs{Units: "tokens=2000"}
 	first := e.decide(a) // from a full bucket: M starts at its instant
 	require.Equal(t, StatusAllowed, first.Status)
 	for range 20 {
@@ -332,7 +329,7 @@ func TestObserveLoweringKeepsRefunds(t *testing.T) {
 	before := e.inspect().Tokens[0]
 	require.InDelta(t, 10_000, before, 1e-6, "brought down to what the provider said")
 	e.at(300 * time.Millisecond)
-	require.NoError(t, Adjust(e.ctx, e.run, e.k, -1500, Call{At: call.At, Charged: 2000, Generation: call.Generation, Unit: "tokens"}, time.Hour, nil))
+	require.NoError(t, Adjust(e.ctx, e.run, e.k, -1500, Call{At: call.At, Charged: 2000, Generation: call.Generation, Unit: "tokens"}, nil))
 	assert.InDelta(t, before+100+1500, e.inspect().Tokens[0], 1e-6, "100 refilled, and the 1,500 not used given back")
 }
 
@@ -343,14 +340,14 @@ func TestObserveLoweringKeepsRefunds(t *testing.T) {
 func TestObserveRelearnedStartsRefundsAfresh(t *testing.T) {
 	e := newEnv(t)
 	e.setLimits(Tier{Rate: 600_000, PerMS: 60_000, Burst: 600_000, Unit: "tokens"}) // 10x
-	small := DecideArgs{IdleExpiry: time.Hour, Units: "tokens=100"}
+	small := DecideArgs{Units: "tokens=100"}
 	for i := range 2 {
 		e.at(time.Duration(i) * time.Millisecond)
 		require.Equal(t, StatusAllowed, e.decide(small).Status) // M's least: about 100 owed
 	}
 	e.at(2 * time.Millisecond)
 	e.observe(ObserveArgs{Remaining: -1, Policies: []Policy{{Quota: 60_000, PerMS: 60_000, Unit: "tokens"}}})
-	a := DecideArgs{IdleExpiry: time.Hour, Units: "tokens=2000"}
+	a := DecideArgs{Units: "tokens=2000"}
 	for i := range 20 {
 		e.at(time.Duration(3+i) * time.Millisecond)
 		require.Equal(t, StatusAllowed, e.decide(a).Status)
@@ -360,7 +357,7 @@ func TestObserveRelearnedStartsRefundsAfresh(t *testing.T) {
 	require.Equal(t, StatusAllowed, call.Status)
 	e.at(2 * time.Second) // 2,000 refilled since: the refill rule gives nothing back
 	before := e.inspect().Tokens[0]
-	require.NoError(t, Adjust(e.ctx, e.run, e.k, -1900, Call{At: call.At, Charged: 2000, Generation: call.Generation, Unit: "tokens"}, time.Hour, nil))
+	require.NoError(t, Adjust(e.ctx, e.run, e.k, -1900, Call{At: call.At, Charged: 2000, Generation: call.Generation, Unit: "tokens"}, nil))
 	assert.InDelta(t, before+1900, e.inspect().Tokens[0], 1e-6, "all 1,900 back: the bucket owed more than that all the time since the call")
 }
 

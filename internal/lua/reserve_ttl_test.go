@@ -17,7 +17,7 @@ func TestReservationsOutliveTheirLastBooking(t *testing.T) {
 	e := newEnv(t)
 	e.setLimits(Tier{Rate: 10, PerMS: 1000, Burst: 1})
 	args := func(id string) DecideArgs {
-		return DecideArgs{TaskID: id, Horizon: time.Minute, Lapse: 5 * time.Minute, Granule: time.Second, IdleExpiry: time.Hour}
+		return DecideArgs{TaskID: id, Horizon: time.Minute, Lapse: 5 * time.Minute, Granule: time.Second}
 	}
 	var clock time.Duration // since testEpoch; key expiry follows it
 	advance := func(to time.Duration) {

@@ -15,14 +15,15 @@ local COSTV = {}
 -- a key with units.
 local MREC = {}
 
--- HM_FIELDS are the hash fields every run reads first (h[1] to h[6]).
-local HM_FIELDS = {'L', 'T', 's', 'O', 'V', 'M'}
+-- HM_FIELDS are the hash fields every run reads first (h[1] to h[7]).
+local HM_FIELDS = {'L', 'T', 's', 'O', 'V', 'M', 'D'}
+local D_AT, D_AT_FAIR = 7, 8   -- where D is in HM_FIELDS, and in fair_fields
 
 -- fair_fields adds to the run's first HMGET what the fair path reads: the
 -- clock, the last yield (fair_yields), and for each caller (ARGV from 2,
 -- triples task ID, cost, tenant) its tenant's record and weight.
 local function fair_fields(ARGV, n)
-  local f = {'L', 'T', 's', 'O', 'V', 'G', 'Y'}
+  local f = {'L', 'T', 's', 'O', 'V', 'G', 'Y', 'D'}
   for k = 1, n do
     local tenant = ARGV[CALLERS_AT + 3 * (k - 1) + 2] or ''
     f[#f + 1] = 't:' .. tenant
@@ -31,7 +32,7 @@ local function fair_fields(ARGV, n)
   return f
 end
 
--- fair_tags reads the start tags of the callers' reservations (KEYS[5],
+-- fair_tags reads the start tags of the callers' reservations (KEYS[6],
 -- by task ID) into stags, in one command; none for callers without an ID.
 local function fair_tags(KEYS, ARGV, n, stags)
   local ids = {}
@@ -40,7 +41,7 @@ local function fair_tags(KEYS, ARGV, n, stags)
     if id ~= '' then ids[#ids + 1] = id end
   end
   if #ids == 0 then return end
-  local v = redis.call('ZMSCORE', KEYS[5], unpack(ids))
+  local v = redis.call('ZMSCORE', KEYS[6], unpack(ids))
   for i = 1, #ids do
     local s = tonumber(v[i])
     if s and s == s and s > -math.huge and s < math.huge then stags[ids[i]] = s end
@@ -68,7 +69,7 @@ local function decide_fair_run(r, KEYS, ARGV, h, n)
     local at = CALLERS_AT + 3 * (k - 1)
     local id, tenant = ARGV[at] or '', ARGV[at + 2] or ''
     local c = cost_vec(ARGV[at + 1] or '1', r.spec)
-    local base = 7 + 2 * (k - 1)
+    local base = D_AT_FAIR + 2 * (k - 1)
     tenant_of(r, tenant, h[base + 1] or nil)
     if k == 1 then fair_clock(r) end
     replies[k] = decide_fair(r, id, c, tenant, weight_of(h[base + 2]))
@@ -91,7 +92,15 @@ local function decide_run(KEYS, ARGV)
     lone_id = ''
   end
   local now = now_us()
-  local h = redis.call('HMGET', KEYS[1], unpack(o.fair and fair_fields(ARGV, n) or HM_FIELDS))
+  local fields = o.fair and fair_fields(ARGV, n) or HM_FIELDS
+  local h = redis.call('HMGET', KEYS[1], unpack(fields))
+  if not h[1] and not h[o.fair and D_AT_FAIR or D_AT] then
+    -- No limits in the hash, and no mark of a key on defaults: the hash
+    -- may have expired with its state; the configuration (limits,
+    -- weights) is copied back from :c, and read again with it.
+    local _, any = restore_config(KEYS[1], KEYS[4])
+    if any then h = redis.call('HMGET', KEYS[1], unpack(fields)) end
+  end
   local spec, L, until_ = read_limits(o, h, now)
   if not spec then return all_n(L, n) end
   local ts, x, vnext, stored = read_T(h[2], now, STORED)
@@ -144,7 +153,7 @@ local function decide_run(KEYS, ARGV)
     elseif raw then
       c = cost_vec(raw, spec)
     end
-    local reply = take_now(KEYS[1], o, now, L, h[2] ~= false, spec, owed, x, c, Mw)
+    local reply = take_now(KEYS[1], KEYS[4], o, now, L, h[2] ~= false, spec, owed, x, c, Mw)
     if reply then return reply end
   end
   local r = run_state(KEYS, o, now, L, h, spec, until_, owed, x, vnext)

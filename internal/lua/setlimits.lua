@@ -11,23 +11,28 @@
 -- shares' state goes with it (fair.lua: the clock, the active tenants, the
 -- start tags): the tenants' finish tags count the work those reservations
 -- booked, and the tasks brought back would queue behind it. Limits equal
--- to those in force change nothing.
-local key, resv_key, tenants_key, tags_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+-- to those in force change nothing (but for the configuration's own copy,
+-- written when it lacks them: a key configured before it existed).
+-- The limits go to the configuration (:c, kept until Delete) and to the
+-- key's hash, whose lifetime is its state's: no path shortens it.
+local key, resv_key, kc, tenants_key, tags_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local MAX_BACK = 100000
-local idle_us  = ARGV[1] * 1000
-local new_src  = ARGV[2]
-local defaults = ARGV[3]
+local new_src  = ARGV[1]
+local defaults = ARGV[2]
 
 local new, field, why = parse_limits(new_src)
 if not new then return {-1, field, why} end
 
 local now = now_us()
 local h = redis.call('HMGET', key, 'L', 'T', 'D', 's', 'O')
+local cur = config_of(kc, h[1], h[3])
 -- The limits already in force: nothing changes, not even the queue (every
 -- worker of a fleet may set its limits when it starts).
-if h[1] and string.gsub(h[1], '%s*#%d+', '') == new_src then
+if cur and string.gsub(cur, '%s*#%d+', '') == new_src then
+  if redis.call('HEXISTS', kc, 'L') == 0 then redis.call('HSET', kc, 'L', cur) end
   return {1, new.gen, 0}
 end
+h[1] = cur or false
 local old = nil
 for _, src in ipairs({h[1] or '', h[3] or '', defaults}) do
   if src ~= '' then
@@ -77,15 +82,7 @@ for i, t in ipairs(in_force.tiers) do
 end
 
 local need = full_in(in_force.tiers, owed)
-local until_ = finite(h[4])
-if until_ and until_ - now > need and until_ - now <= MAX_WAIT then need = until_ - now end
-local x, ttl = keep_alive(need, true, idle_us, 0, now)
-local fields = {'L', new_src .. ' #' .. string.format('%d', gen)}
-local t_field = write_T(in_force.tiers, owed, now, x, 0)
-if t_field then
-  fields[#fields + 1] = 'T'
-  fields[#fields + 1] = t_field
-end
+local L = new_src .. ' #' .. string.format('%d', gen)
 -- Windows that are gone lose their counts; the others keep them.
 local drop = {'T', 'D', 'V', 'M'}
 if old then
@@ -100,8 +97,13 @@ if old then
   end
 end
 redis.call('HDEL', key, unpack(drop))
-redis.call('HSET', key, unpack(fields))
-expire_in(key, ttl)
+set_config(key, kc, {'L', L})
+-- (the lifetime after the writes: the deletions may have emptied the hash,
+-- and the limits made a new one)
+local x, ttl = keep_alive(key, need, 0, now)
+local t_field = write_T(in_force.tiers, owed, now, x, 0)
+if t_field then redis.call('HSET', key, 'T', t_field) end
+if ttl then set_ttl(key, ttl) end
 -- The tasks that held a reservation (the caller brings them back to be
 -- decided under the new limits; at most MAX_BACK of them).
 local held = redis.call('ZRANGE', resv_key, 0, MAX_BACK - 1)

@@ -65,22 +65,30 @@ func TestStorageSpecNamesEveryField(t *testing.T) {
 }
 
 // A key whose limits come from the caller's defaults (none in Redis) lives
-// until its buckets are full again, not the idle expiry: with thousands of
-// tenant keys on default limits, idle ones leave nothing behind. A key with
-// limits in Redis keeps them for the idle expiry.
+// until its buckets are full again: with thousands of tenant keys on
+// default limits, idle ones leave nothing behind. A key with limits in
+// Redis keeps them, in its configuration, until Delete; its hash lives
+// with its state.
 func TestAKeyOnDefaultLimitsExpiresOnceItsBucketsAreFull(t *testing.T) {
 	e := newEnv(t)
 	defaults := []Tier{{Rate: 1, PerMS: 1000, Burst: 10}}
 	for range 5 {
-		require.Equal(t, StatusAllowed, e.decide(DecideArgs{Defaults: defaults, IdleExpiry: time.Hour}).Status)
+		require.Equal(t, StatusAllowed, e.decide(DecideArgs{Defaults: defaults}).Status)
 	}
 	ttl := e.mr.TTL(e.k.Bucket)
 	assert.GreaterOrEqual(t, ttl, 5*time.Second, "5 tokens owed at 1/s: full in 5 s")
 	assert.LessOrEqual(t, ttl, 10*time.Second, "a key on default limits outlived twice its refill")
 
 	e.setLimits(Tier{Rate: 1, PerMS: 1000, Burst: 10})
-	require.Equal(t, StatusAllowed, e.decide(DecideArgs{IdleExpiry: time.Hour}).Status)
-	assert.Equal(t, time.Hour, e.mr.TTL(e.k.Bucket), "a key with limits in Redis: the idle expiry")
+	require.Equal(t, StatusAllowed, e.decide(DecideArgs{}).Status)
+	assert.LessOrEqual(t, e.mr.TTL(e.k.Bucket), 20*time.Second, "a key with limits in Redis: its hash lives with its state")
+	assert.Zero(t, e.mr.TTL(e.k.Config), "its configuration has no expiry")
+	e.mr.FastForward(time.Hour)
+	e.at(time.Hour)
+	assert.Equal(t, []string{e.k.Config}, e.mr.Keys(), "idle: only the configuration")
+	r := e.decide(DecideArgs{})
+	require.Equal(t, StatusAllowed, r.Status)
+	assert.Equal(t, int64(9), r.Remaining, "decided under the limits kept: 10 - 1")
 }
 
 // decodeT reads the T field: its doubles (ts, x, q, then per and owed of
@@ -136,7 +144,7 @@ func TestGarbageInTheBinaryStateDecidesLikeAFreshBucket(t *testing.T) {
 			e := newEnv(t)
 			e.setLimits(tier)
 			e.mr.HSet(e.k.Bucket, "T", tt.value)
-			r, err := Decide(e.ctx, e.run, e.k, DecideArgs{IdleExpiry: time.Hour})
+			r, err := Decide(e.ctx, e.run, e.k, DecideArgs{})
 			require.NoError(t, err, "Decide with T %s", tt.name)
 			require.Contains(t, []int{StatusAllowed, StatusDenied}, r.Status, "%+v", r)
 			if r.Status == StatusDenied {
@@ -145,15 +153,15 @@ func TestGarbageInTheBinaryStateDecidesLikeAFreshBucket(t *testing.T) {
 			if tt.fresh {
 				assert.Equal(t, int64(9), r.Remaining, "T %s: the bucket reads as full", tt.name)
 			}
-			r, err = Decide(e.ctx, e.run, e.k, DecideArgs{TaskID: "a", Horizon: time.Minute, Lapse: time.Minute, IdleExpiry: time.Hour})
+			r, err = Decide(e.ctx, e.run, e.k, DecideArgs{TaskID: "a", Horizon: time.Minute, Lapse: time.Minute})
 			require.NoError(t, err, "a reserving Decide with T %s", tt.name)
 			_, err = Inspect(e.ctx, e.run, e.k, nil, 0)
 			assert.NoError(t, err, "Inspect with T %s", tt.name)
 			_, err = Suspend(e.ctx, e.run, e.k, time.Second, time.Hour)
 			assert.NoError(t, err, "Suspend with T %s", tt.name)
-			_, err = Resume(e.ctx, e.run, e.k)
+			_, err = Resume(e.ctx, e.run, e.k, nil)
 			assert.NoError(t, err, "Resume with T %s", tt.name)
-			sr, err := SetLimits(e.ctx, e.run, e.k, time.Hour, []Tier{tier}, nil)
+			sr, err := SetLimits(e.ctx, e.run, e.k, []Tier{tier}, nil)
 			assert.NoError(t, err, "SetLimits with T %s", tt.name)
 			assert.Empty(t, sr.Field)
 		})
@@ -187,5 +195,29 @@ return out`
 	require.NoError(t, err)
 	for i, v := range values {
 		assert.Equal(t, "same read", got[i], "the codecs on %s", v)
+	}
+}
+
+// No path may shorten a lifetime another path set (issue 34): every expiry
+// a script sets goes through lib.lua's extend_to, or keep_alive and its
+// set_ttl for the key's hash, which only ever raise a TTL. A PEXPIRE
+// anywhere else is a path that could shorten one.
+func TestEveryExpiryGoesThroughExtendTo(t *testing.T) {
+	scripts, err := filepath.Glob("*.lua")
+	require.NoError(t, err)
+	expire := regexp.MustCompile(`(?i)'(p?expire(at)?|persist)'`)
+	for _, name := range scripts {
+		src, err := os.ReadFile(name)
+		require.NoError(t, err)
+		fn := ""
+		for i, line := range strings.Split(string(src), "\n") {
+			if m := regexp.MustCompile(`^local function (\w+)`).FindStringSubmatch(line); m != nil {
+				fn = m[1]
+			}
+			if expire.MatchString(line) {
+				ok := name == "lib.lua" && (fn == "extend_to" || fn == "set_ttl")
+				assert.True(t, ok, "%s:%d (in %s) sets an expiry outside extend_to and set_ttl: %s", name, i+1, fn, strings.TrimSpace(line))
+			}
+		}
 	}
 }

@@ -5,13 +5,14 @@
 -- (unless ARGV[3] is '1': a spend cap, which says nothing of the rate);
 -- one that extends the last moves the start of the clean intervals to its
 -- new end.
-local key = KEYS[1]
+local key, kc = KEYS[1], KEYS[2]
 local d, max = tonumber(ARGV[1]), tonumber(ARGV[2])
 local adapts = ARGV[3] ~= '1'   -- '1': no adaptive cut (a spend cap is no rate limit)
 if d > max then d = max end
 local now = now_us()
 local until_ = now + d
-local h = redis.call('HMGET', key, 's', 'L', 'O')
+local h = redis.call('HMGET', key, 's', 'L', 'O', 'D')
+h[2] = config_of(kc, h[2], h[4]) or false
 local cur = finite(h[1])
 -- A stored end beyond any honest wait is garbage, not a suspension to keep.
 local fresh = not cur or cur <= now
@@ -26,8 +27,7 @@ if spec and spec.adaptive and adapts then
     -- Clean intervals count from the end of the suspension.
     fields[#fields + 1] = 'O'
     fields[#fields + 1] = write_O(learned, {ppm, until_}, now)
-    fields[#fields + 1] = 'L'
-    fields[#fields + 1] = bump_gen(h[2])
+    set_config(key, kc, {'L', bump_gen(h[2])})
   elseif adapt and adapt[2] < until_ and adapt_ppm(spec, adapt, now) < 1e6 then
     -- Extended: clean intervals count from the new end, none while the
     -- key is still suspended (the factor in force now is kept).
@@ -37,6 +37,5 @@ if spec and spec.adaptive and adapts then
 end
 redis.call('HSET', key, unpack(fields))
 -- The key lives at least until the suspension ends (never shorter than it did).
-local pttl = redis.call('PTTL', key)
-if pttl < 0 or pttl * 1000 < until_ - now then expire_in(key, until_ - now) end
+extend_to(key, until_ - now)
 return {string.format('%d', until_ - now), ppm}

@@ -12,14 +12,20 @@
 --     (a later booking keeps its place: the schedule then stays a little
 --     late, never early), and the calls it reserved in each window.
 -- Reply: 1 when the booking was there, else 0.
-local key, resv_key, akey, tkey = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local key, resv_key, akey, tkey, kc = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local id, tenant, cost_raw, defaults = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local now = now_us()
 local at = finite(redis.call('ZSCORE', resv_key, id))
 if not at then return 0 end
 redis.call('ZREM', resv_key, id)
-local h = redis.call('HMGET', key, 'L', 'O', 'G', 't:' .. tenant, 'V', 'T')
-local src = h[1]
+-- (a hash that expired meanwhile holds nothing the booking wrote: it is
+-- not made anew, with no lifetime)
+if redis.call('EXISTS', key) == 0 then
+  redis.call('ZREM', tkey, id)
+  return 1
+end
+local h = redis.call('HMGET', key, 'L', 'O', 'G', 't:' .. tenant, 'V', 'T', 'D')
+local src = config_of(kc, h[1], h[7])
 if not src and defaults ~= '' then src = defaults end
 local spec = src and parse_limits(src)
 if not spec then return 1 end

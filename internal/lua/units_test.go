@@ -18,7 +18,7 @@ var llmTiers = []Tier{{Rate: 500, PerMS: 60000, Burst: 500}, {Rate: 30000, PerMS
 func TestUnitsAreTakenFromTheirOwnTiersAllOrNothing(t *testing.T) {
 	e := newEnv(t)
 	e.setLimits(llmTiers...)
-	a := DecideArgs{IdleExpiry: time.Hour}
+	a := DecideArgs{}
 	tokens := func() []float64 {
 		t.Helper()
 		r, err := Inspect(e.ctx, e.run, e.k, nil, 0)
@@ -51,7 +51,7 @@ func TestUnitsAreTakenFromTheirOwnTiersAllOrNothing(t *testing.T) {
 func TestAUnitAboveItsTiersBurstIsRefusedForGood(t *testing.T) {
 	e := newEnv(t)
 	e.setLimits(llmTiers...)
-	r := e.decide(DecideArgs{IdleExpiry: time.Hour, Units: "tokens=30001"})
+	r := e.decide(DecideArgs{Units: "tokens=30001"})
 	require.Equal(t, StatusCostTooHigh, r.Status, "%+v", r)
 	assert.Equal(t, "60000~tokens", r.Field, "the tokens tier")
 	assert.Equal(t, "30000", r.Reason)
@@ -65,7 +65,7 @@ func TestReservationsAreSpacedByTheBindingUnit(t *testing.T) {
 	e.setLimits(Tier{Rate: 600, PerMS: 60000, Burst: 1}, Tier{Rate: 60000, PerMS: 60000, Burst: 10000, Unit: "tokens"})
 	var at []time.Duration
 	for i := range 4 {
-		r := e.decide(DecideArgs{IdleExpiry: time.Hour, Horizon: time.Hour, Units: "tokens=10000", TaskID: string(rune('a' + i)), Book: true})
+		r := e.decide(DecideArgs{Horizon: time.Hour, Units: "tokens=10000", TaskID: string(rune('a' + i)), Book: true})
 		require.Equal(t, StatusDenied, r.Status, "%+v", r)
 		at = append(at, r.Reserved.Sub(testEpoch()))
 	}
@@ -78,18 +78,18 @@ func TestReservationsAreSpacedByTheBindingUnit(t *testing.T) {
 func TestASettlementMovesItsUnitAlone(t *testing.T) {
 	e := newEnv(t)
 	e.setLimits(llmTiers...)
-	r := e.decide(DecideArgs{IdleExpiry: time.Hour, Units: "tokens=20000"})
+	r := e.decide(DecideArgs{Units: "tokens=20000"})
 	require.Equal(t, StatusAllowed, r.Status)
 	call := Call{At: r.At, Charged: 20000, Generation: r.Generation, Unit: "tokens"}
-	require.NoError(t, Adjust(e.ctx, e.run, e.k, -15000, call, time.Hour, nil))
+	require.NoError(t, Adjust(e.ctx, e.run, e.k, -15000, call, nil))
 	got, err := Inspect(e.ctx, e.run, e.k, nil, 0)
 	require.NoError(t, err)
 	assert.Equal(t, []float64{499, 25000}, got.Tokens, "15,000 tokens back; the request stays taken")
-	require.NoError(t, Adjust(e.ctx, e.run, e.k, 2000, Call{Generation: -1, Unit: "tokens"}, time.Hour, nil))
+	require.NoError(t, Adjust(e.ctx, e.run, e.k, 2000, Call{Generation: -1, Unit: "tokens"}, nil))
 	got, err = Inspect(e.ctx, e.run, e.k, nil, 0)
 	require.NoError(t, err)
 	assert.Equal(t, []float64{499, 23000}, got.Tokens, "2,000 more tokens")
-	require.NoError(t, Adjust(e.ctx, e.run, e.k, 3, Call{Generation: -1}, time.Hour, nil))
+	require.NoError(t, Adjust(e.ctx, e.run, e.k, 3, Call{Generation: -1}, nil))
 	got, err = Inspect(e.ctx, e.run, e.k, nil, 0)
 	require.NoError(t, err)
 	assert.Equal(t, []float64{496, 23000}, got.Tokens, "a request settlement moves the request tier alone")
@@ -105,7 +105,7 @@ func TestEightTiersInSeveralUnits(t *testing.T) {
 		Tier{Rate: 2000, PerMS: 60000, Burst: 2000, Unit: "output-tokens"}, Tier{Kind: KindWindow, Rate: 3000, PerMS: 60000, Burst: 3000, Unit: "output-tokens"},
 		Tier{Kind: KindFixed, Rate: 50000, PerMS: 86400000, Burst: 50000, Unit: "output-tokens"},
 	)
-	a := DecideArgs{IdleExpiry: time.Hour, Units: "input-tokens=1000,output-tokens=500"}
+	a := DecideArgs{Units: "input-tokens=1000,output-tokens=500"}
 	n := 0
 	for e.decide(a).Status == StatusAllowed {
 		n++

@@ -47,7 +47,7 @@ func TestWindowAdmitsAtMostNInAnyWindow(t *testing.T) {
 	for at := int64(0); at < 20*per; at += 7_000 {
 		times = append(times, at)
 	}
-	got := windowAdmissions(t, e, DecideArgs{IdleExpiry: time.Hour}, times)
+	got := windowAdmissions(t, e, DecideArgs{}, times)
 	assert.LessOrEqual(t, maxIn(got, per), n, "calls in any window of 1 s")
 	share := float64(len(got)) / (20 * n)
 	assert.GreaterOrEqual(t, share, 0.95, "share of the quota a steady backlog gets (%d calls in 20 s)", len(got))
@@ -55,7 +55,7 @@ func TestWindowAdmitsAtMostNInAnyWindow(t *testing.T) {
 	// Beside a bucket: both hold.
 	e2 := newEnv(t)
 	e2.setLimits(Tier{Rate: 100, PerMS: 1000, Burst: 5}, Tier{Kind: KindWindow, Rate: n, PerMS: per / 1000})
-	got = windowAdmissions(t, e2, DecideArgs{IdleExpiry: time.Hour}, times)
+	got = windowAdmissions(t, e2, DecideArgs{}, times)
 	assert.LessOrEqual(t, maxIn(got, per), n, "window beside a bucket")
 	assert.LessOrEqual(t, maxIn(got, 10_000), 5, "the bucket's burst beside a window")
 }
@@ -68,14 +68,14 @@ func TestHeadroomKeepsRoomForDispatchJitter(t *testing.T) {
 	t.Run("bucket", func(t *testing.T) {
 		e := newEnv(t)
 		e.setLimits(Tier{Rate: 100, PerMS: 1000, Burst: 10})
-		r := e.decide(DecideArgs{IdleExpiry: time.Hour, Headroom: d})
+		r := e.decide(DecideArgs{Headroom: d})
 		assert.Equal(t, StatusAllowed, r.Status, "a bucket full for long")
 		n := 1
-		for e.decide(DecideArgs{IdleExpiry: time.Hour, Headroom: d}).Status == StatusAllowed {
+		for e.decide(DecideArgs{Headroom: d}).Status == StatusAllowed {
 			n++
 		}
 		assert.Equal(t, 10-2, n, "a burst of 10 less 100/s x 20 ms")
-		r = e.decide(DecideArgs{IdleExpiry: time.Hour})
+		r = e.decide(DecideArgs{})
 		assert.Equal(t, StatusAllowed, r.Status, "without headroom the exact bucket still holds 2")
 	})
 	t.Run("window", func(t *testing.T) {
@@ -85,7 +85,7 @@ func TestHeadroomKeepsRoomForDispatchJitter(t *testing.T) {
 		for at := int64(0); at < 10_000_000; at += 3_000 {
 			times = append(times, at)
 		}
-		got := windowAdmissions(t, e, DecideArgs{IdleExpiry: time.Hour, Headroom: d}, times)
+		got := windowAdmissions(t, e, DecideArgs{Headroom: d}, times)
 		assert.LessOrEqual(t, maxIn(got, 1_000_000+d.Microseconds()), 10, "calls in any window of 1 s + the headroom")
 	})
 }
@@ -102,14 +102,14 @@ func TestWindowCountsCallsAdmittedAhead(t *testing.T) {
 	sub := int64(1_000_000 / 20)
 	// Three calls admitted for 500 ms from now (a paced admission's instant).
 	e.mr.HSet(e.k.Bucket, "Ww1000", fmt.Sprintf("%d 3", (now+500_000)/sub))
-	r := e.decide(DecideArgs{IdleExpiry: time.Hour})
+	r := e.decide(DecideArgs{})
 	assert.Equal(t, StatusDenied, r.Status, "a call now beside 3 admitted 500 ms ahead, at most 3 in any 1 s: %+v", r)
 	assert.Equal(t, "tier:1", r.RefusedBy)
 	// Its wait is until those three have left a window that holds now's
 	// successor: 1 s after their sub-window ends.
 	assert.GreaterOrEqual(t, r.RetryAfter, 1500*time.Millisecond, "wait")
 	e.at(r.RetryAfter)
-	assert.Equal(t, StatusAllowed, e.decide(DecideArgs{IdleExpiry: time.Hour}).Status, "once they have left the window")
+	assert.Equal(t, StatusAllowed, e.decide(DecideArgs{}).Status, "once they have left the window")
 }
 
 // Inspect tells the calls a window would still admit now: none while its

@@ -1,0 +1,106 @@
+package throttle_test
+
+// Lifetimes (issue 34): no path may shorten a lifetime another path set,
+// and what an operator configured never expires.
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/asynq-throttle/asynq-throttle/throttle"
+)
+
+// Item 2: on a key limited only by WithDefaultLimits, a 429 suspends it for
+// 60 s; another handler's Used then settles on the key, and must not make
+// its hash expire with the suspension in it (it rewrote the TTL from the
+// bucket alone: 3 s later another process was admitted).
+func TestUsedNeverShortensASuspension(t *testing.T) {
+	r := newRig(t, quietLog, throttle.WithDefaultLimits(throttle.PerSecond(10)))
+	d := r.take("crm")
+	require.True(t, d.Allowed)
+	r.suspend("crm", time.Minute)
+	r.advance(1500 * time.Millisecond)
+	require.NoError(t, throttle.AdjustCall(r.lim, r.ctx, "crm", 2, d, 1), "a surcharge (Used above the estimate)")
+	require.NoError(t, throttle.AdjustCall(r.lim, r.ctx, "crm", -1, d, 3), "a refund")
+	r.advance(3 * time.Second)
+	got := r.take("crm")
+	assert.False(t, got.Allowed, "admitted 3 s into a 60 s suspension: %+v", got)
+	assert.Equal(t, throttle.RefusedBySuspension, got.Reason)
+	assert.InDelta(t, float64(55500*time.Millisecond), float64(r.inspect("crm").SuspendedFor), float64(time.Second))
+}
+
+// Item 3: a quota Observe learned on a default-limit key stays in force
+// for the time it was learned for, however idle the key (it was forgotten
+// 2 s after the key went idle, and a burst of 20 was admitted again).
+func TestALearnedQuotaOutlivesAnIdleKey(t *testing.T) {
+	r := newRig(t, quietLog, throttle.WithDefaultLimits(throttle.PerSecond(20)))
+	err := r.lim.Middleware()(asynq.HandlerFunc(func(ctx context.Context, _ *asynq.Task) error {
+		return throttle.Observe(ctx, respondWith(map[string]string{"RateLimit-Policy": `"s";q=10;w=1`}))
+	})).ProcessTask(r.ctx, newTask(t, "crm:sync", nil, throttle.Key("crm")))
+	require.NoError(t, err)
+	require.Equal(t, 10, r.inspect("crm").InForce[0].N, "learned")
+	r.advance(1500 * time.Millisecond)
+	r.take("crm") // a decision after it
+	r.advance(5 * time.Second)
+	assert.Equal(t, 10, r.inspect("crm").InForce[0].N, "still in force 5 s later, the key idle")
+	n, _ := r.takeAll("crm", 100)
+	assert.Equal(t, 10, n, "a burst after 5 idle seconds: the learned 10, not the default 20")
+}
+
+// Item 3 (weights): weights set on a key on default limits are
+// configuration, kept however idle the key.
+func TestWeightsOnADefaultLimitKeyOutliveIdleness(t *testing.T) {
+	r := newRig(t, quietLog, throttle.WithDefaultLimits(throttle.PerSecond(20)))
+	require.NoError(t, r.lim.SetWeights(r.ctx, "crm", map[string]int{"gold": 4}))
+	r.take("crm")
+	r.advance(24 * time.Hour)
+	st := r.inspect("crm")
+	require.Len(t, st.Tenants, 1)
+	assert.Equal(t, throttle.TenantStatus{Name: "gold", Weight: 4}, st.Tenants[0], "a day later")
+}
+
+// Item 5: a process with a shorter WithSlotExpiry (a rolling deploy, or a
+// service calling Take beside the workers) must not free the slots of live
+// handlers in other processes: it set the whole slot set's TTL to its own
+// expiry, and was admitted 1.5 s later beside the live holder.
+func TestAShorterSlotExpiryNeverFreesAnotherProcesssSlot(t *testing.T) {
+	r := newRig(t, quietLog, throttle.WithSlotExpiry(30*time.Second))
+	r.setLimits("gh", throttle.InFlight(1))
+	held := r.take("gh")
+	require.True(t, held.Allowed)
+	require.NotEmpty(t, held.Slot)
+	other := throttle.NewLimiter(r.rdb, quietLog, throttle.WithSlotExpiry(time.Second))
+	// The holder renews its slot every 10 s (a third of its expiry); the
+	// other process asks every 1.5 s.
+	for i := range 14 {
+		d, err := other.Take(r.ctx, "gh")
+		require.NoError(t, err)
+		assert.False(t, d.Allowed, "another process admitted beside a live holder at epoch+%v: %+v", r.since(), d)
+		r.advance(1500 * time.Millisecond)
+		if i%6 == 5 {
+			n, err := throttle.Extend(r.lim, r.ctx, "gh", held.Slot)
+			require.NoError(t, err)
+			require.Equal(t, 1, n, "the live holder renews its slot at epoch+%v", r.since())
+		}
+	}
+}
+
+// Item 1: limits set once, by an operator or a deploy script, stay until
+// Delete: running `set` again, get, list or suspend cannot be needed to
+// keep them, and an idle week or month changes nothing (20 tasks drew 36
+// 429s after the 7-day expiry).
+func TestConfiguredLimitsNeverExpire(t *testing.T) {
+	r := newRig(t, quietLog)
+	r.setLimits("weekly", throttle.PerSecond(2))
+	for _, idle := range []time.Duration{8 * 24 * time.Hour, 31 * 24 * time.Hour} {
+		r.advance(idle)
+		n, d := r.takeAll("weekly", 100)
+		assert.Equal(t, 2, n, "after %v idle: the configured burst, not unthrottled", idle)
+		assert.Equal(t, throttle.RefusedByTier, d.Reason)
+	}
+}
