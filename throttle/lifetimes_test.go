@@ -5,6 +5,7 @@ package throttle_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -103,4 +104,85 @@ func TestConfiguredLimitsNeverExpire(t *testing.T) {
 		assert.Equal(t, 2, n, "after %v idle: the configured burst, not unthrottled", idle)
 		assert.Equal(t, throttle.RefusedByTier, d.Reason)
 	}
+}
+
+// Item 6: a provider's long reset (remaining 0, a reset 29 days away) is a
+// suspension an operator's Resume ends, with no debt left in the buckets;
+// a near reset's debt (5 s) is cleared by Resume too.
+func TestResumeClearsEveryWaitAProviderImposed(t *testing.T) {
+	for name, tc := range map[string]struct {
+		header    string
+		suspended bool
+	}{
+		"a reset 29 days away": {`"p";r=0;t=2592000`, true},
+		"a reset 5 s away":     {`"p";r=0;t=5`, false},
+	} {
+		t.Run(name, func(t *testing.T) {
+			r := newRig(t, quietLog)
+			r.setLimits("crm", throttle.PerSecond(100))
+			err := r.lim.Middleware()(asynq.HandlerFunc(func(ctx context.Context, _ *asynq.Task) error {
+				return throttle.Observe(ctx, respondWith(map[string]string{"RateLimit": tc.header}))
+			})).ProcessTask(r.ctx, newTask(t, "crm:sync", nil, throttle.Key("crm")))
+			require.NoError(t, err)
+			st := r.inspect("crm")
+			assert.Equal(t, tc.suspended, st.SuspendedFor > 0, "suspended: %+v", st)
+			require.False(t, r.take("crm").Allowed, "the provider's wait holds before Resume")
+			_, err = r.lim.Resume(r.ctx, "crm")
+			require.NoError(t, err)
+			st = r.inspect("crm")
+			assert.Zero(t, st.SuspendedFor)
+			assert.GreaterOrEqual(t, st.Tokens[0], 0.0, "no debt left: %+v", st)
+			r.advance(10 * time.Millisecond)
+			d := r.take("crm")
+			assert.True(t, d.Allowed, "Resume ends the provider's wait: %+v", d)
+		})
+	}
+}
+
+// Item 8: fair shares are settled with what Used reports, as the buckets
+// are: two tenants of equal weight, one estimating exactly (100 tokens) and
+// one 10x low (10, using 100), each get about half of the tokens used (the
+// honest one got 6 %).
+func TestFairSharesCountWhatUsedSettled(t *testing.T) {
+	r := newRig(t, quietLog)
+	r.setLimits("llm", throttle.PerSecond(1000), throttle.PerSecond(1000).In("tokens"))
+	type task struct {
+		id, tenant, uses string
+		est              int
+		due              time.Time
+	}
+	var tasks []*task
+	for i := range 200 {
+		tasks = append(tasks, &task{id: fmt.Sprintf("h%d", i), tenant: "honest", uses: "tokens=100", est: 100, due: r.now})
+		tasks = append(tasks, &task{id: fmt.Sprintf("l%d", i), tenant: "liar", uses: "tokens=10", est: 10, due: r.now})
+	}
+	used := map[string]int{}
+	end := r.now.Add(6 * time.Second)
+	for r.now.Before(end) {
+		next := -1
+		for i, k := range tasks {
+			if next < 0 || k.due.Before(tasks[next].due) {
+				next = i
+			}
+		}
+		k := tasks[next]
+		if k.due.After(r.now) {
+			r.advance(k.due.Sub(r.now))
+		}
+		d, err := throttle.ReserveUses(r.lim, r.ctx, "llm", k.id, k.tenant, k.uses, time.Minute, 0)
+		require.NoError(t, err)
+		if d.Allowed {
+			require.NoError(t, throttle.AdjustUnitAs(r.lim, r.ctx, "llm", k.tenant, "tokens", 100-k.est, d, k.est))
+			used[k.tenant] += 100
+			tasks = append(tasks[:next], tasks[next+1:]...)
+			continue
+		}
+		k.due = r.now.Add(max(d.RetryAfter, time.Millisecond))
+		if throttle.Reserved(d) {
+			k.due = throttle.ReservedAt(d)
+		}
+	}
+	share := float64(used["honest"]) / float64(used["honest"]+used["liar"])
+	t.Logf("tokens used in 6 s: %v (honest share %.2f)", used, share)
+	assert.InDelta(t, 0.5, share, 0.15, "the honest tenant's share of the tokens used: %v", used)
 }

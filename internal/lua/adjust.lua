@@ -135,7 +135,10 @@ if tenant and akey and q == -1 and redis.call('ZSCORE', akey, tenant) then
     end
     local u = cost_units(tiers, c)
     if delta < 0 then
-      rec.F = math.max(rec.F - u / rec.w, g.V)
+      -- (never behind the clock: nobody is moved back for it)
+      local back = math.min(u / rec.w, math.max(rec.F - g.V, 0))
+      rec.F = rec.F - back
+      rec.shift = rec.shift - back
       rec.units = math.max(rec.units - u, 0)
       if rec.F < g.Fmin then g.Fmin = rec.F end
       -- (the set's scores may be low, never high: fair_expire)
@@ -144,10 +147,11 @@ if tenant and akey and q == -1 and redis.call('ZSCORE', akey, tenant) then
       fields[#fields + 1] = bin_pack('<dddddd', g.V, g.tV, g.W, g.Fmin, g.sw, g.Vs)
     else
       rec.F = rec.F + u / rec.w
+      rec.shift = rec.shift + u / rec.w
       rec.units = rec.units + u
     end
     fields[#fields + 1] = 't:' .. tenant
-    fields[#fields + 1] = bin_pack('<ddd', rec.F, rec.w, rec.units)
+    fields[#fields + 1] = pack_tenant(rec)
   end
 end
 if #fields > 0 then redis.call('HSET', key, unpack(fields)) end

@@ -195,7 +195,7 @@ local function fair_book(r, id, w, c, S)
   local g = r.g
   local rec = tenant_of(r, id)
   if not rec then
-    rec = {F = g.V, w = w, units = 0}
+    rec = {F = g.V, w = w, units = 0, shift = 0}
     r.tenants[id] = rec
     g.W = g.W + w
     S = S or g.V
@@ -231,7 +231,8 @@ local function fair_place(r, id, c, tenant, w)
   if p.fresh then
     p.S = p.rec and math.max(g.V, p.rec.F) or g.V
   else
-    p.S = r.stags[id] or g.V
+    -- (a holder's tag is kept less its tenant's shift at the booking)
+    p.S = r.stags[id] and r.stags[id] + (p.rec and p.rec.shift or 0) or g.V
   end
   p.W = g.W
   if not p.rec then p.W = p.W + w end
@@ -402,7 +403,8 @@ local function fair_reserve(r, p, earliest, by)
   end
   -- The key lives at least until its last booking comes back.
   if at - now > (r.fair_need or 0) then r.fair_need = at - now end
-  r.stag_set[#r.stag_set + 1] = fmt(S)
+  local trec = tenant_of(r, p.tenant)
+  r.stag_set[#r.stag_set + 1] = fmt(S - (trec and trec.shift or 0))
   r.stag_set[#r.stag_set + 1] = id
   if now - r.g.sw >= SWEEP_EVERY then
     -- Reservations whose task never came back lapse, with their tags.
@@ -471,7 +473,7 @@ local function fair_write(r, fields)
     local rec = r.tenants[id]
     if rec then
       fields[#fields + 1] = 't:' .. id
-      fields[#fields + 1] = bin_pack('<ddd', rec.F, rec.w, rec.units)
+      fields[#fields + 1] = pack_tenant(rec)
     end
   end
   if #r.stag_del > 0 then redis.call('ZREM', r.tkey, unpack(r.stag_del)) end

@@ -889,12 +889,25 @@ local function read_G(raw, now)
   return {V = 0, tV = now, W = 0, Fmin = math.huge, sw = 0, Vs = 0}
 end
 
--- read_tenant reads an active tenant's record (nil: not active).
+-- read_tenant reads an active tenant's record (nil: not active): its
+-- finish tag F, the weight it counts in W, the cost units admitted while
+-- active, and shift, what settlements (Used) moved its place in line since
+-- it became active: its reservations' start tags are kept less the shift
+-- at their booking, and count plus the shift now (fair_place), so that a
+-- tenant whose tasks use more than they estimate is moved on, its booked
+-- tasks too. (A record of 24 bytes, from before shifts, has none.)
 local function read_tenant(raw)
-  if not raw or #raw ~= 24 then return nil end
-  local F, w, units = bin_unpack('<ddd', raw)
+  if not raw or (#raw ~= 24 and #raw ~= 32) then return nil end
+  local F, w, units, shift = bin_unpack(#raw == 24 and '<ddd' or '<dddd', raw)
+  if #raw == 24 then shift = 0 end
   if F ~= F or w ~= w or w <= 0 then return nil end
-  return {F = F, w = w, units = units}
+  if shift ~= shift or shift == math.huge or shift == -math.huge then shift = 0 end
+  return {F = F, w = w, units = units, shift = shift}
+end
+
+-- pack_tenant writes a tenant's record (read_tenant).
+local function pack_tenant(rec, w)
+  return bin_pack('<dddd', rec.F, w or rec.w, rec.units, rec.shift or 0)
 end
 
 -- hdel_all deletes fields of key, a thousand per command (unpack has a

@@ -41,7 +41,7 @@ for _, name in ipairs(touched) do
     local w = new[name] or 1
     g.W = g.W - rec.w + w
     state[#state + 1] = 't:' .. name
-    state[#state + 1] = bin_pack('<ddd', rec.F, w, rec.units)
+    state[#state + 1] = pack_tenant(rec, w)
     changed = true
   end
 end

@@ -38,11 +38,11 @@ if S then
   local rec = read_tenant(h[4] or nil)
   if rec and g.W > 0 and redis.call('ZSCORE', akey, tenant) then
     local F = rec.F - cost_units(spec.tiers, c) / rec.w
-    if F < S then F = S end
+    if F < S + rec.shift then F = S + rec.shift end
     if F < rec.F then
       rec.F = F
       if F < g.Fmin then g.Fmin = F end
-      redis.call('HSET', key, 't:' .. tenant, bin_pack('<ddd', rec.F, rec.w, rec.units),
+      redis.call('HSET', key, 't:' .. tenant, pack_tenant(rec),
         'G', bin_pack('<dddddd', g.V, g.tV, g.W, g.Fmin, g.sw, g.Vs))
       -- (the set's scores may be low, never high: fair_expire)
       redis.call('ZADD', akey, fmt(F), tenant)
