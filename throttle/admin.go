@@ -94,6 +94,10 @@ func (l *Limiter) Delete(ctx context.Context, key string) error {
 	if err != nil {
 		return err
 	}
+	if ks, err := l.state(key); err == nil {
+		ks.lease.drop()
+		ks.forgetObserved()
+	}
 	// One DEL: all keys share the hash tag, so one slot on a Cluster.
 	_, err = bounded(l, ctx, func(ctx context.Context) (int64, error) {
 		return l.rdb.Del(ctx, keyspace.Deletable(keys)...).Result()
@@ -151,6 +155,7 @@ func (l *Limiter) SetLimits(ctx context.Context, key string, limits ...Limit) er
 	})
 	ks.lease.drop()
 	ks.forgetNoLimits()
+	ks.forgetObserved()
 	if err != nil {
 		return fmt.Errorf("throttle: key %q: set limits: %w", key, err)
 	}

@@ -186,3 +186,27 @@ func TestFairSharesCountWhatUsedSettled(t *testing.T) {
 	t.Logf("tokens used in 6 s: %v (honest share %.2f)", used, share)
 	assert.InDelta(t, 0.5, share, 0.15, "the honest tenant's share of the tokens used: %v", used)
 }
+
+// Item 4: a process's memo of what Redis has in force is forgotten when the
+// limits change (another process raised them, or SetLimits or Delete in
+// this one), so a lower published quota is learned at once: raised from
+// 10/s to 20/s while the provider states 15/s, 20/s stayed in force for
+// 6.6 s of responses, and would have for up to 2.5 min.
+func TestObserveFollowsAChangeOfLimitsAtOnce(t *testing.T) {
+	r := newRig(t, quietLog, throttle.WithLease(0, 0)) // (a leased token knows no newer limits)
+	r.setLimits("crm", throttle.PerSecond(10))
+	observe := func() {
+		t.Helper()
+		err := r.lim.Middleware()(asynq.HandlerFunc(func(ctx context.Context, _ *asynq.Task) error {
+			return throttle.Observe(ctx, respondWith(map[string]string{"RateLimit-Policy": `"s";q=15;w=1`}))
+		})).ProcessTask(r.ctx, newTask(t, "crm:sync", nil, throttle.Key("crm")))
+		require.NoError(t, err)
+	}
+	observe() // 15/s: above the 10/s in force, nothing to learn
+	require.Equal(t, 10, r.inspect("crm").InForce[0].N)
+	operator := throttle.NewLimiter(r.rdb, quietLog)
+	require.NoError(t, operator.SetLimits(r.ctx, "crm", throttle.PerSecond(20)), "another process raises the limit")
+	r.advance(100 * time.Millisecond)
+	observe()
+	assert.Equal(t, 15, r.inspect("crm").InForce[0].N, "the provider's 15/s learned at the first response after the raise")
+}

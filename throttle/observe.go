@@ -146,6 +146,26 @@ type observeMemo struct {
 	leftAt time.Time // when an LLM provider's counts left were last sent
 	told   bool      // tiers is what Redis told
 	tiers  []lua.ObservedTier
+	gen    int64 // the limits' generation tiers were told under
+}
+
+// stale forgets what Redis told when the limits changed since: a task
+// decided under generation gen (known: admitted at a known instant) finds
+// other limits in force than the memo's, which could make a quota it
+// ignored matter (a key raised from 10/s to 20/s while the provider states
+// 15/s kept 20/s for up to the refresh: 2.5 minutes).
+func (m *observeMemo) stale(gen int64, known bool) {
+	if known && m.told && gen != m.gen {
+		*m = observeMemo{leftAt: m.leftAt}
+	}
+}
+
+// forgetObserved forgets what Observe sent and was told of the key: its
+// limits changed (SetLimits, Delete).
+func (ks *keyState) forgetObserved() {
+	ks.mu.Lock()
+	defer ks.mu.Unlock()
+	ks.obs = observeMemo{}
 }
 
 // observeGap is the shortest time between two sends of a key's published
@@ -279,6 +299,7 @@ func (l *Limiter) observe(ctx context.Context, tc *taskCharge, q quota.Info, li 
 	a.Remaining, a.WindowMS = -1, q.Window.Milliseconds()
 	ks := tc.ks
 	ks.mu.Lock()
+	ks.obs.stale(tc.gen, !tc.at.IsZero())
 	sendPolicies := ks.obs.policiesDue(a.Policies, now, l.o.learnFor/4)
 	if sendPolicies {
 		// Claimed now, so that the process's other handlers do not send
@@ -315,7 +336,7 @@ func (l *Limiter) observe(ctx context.Context, tc *taskCharge, q quota.Info, li 
 		return
 	}
 	ks.mu.Lock()
-	ks.obs.told, ks.obs.tiers = true, o.Tiers
+	ks.obs.told, ks.obs.tiers, ks.obs.gen = true, o.Tiers, o.Generation
 	ks.mu.Unlock()
 	if q.Source == "" && len(li.Units) > 0 {
 		q.Source = li.Units[0].Source + " headers"

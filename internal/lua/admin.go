@@ -524,6 +524,9 @@ type Observed struct {
 	// Tiers are the key's tiers (none without limits): their periods and
 	// quotas, in force after the call and configured.
 	Tiers []ObservedTier
+	// Generation is the generation of the limits in force after the call
+	// (0 without limits in Redis).
+	Generation int64
 }
 
 // ObservedTier is one tier of a key as ObserveKey saw it.
@@ -572,6 +575,14 @@ func ObserveKey(ctx context.Context, r *Runner, k Keys, a ObserveArgs) (Observed
 		s, ok := e.(string)
 		if !ok {
 			return Observed{}, errBadReply("observe", v)
+		}
+		if g, isGen := strings.CutPrefix(s, "gen "); isGen {
+			n, err := strconv.ParseInt(g, 10, 64)
+			if err != nil {
+				return Observed{}, errBadReply("observe", v)
+			}
+			out.Generation = n
+			continue
 		}
 		rest, isTiers := strings.CutPrefix(s, "tiers ")
 		if !isTiers {

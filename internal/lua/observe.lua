@@ -315,5 +315,10 @@ for i, t in ipairs(ceiling.tiers) do
   if tiers[i].kind == 'b' then b = tiers[i].burst end
   in_force[i] = string.format('%d:%d:%d:%s:%d', t.per, tier_quota(tiers[i]), tier_quota(t), t.unit or 'requests', b)
 end
+-- The generation of the limits in force after this call, so that a
+-- process knows when the limits changed since what it was told.
+local gen = ceiling.gen
+if relearned and h[1] then gen = tonumber(string.match(bump_gen(h[1]), '#(%d+)')) or 0 end
+changes[#changes + 1] = string.format('gen %d', gen)
 changes[#changes + 1] = 'tiers ' .. table.concat(in_force, ' ')
 return changes

@@ -193,8 +193,9 @@ func TestObserveKeyTellsTheTiers(t *testing.T) {
 	require.NoError(t, err)
 	// (7 per 3 s: the 1 s window is the nearest period, at 2 a second.)
 	assert.Equal(t, Observed{
-		Changes: []string{"learned 0 60 100 60000", "converted 1 2 10 1000 7 3000"},
-		Tiers:   []ObservedTier{{PerMS: 60_000, InForce: 60, Configured: 100, Burst: 60}, {PerMS: 1000, InForce: 2, Configured: 10}},
+		Changes:    []string{"learned 0 60 100 60000", "converted 1 2 10 1000 7 3000"},
+		Tiers:      []ObservedTier{{PerMS: 60_000, InForce: 60, Configured: 100, Burst: 60}, {PerMS: 1000, InForce: 2, Configured: 10}},
+		Generation: 2, // (set, then learned)
 	}, o)
 	o, err = ObserveKey(e.ctx, e.run, e.k, ObserveArgs{Remaining: -1, LearnFor: time.Minute, MaxSuspension: time.Hour})
 	require.NoError(t, err)
