@@ -76,9 +76,9 @@ var warnedNoPersistence sync.Map
 
 // What a server keeps across a restart, as far as it tells.
 const (
-	persistsUnknown = iota // CONFIG GET save refused (managed Redis), or no INFO persistence
-	persistsNothing        // appendonly no, and no save points
-	persistsSomething      // AOF or RDB save points
+	persistsUnknown   = iota // CONFIG GET save refused (managed Redis), or no INFO persistence
+	persistsNothing          // appendonly no, and no save points
+	persistsSomething        // AOF or RDB save points
 )
 
 // readPersistence tells whether c persists anything: AOF (INFO
