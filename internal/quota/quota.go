@@ -38,7 +38,12 @@ import (
 // taken from the first family above that states a valid one; families are
 // never merged (they describe the same quota in different words). Retry-After
 // is kept apart in RetryAfter: per the draft it takes precedence over any
-// reset, which consumers apply (Info.Wait).
+// reset, which consumers apply (Info.Wait). Azure's retry-after-ms, when
+// valid, is preferred to the Retry-After in whole seconds sent beside it.
+//
+// Waits are never rounded down: a fraction of a second (Discord's Unix
+// resets, Shopify's Retry-After: 2.0) is kept, rounded up to the
+// microsecond.
 //
 // A reset, in any family, is delta seconds below unixThreshold (1e9), Unix
 // seconds from there (GitHub, Twitter), Unix milliseconds from
@@ -71,8 +76,9 @@ const (
 type Info struct {
 	// RateLimited: the response is a 429, or a 503 with a valid Retry-After.
 	RateLimited bool
-	// RetryAfter is read from Retry-After (delay-seconds or an HTTP-date; a
-	// date in the past is 0); 0 when absent or invalid.
+	// RetryAfter is read from retry-after-ms (Azure), else Retry-After
+	// (delay-seconds or an HTTP-date; a date in the past is 0); 0 when
+	// absent or invalid.
 	RetryAfter time.Duration
 	// HasRetryAfter tells a valid Retry-After of 0 from none.
 	HasRetryAfter bool
@@ -134,7 +140,7 @@ type ServiceLimit struct {
 // about the provider's quota, at now (for HTTP-dates and Unix times).
 func Parse(status int, h http.Header, now time.Time) Info {
 	q := Info{Remaining: -1}
-	q.RetryAfter, q.HasRetryAfter = parseRetryAfter(field(h, "Retry-After"), now)
+	q.RetryAfter, q.HasRetryAfter = retryAfter(h, now)
 	q.RateLimited = status == http.StatusTooManyRequests ||
 		(status == http.StatusServiceUnavailable && q.HasRetryAfter)
 
@@ -493,7 +499,7 @@ func parseRetryAfter(v string, now time.Time) (time.Duration, bool) {
 		if s < 0 || math.IsNaN(s) || s > maxQuotaDelay.Seconds() {
 			return 0, false
 		}
-		return time.Duration(s * float64(time.Second)), true
+		return secondsUp(s), true
 	}
 	if t, err := http.ParseTime(v); err == nil {
 		return untilReset(t, now)
@@ -518,13 +524,33 @@ func parseReset(v string, now time.Time) (time.Duration, bool) {
 		if s > 1e15 { // past the year 33658: garbage
 			return 0, false
 		}
-		return untilReset(time.UnixMilli(int64(s)), now)
+		return untilReset(time.UnixMicro(int64(upTo(s*1e3))), now)
 	case s >= unixThreshold:
-		return untilReset(time.Unix(int64(s), 0), now)
+		// (Discord's 1470173023.123: the fraction kept, or the key would
+		// reopen up to a second early.)
+		return untilReset(time.UnixMicro(int64(upTo(s*1e6))), now)
 	case s > maxQuotaDelay.Seconds():
 		return 0, false
 	}
-	return time.Duration(s * float64(time.Second)), true
+	return secondsUp(s), true
+}
+
+// secondsUp is s seconds as a Duration, rounded up to the microsecond: a
+// wait read from a provider is never cut short (a suspension is kept in
+// microseconds).
+func secondsUp(s float64) time.Duration {
+	return time.Duration(upTo(s*1e6)) * time.Microsecond
+}
+
+// upTo rounds x up to a whole number, but for the error of its decimal
+// notation in binary (64.57 s is 64570000.000000007 us: 64570000, not one
+// more), a few units in the last place.
+func upTo(x float64) float64 {
+	r := math.Round(x)
+	if math.Abs(x-r) <= 8*(math.Nextafter(math.Abs(x), math.Inf(1))-math.Abs(x)) {
+		return r
+	}
+	return math.Ceil(x)
 }
 
 // untilReset is the time from now until t: 0 when t is past, not believed
