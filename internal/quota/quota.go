@@ -103,6 +103,31 @@ type Info struct {
 	// Limits are the IETF RateLimit service limits, one per policy the
 	// response reports on (empty for the other families).
 	Limits []ServiceLimit
+
+	// The fields below are set by a provider's dialect (Read), never by
+	// Parse.
+
+	// Provider is the provider whose dialect was read (ProviderUnknown:
+	// the generic families alone).
+	Provider Provider
+	// Left are counts left in windows other than Remaining's (HubSpot's
+	// secondly and daily counts beside its ten-second one).
+	Left []Left
+	// TaskOnly: the wait is narrower than the provider's quota, one object
+	// or resource (Discord's shared scope, Jira's per-issue writes,
+	// Stripe's lock_timeout): only the call's task waits, and nothing is
+	// learned about the quota from the response.
+	TaskOnly bool
+	// Allocation: the wait is for an allocation used up (HubSpot's and
+	// Salesforce's daily calls, Gemini's requests per day), which says
+	// nothing of the rate the provider allows.
+	Allocation bool
+}
+
+// Left is what is left in one window.
+type Left struct {
+	Window    time.Duration // 1 s to maxQuotaDelay, whole seconds
+	Remaining int           // 0 to maxQuota
 }
 
 // Wait is how long the response asks to wait before calling again: its
@@ -125,6 +150,15 @@ type Policy struct {
 	// Window is the window's length in whole seconds, 1 s to MaxPer; 0 when
 	// the header does not say (X-RateLimit-Limit alone).
 	Window time.Duration
+	// Burst is the capacity of the provider's bucket when its dialect
+	// tells it (Shopify's 40, leaking 2 a second), 1 to maxQuota; 0 when
+	// not told. (Read sets it, never Parse.)
+	Burst int
+	// Documented: the window is the one the provider documents, not one
+	// the response states (GitHub's hour behind X-RateLimit-Limit: 5000),
+	// so that Observe may convert the quota to a tier of another period.
+	// (Read sets it, never Parse.)
+	Documented bool
 }
 
 // ServiceLimit is one IETF RateLimit item: what is left of one policy.
