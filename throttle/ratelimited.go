@@ -9,21 +9,38 @@ import (
 
 // RateLimitedError is the error of a handler whose provider answered "too
 // many requests". The middleware suspends the task's key fleet-wide for
-// RetryAfter and defers the task without spending its retry budget.
+// RetryAfter and defers the task without spending its retry budget; with
+// TaskOnly, it defers the task alone.
 type RateLimitedError struct {
 	// RetryAfter is how long the provider asked to wait; 0 when it did not
-	// say (the middleware then suspends for 5s).
+	// say (the middleware then waits 5s).
 	RetryAfter time.Duration
 	// StatusCode is the HTTP status that said so, when known.
 	StatusCode int
+	// TaskOnly marks a wait narrower than the key: one object locked or
+	// one resource's own limit (Discord's X-RateLimit-Scope: shared, Jira's
+	// jira-per-issue-on-write, Stripe's lock_timeout), which the key's
+	// other tasks do not share. The middleware then defers this task by
+	// RetryAfter and suspends nothing: the key's other tasks run on. A
+	// handler marks such a wait itself with
+	// &throttle.RateLimitedError{RetryAfter: d, TaskOnly: true}; Observe
+	// marks the ones it knows.
+	TaskOnly bool
 
-	spendCap string // the provider's reason when it is a spend cap, not a rate limit (Observe)
+	spendCap   string // the provider's reason when it is a spend cap, not a rate limit (Observe)
+	allocation bool   // an allocation used up (a daily one): no adaptive cut (Observe)
 }
 
 // Error says the provider rate limited the call, and for how long.
 func (e *RateLimitedError) Error() string {
 	if e.spendCap != "" {
 		return fmt.Sprintf("throttle: the provider's spend cap is reached (%s, HTTP %d): not a rate limit; raise the cap or wait for the billing period, then resume the key", e.spendCap, e.StatusCode)
+	}
+	if e.TaskOnly {
+		return fmt.Sprintf("throttle: the provider asked this task alone to wait %v (one object or resource, not the key's quota)", e.RetryAfter)
+	}
+	if e.allocation {
+		return fmt.Sprintf("throttle: the provider's allocation is used up, retry after %v", e.RetryAfter)
 	}
 	if e.RetryAfter > 0 {
 		return fmt.Sprintf("throttle: rate limited by provider, retry after %v", e.RetryAfter)
