@@ -60,11 +60,15 @@ func RateLimited(retryAfter time.Duration) error {
 	return &RateLimitedError{RetryAfter: retryAfter}
 }
 
-// fromResponse is the error Observe returns for resp at now: a
-// *RateLimitedError for a 429, or a 503 with a Retry-After, waiting its
-// Retry-After, else the reset it states (the IETF RateLimit's t, then
-// RateLimit-Reset, X-RateLimit-Reset, X-Rate-Limit-Reset); nil for any
-// other response.
+// fromResponse is the error Observe returns for a response read as q and
+// li: a *RateLimitedError when the response is a rate limit (a 429, a 503
+// with Retry-After, or what a provider's dialect says is one: GitHub's
+// 403, Shopify's THROTTLED 200), waiting its Retry-After (or the wait its
+// dialect states), else the reset it states (the IETF RateLimit's t, then
+// RateLimit-Reset, X-RateLimit-Reset, X-Rate-Limit-Reset), else the reset
+// of the LLM unit that ran out; nil for any other response. A wait the
+// dialect says is the task's alone (q.TaskOnly) makes a TaskOnly error;
+// an allocation used up (q.Allocation) suspends without an adaptive cut.
 //
 // A spend cap (quota.LLMInfo.SpendCap: OpenAI's insufficient_quota,
 // Anthropic's spend limits) is no rate limit: the error says so and asks
@@ -82,7 +86,12 @@ func fromResponse(q quota.Info, li quota.LLMInfo, status int) error {
 	if !q.HasRetryAfter && li.HasRetryAfter {
 		wait = li.RetryAfter
 	}
-	return &RateLimitedError{RetryAfter: wait, StatusCode: status}
+	if wait == 0 && !q.HasRetryAfter && !li.HasRetryAfter {
+		if d, ok := li.ExhaustedReset(); ok {
+			wait = d // OpenAI's 429 without retry-after: the reset of the unit that ran out
+		}
+	}
+	return &RateLimitedError{RetryAfter: wait, StatusCode: status, TaskOnly: q.TaskOnly, allocation: q.Allocation}
 }
 
 // spendCapWait is what a spend cap asks for: as long as the middleware

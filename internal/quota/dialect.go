@@ -72,6 +72,10 @@ const (
 	ProviderSlack      Provider = "slack"
 )
 
+// ProviderGeneric is a provider whose dialect the caller reads itself:
+// Read applies the generic families alone, for whatever the headers say.
+const ProviderGeneric Provider = "-"
+
 // Named is the provider called name, case ignored: one of the Provider
 // constants ("twitter" is ProviderX), ProviderUnknown for any other name.
 func Named(name string) Provider {
@@ -146,6 +150,9 @@ func hasPrefix(h http.Header, prefix string) bool {
 // HubSpot's, Discord's, Gemini's and Stripe's 429 bodies), and a JSON 200
 // from Shopify (its GraphQL Admin API throttles with a 200).
 func ReadsBody(p Provider, status int, h http.Header) bool {
+	if p == ProviderGeneric {
+		return false
+	}
 	switch status {
 	case http.StatusBadRequest, http.StatusPaymentRequired, http.StatusForbidden, http.StatusTooManyRequests:
 		return true

@@ -226,6 +226,21 @@ func ParseLLMResponse(p Provider, status int, h http.Header, body []byte, now ti
 	return q
 }
 
+// ExhaustedReset is the reset of the unit that ran out (remaining 0 with
+// a reset), the latest when several did: the wait of a 429 that states no
+// retry-after (OpenAI's x-ratelimit-remaining-requests: 0 with
+// x-ratelimit-reset-requests: 1s waits 1 s, not a default).
+func (q LLMInfo) ExhaustedReset() (time.Duration, bool) {
+	var d time.Duration
+	ok := false
+	for _, u := range q.Units {
+		if u.Remaining == 0 && u.HasReset {
+			d, ok = max(d, u.Reset), true
+		}
+	}
+	return d, ok
+}
+
 // The reasons SpendCapFromBody returns, and the status each comes with.
 const (
 	// SpendCapInsufficientQuota: OpenAI's 429 "You exceeded your current
