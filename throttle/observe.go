@@ -16,10 +16,13 @@ import (
 )
 
 // Observe learns from a provider's response what its quota is, fleet-wide,
-// and returns a *RateLimitedError for a 429 (or a 503 with Retry-After),
-// waiting the response's Retry-After, else the reset it states; nil for any
-// other response. Call it in a handler run by the middleware, on every
-// response from the provider; the task's key and limiter come from ctx:
+// and returns a *RateLimitedError when the response is a rate limit (a 429,
+// a 503 with Retry-After, or what the provider's dialect says is one:
+// GitHub's 403, Shopify's THROTTLED 200), waiting the response's
+// Retry-After (or the wait its dialect states), else the reset it states;
+// nil for any other response. Call it in a handler run by the middleware,
+// on every response from the provider; the task's key and limiter come
+// from ctx:
 //
 //	resp, err := client.Do(req.WithContext(ctx))
 //	if err != nil {
@@ -32,20 +35,32 @@ import (
 //
 // It reads the IETF RateLimit-Policy and RateLimit fields
 // (draft-ietf-httpapi-ratelimit-headers), RateLimit-Limit/-Remaining/-Reset,
-// X-RateLimit-Limit/-Remaining/-Reset/-Used (a reset in seconds or, as
-// GitHub sends, a Unix time), X-Rate-Limit-*, Shopify's call limit and
-// Retry-After; and LLM providers' limits per unit (docs/llm.md): OpenAI's
-// and Groq's x-ratelimit-{limit,remaining,reset}-{requests,tokens},
-// Anthropic's anthropic-ratelimit-*, Azure's x-ratelimit-remaining-* and
-// retry-after-ms, matched to the key's tiers of the same unit (Limit.In)
-// and period, a key named "groq:..." reading Groq's requests per day. What
+// X-RateLimit-Limit/-Remaining/-Reset/-Used (a reset in seconds or a Unix
+// time, fractions kept), X-Rate-Limit-* and Retry-After (Azure's
+// retry-after-ms first) for every provider; and each provider's own
+// dialect (docs/providers.md): GitHub, Shopify (REST and GraphQL),
+// HubSpot, Salesforce, Jira, Discord, X, Zendesk, Gemini, Stripe, Slack,
+// and the LLM providers' limits per unit (docs/llm.md: OpenAI, Anthropic,
+// Azure, Groq), matched to the key's tiers of the same unit (Limit.In) and
+// period. The dialect is the provider's the key is named for ("github",
+// "github:org1", "groq-llama": the key up to its first ':', '-', '/' or
+// '.'; "twitter" is X's), else the one whose own headers the response
+// carries (X-Shopify-Shop-Api-Call-Limit, Sforce-Limit-Info,
+// X-HubSpot-RateLimit-*, ...); never another provider's: a spend-cap body
+// is read only from OpenAI, Azure or Anthropic, a 403 only from GitHub and
+// Salesforce. A provider it does not know is taught with WithDialect. What
 // it learns goes to Redis beside the configured limits, which stay the
 // ceiling:
 //   - a published quota (with its window) below the key's tier of the same
 //     period lowers that tier for every process, until the provider has not
 //     said it for 10 minutes; one at or above the configured
 //     tier puts the tier back to it. A quota is never raised above what the
-//     operator set.
+//     operator set. A quota whose window only the provider's documentation
+//     states (GitHub's 5,000 an hour, X's 900 per 15 minutes, Zendesk's 700
+//     a minute, Shopify's bucket of 40 leaking 2 a second) is learned by a
+//     key named for its provider, converted to the key's tier of the
+//     nearest period when it has none of the quota's: quota x the tier's
+//     period / the quota's, rounded down, only ever lowering.
 //   - a remaining count below the key's tokens brings the tokens down to it
 //     (other clients share the provider's quota), never up: the tier of the
 //     remaining's window when the response tells it, else every rate tier.
@@ -54,17 +69,28 @@ import (
 //   - an LLM provider's bucket that holds less than the tier's burst (a
 //     per-minute quota enforced per second: remaining + rate x the time
 //     until full) lowers the tier's burst to it.
+//   - a wait narrower than the key (Discord's X-RateLimit-Scope: shared,
+//     Jira's jira-per-issue-on-write, Stripe's lock_timeout) is the task's
+//     alone: nothing is learned, and the returned error has TaskOnly set,
+//     so the middleware defers that task and suspends nothing.
+//   - an allocation used up (HubSpot's or Salesforce's daily calls,
+//     Gemini's requests per day) waits for the allocation: the key is
+//     suspended until its reset (a day when unsaid), at most
+//     WithMaxSuspension at a time, with no Adaptive cut.
 //   - a spend cap (OpenAI's insufficient_quota, Anthropic's spend limits,
 //     read from the start of the error body, which is put back) is no rate
 //     limit: nothing is learned, and the returned *RateLimitedError makes
 //     the middleware suspend the key for WithMaxSuspension (no Adaptive cut) with an error
 //     log line saying to raise the cap and resume the key.
 //
-// Every learned change is logged once, by the process that made it, and
-// shown by Inspect (Limits against InForce); a quota for a period the key
-// has no tier for is warned about once per key per process. A process
-// sends what a response says only when it could change something: a
-// published quota below the one in force for its tier's period at once,
+// Waits are never rounded down (Discord's fractional resets are kept). A
+// body is read only for the statuses that need it (400, 402, 403, 429,
+// and Shopify's JSON 200s), its first 64 KiB, and put back for the
+// handler. Every learned change is logged once, by the process that made
+// it, and shown by Inspect (Limits against InForce); a quota for a period
+// the key has no tier for is warned about once per key per process. A
+// process sends what a response says only when it could change something:
+// a published quota below the one in force for its tier's period at once,
 // one that would raise it back at most once a second (a bucket's burst
 // likewise, beyond the provider's rounding of it), every quota again
 // every 2.5 minutes (to keep a learned one in force for its 10), a
