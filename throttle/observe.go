@@ -130,22 +130,18 @@ func Observe(ctx context.Context, resp *http.Response) error {
 }
 
 // keyName is the provider's name a key starts with: the key up to its
-// first ':', '-', '/' or '.' ("groq:llama-3" is "groq"'s, "github-org1"
-// "github"'s).
+// first ':', '-', '/' or '.' ("groq:llama-3" is "groq"'s, whose
+// x-ratelimit-*-requests count per day where OpenAI's count per minute;
+// "github-org1" is "github"'s, whose X-RateLimit-Limit counts per hour).
+// quota.Named tells the provider of that name; any other is read in the
+// generic families and by the provider its responses' own headers name
+// (quota.Detect).
 func keyName(key string) string {
 	if i := strings.IndexAny(key, ":-/."); i >= 0 {
 		return key[:i]
 	}
 	return key
 }
-
-// providerOf is the provider a key's name says (quota.Named of keyName):
-// "groq:llama-3" is Groq's, whose x-ratelimit-*-requests count per day
-// where OpenAI's count per minute; "github:org1" GitHub's, whose
-// X-RateLimit-Limit counts per hour. Any other key is ProviderUnknown,
-// read in the generic families and by the provider its responses' own
-// headers name (quota.Detect).
-func providerOf(key string) quota.Provider { return quota.Named(keyName(key)) }
 
 // readDialect adds what a user's reader (WithDialect) says of resp to q:
 // a quota (the zero Limit: none; N from 1 to 1e9 per a Per from 1 ms to
