@@ -183,7 +183,7 @@ func newDescs() descs {
 	}
 	return descs{
 		decisions:     d("decisions_total", "Middleware decisions by key and outcome (ran, deferred, suspended, unthrottled, failed, rejected).", "key", "outcome"),
-		deferrals:     d("deferrals_total", "Tasks deferred by key, reason (tier, in_flight, suspended, queued, reserved, failure_policy) and whether they hold a reservation.", "key", "reason", "reserved"),
+		deferrals:     d("deferrals_total", "Tasks deferred by key, reason (tier, in_flight, suspended, queued, reserved, provider, failure_policy) and whether they hold a reservation.", "key", "reason", "reserved"),
 		copies:        d("deferral_copies_total", "Deferrals that re-enqueued a copy of the task (plain asynq.Server, or a task's last attempt).", "key"),
 		rateLimited:   d("rate_limited_total", "Handlers that reported a rate limit (429 or RateLimited); each suspends the key fleet-wide.", "key"),
 		leased:        d("leased_total", "Tasks that ran on a token leased by their process, without a Redis call.", "key"),

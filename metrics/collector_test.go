@@ -65,7 +65,7 @@ asynq_throttle_decisions_total{key="github",outcome="failed"} 2
 asynq_throttle_decisions_total{key="github",outcome="suspended"} 1
 asynq_throttle_decisions_total{key="slack",outcome="deferred"} 4
 asynq_throttle_decisions_total{key="slack",outcome="ran"} 2
-# HELP asynq_throttle_deferrals_total Tasks deferred by key, reason (tier, in_flight, suspended, queued, reserved, failure_policy) and whether they hold a reservation.
+# HELP asynq_throttle_deferrals_total Tasks deferred by key, reason (tier, in_flight, suspended, queued, reserved, provider, failure_policy) and whether they hold a reservation.
 # TYPE asynq_throttle_deferrals_total counter
 asynq_throttle_deferrals_total{key="_other",reason="queued",reserved="false"} 1
 asynq_throttle_deferrals_total{key="github",reason="failure_policy",reserved="false"} 1
@@ -183,7 +183,7 @@ asynq_throttle_decisions_total{key="github",outcome="suspended"} 1
 asynq_throttle_decisions_total{key="slack",outcome="deferred"} 1
 asynq_throttle_decisions_total{key="slack",outcome="failed"} 1
 asynq_throttle_decisions_total{key="slack",outcome="ran"} 2
-# HELP asynq_throttle_deferrals_total Tasks deferred by key, reason (tier, in_flight, suspended, queued, reserved, failure_policy) and whether they hold a reservation.
+# HELP asynq_throttle_deferrals_total Tasks deferred by key, reason (tier, in_flight, suspended, queued, reserved, provider, failure_policy) and whether they hold a reservation.
 # TYPE asynq_throttle_deferrals_total counter
 asynq_throttle_deferrals_total{key="github",reason="suspended",reserved="false"} 3
 asynq_throttle_deferrals_total{key="slack",reason="failure_policy",reserved="false"} 1
@@ -440,7 +440,7 @@ func TestTaskRefusedBySlotsCountsAsAnInFlightDeferral(t *testing.T) {
 # TYPE asynq_throttle_decisions_total counter
 asynq_throttle_decisions_total{key="crm",outcome="deferred"} 1
 asynq_throttle_decisions_total{key="crm",outcome="ran"} 1
-# HELP asynq_throttle_deferrals_total Tasks deferred by key, reason (tier, in_flight, suspended, queued, reserved, failure_policy) and whether they hold a reservation.
+# HELP asynq_throttle_deferrals_total Tasks deferred by key, reason (tier, in_flight, suspended, queued, reserved, provider, failure_policy) and whether they hold a reservation.
 # TYPE asynq_throttle_deferrals_total counter
 asynq_throttle_deferrals_total{key="crm",reason="in_flight",reserved="false"} 1
 # HELP asynq_throttle_deferral_copies_total Deferrals that re-enqueued a copy of the task (plain asynq.Server, or a task's last attempt).

@@ -31,6 +31,10 @@ const (
 	// RefusedBySlots: every slot of the key's InFlight limit is held; the
 	// retry-after is when one is expected to free.
 	RefusedBySlots
+	// RefusedByProvider: the provider asked the task alone to wait (its
+	// handler returned a RateLimitedError with TaskOnly); its key is not
+	// suspended (the middleware's).
+	RefusedByProvider
 )
 
 // String names the reason for logs.
@@ -48,6 +52,8 @@ func (r Reason) String() string {
 		return "reserved"
 	case RefusedBySlots:
 		return "in flight"
+	case RefusedByProvider:
+		return "provider"
 	}
 	return fmt.Sprintf("Reason(%d)", int(r))
 }

@@ -67,8 +67,9 @@ func (o Outcome) String() string {
 
 // Event describes one middleware decision, for the functions given to
 // Limiter.OnEvent. A handler that reports a rate limit gives a second event
-// for the same task: Suspended; a Used that could not be recorded, one
-// more: Unsettled.
+// for the same task: Suspended, or, for a wait of the task alone
+// (RateLimitedError.TaskOnly), Deferred with RefusedByProvider; a Used that
+// could not be recorded, one more: Unsettled.
 type Event struct {
 	Key      string
 	TaskID   string
@@ -445,6 +446,9 @@ func (m *middleware) run(ctx context.Context, t *asynq.Task, next asynq.Handler,
 	if ks == nil || !errors.As(herr, &rl) {
 		return herr
 	}
+	if rl.TaskOnly {
+		return m.waitTaskOnly(ctx, t, ks, ev, rl)
+	}
 	key := ev.Key
 	ks.lease.drop() // the provider disagrees: lease no more tokens
 	ks.forgetNoLimits()
@@ -454,9 +458,11 @@ func (m *middleware) run(ctx context.Context, t *asynq.Task, next asynq.Handler,
 		wait = o.defaultSuspend
 	}
 	wait = min(wait, o.maxSuspension)
+	// A suspension is kept in microseconds: never shorter than asked.
+	wait = (wait + time.Microsecond - 1).Truncate(time.Microsecond)
 	how := lua.SuspendKey
-	if rl.spendCap != "" {
-		how = lua.SuspendForSpendCap // no adaptive cut: a cap says nothing of the rate
+	if rl.spendCap != "" || rl.allocation {
+		how = lua.SuspendForSpendCap // no adaptive cut: a cap (or a daily allocation used up) says nothing of the rate
 	}
 	left, err := m.l.suspendAs(ctx, key, wait, how)
 	if err == nil && rl.spendCap != "" {
@@ -466,6 +472,9 @@ func (m *middleware) run(ctx context.Context, t *asynq.Task, next asynq.Handler,
 		o.logger.Error("throttle: provider rate limited a task but the key could not be suspended in Redis; this process pauses it, the task is deferred",
 			"key", key, "task_id", ev.TaskID, "suspended_for", wait, "err", err)
 		left = wait
+	} else if rl.allocation {
+		o.logger.Warn("throttle: the provider's allocation (a daily quota) is used up; key suspended fleet-wide until it is back, at most WithMaxSuspension at a time",
+			"key", key, "task_id", ev.TaskID, "status", rl.StatusCode, "suspended_for", left)
 	} else {
 		o.logger.Warn("throttle: provider rate limited a task, key suspended fleet-wide", "key", key, "task_id", ev.TaskID, "suspended_for", left)
 	}
@@ -493,6 +502,25 @@ func (m *middleware) run(ctx context.Context, t *asynq.Task, next asynq.Handler,
 		}
 	}
 	return m.deferDecision(ctx, t, ks, d, ev, Suspended)
+}
+
+// waitTaskOnly defers a task whose provider asked it alone to wait (a
+// RateLimitedError with TaskOnly: one object locked, one resource's
+// limit): by the wait asked (the default suspension when none, at most
+// WithMaxSuspension), and nothing else. The key is not suspended, its
+// lease and its other tasks run on, and the call the task made keeps its
+// tokens (the provider counted it).
+func (m *middleware) waitTaskOnly(ctx context.Context, t *asynq.Task, ks *keyState, ev Event, rl *RateLimitedError) error {
+	o := &m.l.o
+	wait := rl.RetryAfter
+	if wait <= 0 {
+		wait = o.defaultSuspend
+	}
+	wait = min(wait, o.maxSuspension)
+	o.logger.Debug("throttle: the provider asked this task alone to wait; its key is not suspended",
+		"key", ev.Key, "task_id", ev.TaskID, "retry_in", wait, "status", rl.StatusCode)
+	ev = Event{Key: ev.Key, TaskID: ev.TaskID, TaskType: ev.TaskType, Tenant: ev.Tenant}
+	return m.deferDecision(ctx, t, ks, Decision{RetryAfter: wait, Reason: RefusedByProvider}, ev, Deferred)
 }
 
 // decide asks Redis for a decision on t, which costs cost; lease is how

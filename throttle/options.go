@@ -3,6 +3,7 @@ package throttle
 import (
 	"fmt"
 	"log/slog"
+	"net/http"
 	"strings"
 	"time"
 
@@ -60,6 +61,8 @@ type options struct {
 	slotExpiry     time.Duration
 	learnFor       time.Duration
 	logger         *slog.Logger
+	dialects       map[string]func(*http.Response) (Limit, time.Duration) // WithDialect, by lower-case name
+	dialectErr     error                                                  // the first invalid WithDialect
 
 	err error // the first invalid option
 
@@ -118,6 +121,8 @@ func (o *options) validate() error {
 		return bad("WithSlotExpiry", o.slotExpiry, "must be from 100ms to 1h")
 	case o.logger == nil:
 		return bad("WithLogger", nil, "must not be nil")
+	case o.dialectErr != nil:
+		return o.dialectErr
 	}
 	if len(o.defaults) > 0 {
 		tiers, err := validateLimits(o.defaults)

@@ -172,7 +172,7 @@ var (
 // ParseLLMResponse.
 func ParseLLM(p Provider, status int, h http.Header, now time.Time) LLMInfo {
 	var q LLMInfo
-	q.RetryAfter, q.HasRetryAfter = llmRetryAfter(h, now)
+	q.RetryAfter, q.HasRetryAfter = retryAfter(h, now)
 	q.RateLimited = status == http.StatusTooManyRequests ||
 		(status == http.StatusServiceUnavailable && q.HasRetryAfter)
 	switch p {
@@ -207,16 +207,38 @@ func ParseLLM(p Provider, status int, h http.Header, now time.Time) LLMInfo {
 // retry-after stays a rate limit whatever its body says (Anthropic's Claude
 // Code workspace limits answer so): taking a rate limit for a month-long cap
 // would stop a fleet for nothing.
+//
+// The body checks are scoped to the providers whose bodies they describe,
+// as the header families are (SpendCapOf): OpenAI's insufficient_quota to
+// OpenAI and Azure OpenAI, Anthropic's caps to Anthropic. Another
+// provider's body that happens to read the same (a payments API's 402
+// billing_error, a CRM's 429 insufficient_quota) is no spend cap: a
+// ProviderUnknown response is read for none.
 func ParseLLMResponse(p Provider, status int, h http.Header, body []byte, now time.Time) LLMInfo {
 	q := ParseLLM(p, status, h, now)
 	if status == http.StatusTooManyRequests && q.HasRetryAfter {
 		return q
 	}
 	capped, reason := SpendCapFromBody(body)
-	if capped && spendCapStatus[reason] == status {
+	if capped && spendCapStatus[reason] == status && SpendCapOf(reason, p) {
 		q.SpendCap, q.SpendCapReason, q.RateLimited = true, reason, false
 	}
 	return q
+}
+
+// ExhaustedReset is the reset of the unit that ran out (remaining 0 with
+// a reset), the latest when several did: the wait of a 429 that states no
+// retry-after (OpenAI's x-ratelimit-remaining-requests: 0 with
+// x-ratelimit-reset-requests: 1s waits 1 s, not a default).
+func (q LLMInfo) ExhaustedReset() (time.Duration, bool) {
+	var d time.Duration
+	ok := false
+	for _, u := range q.Units {
+		if u.Remaining == 0 && u.HasReset {
+			d, ok = max(d, u.Reset), true
+		}
+	}
+	return d, ok
 }
 
 // The reasons SpendCapFromBody returns, and the status each comes with.
@@ -241,6 +263,20 @@ const (
 	// (https://platform.claude.com/docs/en/api/errors).
 	SpendCapAnthropicBilling = "billing_error"
 )
+
+// SpendCapOf reports whether reason (a SpendCap constant) is a cap that
+// provider p documents: SpendCapInsufficientQuota for ProviderOpenAI and
+// ProviderAzure (Azure OpenAI answers in OpenAI's error format), the
+// Anthropic ones for ProviderAnthropic; no other provider's.
+func SpendCapOf(reason string, p Provider) bool {
+	switch reason {
+	case SpendCapInsufficientQuota:
+		return p == ProviderOpenAI || p == ProviderAzure
+	case SpendCapAnthropicTier, SpendCapAnthropicOwn, SpendCapAnthropicBilling:
+		return p == ProviderAnthropic
+	}
+	return false
+}
 
 var spendCapStatus = map[string]int{
 	SpendCapInsufficientQuota: http.StatusTooManyRequests,
@@ -295,13 +331,15 @@ func jsonString(m map[string]any, key string) string {
 	return s
 }
 
-// llmRetryAfter reads retry-after-ms (milliseconds, fractions accepted; a
-// negative, NaN or garbled value is ignored), else Retry-After.
-func llmRetryAfter(h http.Header, now time.Time) (time.Duration, bool) {
+// retryAfter reads retry-after-ms (Azure's; milliseconds, fractions
+// accepted; a negative, NaN or garbled value is ignored), which is more
+// precise than the Retry-After sent beside it (1500 beside 2), else
+// Retry-After.
+func retryAfter(h http.Header, now time.Time) (time.Duration, bool) {
 	if v := strings.TrimSpace(field(h, "retry-after-ms")); v != "" && len(v) <= 64 {
 		ms, err := strconv.ParseFloat(v, 64)
 		if err == nil && ms >= 0 && ms <= float64(maxQuotaDelay/time.Millisecond) {
-			return time.Duration(ms * float64(time.Millisecond)), true
+			return secondsUp(ms / 1e3), true
 		}
 	}
 	return parseRetryAfter(field(h, "Retry-After"), now)

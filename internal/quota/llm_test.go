@@ -586,5 +586,8 @@ func FuzzParseLLM(f *testing.F) {
 		if capped, reason := SpendCapFromBody([]byte(body)); r.SpendCap && (!capped || reason != r.SpendCapReason) {
 			t.Errorf("SpendCap %q, SpendCapFromBody says %v %q", r.SpendCapReason, capped, reason)
 		}
+		if r.SpendCap && !SpendCapOf(r.SpendCapReason, p) {
+			t.Errorf("SpendCap %q read for provider %q, whose body it does not describe", r.SpendCapReason, p)
+		}
 	})
 }

@@ -38,7 +38,12 @@ import (
 // taken from the first family above that states a valid one; families are
 // never merged (they describe the same quota in different words). Retry-After
 // is kept apart in RetryAfter: per the draft it takes precedence over any
-// reset, which consumers apply (Info.Wait).
+// reset, which consumers apply (Info.Wait). Azure's retry-after-ms, when
+// valid, is preferred to the Retry-After in whole seconds sent beside it.
+//
+// Waits are never rounded down: a fraction of a second (Discord's Unix
+// resets, Shopify's Retry-After: 2.0) is kept, rounded up to the
+// microsecond.
 //
 // A reset, in any family, is delta seconds below unixThreshold (1e9), Unix
 // seconds from there (GitHub, Twitter), Unix milliseconds from
@@ -71,8 +76,9 @@ const (
 type Info struct {
 	// RateLimited: the response is a 429, or a 503 with a valid Retry-After.
 	RateLimited bool
-	// RetryAfter is read from Retry-After (delay-seconds or an HTTP-date; a
-	// date in the past is 0); 0 when absent or invalid.
+	// RetryAfter is read from retry-after-ms (Azure), else Retry-After
+	// (delay-seconds or an HTTP-date; a date in the past is 0); 0 when
+	// absent or invalid.
 	RetryAfter time.Duration
 	// HasRetryAfter tells a valid Retry-After of 0 from none.
 	HasRetryAfter bool
@@ -97,6 +103,31 @@ type Info struct {
 	// Limits are the IETF RateLimit service limits, one per policy the
 	// response reports on (empty for the other families).
 	Limits []ServiceLimit
+
+	// The fields below are set by a provider's dialect (Read), never by
+	// Parse.
+
+	// Provider is the provider whose dialect was read (ProviderUnknown:
+	// the generic families alone).
+	Provider Provider
+	// Left are counts left in windows other than Remaining's (HubSpot's
+	// secondly and daily counts beside its ten-second one).
+	Left []Left
+	// TaskOnly: the wait is narrower than the provider's quota, one object
+	// or resource (Discord's shared scope, Jira's per-issue writes,
+	// Stripe's lock_timeout): only the call's task waits, and nothing is
+	// learned about the quota from the response.
+	TaskOnly bool
+	// Allocation: the wait is for an allocation used up (HubSpot's and
+	// Salesforce's daily calls, Gemini's requests per day), which says
+	// nothing of the rate the provider allows.
+	Allocation bool
+}
+
+// Left is what is left in one window.
+type Left struct {
+	Window    time.Duration // 1 s to maxQuotaDelay, whole seconds
+	Remaining int           // 0 to maxQuota
 }
 
 // Wait is how long the response asks to wait before calling again: its
@@ -119,6 +150,15 @@ type Policy struct {
 	// Window is the window's length in whole seconds, 1 s to MaxPer; 0 when
 	// the header does not say (X-RateLimit-Limit alone).
 	Window time.Duration
+	// Burst is the capacity of the provider's bucket when its dialect
+	// tells it (Shopify's 40, leaking 2 a second), 1 to maxQuota; 0 when
+	// not told. (Read sets it, never Parse.)
+	Burst int
+	// Documented: the window is the one the provider documents, not one
+	// the response states (GitHub's hour behind X-RateLimit-Limit: 5000),
+	// so that Observe may convert the quota to a tier of another period.
+	// (Read sets it, never Parse.)
+	Documented bool
 }
 
 // ServiceLimit is one IETF RateLimit item: what is left of one policy.
@@ -134,7 +174,7 @@ type ServiceLimit struct {
 // about the provider's quota, at now (for HTTP-dates and Unix times).
 func Parse(status int, h http.Header, now time.Time) Info {
 	q := Info{Remaining: -1}
-	q.RetryAfter, q.HasRetryAfter = parseRetryAfter(field(h, "Retry-After"), now)
+	q.RetryAfter, q.HasRetryAfter = retryAfter(h, now)
 	q.RateLimited = status == http.StatusTooManyRequests ||
 		(status == http.StatusServiceUnavailable && q.HasRetryAfter)
 
@@ -493,7 +533,7 @@ func parseRetryAfter(v string, now time.Time) (time.Duration, bool) {
 		if s < 0 || math.IsNaN(s) || s > maxQuotaDelay.Seconds() {
 			return 0, false
 		}
-		return time.Duration(s * float64(time.Second)), true
+		return secondsUp(s), true
 	}
 	if t, err := http.ParseTime(v); err == nil {
 		return untilReset(t, now)
@@ -518,13 +558,33 @@ func parseReset(v string, now time.Time) (time.Duration, bool) {
 		if s > 1e15 { // past the year 33658: garbage
 			return 0, false
 		}
-		return untilReset(time.UnixMilli(int64(s)), now)
+		return untilReset(time.UnixMicro(int64(upTo(s*1e3))), now)
 	case s >= unixThreshold:
-		return untilReset(time.Unix(int64(s), 0), now)
+		// (Discord's 1470173023.123: the fraction kept, or the key would
+		// reopen up to a second early.)
+		return untilReset(time.UnixMicro(int64(upTo(s*1e6))), now)
 	case s > maxQuotaDelay.Seconds():
 		return 0, false
 	}
-	return time.Duration(s * float64(time.Second)), true
+	return secondsUp(s), true
+}
+
+// secondsUp is s seconds as a Duration, rounded up to the microsecond: a
+// wait read from a provider is never cut short (a suspension is kept in
+// microseconds).
+func secondsUp(s float64) time.Duration {
+	return time.Duration(upTo(s*1e6)) * time.Microsecond
+}
+
+// upTo rounds x up to a whole number, but for the error of its decimal
+// notation in binary (64.57 s is 64570000.000000007 us: 64570000, not one
+// more), a few units in the last place.
+func upTo(x float64) float64 {
+	r := math.Round(x)
+	if math.Abs(x-r) <= 8*(math.Nextafter(math.Abs(x), math.Inf(1))-math.Abs(x)) {
+		return r
+	}
+	return math.Ceil(x)
 }
 
 // untilReset is the time from now until t: 0 when t is past, not believed
