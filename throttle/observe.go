@@ -270,9 +270,10 @@ func (m *observeMemo) policiesDue(pol []lua.Policy, now time.Time, refresh time.
 
 // convertPolicy is observe.lua's matches for a quota of a period none of
 // tiers has: stated for the tier of its unit whose period is nearest (a
-// tie to the longer), converted to that period (rounded down, at least 1),
-// holding the quota at most when that period is the longer. A quota of a
-// tier's own period, or of a unit no tier counts, is p as it is.
+// tie to the longer), converted to that period (rounded down), holding
+// the quota at most when that period is the longer. A quota of a tier's
+// own period, of a unit no tier counts, or less than one per the nearest
+// tier's period (which observe.lua leaves unmapped), is p as it is.
 func convertPolicy(p lua.Policy, tiers []lua.ObservedTier) lua.Policy {
 	best, dist := -1, 0.0
 	for i, t := range tiers {
@@ -291,7 +292,10 @@ func convertPolicy(p lua.Policy, tiers []lua.ObservedTier) lua.Policy {
 		return p
 	}
 	t := tiers[best]
-	c := lua.Policy{Quota: max(p.Quota*t.PerMS/p.PerMS, 1), PerMS: t.PerMS, Unit: p.Unit, Burst: p.Burst}
+	if p.Quota*t.PerMS/p.PerMS < 1 {
+		return p
+	}
+	c := lua.Policy{Quota: p.Quota * t.PerMS / p.PerMS, PerMS: t.PerMS, Unit: p.Unit, Burst: p.Burst}
 	if t.PerMS > p.PerMS && (c.Burst == 0 || p.Quota < c.Burst) {
 		c.Burst = p.Quota
 	}
@@ -361,11 +365,12 @@ func tierOf(tiers []lua.ObservedTier, perMS int64, unit string) int {
 // them): one for a period a tier has is sent as it is; one for a period
 // none has goes to the tier of its unit whose period is nearest and that
 // no quota of the response speaks of, converted, quota × the tier's
-// period / the quota's, rounded down, at least 1, and only when that is
-// below the tier's configured quota (a conversion only ever lowers; the
-// lowest wins when several go to one tier); one of a unit the key has no
-// tier of is sent as it is, for Redis to warn about. exact are the other
-// published quotas of the response.
+// period / the quota's, rounded down, and only when that is below the
+// tier's configured quota (a conversion only ever lowers; the lowest wins
+// when several go to one tier); one of a unit the key has no tier of, or
+// less than one per the nearest tier's period (rounded up to one, the tier
+// would admit more than the quota), is sent as it is, for Redis to warn
+// about. exact are the other published quotas of the response.
 func fitPolicies(fit, exact []lua.Policy, tiers []lua.ObservedTier) []lua.Policy {
 	var out []lua.Policy
 	taken := map[int]bool{}
@@ -393,7 +398,11 @@ func fitPolicies(fit, exact []lua.Policy, tiers []lua.ObservedTier) []lua.Policy
 			continue
 		}
 		t := tiers[i]
-		q := max(1, p.Quota*t.PerMS/p.PerMS) // (<= 1e9 x 30 days in ms: no overflow)
+		q := p.Quota * t.PerMS / p.PerMS // (<= 1e9 x 30 days in ms: no overflow)
+		if q < 1 {
+			out = append(out, p)
+			continue
+		}
 		if q >= t.Configured {
 			continue
 		}
@@ -588,6 +597,12 @@ func (l *Limiter) logChanges(key string, ks *keyState, q quota.Info, changes []s
 				"key", key, "for", d, "source", q.Source)
 		case f[0] == "unmatched" && len(f) == 4 && f[3] == "requests" && fitted[n[1]]:
 			// (a quota the docs fix the window of, converted to a tier)
+		case f[0] == "unmapped" && len(f) == 5:
+			if l.o.warned.first("unmapped "+f[3], key) {
+				log.Warn("throttle: the provider publishes a quota too small to be said in the key's tier of the nearest period (less than one per period); it was ignored: add a tier of the quota's period to SetLimits to follow it (logged once per key and unit)",
+					"key", key, "ignored_quota", n[2], "per", time.Duration(n[1])*time.Millisecond, "unit", f[3],
+					"nearest_tier_per", time.Duration(n[4])*time.Millisecond, "source", q.PolicySource)
+			}
 		case f[0] == "unmatched" && len(f) == 4:
 			// Once per key, whatever the period: a provider whose window
 			// changes on every response must not flood the log.

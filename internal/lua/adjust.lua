@@ -119,6 +119,7 @@ local t_field = write_T(tiers, owed, now, 0, (q > now or q == -1) and q or 0)
 if not t_field and h[2] then redis.call('HDEL', key, 'T') end
 -- (the lifetime after the deletions, which may have emptied the hash)
 local ttl
+local x0 = x
 x, ttl = keep_alive(key, need, x, now)
 if t_field then
   fields[#fields + 1] = 'T'
@@ -156,4 +157,6 @@ if tenant and akey and q == -1 and redis.call('ZSCORE', akey, tenant) then
 end
 if #fields > 0 then redis.call('HSET', key, unpack(fields)) end
 if ttl then set_ttl(key, ttl) end
+-- (the active tenants outlive the hash that counts them)
+if x ~= x0 and akey then outlive(key, akey, 1e6) end
 return 1

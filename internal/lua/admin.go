@@ -68,7 +68,7 @@ func SetLimits(ctx context.Context, r *Runner, k Keys, tiers, defaults []Tier) (
 // Suspend runs suspend.lua: the key is suspended until now+d (d capped at
 // max) or until its current end, whichever is later.
 //
-//	KEYS[1] bucket hash  KEYS[2] configuration
+//	KEYS[1] bucket hash  KEYS[2] configuration  KEYS[3] active tenants
 //	ARGV[1] duration, microseconds   ARGV[2] maximum, microseconds
 //
 // Reply: {the remaining suspension in microseconds as a string, the
@@ -100,7 +100,7 @@ func SuspendForSpendCap(ctx context.Context, r *Runner, k Keys, d, max time.Dura
 }
 
 func suspendKey(ctx context.Context, r *Runner, k Keys, d, max time.Duration, noAdapt bool) (Suspended, error) {
-	v, err := r.Run(ctx, suspendScript, []string{k.Bucket, k.Config}, d.Microseconds(), max.Microseconds(), boolArg(noAdapt))
+	v, err := r.Run(ctx, suspendScript, []string{k.Bucket, k.Config, k.Tenants}, d.Microseconds(), max.Microseconds(), boolArg(noAdapt))
 	if err != nil {
 		return Suspended{}, err
 	}
@@ -501,7 +501,7 @@ type UnitLeft struct {
 // limits in force (never above the configured ones), the tokens, or
 // suspends the key until the provider's reset.
 //
-//	KEYS[1] bucket hash  KEYS[2] configuration
+//	KEYS[1] bucket hash  KEYS[2] configuration  KEYS[3] active tenants
 //	ARGV policies ("per_ms:quota[:unit:burst] ..."), remaining, window_ms,
 //	reset_us, learn_for_us, defaults, max_suspension_us, stop (1:
 //	remaining 0 with a reset suspends), other units left
@@ -560,7 +560,7 @@ func ObserveKey(ctx context.Context, r *Runner, k Keys, a ObserveArgs) (Observed
 		}
 		fmt.Fprintf(&left, "%s:%d:%d", unit, u.WindowMS, u.Remaining)
 	}
-	v, err := r.Run(ctx, observeScript, []string{k.Bucket, k.Config}, pol.String(), a.Remaining, a.WindowMS,
+	v, err := r.Run(ctx, observeScript, []string{k.Bucket, k.Config, k.Tenants}, pol.String(), a.Remaining, a.WindowMS,
 		a.Reset.Microseconds(), a.LearnFor.Microseconds(), FormatTiers(a.Defaults), a.MaxSuspension.Microseconds(),
 		boolArg(a.Stop), left.String())
 	if err != nil {

@@ -666,6 +666,7 @@ local function write_back(r)
     -- leave, which the writes below may make anew)
     if #del > 0 then redis.call('HDEL', r.key, unpack(del)) end
     local ttl
+    local x0 = r.x
     r.x, ttl = keep_alive(r.key, need, r.x, now)
     if T then
       -- (x, T's second double, now known)
@@ -683,8 +684,10 @@ local function write_back(r)
       -- (a key configured before :c existed: its limits outlive the hash)
       if r.L then save_config(r.key, r.kc) end
     end
-    -- The active tenants (fair.lua) outlive the hash that counts them.
-    if r.akey and (ttl or r.akey_new) then extend_to(r.akey, r.x - now + 1e6) end
+    -- The active tenants (fair.lua) outlive the hash that counts them,
+    -- however its lifetime was raised (another path's suspension, say: a
+    -- record of an active tenant outlived the set that lists it).
+    if r.akey and (r.x ~= x0 or r.akey_new) then outlive(r.key, r.akey, 1e6) end
   end
   if r.lanes and not r.lanes.guess then
     local l = {}

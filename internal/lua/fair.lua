@@ -137,14 +137,20 @@ local function fair_least_live(r, upto)
   for k, id in ipairs(ids) do
     local a = tonumber(at[k])
     if a and a >= since then
-      if #gone > 0 then redis.call('ZREM', r.tkey, unpack(gone)) end
-      return tonumber(m[2 * k])
+      -- (a caller of this run is being decided now, from its own tag and
+      -- its tenant's shift: it holds nobody back, itself least of all)
+      if not r.stags[id] then
+        if #gone > 0 then redis.call('ZREM', r.tkey, unpack(gone)) end
+        return tonumber(m[2 * k])
+      end
+    else
+      gone[#gone + 1] = id
     end
-    gone[#gone + 1] = id
   end
-  redis.call('ZREM', r.tkey, unpack(gone))
-  -- (All gone; more may lie beyond the ones looked at: they are looked at
-  -- next time, and the clock moves no further than the last one here.)
+  if #gone > 0 then redis.call('ZREM', r.tkey, unpack(gone)) end
+  -- (None expected but this run's callers; more may lie beyond the ones
+  -- looked at: they are looked at next time, and the clock moves no
+  -- further than the last one here.)
   if #ids == FAIR_PRUNE then return tonumber(m[#m]) end
   return nil
 end
@@ -396,8 +402,13 @@ local function fair_reserve(r, p, earliest, by)
     if not p.rec and r.g.W <= 0 and at > p.t_f then
       -- The first tenant to wait (the others ran without tenants' turns,
       -- or it had the key alone): its turn is when the tiers let it run,
-      -- and its next tasks follow that one.
-      S = r.g.V + (at - now) * r.R / p.w
+      -- and its next tasks follow that one. (The clock stands still while
+      -- the key is suspended: a wait for the suspension's end is no turn
+      -- to count; counted, a task booked for it was found 60 s of the
+      -- rate behind the clock when it came back.)
+      local from = now
+      if r.suspended and r.until_ > from then from = r.until_ end
+      S = r.g.V + math.max(at - from, 0) * r.R / p.w
     end
     S = fair_book(r, p.tenant, p.w, p.u, S)
   end

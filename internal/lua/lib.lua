@@ -1020,6 +1020,13 @@ local function all_n(reply, n)
   return table.concat(out, ';')
 end
 
+-- outlive makes key other live at least us microseconds longer than key
+-- does (the active tenants, beside the hash that counts them).
+local function outlive(key, other, us)
+  local pttl = redis.call('PTTL', key)
+  if pttl > 0 then extend_to(other, pttl * 1000 + us) end
+end
+
 -- keep_alive decides the expiry of the key's hash (key), which must live
 -- at least need microseconds more: x is the memo of when it expires at the
 -- earliest (T's x; 0 unknown), a lower bound because no path shortens a

@@ -17,7 +17,7 @@
 -- tier's period, quota and unit, and a bucket's burst in force, 0 for a
 -- window), which tells the caller which published quotas (and bursts)
 -- could change anything, so that it sends only those.
-local key, kc = KEYS[1], KEYS[2]
+local key, kc, akey = KEYS[1], KEYS[2], KEYS[3]
 local policies  = ARGV[1]             -- "per_ms:quota[:unit:burst] ..." ('' none)
 local remaining = tonumber(ARGV[2])   -- -1: not said
 local window_ms = tonumber(ARGV[3])   -- window of remaining, 0: not said
@@ -57,7 +57,8 @@ local function burst_tol(b) return math.max(1, math.floor(b / 100)) end
 -- burst it implies (nil: none): the tiers of that period and unit; when
 -- there is none, the tier of the unit whose period is nearest (by ratio;
 -- a tie goes to the longer), the quota converted to its period (q x its
--- period / per_ms, rounded down, at least 1) and, when that period is the
+-- period / per_ms, rounded down; less than one is left unmapped, with a
+-- warning) and, when that period is the
 -- longer, a burst of q (the provider admits no more than q at once). So a
 -- quota per minute binds a tier per second at a sixtieth of it, and one
 -- per second a tier per minute at sixty times it, holding q at most: the
@@ -80,7 +81,10 @@ local function matches(per, q, unit)
   if not best then return out, false end
   local t = ceiling.tiers[best]
   local qc = math.floor(q * t.per / per)
-  if qc < 1 then qc = 1 end
+  -- (less than one per the tier's period cannot be said in it: rounded up
+  -- to one, the tier would admit more than the quota; left unmapped, and
+  -- warned about)
+  if qc < 1 then return out, false, best end
   local b = nil
   if t.per > per then b = q end
   out[1] = {best, qc, b}
@@ -96,8 +100,8 @@ for tok in string.gmatch(policies, '%S+') do
   local per, q0, u, b0 = string.match(tok, '^(%d+):(%d+):?([%w_%-]*):?(%d*)$')
   per, q0, b0 = tonumber(per), tonumber(q0), tonumber(b0)
   local unit = unit_of(u or '')
-  local found, converted = {}, false
-  if per and q0 then found, converted = matches(per, q0, unit) end
+  local found, converted, small = {}, false, nil
+  if per and q0 then found, converted, small = matches(per, q0, unit) end
   for _, m in ipairs(found) do
     local i, q = m[1], m[2]
     local bm = b0
@@ -112,7 +116,11 @@ for tok in string.gmatch(policies, '%S+') do
     end
     if bm and (not st.b or bm < st.b) then st.b = bm end
   end
-  if per and #found == 0 then changes[#changes + 1] = string.format('unmatched %d %d %s', per, q0, u ~= '' and u or 'requests') end
+  if per and #found == 0 and small then
+    changes[#changes + 1] = string.format('unmapped %d %d %s %d', per, q0, u ~= '' and u or 'requests', ceiling.tiers[small].per)
+  elseif per and #found == 0 then
+    changes[#changes + 1] = string.format('unmatched %d %d %s', per, q0, u ~= '' and u or 'requests')
+  end
 end
 for _, i in ipairs(order) do
   local st = stated[i]
@@ -308,6 +316,8 @@ if #fields > 0 then
     end
   end
   extend_to(key, longest)
+  -- (the active tenants outlive the hash that counts them)
+  if akey then extend_to(akey, longest + 1e6) end
 end
 local in_force = {}
 for i, t in ipairs(ceiling.tiers) do

@@ -408,3 +408,14 @@ func TestObserveConvertsAQuotaOfAnotherPeriodToTheNearestTier(t *testing.T) {
 		e3.observe(ObserveArgs{Remaining: -1, Policies: []Policy{{Quota: 50, PerMS: 1000}, {Quota: 6000, PerMS: 60_000}}}))
 	assert.Equal(t, int64(50), e3.inspect().Tiers[0].Rate)
 }
+
+// A quota too small to be said in the nearest tier's period (2 a minute
+// against a tier per second: 0.03 a second) is not mapped, and reported:
+// rounded up to one a second, the tier would admit 60 a minute.
+func TestObserveLeavesAQuotaTooSmallForTheNearestTierUnmapped(t *testing.T) {
+	e := newEnv(t)
+	e.setLimits(Tier{Rate: 2, PerMS: 1000, Burst: 2})
+	assert.Equal(t, []string{"unmapped 60000 2 requests 1000"},
+		e.observe(ObserveArgs{Remaining: -1, Policies: []Policy{{Quota: 2, PerMS: 60_000}}}))
+	assert.Equal(t, Tier{Rate: 2, PerMS: 1000, Burst: 2}, e.inspect().Tiers[0], "nothing learned")
+}

@@ -5,7 +5,7 @@
 -- (unless ARGV[3] is '1': a spend cap, which says nothing of the rate);
 -- one that extends the last moves the start of the clean intervals to its
 -- new end.
-local key, kc = KEYS[1], KEYS[2]
+local key, kc, akey = KEYS[1], KEYS[2], KEYS[3]
 local d, max = tonumber(ARGV[1]), tonumber(ARGV[2])
 local adapts = ARGV[3] ~= '1'   -- '1': no adaptive cut (a spend cap is no rate limit)
 if d > max then d = max end
@@ -38,4 +38,6 @@ end
 redis.call('HSET', key, unpack(fields))
 -- The key lives at least until the suspension ends (never shorter than it did).
 extend_to(key, until_ - now)
+-- (the active tenants outlive the hash that counts them)
+if akey then extend_to(akey, until_ - now + 1e6) end
 return {string.format('%d', until_ - now), ppm}
