@@ -7,6 +7,7 @@ import (
 	"go/parser"
 	"go/token"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -15,23 +16,15 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/asynq-throttle/asynq-throttle/internal/keyspace"
 )
 
 // docs returns the doc comment of every exported func, method and type of
 // the package, by name ("Limiter.SetLimits" for a method).
 func docs(t *testing.T) map[string]string {
 	t.Helper()
-	fset := token.NewFileSet()
-	pkgs, err := parser.ParseDir(fset, ".", func(fi os.FileInfo) bool {
-		return !strings.HasSuffix(fi.Name(), "_test.go")
-	}, parser.ParseComments)
-	require.NoError(t, err)
-	files := []*ast.File{}
-	for _, f := range pkgs["throttle"].Files {
-		files = append(files, f)
-	}
-	p, err := doc.NewFromFiles(fset, files, "github.com/asynq-throttle/asynq-throttle/throttle")
-	require.NoError(t, err)
+	p := docPackage(t)
 	out := map[string]string{}
 	for _, f := range p.Funcs {
 		out[f.Name] = f.Doc
@@ -46,6 +39,38 @@ func docs(t *testing.T) map[string]string {
 		}
 	}
 	return out
+}
+
+// docPackage is the package as godoc reads it.
+func docPackage(t *testing.T) *doc.Package {
+	t.Helper()
+	fset := token.NewFileSet()
+	pkgs, err := parser.ParseDir(fset, ".", func(fi os.FileInfo) bool {
+		return !strings.HasSuffix(fi.Name(), "_test.go")
+	}, parser.ParseComments)
+	require.NoError(t, err)
+	files := []*ast.File{}
+	for _, f := range pkgs["throttle"].Files {
+		files = append(files, f)
+	}
+	p, err := doc.NewFromFiles(fset, files, "github.com/asynq-throttle/asynq-throttle/throttle")
+	require.NoError(t, err)
+	return p
+}
+
+// sourceFiles are the package's files, parsed whole (go/doc drops what is
+// not exported from those it reads).
+func sourceFiles(t *testing.T) []*ast.File {
+	t.Helper()
+	pkgs, err := parser.ParseDir(token.NewFileSet(), ".", func(fi os.FileInfo) bool {
+		return !strings.HasSuffix(fi.Name(), "_test.go")
+	}, 0)
+	require.NoError(t, err)
+	var files []*ast.File
+	for _, f := range pkgs["throttle"].Files {
+		files = append(files, f)
+	}
+	return files
 }
 
 // short writes a duration as the docs do: "1s", "1m", "20ms", "7 days".
@@ -135,4 +160,86 @@ func TestLimitDocsStateTheBounds(t *testing.T) {
 	m := regexp.MustCompile(`'limits\.InFlight', 1, ([0-9e.]+),`).FindSubmatch(lib)
 	require.NotNil(t, m, "lib.lua's check of an in-flight limit")
 	assert.Equal(t, float64(maxInFlight), num(string(m[1])), "lib.lua's in-flight bound")
+}
+
+// godoc shows what a user reads: a constant's value, not the internal name
+// it is copied from; no doc names an unexported identifier (a reader cannot
+// look it up); the main entry point says what it does.
+func TestGodocShowsValuesNotInternals(t *testing.T) {
+	p := docPackage(t)
+
+	var headerKey ast.Expr
+	for _, c := range append(p.Consts, p.Types[0].Consts...) {
+		for _, spec := range c.Decl.Specs {
+			vs := spec.(*ast.ValueSpec)
+			for i, n := range vs.Names {
+				if n.Name == "HeaderKey" && i < len(vs.Values) {
+					headerKey = vs.Values[i]
+				}
+			}
+		}
+	}
+	require.NotNil(t, headerKey, "no const HeaderKey")
+	lit, ok := headerKey.(*ast.BasicLit)
+	if assert.True(t, ok, "HeaderKey = %T: godoc shows an expression, not the header's name", headerKey) {
+		assert.Equal(t, strconv.Quote(keyspace.Key), lit.Value, "HeaderKey is the header the middleware reads")
+	}
+
+	// Unexported top-level names in mixedCase (maxBurst, defaultTimeout):
+	// words no reader of godoc can look up.
+	internal := map[string]bool{}
+	mixed := regexp.MustCompile(`^[a-z]+[A-Z][A-Za-z0-9]*$`)
+	for _, f := range sourceFiles(t) {
+		for _, d := range f.Decls {
+			switch d := d.(type) {
+			case *ast.FuncDecl:
+				if d.Recv == nil && mixed.MatchString(d.Name.Name) {
+					internal[d.Name.Name] = true
+				}
+			case *ast.GenDecl:
+				for _, spec := range d.Specs {
+					switch s := spec.(type) {
+					case *ast.ValueSpec:
+						for _, n := range s.Names {
+							if mixed.MatchString(n.Name) {
+								internal[n.Name] = true
+							}
+						}
+					case *ast.TypeSpec:
+						if mixed.MatchString(s.Name.Name) {
+							internal[s.Name.Name] = true
+						}
+					}
+				}
+			}
+		}
+	}
+	require.True(t, internal["maxBurst"], "the walk found the unexported names")
+	word := regexp.MustCompile(`[A-Za-z][A-Za-z0-9]*`)
+	for name, text := range docs(t) {
+		for _, w := range word.FindAllString(text, -1) {
+			assert.False(t, internal[w], "the doc of %s names the unexported %s: say what it is", name, w)
+		}
+	}
+
+	mw := strings.Join(strings.Fields(docs(t)["Limiter.Middleware"]), " ")
+	for _, says := range []string{"worker.NewServer", "RateLimited", "spends none of the task's retries", "WithTimeout", "ErrCostTooHigh"} {
+		assert.Contains(t, mw, says, "Limiter.Middleware, the main entry point, says what it does")
+	}
+}
+
+// Every runnable example builds its Redis client as the README insists:
+// with ContextTimeoutEnabled, so that each call ends by its deadline.
+func TestExamplesEnableContextTimeouts(t *testing.T) {
+	files, err := filepath.Glob("../*/example_test.go")
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, len(files), 4, "example_test.go files")
+	opts := regexp.MustCompile(`redis\.(?:Options|ClusterOptions|FailoverOptions|UniversalOptions)\{[^}]*\}`)
+	for _, f := range files {
+		src, err := os.ReadFile(f)
+		require.NoError(t, err)
+		for _, m := range opts.FindAllString(string(src), -1) {
+			assert.Contains(t, m, "ContextTimeoutEnabled: true", "%s: %s", f, m)
+		}
+	}
 }
