@@ -107,16 +107,18 @@ func (l *Limiter) Delete(ctx context.Context, key string) error {
 // SetLimits stores key's limits in Redis, replacing any before them. Every
 // process obeys them from its next decision: no restart, no deploy.
 //
-// A tier is identified by its period (Limit.Per): each new tier takes over
-// the tokens of the old tier with the same period, wherever either sits in
-// the list, brought up to date under the old limits and clamped to the new
-// burst. So lowering a limit bites at once, raising one grants no sudden
-// burst, and reordering, adding or dropping tiers hands no tier another's
-// tokens. A tier with a period the key did not have starts full. The old
+// A tier is identified by its kind, period and unit (Limit.Kind, Per and
+// Unit): each new tier takes over the tokens of the old tier of the same
+// kind, period and unit, wherever either sits in the list, brought up to
+// date under the old limits and clamped to the new burst. So lowering a
+// limit bites at once, raising one grants no sudden burst, and reordering,
+// adding or dropping tiers hands no tier another's tokens. A tier the key
+// did not have starts full. The old
 // limits are read from Redis, or else the defaults the other processes'
 // decisions last used (recorded in Redis with the bucket), so a Limiter
-// without the workers' defaults changes them just as well. Two tiers with
-// the same period are refused.
+// without the workers' defaults changes them just as well. Two tiers of the
+// same kind, period and unit are refused (PerSecond(10) beside
+// Window(10, time.Second) are two tiers).
 //
 // Limits are tiers taken all or nothing: SetLimits(ctx, "slack",
 // PerSecond(1).WithBurst(3), PerMinute(50)) admits a call only when both have
