@@ -206,7 +206,7 @@ func (d *dashboard) resume(ctx context.Context, req actionRequest) error {
 func (d *dashboard) setLimits(ctx context.Context, req actionRequest) error {
 	ls, err := limitspec.ParseAll(req.Limits)
 	if err != nil {
-		return badRequest{err}
+		return badRequest{fmt.Errorf("%w (limits are written as %s)", err, limitspec.Examples)}
 	}
 	return d.lim.SetLimits(ctx, req.Key, ls...)
 }

@@ -219,7 +219,7 @@ func TestActionsNeedWritableModeAndTheSameOrigin(t *testing.T) {
 		{"unknown field", "suspend", `{"key":"slack","for":"30s"}`, true, nil, http.StatusBadRequest, "body"},
 		{"bad limits", "limits", `{"key":"slack","limits":"10/fortnight"}`, true, nil, http.StatusBadRequest, "10/s:burst=20"},
 		{"kind first", "limits", `{"key":"slack","limits":"inflight:4"}`, true, nil, http.StatusBadRequest, "as in 4:inflight"},
-		{"two in-flight limits", "limits", `{"key":"slack","limits":"1:inflight 2:inflight"}`, true, nil, http.StatusBadRequest, "a second InFlight limit"},
+		{"two in-flight limits", "limits", `{"key":"slack","limits":"1:inflight 2:inflight"}`, true, nil, http.StatusBadRequest, "a key has one inflight limit"},
 		{"limits out of range", "limits", `{"key":"slack","limits":"1/s 2/2s 3/3s 4/4s 5/5s 6/6s 7/7s 8/8s 9/9s"}`, true, nil, http.StatusBadRequest, "at most 8"},
 		{"misspelt modifier", "limits", `{"key":"slack","limits":"500/m 30000/m:windwo"}`, true, nil, http.StatusBadRequest, "did you mean :window?"},
 		{"unit on in-flight", "limits", `{"key":"slack","limits":"4:inflight:tokens"}`, true, nil, http.StatusBadRequest, "not a unit"},

@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/asynq-throttle/asynq-throttle/internal/lua"
+	"github.com/asynq-throttle/asynq-throttle/internal/rules"
 )
 
 // Limiter enforces fleet-wide limits per key through Redis. Every decision is
@@ -149,7 +150,7 @@ func (l *Limiter) decision(key string, cost taskCost, r lua.DecideReply) (Decisi
 	case lua.StatusBadConfig:
 		return Decision{}, &ConfigError{Key: key, Field: r.Field, Reason: r.Reason}
 	case lua.StatusCostTooHigh:
-		return Decision{}, fmt.Errorf("%w: key %q: a cost of %v, and tier %s holds at most %s", ErrCostTooHigh, key, cost, r.Field, r.Reason)
+		return Decision{}, fmt.Errorf("%w: key %q: a cost of %v, and %s", ErrCostTooHigh, key, cost, tooHigh(r))
 	case lua.StatusFair:
 		return Decision{}, fmt.Errorf("throttle: key %q: %w", key, lua.ErrBadReply)
 	}
@@ -182,6 +183,28 @@ func (l *Limiter) decision(key string, cost taskCost, r lua.DecideReply) (Decisi
 		d.Tier, _ = strconv.Atoi(strings.TrimPrefix(r.RefusedBy, "tier:"))
 	}
 	return d, nil
+}
+
+// tooHigh says which tier can never hold a cost, as the key's limits list
+// it: "tier 1 (2/s) holds at most 2", "tier 2 (100/m:window) admits at most
+// 100 per window", "tier 2 (30000/m:tokens) holds at most 30000 tokens".
+func tooHigh(r lua.DecideReply) string {
+	t := r.TooHigh
+	kind, holds := rules.KindBucket, "holds at most "+r.Reason
+	switch t.Kind {
+	case lua.KindWindow:
+		kind, holds = rules.KindWindow, "admits at most "+r.Reason
+	case lua.KindFixed:
+		kind, holds = rules.KindFixed, "admits at most "+r.Reason
+	}
+	if t.Unit != "" {
+		holds += " " + t.Unit
+	}
+	if kind != rules.KindBucket {
+		holds += " per window"
+	}
+	spec := rules.Tier(kind, t.Rate, time.Duration(t.PerMS)*time.Millisecond, t.Burst, t.Unit)
+	return fmt.Sprintf("tier %s (%s) %s", r.Field, spec, holds)
 }
 
 // state returns the process state of key, made when missing.

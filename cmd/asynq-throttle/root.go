@@ -95,7 +95,7 @@ enforces: list the keys, change limits, suspend a provider, watch the buckets
 live, explain why a task waits, and serve the web view with Prometheus metrics.
 
 Redis: --redis URL, else $REDIS_URL, else ` + defaultURL + `.
-  redis://[user:pass@]host:port[/db]        standalone (rediss:// for TLS, unix:///path.sock)
+  host:port, redis://[user:pass@]host:port[/db]   standalone (rediss:// for TLS, unix:///path.sock)
   redis+sentinel://host:26379[/db]?master_name=NAME[&addr=host2:26379]   Sentinel
   redis+cluster://host:port[?addr=host2:port2&addr=...]                 Cluster
   (rediss+sentinel://, rediss+cluster:// for TLS; query options as go-redis's ParseURL)

@@ -7,6 +7,8 @@ import (
 	"net"
 	"net/http"
 	"regexp"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -50,6 +52,9 @@ requests addressed to any host but localhost, an IP address or those
   asynq-throttle serve --allowed-hosts throttle.ops.example.com   # behind an authenticating proxy`,
 		Args: args(0, 0),
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := checkAddr(addr); err != nil {
+				return usageError{fmt.Errorf("--addr %q: %w", addr, err)}
+			}
 			for _, h := range allowedHosts {
 				if !reHostName.MatchString(h) {
 					return usagef("--allowed-hosts %q: want a host name as the browser sends it, such as throttle.example.com (no scheme, path or wildcard)", h)
@@ -80,6 +85,25 @@ requests addressed to any host but localhost, an IP address or those
 	cmd.Flags().BoolVar(&readOnly, "read-only", true, "refuse the dashboard's actions (suspend, resume, set limits); --read-only=false allows them")
 	cmd.Flags().StringSliceVar(&allowedHosts, "allowed-hosts", nil, "host names the dashboard answers to besides localhost and IP addresses (comma-separated or repeated), e.g. the name a proxy passes on")
 	return cmd
+}
+
+// checkAddr checks a listening address as net.Listen reads it: [host]:port,
+// the port a number (0 for any free one) or a service name.
+func checkAddr(addr string) error {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("want host:port or :port, such as 127.0.0.1:8080 or :8080 (%v)", err)
+	}
+	if port == "" {
+		return errors.New("no port: want host:port or :port, such as 127.0.0.1:8080")
+	}
+	if n, err := strconv.Atoi(port); err == nil && (n < 0 || n > 65535) {
+		return fmt.Errorf("port %d: want 0 to 65535", n)
+	}
+	if strings.ContainsAny(host, " /") {
+		return fmt.Errorf("host %q: want an IP address or a host name", host)
+	}
+	return nil
 }
 
 // serveUntil serves h on ln until ctx ends, then shuts down gracefully.
