@@ -103,13 +103,16 @@ func (d *dashboard) keys(w http.ResponseWriter, r *http.Request) {
 		v.Omitted = len(keys) - d.o.maxKeys
 		keys = keys[:d.o.maxKeys]
 	}
-	for _, k := range keys {
-		kv, err := d.read(ctx, k)
-		if err != nil {
-			writeError(w, http.StatusBadGateway, err)
-			return
-		}
-		if c, ok := counts[k]; ok {
+	states, err := d.lim.InspectKeys(ctx, keys)
+	if err != nil {
+		writeError(w, http.StatusBadGateway, err)
+		return
+	}
+	for _, s := range states {
+		// A key that cannot be read (invalid limits, a Redis key of the
+		// wrong type under the prefix) shows its error; the rest are shown.
+		kv := newKeyView(s.Key, s.Status, s.Err)
+		if c, ok := counts[s.Key]; ok {
 			kv.Decisions, kv.RateLimited = c.decisions, c.rateLimited
 		}
 		v.Keys = append(v.Keys, kv)

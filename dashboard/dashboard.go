@@ -57,7 +57,9 @@ type options struct {
 // shows.
 func WithReadOnly(readOnly bool) Option { return func(o *options) { o.readOnly = readOnly } }
 
-// WithMaxKeys caps the keys shown, in name order (default 200).
+// WithMaxKeys caps the keys shown (default 200), in the order
+// Limiter.Keys lists them: the keys with limits of their own first, each
+// group by name.
 func WithMaxKeys(n int) Option { return func(o *options) { o.maxKeys = n } }
 
 // WithPollInterval sets how often the page refreshes (default 1s; at least

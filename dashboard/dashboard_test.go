@@ -475,3 +475,37 @@ func TestAPIKeysShowsTheTenantsOfAKey(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(body), &raw))
 	assert.NotContains(t, raw.Keys[1], "tenants", "a key without tenants has no tenants field")
 }
+
+// One Redis key of the wrong type under the limiter's prefix shows its
+// error on its own row; every other key is listed (issue 35, item 9: the
+// whole view answered 502).
+func TestAPIKeysShowsABrokenKeysErrorAndTheRest(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Start(t).Client(t)
+	lim := throttle.NewLimiter(rdb)
+	require.NoError(t, lim.SetLimits(ctx, "slack", throttle.PerSecond(5)))
+	require.NoError(t, lim.SetLimits(ctx, "zendesk", throttle.PerSecond(7)))
+	require.NoError(t, rdb.Set(ctx, "throttle:{broken}:b", "x", 0).Err())
+	srv := mount(t, dashboard.New(lim))
+	code, _, body := get(t, srv.URL+"/throttle/api/keys")
+	require.Equal(t, http.StatusOK, code, body)
+	var v struct {
+		Keys []struct {
+			Key    string `json:"key"`
+			Error  string `json:"error"`
+			Limits []struct {
+				Limit string `json:"limit"`
+			} `json:"limits"`
+		} `json:"keys"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(body), &v))
+	byKey := map[string]int{}
+	for i, k := range v.Keys {
+		byKey[k.Key] = i
+	}
+	require.Len(t, v.Keys, 3, body)
+	assert.Contains(t, v.Keys[byKey["broken"]].Error, "WRONGTYPE")
+	assert.Empty(t, v.Keys[byKey["slack"]].Error)
+	assert.Equal(t, "5/s", v.Keys[byKey["slack"]].Limits[0].Limit)
+	assert.Equal(t, "7/s", v.Keys[byKey["zendesk"]].Limits[0].Limit)
+}

@@ -24,7 +24,8 @@ func TestEveryKeyHasATTLThatOutlivesItsState(t *testing.T) {
 			assert.Positive(t, r.mr.TTL(redisKey("k", p)), "TTL of %s", redisKey("k", p))
 		}
 		assert.GreaterOrEqual(t, r.mr.TTL(redisKey("k", "r")), time.Second+throttle.DefaultLapse, "reservations TTL covers slot + lapse")
-		assert.Equal(t, []string{bucket("k"), redisKey("k", "r")}, r.mr.Keys(), "keys")
+		assert.Equal(t, []string{"throttle:keys", bucket("k"), redisKey("k", "r")}, r.mr.Keys(), "keys")
+		assert.Greater(t, r.mr.TTL("throttle:keys"), throttle.DefaultIdleExpiry, "the index outlives the keys it lists")
 	})
 	t.Run("idle expiry refreshed by Take", func(t *testing.T) {
 		r := newRig(t, throttle.WithIdleExpiry(time.Hour))

@@ -29,6 +29,12 @@ type keyState struct {
 	// fair: Redis said tenants share the key; a task without a tenant is
 	// decided as the default tenant.
 	fair atomic.Bool
+
+	// indexed is when this process last recorded the key in the index of
+	// the limiter's keys (UnixNano, 0 never); indexedConf that it recorded
+	// it as having limits of its own in Redis (see index.go).
+	indexed     atomic.Int64
+	indexedConf atomic.Bool
 }
 
 // variant is what tells decide commands of one key apart.

@@ -37,6 +37,7 @@ type Limiter struct {
 	keys   keyStates
 	tasks  taskStore // the asynq side: copies, and tasks to bring back
 	slots  slotBook  // slots in flight held by this process's handlers
+	index  indexer   // keys to record in the index of the limiter's keys
 
 	onEvent atomic.Pointer[[]func(Event)] // OnEvent's functions, copied on write
 	eventMu sync.Mutex                    // serializes OnEvent
@@ -58,6 +59,7 @@ func NewLimiter(rdb redis.UniversalClient, opts ...Option) *Limiter {
 	}
 	l := &Limiter{rdb: rdb, runner: lua.NewRunner(rdb), o: o, reach: newReach(rdb)}
 	l.keys = keyStates{idle: stateIdle, now: time.Now}
+	l.index.idle = sync.NewCond(&l.index.mu)
 	l.flight = flight{rdb: rdb, runner: l.runner, timeout: o.timeout, inline: boundsIO(rdb, o.timeout), reach: l.reach, giveBack: l.giveBack}
 	if c, ok := rdb.(*redis.Client); ok && c.Options().PoolSize >= minPoolForOwn {
 		l.flight.owner, l.flight.renew = c, ownRenew
@@ -84,14 +86,25 @@ func (l *Limiter) OnEvent(f func(Event)) {
 }
 
 // Close gives back to the client's pool the connection the Limiter keeps for
-// lone decisions, and keeps none from then on. It does not close rdb, and
-// the Limiter still works after Close (every call then goes through the
-// pool). A Limiter that is dropped without Close gives the connection back
-// once it goes unused for a moment; Close is for callers that want it back
-// now, such as a short-lived Limiter next to an application that sizes its
-// pool tightly.
+// lone decisions, and keeps none from then on. It also waits, up to
+// WithTimeout, until the keys this process decided are recorded in the
+// index of the limiter's keys that Keys reads (done in the background, a
+// moment after a key's first decision), so that a short-lived program's
+// keys are listed too. It does not close rdb, and the Limiter still works
+// after Close (every call then goes through the pool). A Limiter that is
+// dropped without Close gives the connection back once it goes unused for
+// a moment; Close is for callers that want it back now, such as a
+// short-lived Limiter next to an application that sizes its pool tightly,
+// and for programs about to exit.
 func (l *Limiter) Close() error {
 	l.flight.close()
+	ctx := context.Background()
+	if l.o.timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, l.o.timeout)
+		defer cancel()
+	}
+	l.flushIndex(ctx)
 	return nil
 }
 
@@ -138,6 +151,9 @@ func (l *Limiter) decideOnce(ctx context.Context, ks *keyState, key string, v va
 	r, err := lua.ParseDecide(reply)
 	if err != nil {
 		return lua.DecideReply{}, fmt.Errorf("throttle: key %q: %w", key, err)
+	}
+	if r.Status != lua.StatusNoLimits && r.Status != lua.StatusFair {
+		l.touch(ks, key, r.Generation > 0 || r.Status == lua.StatusBadConfig || r.Status == lua.StatusCostTooHigh)
 	}
 	return r, nil
 }

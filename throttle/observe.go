@@ -280,6 +280,7 @@ func (l *Limiter) observe(ctx context.Context, tc *taskCharge, q quota.Info, li 
 			"key", tc.key, "source", q.Source, "err", err)
 		return
 	}
+	l.touch(ks, tc.key, false)
 	ks.mu.Lock()
 	ks.obs.told, ks.obs.tiers = true, o.Tiers
 	ks.mu.Unlock()

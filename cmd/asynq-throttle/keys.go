@@ -18,7 +18,12 @@ func (a *app) listCmd() *cobra.Command {
 		Use:   "list",
 		Short: "List every key in Redis with its limits, tokens, slots in flight, suspension and reservations",
 		Long: `List every limiter key that has anything in Redis (limits, bucket state, a
-suspension or reservations), found with SCAN on every master, never KEYS.
+suspension or reservations), from the index of the limiter's keys (the
+first listing of a Redis written by an older version walks it once with
+SCAN, never KEYS): the keys with limits of their own first, then the
+others, each by name. A key that cannot be read (invalid limits, a Redis
+key of the wrong type under the prefix) shows its error; the rest are
+listed.
 TOKENS shows, per rate limit in the order of LIMITS, a bucket's tokens
 now/burst and a window's calls it would still admit/calls per window; on a
 key with tiers in other units than requests each names its unit
