@@ -8,6 +8,7 @@ import (
 	"html/template"
 	"net/http"
 	"net/url"
+	"path"
 	"time"
 
 	"github.com/asynq-throttle/asynq-throttle/internal/limitspec"
@@ -166,7 +167,9 @@ func (d *dashboard) action(do func(ctx context.Context, req actionRequest) error
 			writeError(w, http.StatusBadRequest, err)
 			return
 		}
-		if err := do(r.Context(), req); err != nil {
+		err := do(r.Context(), req)
+		d.logAction(r, req, err)
+		if err != nil {
 			status := http.StatusBadGateway
 			var bad badRequest
 			if errors.As(err, &bad) || errors.Is(err, throttle.ErrInvalidLimit) {
@@ -182,6 +185,30 @@ func (d *dashboard) action(do func(ctx context.Context, req actionRequest) error
 		}
 		writeJSON(w, http.StatusOK, kv)
 	}
+}
+
+// logAction logs an action taken from the page through the Limiter's
+// logger: what, on which key, with what, from where, and how it ended.
+func (d *dashboard) logAction(r *http.Request, req actionRequest, err error) {
+	attrs := []any{"action", path.Base(r.URL.Path), "key", req.Key}
+	if req.Duration != "" {
+		attrs = append(attrs, "duration", req.Duration)
+	}
+	if req.Limits != "" {
+		attrs = append(attrs, "limits", req.Limits)
+	}
+	attrs = append(attrs, "remote_addr", r.RemoteAddr, "host", r.Host)
+	if f := r.Header.Get("X-Forwarded-For"); f != "" {
+		attrs = append(attrs, "forwarded_for", f)
+	}
+	if u := r.Header.Get("X-Forwarded-User"); u != "" {
+		attrs = append(attrs, "forwarded_user", u)
+	}
+	if err != nil {
+		d.lim.Logger().Warn("asynq-throttle dashboard: action refused", append(attrs, "err", err)...)
+		return
+	}
+	d.lim.Logger().Info("asynq-throttle dashboard: action taken", attrs...)
 }
 
 // actionRequest is the body of an action.

@@ -4,10 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -508,4 +510,59 @@ func TestAPIKeysShowsABrokenKeysErrorAndTheRest(t *testing.T) {
 	assert.Empty(t, v.Keys[byKey["slack"]].Error)
 	assert.Equal(t, "5/s", v.Keys[byKey["slack"]].Limits[0].Limit)
 	assert.Equal(t, "7/s", v.Keys[byKey["zendesk"]].Limits[0].Limit)
+}
+
+// Every response carries the headers a trusted admin tool sends (issue
+// 35, item 10): no framing by another site, no referrer to one.
+func TestResponsesRefuseFramingAndReferrers(t *testing.T) {
+	rdb := redistest.Start(t).Client(t)
+	srv := mount(t, dashboard.New(throttle.NewLimiter(rdb)))
+	for _, p := range []string{"", "api/keys", "static/app.js"} {
+		code, h, _ := get(t, srv.URL+"/throttle/"+p)
+		require.Equal(t, http.StatusOK, code, p)
+		assert.Equal(t, "SAMEORIGIN", h.Get("X-Frame-Options"), p)
+		assert.Equal(t, "no-referrer", h.Get("Referrer-Policy"), p)
+		assert.Contains(t, h.Get("Content-Security-Policy"), "frame-ancestors 'self'", p)
+	}
+}
+
+// Every action taken from the page is logged through the Limiter's
+// logger: what, on which key, from where, and a refusal too (issue 35,
+// item 10).
+func TestActionsAreLoggedThroughTheLimitersLogger(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Start(t).Client(t)
+	var logs safeBuffer
+	lim := throttle.NewLimiter(rdb, throttle.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	require.NoError(t, lim.SetLimits(ctx, "slack", throttle.PerSecond(5)))
+	srv := mount(t, dashboard.New(lim, dashboard.WithReadOnly(false)))
+	host := strings.TrimPrefix(srv.URL, "http://")
+	code, body := post(t, srv.URL+"/throttle/api/suspend", `{"key":"slack","duration":"30s"}`, true, "Origin", srv.URL, "X-Forwarded-For", "203.0.113.7")
+	require.Equal(t, http.StatusOK, code, body)
+	code, body = post(t, srv.URL+"/throttle/api/limits", `{"key":"slack","limits":"10/s 20/s"}`, true, "Origin", srv.URL)
+	require.Equal(t, http.StatusBadRequest, code, body)
+	lines := strings.Split(strings.TrimSpace(logs.String()), "\n")
+	require.Len(t, lines, 2, logs.String())
+	assert.Contains(t, lines[0], `msg="asynq-throttle dashboard: action taken" action=suspend key=slack duration=30s remote_addr=127.0.0.1:`)
+	assert.Contains(t, lines[0], "host="+host)
+	assert.Contains(t, lines[0], "forwarded_for=203.0.113.7")
+	assert.Contains(t, lines[1], `level=WARN msg="asynq-throttle dashboard: action refused" action=limits key=slack limits="10/s 20/s"`)
+}
+
+// safeBuffer is a bytes.Buffer for a logger and a reader.
+type safeBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *safeBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *safeBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"strings"
 	"sync"
@@ -23,7 +24,9 @@ import (
 // A Limiter is safe for concurrent use. Limits, buckets and suspensions all
 // live in Redis; in the process it keeps only what saves Redis calls (the
 // commands it built per key, leases and short-lived caches of the
-// middleware), and forgets keys it has not used for a minute.
+// middleware), forgets keys it has not used for a minute, and keeps such
+// state for at most 10,000 keys at once (about 9 MB): keys beyond are
+// decided all the same, each call building its own command.
 //
 // One Limiter per process (per Redis) is the intended use: it batches the
 // decisions of all its goroutines into shared round trips, and keeps one
@@ -58,7 +61,7 @@ func NewLimiter(rdb redis.UniversalClient, opts ...Option) *Limiter {
 		panic(o.err)
 	}
 	l := &Limiter{rdb: rdb, runner: lua.NewRunner(rdb), o: o, reach: newReach(rdb)}
-	l.keys = keyStates{idle: stateIdle, now: time.Now}
+	l.keys = keyStates{idle: stateIdle, max: maxKeyStates, now: time.Now}
 	l.index.idle = sync.NewCond(&l.index.mu)
 	l.flight = flight{rdb: rdb, runner: l.runner, timeout: o.timeout, inline: boundsIO(rdb, o.timeout), reach: l.reach, giveBack: l.giveBack}
 	if c, ok := rdb.(*redis.Client); ok && c.Options().PoolSize >= minPoolForOwn {
@@ -84,6 +87,11 @@ func (l *Limiter) OnEvent(f func(Event)) {
 	fs = append(fs, f)
 	l.onEvent.Store(&fs)
 }
+
+// Logger returns the logger l logs to (WithLogger; slog.Default() when
+// none was given), for code that logs beside it: package dashboard logs
+// the actions taken from the web view there.
+func (l *Limiter) Logger() *slog.Logger { return l.o.logger }
 
 // Close gives back to the client's pool the connection the Limiter keeps for
 // lone decisions, and keeps none from then on. It also waits, up to

@@ -226,7 +226,7 @@ func (m *middleware) process(ctx context.Context, t *asynq.Task, next asynq.Hand
 		return err
 	}
 	asked := 0
-	if o.lease > 1 && o.leaseFor > 0 && cost.n < o.lease && cost.units == "" && tenant == "" && !ks.fair.Load() {
+	if o.lease > 1 && o.leaseFor > 0 && cost.n < o.lease && cost.units == "" && tenant == "" && !ks.fair.Load() && !ks.transient {
 		asked = ks.lease.request(o.lease)
 	}
 	d, err := m.decideAndWait(ctx, key, t, id, asked, cost, ks, &ev)

@@ -1,8 +1,10 @@
 package main
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
+	"net"
 	"net/url"
 	"regexp"
 	"strings"
@@ -25,7 +27,11 @@ const urlForms = "redis://host:port/db, rediss://..., unix:///path.sock, redis+s
 // or for host:port (as redis-cli -h/-p, and asynq's RedisClientOpt.Addr,
 // take it) and a socket's path. Retries are off and the dial timeout short
 // unless the URL's query says otherwise (max_retries, dial_timeout, ...).
-func openRedis(raw string) (redis.UniversalClient, error) {
+//
+// tlsConf (nil: none) turns TLS on with its CA and client certificate,
+// whatever the scheme; on a rediss:// URL it adds them to what the URL
+// sets.
+func openRedis(raw string, tlsConf *tls.Config) (redis.UniversalClient, error) {
 	raw = withScheme(raw)
 	u, err := url.Parse(raw)
 	if err != nil {
@@ -49,6 +55,7 @@ func openRedis(raw string) (redis.UniversalClient, error) {
 			return nil, badURL(raw, err)
 		}
 		failFast(q, &o.MaxRetries, &o.DialTimeout, &o.ReadTimeout, &o.DialerRetries)
+		o.TLSConfig = withTLS(o.TLSConfig, tlsConf, o.Addr)
 		return redis.NewClient(o), nil
 	case "sentinel":
 		o, err := redis.ParseFailoverURL(plain.String())
@@ -59,6 +66,7 @@ func openRedis(raw string) (redis.UniversalClient, error) {
 			return nil, fmt.Errorf("bad Redis URL %q: a Sentinel URL needs ?master_name=NAME", redactURL(raw))
 		}
 		failFast(q, &o.MaxRetries, &o.DialTimeout, &o.ReadTimeout, &o.DialerRetries)
+		o.TLSConfig = withTLS(o.TLSConfig, tlsConf, "")
 		return redis.NewFailoverClient(o), nil
 	case "cluster":
 		o, err := redis.ParseClusterURL(plain.String())
@@ -66,9 +74,30 @@ func openRedis(raw string) (redis.UniversalClient, error) {
 			return nil, badURL(raw, err)
 		}
 		failFast(q, &o.MaxRetries, &o.DialTimeout, &o.ReadTimeout, &o.DialerRetries)
+		addr := ""
+		if len(o.Addrs) > 0 {
+			addr = o.Addrs[0]
+		}
+		o.TLSConfig = withTLS(o.TLSConfig, tlsConf, addr)
 		return redis.NewClusterClient(o), nil
 	}
 	return nil, fmt.Errorf("bad Redis URL %q: scheme %q (want %s)", redactURL(raw), u.Scheme, urlForms)
+}
+
+// withTLS is the TLS of a client: the URL's (have, nil for redis://) with
+// the flags' CA and certificate (flags, nil for none). The server's name
+// is checked against addr's host, as rediss:// does.
+func withTLS(have, flags *tls.Config, addr string) *tls.Config {
+	if flags == nil {
+		return have
+	}
+	c := flags.Clone()
+	if have != nil {
+		c.ServerName = have.ServerName
+	} else if host, _, err := net.SplitHostPort(addr); err == nil {
+		c.ServerName = host
+	}
+	return c
 }
 
 // withScheme makes a URL of what has no scheme: "127.0.0.1:6379" and
