@@ -141,16 +141,18 @@ func TestE2ETenantsDrainAtTheWholeRateOnceOneIsDone(t *testing.T) {
 }
 
 // Interactive work ahead of a batch backlog on one provider quota (issue
-// 35, item 4): the batch tasks and the interactive ones each run as a
-// tenant of the key, the interactive one weighted 10, and the interactive
-// ones in an asynq queue of their own, of higher priority. A few
-// interactive tasks enqueued while 1,000 batch tasks drain run within
-// about two seconds' worth of the key's rate (the time asynq takes to
-// bring a deferred task back), far ahead of the backlog, which first come
-// first served would have made them wait behind. (As tenants in the batch
-// tasks' queue, they ran after 721 of 752 batch tasks at 200/s: they came
-// back among the second's batch tasks, in asynq's order.) Counted in batch
-// runs, not in seconds: on a busy machine both stretch alike.
+// 35, item 4; docs/tenants.md): the batch tasks and the interactive ones
+// each run as a tenant of the key, the interactive one weighted 10, and
+// the interactive ones in an asynq queue of their own that the servers
+// serve first. A few interactive tasks enqueued while 1,000 batch tasks
+// drain at 200/s, their reservations booked, run within a second's worth of
+// the key's rate, far ahead of the backlog: 9-11 batch runs, with about
+// 757 still waiting. Either alone is not enough: as tenants in the batch
+// tasks' queue they came back among the second's batch tasks, in asynq's
+// order (571 batch runs first), and in a queue of their own without a
+// tenant they waited for the turns the backlog had reserved (469-551).
+// Counted in batch runs, not in seconds: on a busy machine both stretch
+// alike.
 func TestE2EInteractiveTasksRunAheadOfABatchBacklog(t *testing.T) {
 	t.Parallel()
 	const rate, batch, interactive = 200, 1000, 5
@@ -163,8 +165,12 @@ func TestE2EInteractiveTasksRunAheadOfABatchBacklog(t *testing.T) {
 	require.NoError(t, lim.SetWeights(t.Context(), "crm", map[string]int{"interactive": 10}))
 
 	f.enqueue("crm", "batch", batch, throttle.Tenant("batch"))
-	// The backlog under way: its first burst ran, the rest wait their turn.
-	require.Eventually(t, func() bool { return f.rec.count() >= rate }, 30*time.Second, 10*time.Millisecond)
+	// The backlog under way: its first burst ran, and most of the others
+	// wait in asynq for the turns they reserved.
+	require.Eventually(t, func() bool {
+		q, err := f.insp.GetQueueInfo("default")
+		return err == nil && q.Retry+q.Scheduled >= batch/2
+	}, 30*time.Second, 10*time.Millisecond)
 	before := f.rec.count()
 	f.enqueue("crm", "interactive", interactive, throttle.Tenant("interactive"), asynq.Queue("interactive"))
 	f.waitDone(batch+interactive, 60*time.Second)
@@ -190,8 +196,8 @@ func TestE2EInteractiveTasksRunAheadOfABatchBacklog(t *testing.T) {
 	left := batch - before - worst
 	t.Logf("FIGURE tenants: %d interactive tasks (weight 10) enqueued behind %d batch tasks at %d/s: the last ran after %d more batch runs, with %d still waiting",
 		interactive, batch-before, rate, worst, left)
-	assert.LessOrEqual(t, worst, 2*rate, "batch runs an interactive task waited for")
-	assert.GreaterOrEqual(t, left, batch/4, "batch tasks still waiting when the last interactive task ran (first come first served: none)")
+	assert.LessOrEqual(t, worst, rate, "batch runs an interactive task waited for")
+	assert.GreaterOrEqual(t, left, batch/2, "batch tasks still waiting when the last interactive task ran (behind the backlog: none)")
 	ts := f.rec.times("crm")
 	assert.LessOrEqual(t, maxInWindow(ts, time.Second), 2*rate+1, "the key's limit in any second (burst 200, one of dispatch jitter)")
 }
