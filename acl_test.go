@@ -103,10 +103,11 @@ func aclUsers() map[string][]string {
 		"asynq-worker": append([]string{"reset", "on", ">asynq-pw", "~asynq:*", "resetchannels", "&asynq:*", "-@all"},
 			aclRules(aclConnection, aclAsynqCommands)...),
 		// A viewer (metrics scrape, a read-only dashboard, the CLI's list,
-		// get and watch): Keys and Inspect, and no write command at all.
+		// get and watch): Keys (the index, ZRANGE; SCAN while the index is
+		// not complete) and Inspect, and no write command at all.
 		"viewer": append([]string{"reset", "on", ">viewer-pw", "~throttle:*", "resetchannels", "-@all"},
 			aclRules(aclConnection, []string{"fcall|" + functionName("inspect"),
-				"scan", "info", "time", "exists", "hmget", "hget", "hgetall", "get", "zcard", "zcount"})...),
+				"scan", "info", "time", "exists", "hmget", "hget", "hgetall", "get", "zcard", "zcount", "zrange"})...),
 		// The operator (CLI, dashboard, a deploy step): every function,
 		// loading the library, DEL and SCAN, and asynq's commands for
 		// Resume, which brings deferred tasks back.
@@ -138,7 +139,9 @@ func redisKnows(t *testing.T, admin *redis.Client, cmd string) bool {
 
 func TestACLGrantsLetEachUserDoItsJob(t *testing.T) {
 	t.Parallel()
-	srv := redistest.Start(t)
+	// (a Redis that persists, as one holding asynq's tasks must: the
+	// Limiter reads INFO persistence, not the save points it may not read)
+	srv := redistest.Start(t, "--appendonly", "yes")
 	admin := srv.Client(t)
 	ctx := context.Background()
 	for user, rules := range aclUsers() {

@@ -209,3 +209,22 @@ func TestDocsCiteTestsThatExist(t *testing.T) {
 		}
 	}
 }
+
+// CHANGELOG.md keeps what a user upgrading must know (issue 35, item 11):
+// its first section is Unreleased, or a version, newest first, each with
+// entries.
+func TestChangelogOpensWithTheUnreleasedSection(t *testing.T) {
+	b, err := os.ReadFile("CHANGELOG.md")
+	require.NoError(t, err, "CHANGELOG.md")
+	var sections []string
+	for _, line := range strings.Split(string(b), "\n") {
+		if h, ok := strings.CutPrefix(line, "## "); ok {
+			sections = append(sections, h)
+		}
+	}
+	require.NotEmpty(t, sections, "CHANGELOG.md has no ## section")
+	assert.Equal(t, "Unreleased", sections[0], "the first section holds what is not released yet")
+	_, unreleased, _ := strings.Cut(string(b), "\n## Unreleased\n")
+	unreleased, _, _ = strings.Cut(unreleased, "\n## ")
+	assert.Contains(t, unreleased, "\n- ", "the Unreleased section lists its changes")
+}

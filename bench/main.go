@@ -13,7 +13,10 @@
 // 23: fair shares among the tenants of one key, against first come first
 // served and per-tenant caps, about 3.5 minutes), and L LLM quotas (issue
 // 24: requests and tokens against a strict provider, the OpenAI cookbook's
-// parallel processor as baseline, and ours, about 60 s). Variants: sleep
+// parallel processor as baseline, and ours, about 60 s), and K operator
+// views (issue 35: what a /metrics scrape and a web-view poll cost Redis
+// beside 200,000 other keys, against the SCAN walk they did before the
+// index of the limiter's keys). Variants: sleep
 // (redis_rate Allow + sleep), wiki (asynq wiki's per-process x/time/rate +
 // RateLimitError), naive (ours without reservations; in F, a leased
 // semaphore with a blind backoff), semaphore (F: asynq's x/rate.Semaphore),
@@ -96,7 +99,7 @@ type options struct {
 // parseFlags reads and checks the flags; an error names the bad flag.
 func parseFlags() (*options, error) {
 	redisURL := flag.String("redis", "", "use this Redis (redis://...) instead of starting a redis-server")
-	scenarios := flag.String("scenario", "A,B,C,D,E,F", "scenarios to run, comma-separated: A, B, C, D, E, F; G (many keys), S (soak), T (tenants' fair shares, about 3.5 minutes) and L (LLM quotas, about 60 s) run only when named; A3 alone (small rates, part of A) when named")
+	scenarios := flag.String("scenario", "A,B,C,D,E,F", "scenarios to run, comma-separated: A, B, C, D, E, F; G (many keys), S (soak), T (tenants' fair shares, about 3.5 minutes), L (LLM quotas, about 60 s) and K (what a /metrics scrape and a web-view poll cost Redis beside 200,000 other keys, about 30 s) run only when named; A3 alone (small rates, part of A) when named")
 	quick := flag.Bool("quick", false, "short smoke run (fewer tasks, shorter measurements)")
 	jsonOut := flag.String("json", "", "also write the results as JSON to this file")
 	verbose := flag.Bool("v", false, "show asynq warnings and errors on stderr")
@@ -113,6 +116,7 @@ func parseFlags() (*options, error) {
 	tVars := flag.String("t-variants", strings.Join(tVariants, ","), "scenario T: variants to run, comma-separated (the ratios need fifo)")
 	tCaseList := flag.String("t-cases", strings.Join(tCaseNames, ","), "scenario T: cases to run, comma-separated")
 	lParse := declareLFlags()
+	kParse := declareKFlags()
 	flag.Parse()
 
 	e := &env{quick: *quick, verbose: *verbose, bRounds: *bRounds, eRounds: *eRounds, eTrace: *eTrace, ePhase: *ePhase,
@@ -142,6 +146,9 @@ func parseFlags() (*options, error) {
 	set := map[string]bool{}
 	flag.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	e.quickDefaults(set)
+	if err := kParse(e.quick, set); err != nil {
+		return nil, err
+	}
 	return &options{redisURL: *redisURL, scenarios: *scenarios, jsonOut: *jsonOut, env: e}, nil
 }
 
@@ -257,6 +264,7 @@ func allScenarios() []scenario {
 		{"S", func(ctx context.Context, e *env, w io.Writer) (any, error) { return runS(ctx, e, w) }},
 		{"T", func(ctx context.Context, e *env, w io.Writer) (any, error) { return runT(ctx, e, w) }},
 		{"L", func(ctx context.Context, e *env, w io.Writer) (any, error) { return runL(ctx, e, w) }},
+		{"K", func(ctx context.Context, e *env, w io.Writer) (any, error) { return runK(ctx, e, w) }},
 	}
 }
 
@@ -267,7 +275,7 @@ func chosenScenarios(list string) (map[string]bool, error) {
 	for _, s := range strings.Split(list, ",") {
 		s = strings.ToUpper(strings.TrimSpace(s))
 		if find(all, func(sc scenario) bool { return sc.name == s }) == nil {
-			return nil, fmt.Errorf("unknown scenario %q (want A, A3, B, C, D, E, F, G, S, T or L)", s)
+			return nil, fmt.Errorf("unknown scenario %q (want A, A3, B, C, D, E, F, G, S, T, L or K)", s)
 		}
 		want[s] = true
 	}

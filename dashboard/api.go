@@ -8,6 +8,7 @@ import (
 	"html/template"
 	"net/http"
 	"net/url"
+	"path"
 	"time"
 
 	"github.com/asynq-throttle/asynq-throttle/internal/limitspec"
@@ -103,13 +104,16 @@ func (d *dashboard) keys(w http.ResponseWriter, r *http.Request) {
 		v.Omitted = len(keys) - d.o.maxKeys
 		keys = keys[:d.o.maxKeys]
 	}
-	for _, k := range keys {
-		kv, err := d.read(ctx, k)
-		if err != nil {
-			writeError(w, http.StatusBadGateway, err)
-			return
-		}
-		if c, ok := counts[k]; ok {
+	states, err := d.lim.InspectKeys(ctx, keys)
+	if err != nil {
+		writeError(w, http.StatusBadGateway, err)
+		return
+	}
+	for _, s := range states {
+		// A key that cannot be read (invalid limits, a Redis key of the
+		// wrong type under the prefix) shows its error; the rest are shown.
+		kv := newKeyView(s.Key, s.Status, s.Err)
+		if c, ok := counts[s.Key]; ok {
 			kv.Decisions, kv.RateLimited = c.decisions, c.rateLimited
 		}
 		v.Keys = append(v.Keys, kv)
@@ -163,7 +167,9 @@ func (d *dashboard) action(do func(ctx context.Context, req actionRequest) error
 			writeError(w, http.StatusBadRequest, err)
 			return
 		}
-		if err := do(r.Context(), req); err != nil {
+		err := do(r.Context(), req)
+		d.logAction(r, req, err)
+		if err != nil {
 			status := http.StatusBadGateway
 			var bad badRequest
 			if errors.As(err, &bad) || errors.Is(err, throttle.ErrInvalidLimit) {
@@ -179,6 +185,30 @@ func (d *dashboard) action(do func(ctx context.Context, req actionRequest) error
 		}
 		writeJSON(w, http.StatusOK, kv)
 	}
+}
+
+// logAction logs an action taken from the page through the Limiter's
+// logger: what, on which key, with what, from where, and how it ended.
+func (d *dashboard) logAction(r *http.Request, req actionRequest, err error) {
+	attrs := []any{"action", path.Base(r.URL.Path), "key", req.Key}
+	if req.Duration != "" {
+		attrs = append(attrs, "duration", req.Duration)
+	}
+	if req.Limits != "" {
+		attrs = append(attrs, "limits", req.Limits)
+	}
+	attrs = append(attrs, "remote_addr", r.RemoteAddr, "host", r.Host)
+	if f := r.Header.Get("X-Forwarded-For"); f != "" {
+		attrs = append(attrs, "forwarded_for", f)
+	}
+	if u := r.Header.Get("X-Forwarded-User"); u != "" {
+		attrs = append(attrs, "forwarded_user", u)
+	}
+	if err != nil {
+		d.lim.Logger().Warn("asynq-throttle dashboard: action refused", append(attrs, "err", err)...)
+		return
+	}
+	d.lim.Logger().Info("asynq-throttle dashboard: action taken", attrs...)
 }
 
 // actionRequest is the body of an action.
@@ -206,7 +236,7 @@ func (d *dashboard) resume(ctx context.Context, req actionRequest) error {
 func (d *dashboard) setLimits(ctx context.Context, req actionRequest) error {
 	ls, err := limitspec.ParseAll(req.Limits)
 	if err != nil {
-		return badRequest{err}
+		return badRequest{fmt.Errorf("%w (limits are written as %s)", err, limitspec.Examples)}
 	}
 	return d.lim.SetLimits(ctx, req.Key, ls...)
 }

@@ -21,13 +21,12 @@ import (
 	"embed"
 	"fmt"
 	"io/fs"
-	"net"
 	"net/http"
-	"net/netip"
 	"path"
 	"strings"
 	"time"
 
+	"github.com/asynq-throttle/asynq-throttle/internal/hostcheck"
 	"github.com/asynq-throttle/asynq-throttle/throttle"
 )
 
@@ -48,7 +47,7 @@ type options struct {
 	maxKeys  int
 	poll     time.Duration
 	title    string
-	hosts    map[string]bool // allowed besides localhost and IP addresses
+	hosts    hostcheck.Hosts // allowed besides localhost and IP addresses
 }
 
 // WithReadOnly turns the actions (suspend, resume, change limits) off or on
@@ -57,7 +56,9 @@ type options struct {
 // shows.
 func WithReadOnly(readOnly bool) Option { return func(o *options) { o.readOnly = readOnly } }
 
-// WithMaxKeys caps the keys shown, in name order (default 200).
+// WithMaxKeys caps the keys shown (default 200), in the order
+// Limiter.Keys lists them: the keys with limits of their own first, each
+// group by name.
 func WithMaxKeys(n int) Option { return func(o *options) { o.maxKeys = n } }
 
 // WithPollInterval sets how often the page refreshes (default 1s; at least
@@ -76,16 +77,7 @@ func WithTitle(s string) Option { return func(o *options) { o.title = s } }
 // not supported. Behind a reverse proxy that passes on the Host the
 // browser used, list that name.
 func WithAllowedHosts(hosts ...string) Option {
-	return func(o *options) {
-		if o.hosts == nil {
-			o.hosts = map[string]bool{}
-		}
-		for _, h := range hosts {
-			if h = canonicalHost(h); h != "" {
-				o.hosts[h] = true
-			}
-		}
-	}
+	return func(o *options) { o.hosts.Add(hosts...) }
 }
 
 // dashboard serves the page, its assets and its JSON API.
@@ -125,7 +117,11 @@ func New(lim *throttle.Limiter, opts ...Option) http.Handler {
 func (d *dashboard) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("X-Content-Type-Options", "nosniff")
 	w.Header().Set("Content-Security-Policy", "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; connect-src 'self'; frame-ancestors 'self'")
-	if !d.o.hostAllowed(r.Host) {
+	// For browsers that ignore frame-ancestors, and so that no URL of the
+	// view (a key's name in it) leaks to another site.
+	w.Header().Set("X-Frame-Options", "SAMEORIGIN")
+	w.Header().Set("Referrer-Policy", "no-referrer")
+	if !d.o.hosts.Allowed(r.Host) {
 		// 403 as the other refusals: the request is well formed (400) and
 		// another connection would not help (421 makes browsers retry).
 		writeError(w, http.StatusForbidden, fmt.Errorf("host %q not allowed: the dashboard answers localhost, IP addresses and the hosts given to dashboard.WithAllowedHosts (asynq-throttle serve --allowed-hosts)", r.Host))
@@ -142,33 +138,4 @@ func (d *dashboard) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	d.mux.ServeHTTP(w, r)
-}
-
-// hostAllowed reports whether a request's Host (host[:port]) names the
-// dashboard: localhost, an IP address or a host of WithAllowedHosts. A
-// DNS-rebinding page reaches the dashboard under its own name, never under
-// an IP address (a browser does not resolve one) nor localhost (resolved
-// by the browser or /etc/hosts). Names under .localhost are not allowed by
-// default: not every resolver keeps them off the network.
-func (o options) hostAllowed(hostport string) bool {
-	h := canonicalHost(hostport)
-	if h == "" {
-		return false
-	}
-	if h == "localhost" || o.hosts[h] {
-		return true
-	}
-	_, err := netip.ParseAddr(h)
-	return err == nil
-}
-
-// canonicalHost is a host name as hostAllowed compares it: without port,
-// IPv6 brackets, case or a final dot.
-func canonicalHost(hostport string) string {
-	h := hostport
-	if host, _, err := net.SplitHostPort(hostport); err == nil {
-		h = host
-	}
-	h = strings.TrimSuffix(strings.TrimPrefix(h, "["), "]")
-	return strings.TrimSuffix(strings.ToLower(h), ".")
 }

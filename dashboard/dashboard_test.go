@@ -4,10 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -219,7 +221,7 @@ func TestActionsNeedWritableModeAndTheSameOrigin(t *testing.T) {
 		{"unknown field", "suspend", `{"key":"slack","for":"30s"}`, true, nil, http.StatusBadRequest, "body"},
 		{"bad limits", "limits", `{"key":"slack","limits":"10/fortnight"}`, true, nil, http.StatusBadRequest, "10/s:burst=20"},
 		{"kind first", "limits", `{"key":"slack","limits":"inflight:4"}`, true, nil, http.StatusBadRequest, "as in 4:inflight"},
-		{"two in-flight limits", "limits", `{"key":"slack","limits":"1:inflight 2:inflight"}`, true, nil, http.StatusBadRequest, "a second InFlight limit"},
+		{"two in-flight limits", "limits", `{"key":"slack","limits":"1:inflight 2:inflight"}`, true, nil, http.StatusBadRequest, "a key has one inflight limit"},
 		{"limits out of range", "limits", `{"key":"slack","limits":"1/s 2/2s 3/3s 4/4s 5/5s 6/6s 7/7s 8/8s 9/9s"}`, true, nil, http.StatusBadRequest, "at most 8"},
 		{"misspelt modifier", "limits", `{"key":"slack","limits":"500/m 30000/m:windwo"}`, true, nil, http.StatusBadRequest, "did you mean :window?"},
 		{"unit on in-flight", "limits", `{"key":"slack","limits":"4:inflight:tokens"}`, true, nil, http.StatusBadRequest, "not a unit"},
@@ -474,4 +476,98 @@ func TestAPIKeysShowsTheTenantsOfAKey(t *testing.T) {
 	}
 	require.NoError(t, json.Unmarshal([]byte(body), &raw))
 	assert.NotContains(t, raw.Keys[1], "tenants", "a key without tenants has no tenants field")
+}
+
+// One Redis key of the wrong type under the limiter's prefix shows its
+// error on its own row; every other key is listed (issue 35, item 9: the
+// whole view answered 502).
+func TestAPIKeysShowsABrokenKeysErrorAndTheRest(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Start(t).Client(t)
+	lim := throttle.NewLimiter(rdb)
+	require.NoError(t, lim.SetLimits(ctx, "slack", throttle.PerSecond(5)))
+	require.NoError(t, lim.SetLimits(ctx, "zendesk", throttle.PerSecond(7)))
+	require.NoError(t, rdb.Set(ctx, "throttle:{broken}:b", "x", 0).Err())
+	srv := mount(t, dashboard.New(lim))
+	code, _, body := get(t, srv.URL+"/throttle/api/keys")
+	require.Equal(t, http.StatusOK, code, body)
+	var v struct {
+		Keys []struct {
+			Key    string `json:"key"`
+			Error  string `json:"error"`
+			Limits []struct {
+				Limit string `json:"limit"`
+			} `json:"limits"`
+		} `json:"keys"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(body), &v))
+	byKey := map[string]int{}
+	for i, k := range v.Keys {
+		byKey[k.Key] = i
+	}
+	require.Len(t, v.Keys, 3, body)
+	assert.Contains(t, v.Keys[byKey["broken"]].Error, "WRONGTYPE")
+	assert.Empty(t, v.Keys[byKey["slack"]].Error)
+	assert.Equal(t, "5/s", v.Keys[byKey["slack"]].Limits[0].Limit)
+	assert.Equal(t, "7/s", v.Keys[byKey["zendesk"]].Limits[0].Limit)
+}
+
+// Every response carries the headers a trusted admin tool sends (issue
+// 35, item 10): no framing by another site, no referrer to one.
+func TestResponsesRefuseFramingAndReferrers(t *testing.T) {
+	rdb := redistest.Start(t).Client(t)
+	srv := mount(t, dashboard.New(throttle.NewLimiter(rdb)))
+	for _, p := range []string{"", "api/keys", "static/app.js"} {
+		code, h, _ := get(t, srv.URL+"/throttle/"+p)
+		require.Equal(t, http.StatusOK, code, p)
+		assert.Equal(t, "SAMEORIGIN", h.Get("X-Frame-Options"), p)
+		assert.Equal(t, "no-referrer", h.Get("Referrer-Policy"), p)
+		assert.Contains(t, h.Get("Content-Security-Policy"), "frame-ancestors 'self'", p)
+	}
+}
+
+// Every action taken from the page is logged through the Limiter's
+// logger: what, on which key, from where, and a refusal too (issue 35,
+// item 10).
+func TestActionsAreLoggedThroughTheLimitersLogger(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Start(t).Client(t)
+	var logs safeBuffer
+	lim := throttle.NewLimiter(rdb, throttle.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	require.NoError(t, lim.SetLimits(ctx, "slack", throttle.PerSecond(5)))
+	srv := mount(t, dashboard.New(lim, dashboard.WithReadOnly(false)))
+	host := strings.TrimPrefix(srv.URL, "http://")
+	code, body := post(t, srv.URL+"/throttle/api/suspend", `{"key":"slack","duration":"30s"}`, true, "Origin", srv.URL, "X-Forwarded-For", "203.0.113.7")
+	require.Equal(t, http.StatusOK, code, body)
+	code, body = post(t, srv.URL+"/throttle/api/limits", `{"key":"slack","limits":"10/s 20/s"}`, true, "Origin", srv.URL)
+	require.Equal(t, http.StatusBadRequest, code, body)
+	var lines []string
+	for _, l := range strings.Split(strings.TrimSpace(logs.String()), "\n") {
+		if strings.Contains(l, "dashboard") {
+			lines = append(lines, l)
+		}
+	}
+	require.Len(t, lines, 2, logs.String())
+	assert.Contains(t, lines[0], `msg="asynq-throttle dashboard: action taken" action=suspend key=slack duration=30s remote_addr=127.0.0.1:`)
+	assert.Contains(t, lines[0], "host="+host)
+	assert.Contains(t, lines[0], "forwarded_for=203.0.113.7")
+	assert.Contains(t, lines[1], `level=WARN msg="asynq-throttle dashboard: action refused" action=limits key=slack limits="10/s 20/s"`)
+}
+
+// safeBuffer is a bytes.Buffer for a logger and a reader.
+type safeBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *safeBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *safeBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

@@ -13,8 +13,13 @@
 // Every metric is named asynq_throttle_* (docs/operating.md lists them).
 // Label cardinality is bounded: the key label takes at most WithMaxKeys
 // distinct values (default 100); events of further keys are counted under
-// key="_other" (tasks without a key under key="_none"), and
-// asynq_throttle_keys_folded_total counts them. The other labels take fixed
+// key="{other}" (tasks without a key under key="{none}"; no key can be
+// named either), and asynq_throttle_keys_folded_total counts them. Keys
+// with limits of their own in Redis (SetLimits) come first: once a scrape
+// has found one, its events get a label of their own even when the cap is
+// full, and a key without its own limits (a name a producer made up, a
+// short-lived key on default limits) gives its label up to it, its counts
+// going to key="{other}". The other labels take fixed
 // sets of values (tier 1 to 8, kind bucket, window or fixed, the outcomes,
 // reasons, policies and error classes), but for unit and tenant. The unit
 // label (what a tier counts: "requests", or the unit Limit.In names, such
@@ -47,10 +52,11 @@ import (
 	"github.com/asynq-throttle/asynq-throttle/throttle"
 )
 
-// Special values of the key label.
+// Special values of the key label: names no key can have (a key has no
+// '{' or '}').
 const (
-	otherKey = "_other" // events past the WithMaxKeys cap
-	noKey    = "_none"  // tasks that have no key (run unthrottled)
+	otherKey = "{other}" // events past the WithMaxKeys cap
+	noKey    = "{none}"  // tasks that have no key (run unthrottled)
 )
 
 // defaultTenant is the tenant label of the default tenant (tasks without
@@ -68,9 +74,10 @@ type Collector struct {
 	lim *throttle.Limiter
 	o   options
 
-	mu     sync.RWMutex
-	keys   map[string]*keyStats // by key label, at most o.maxKeys (plus otherKey, noKey)
-	folded uint64               // events counted under otherKey; guarded by mu
+	mu         sync.RWMutex
+	keys       map[string]*keyStats // by key label, at most o.maxKeys (plus otherKey, noKey)
+	folded     uint64               // events counted under otherKey; guarded by mu
+	configured map[string]bool      // keys the last scrape found with limits of their own; guarded by mu
 
 	latency prometheus.Histogram
 	descs   descs
@@ -127,9 +134,12 @@ type options struct {
 }
 
 // WithMaxKeys caps the distinct values of the key label (default 100; at
-// least 1). Events of keys past the cap are counted
-// under key="_other" and in asynq_throttle_keys_folded_total, and the state
-// of only the first n keys (in name order) is read on a scrape.
+// least 1). Events of keys past the cap are counted under key="{other}"
+// and in asynq_throttle_keys_folded_total, and the state of only the first
+// n keys is read on a scrape, in the order Limiter.Keys lists them (the
+// keys with limits of their own in Redis first). A key a scrape found with
+// limits of its own takes the label of a key without when the cap is
+// full.
 func WithMaxKeys(n int) Option { return func(o *options) { o.maxKeys = n } }
 
 // WithScrapeTimeout bounds how long one scrape reads the keys' state from
@@ -151,10 +161,14 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 // Collect sends the counters of the observed events and the state of the
-// keys in Redis, read with a deadline of WithScrapeTimeout: one SCAN walk
-// of the limiter's keys (Limiter.Keys) and one Inspect per key, for at most
-// WithMaxKeys keys. Every process that registers a Collector reads them;
-// the state is the fleet's, the same from each (aggregate it with max).
+// keys in Redis, read with a deadline of WithScrapeTimeout: the limiter's
+// keys from their index (Limiter.Keys), then the state of at most
+// WithMaxKeys of them (Limiter.InspectKeys: one script call for up to 100
+// keys), a cost in proportion to the limiter's keys, not to the Redis
+// database. A key whose state cannot be read is counted in
+// asynq_throttle_state_key_errors, and the others are exported. Every
+// process that registers a Collector reads them; the state is the fleet's,
+// the same from each (aggregate it with max).
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	c.collectEvents(ch)
 	c.latency.Collect(ch)
@@ -189,7 +203,7 @@ func newDescs() descs {
 		leased:        d("leased_total", "Tasks that ran on a token leased by their process, without a Redis call.", "key"),
 		failurePolicy: d("failure_policy_total", "Decisions Redis could not make, by the failure policy that decided instead (fail_open ran the task, fail_closed deferred it).", "key", "policy"),
 		redisErrors:   d("redis_errors_total", "Failed decisions by error class (timeout, connection, reply, bad_config, other).", "key", "class"),
-		folded:        d("keys_folded_total", "Events counted under key=\"_other\" because WithMaxKeys distinct keys were already exported."),
+		folded:        d("keys_folded_total", "Events counted under key=\"{other}\" because WithMaxKeys distinct keys were already exported."),
 		unsettled:     d("settlements_failed_total", "Settlements (throttle.Used) Redis could not record: the task's result stands, and the key counts its estimate instead of what it used.", "key"),
 
 		limitRate:     d("limit_rate", "What a tier of the key's limits allows per period, in its unit (from Redis, on scrape); kind is bucket, window or fixed, unit requests or the tier's own (tokens, ...).", "key", "tier", "kind", "unit"),

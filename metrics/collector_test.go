@@ -32,7 +32,7 @@ var eventMetrics = []string{
 }
 
 // A scripted sequence of events gives exact counters; keys past the cap are
-// folded into "_other" and counted.
+// folded into "{other}" and counted.
 func TestScriptedEventsGiveExactCounters(t *testing.T) {
 	c := metrics.New(nil, metrics.WithMaxKeys(2))
 	refused := errors.New("dial tcp 127.0.0.1:1: connect: connection refused")
@@ -57,9 +57,9 @@ func TestScriptedEventsGiveExactCounters(t *testing.T) {
 	want := `
 # HELP asynq_throttle_decisions_total Middleware decisions by key and outcome (ran, deferred, suspended, unthrottled, failed, rejected).
 # TYPE asynq_throttle_decisions_total counter
-asynq_throttle_decisions_total{key="_none",outcome="unthrottled"} 1
-asynq_throttle_decisions_total{key="_other",outcome="deferred"} 1
-asynq_throttle_decisions_total{key="_other",outcome="ran"} 1
+asynq_throttle_decisions_total{key="{none}",outcome="unthrottled"} 1
+asynq_throttle_decisions_total{key="{other}",outcome="deferred"} 1
+asynq_throttle_decisions_total{key="{other}",outcome="ran"} 1
 asynq_throttle_decisions_total{key="github",outcome="deferred"} 1
 asynq_throttle_decisions_total{key="github",outcome="failed"} 2
 asynq_throttle_decisions_total{key="github",outcome="suspended"} 1
@@ -67,7 +67,7 @@ asynq_throttle_decisions_total{key="slack",outcome="deferred"} 4
 asynq_throttle_decisions_total{key="slack",outcome="ran"} 2
 # HELP asynq_throttle_deferrals_total Tasks deferred by key, reason (tier, in_flight, suspended, queued, reserved, provider, failure_policy) and whether they hold a reservation.
 # TYPE asynq_throttle_deferrals_total counter
-asynq_throttle_deferrals_total{key="_other",reason="queued",reserved="false"} 1
+asynq_throttle_deferrals_total{key="{other}",reason="queued",reserved="false"} 1
 asynq_throttle_deferrals_total{key="github",reason="failure_policy",reserved="false"} 1
 asynq_throttle_deferrals_total{key="github",reason="suspended",reserved="false"} 2
 asynq_throttle_deferrals_total{key="slack",reason="reserved",reserved="true"} 1
@@ -90,7 +90,7 @@ asynq_throttle_failure_policy_total{key="github",policy="fail_open"} 1
 # TYPE asynq_throttle_redis_errors_total counter
 asynq_throttle_redis_errors_total{class="other",key="github"} 1
 asynq_throttle_redis_errors_total{class="timeout",key="github"} 1
-# HELP asynq_throttle_keys_folded_total Events counted under key="_other" because WithMaxKeys distinct keys were already exported.
+# HELP asynq_throttle_keys_folded_total Events counted under key="{other}" because WithMaxKeys distinct keys were already exported.
 # TYPE asynq_throttle_keys_folded_total counter
 asynq_throttle_keys_folded_total 2
 # HELP asynq_throttle_settlements_failed_total Settlements (throttle.Used) Redis could not record: the task's result stands, and the key counts its estimate instead of what it used.
@@ -175,7 +175,7 @@ func TestMiddlewareFeedsTheCollector(t *testing.T) {
 	want := `
 # HELP asynq_throttle_decisions_total Middleware decisions by key and outcome (ran, deferred, suspended, unthrottled, failed, rejected).
 # TYPE asynq_throttle_decisions_total counter
-asynq_throttle_decisions_total{key="_none",outcome="unthrottled"} 1
+asynq_throttle_decisions_total{key="{none}",outcome="unthrottled"} 1
 asynq_throttle_decisions_total{key="crm",outcome="unthrottled"} 1
 asynq_throttle_decisions_total{key="github",outcome="deferred"} 2
 asynq_throttle_decisions_total{key="github",outcome="ran"} 3
@@ -204,7 +204,7 @@ asynq_throttle_failure_policy_total{key="slack",policy="fail_closed"} 1
 # HELP asynq_throttle_redis_errors_total Failed decisions by error class (timeout, connection, reply, bad_config, other).
 # TYPE asynq_throttle_redis_errors_total counter
 asynq_throttle_redis_errors_total{class="connection",key="slack"} 1
-# HELP asynq_throttle_keys_folded_total Events counted under key="_other" because WithMaxKeys distinct keys were already exported.
+# HELP asynq_throttle_keys_folded_total Events counted under key="{other}" because WithMaxKeys distinct keys were already exported.
 # TYPE asynq_throttle_keys_folded_total counter
 asynq_throttle_keys_folded_total 0
 `
@@ -539,4 +539,71 @@ func TestScrapeExportsAtMost100TenantsPerKey(t *testing.T) {
 		}
 	}
 	assert.Equal(t, 100, n)
+}
+
+// The key label's cap keeps the keys with limits of their own first
+// (issue 35, item 10): 3,000 keys a producer made up, seen before "slack",
+// fill the cap, and once a scrape has found slack's limits in Redis its
+// events get a series of their own; the made-up key that gave its label
+// up counts under key="{other}", nothing lost. Their state, on default
+// limits, goes after slack's too.
+func TestTheKeyCapKeepsConfiguredKeysFirst(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Start(t).Client(t)
+	op := throttle.NewLimiter(rdb)
+	require.NoError(t, op.SetLimits(ctx, "slack", throttle.PerSecond(5)))
+	// A worker with default limits: made-up keys get state in Redis.
+	lim := throttle.NewLimiter(rdb, throttle.WithDefaultLimits(throttle.PerSecond(100)))
+	for i := range 3 {
+		_, err := lim.Take(ctx, fmt.Sprintf("aaa-forged-%d", i))
+		require.NoError(t, err)
+	}
+	require.NoError(t, lim.Close())
+	c := metrics.New(lim, metrics.WithMaxKeys(100))
+	for i := range 3000 {
+		c.Observe(throttle.Event{Key: fmt.Sprintf("forged-%04d", i), Outcome: throttle.Ran, HandlerRan: true})
+	}
+	c.Observe(throttle.Event{Key: "slack", Outcome: throttle.Ran, HandlerRan: true})
+	counts := c.Counts()
+	require.NotContains(t, counts, "slack", "before a scrape, first come first served")
+
+	g := gauges(t, c) // the scrape finds slack's limits
+	assert.Contains(t, g, "asynq_throttle_tokens{key=slack,kind=bucket,tier=1,unit=requests}", "slack's state first")
+	c2 := metrics.New(lim, metrics.WithMaxKeys(1))
+	g2 := gauges(t, c2)
+	assert.Contains(t, g2, "asynq_throttle_tokens{key=slack,kind=bucket,tier=1,unit=requests}", "slack's state before the made-up keys', on a cap of 1")
+	assert.Equal(t, 4.0, g2["asynq_throttle_state_keys{}"])
+
+	c.Observe(throttle.Event{Key: "slack", Outcome: throttle.Deferred, Reason: throttle.RefusedByTier})
+	counts = c.Counts()
+	require.Contains(t, counts, "slack", "slack has a series of its own after the scrape")
+	assert.Equal(t, uint64(1), counts["slack"].Decisions["deferred"])
+	total := uint64(0)
+	for _, kc := range counts {
+		total += kc.Decisions["ran"] + kc.Decisions["deferred"]
+	}
+	assert.Equal(t, uint64(3002), total, "every event counted once, under some label")
+	assert.Len(t, counts, 101, "100 keys and {other}")
+	for key := range counts {
+		assert.NotEqual(t, "_other", key)
+	}
+	assert.Contains(t, counts, "{other}")
+}
+
+// One key Redis cannot read (a key of the wrong type under the prefix)
+// is counted as an error, and every other key's state is exported
+// (issue 35, item 9).
+func TestScrapeSkipsABrokenKeyAndReadsTheRest(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Start(t).Client(t)
+	lim := throttle.NewLimiter(rdb)
+	require.NoError(t, lim.SetLimits(ctx, "slack", throttle.PerSecond(5)))
+	require.NoError(t, lim.SetLimits(ctx, "zendesk", throttle.PerSecond(7)))
+	require.NoError(t, rdb.Set(ctx, "throttle:{broken}:b", "x", 0).Err())
+	g := gauges(t, metrics.New(lim))
+	assert.Equal(t, 1.0, g["asynq_throttle_state_up{}"])
+	assert.Equal(t, 3.0, g["asynq_throttle_state_keys{}"])
+	assert.Equal(t, 1.0, g["asynq_throttle_state_key_errors{}"])
+	assert.Equal(t, 5.0, g["asynq_throttle_limit_rate{key=slack,kind=bucket,tier=1,unit=requests}"])
+	assert.Equal(t, 7.0, g["asynq_throttle_limit_rate{key=zendesk,kind=bucket,tier=1,unit=requests}"])
 }

@@ -1,9 +1,11 @@
 package metrics
 
 import (
+	"fmt"
 	"go/ast"
 	"go/parser"
 	"go/token"
+	"os"
 	"regexp"
 	"sort"
 	"strconv"
@@ -110,4 +112,24 @@ func TestTheUnitLabelGoesWithTheTierLabel(t *testing.T) {
 	assert.Equal(t, []string{"asynq_throttle_limit_burst", "asynq_throttle_limit_period_seconds", "asynq_throttle_limit_rate",
 		"asynq_throttle_limit_rate_in_force", "asynq_throttle_tokens"}, withUnit)
 	assert.Equal(t, withTier, withUnit)
+}
+
+// The numbers docs/operating.md states about the metrics are the code's:
+// the key label's cap and the scrape's deadline (issue 35, item 2).
+func TestOperatingDocStatesTheMetricsDefaults(t *testing.T) {
+	b, err := os.ReadFile("../docs/operating.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := strings.Join(strings.Fields(string(b)), " ")
+	for _, says := range []string{
+		fmt.Sprintf("`metrics.WithMaxKeys` values (default %d)", defaultMaxKeys),
+		fmt.Sprintf("key labels (default %d)", defaultMaxKeys),
+		fmt.Sprintf("(`WithScrapeTimeout`, %d s)", int(defaultScrapeTimeout.Seconds())),
+		fmt.Sprintf("and %d keys", defaultMaxKeys),
+	} {
+		if !strings.Contains(text, says) {
+			t.Errorf("docs/operating.md does not say %q", says)
+		}
+	}
 }

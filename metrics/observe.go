@@ -87,7 +87,9 @@ func reasonLabel(r throttle.Reason) string {
 }
 
 // stats returns the counters of key's label, creating them while fewer than
-// maxKeys keys have some; past that, otherKey's.
+// maxKeys keys have some; past that, otherKey's, unless key has limits of
+// its own (the last scrape found them) and a key without has a label: that
+// label goes to key.
 func (c *Collector) stats(key string) *keyStats {
 	if key == "" {
 		key = noKey
@@ -103,7 +105,7 @@ func (c *Collector) stats(key string) *keyStats {
 	if ks, ok := c.keys[key]; ok {
 		return ks
 	}
-	if key != noKey && c.distinct() >= c.o.maxKeys {
+	if key != noKey && c.distinct() >= c.o.maxKeys && !(c.configured[key] && c.evict()) {
 		c.folded++
 		key = otherKey
 	}
@@ -113,6 +115,42 @@ func (c *Collector) stats(key string) *keyStats {
 	ks = &keyStats{n: map[series]uint64{}}
 	c.keys[key] = ks
 	return ks
+}
+
+// evict folds the counters of a key label without limits of its own into
+// otherKey's, to make room for one with; it reports whether it found one.
+// c.mu is held.
+func (c *Collector) evict() bool {
+	for key, ks := range c.keys {
+		if key == otherKey || key == noKey || c.configured[key] {
+			continue
+		}
+		other, ok := c.keys[otherKey]
+		if !ok {
+			other = &keyStats{n: map[series]uint64{}}
+			c.keys[otherKey] = other
+		}
+		ks.mu.Lock()
+		other.mu.Lock()
+		for s, n := range ks.n {
+			other.n[s] += n
+			if s.m == mDecisions {
+				c.folded += n
+			}
+		}
+		other.mu.Unlock()
+		ks.mu.Unlock()
+		delete(c.keys, key)
+		return true
+	}
+	return false
+}
+
+// setConfigured records the keys a scrape found with limits of their own.
+func (c *Collector) setConfigured(keys map[string]bool) {
+	c.mu.Lock()
+	c.configured = keys
+	c.mu.Unlock()
 }
 
 // distinct counts the keys that hold a label of their own; c.mu is held.

@@ -11,7 +11,8 @@ import (
 )
 
 // collectState reads every key's state from Redis (at most maxKeys keys, in
-// name order) and sends it as gauges.
+// the order Keys lists them: those with limits of their own first) and
+// sends it as gauges.
 func (c *Collector) collectState(ctx context.Context, ch chan<- prometheus.Metric) {
 	start := time.Now()
 	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
@@ -27,16 +28,21 @@ func (c *Collector) collectState(ctx context.Context, ch chan<- prometheus.Metri
 	if len(keys) > c.o.maxKeys {
 		keys = keys[:c.o.maxKeys]
 	}
+	states, err := c.lim.InspectKeys(ctx, keys)
+	if err != nil {
+		gauge(c.descs.stateUp, 0)
+		return
+	}
 	failed := 0
-	for _, key := range keys {
-		st, err := c.lim.Inspect(ctx, key)
-		if ctx.Err() != nil {
-			gauge(c.descs.stateUp, 0)
-			return
-		}
-		if err != nil {
+	configured := make(map[string]bool, len(states))
+	for _, ks := range states {
+		key, st := ks.Key, ks.Status
+		if ks.Err != nil {
 			failed++
 			continue
+		}
+		if st.Generation > 0 {
+			configured[key] = true
 		}
 		for i, l := range st.Limits {
 			if l.Kind == throttle.KindInFlight {
@@ -81,4 +87,5 @@ func (c *Collector) collectState(ctx context.Context, ch chan<- prometheus.Metri
 	}
 	gauge(c.descs.stateErrors, float64(failed))
 	gauge(c.descs.stateUp, 1)
+	c.setConfigured(configured)
 }

@@ -3,84 +3,16 @@ package throttle
 import (
 	"context"
 	"fmt"
-	"slices"
-	"sync"
 	"time"
 
 	"github.com/asynq-throttle/asynq-throttle/internal/keyspace"
 	"github.com/asynq-throttle/asynq-throttle/internal/lua"
 	"github.com/hibiken/asynq"
-	"github.com/redis/go-redis/v9"
 )
 
 // This file is the operator's API: what the asynq-throttle CLI, the metrics
 // collector and the dashboard need beyond Inspect, SetLimits, Suspend and
 // Resume.
-
-// scanCount is the COUNT hint of each SCAN call in Keys.
-const scanCount = 1000
-
-// Keys returns every limiter key that has anything in Redis under the
-// limiter's prefix (limits, bucket state, a suspension or reservations),
-// sorted. It walks the keyspace with SCAN (never KEYS), on every master of a
-// Redis Cluster, so it does not block Redis; a key created or deleted during
-// the walk may or may not be listed. A key on default limits
-// (WithDefaultLimits) is not in Redis until first used, and leaves once its
-// buckets are full again.
-func (l *Limiter) Keys(ctx context.Context) ([]string, error) {
-	var (
-		mu    sync.Mutex
-		found = map[string]struct{}{}
-	)
-	pattern := keyspace.ScanPattern(l.o.prefix)
-	type page struct {
-		keys []string
-		next uint64
-	}
-	scan := func(ctx context.Context, c redis.Cmdable) error {
-		var cursor uint64
-		for {
-			// Each SCAN call within WithTimeout (the walk may take longer).
-			p, err := bounded(l, ctx, func(ctx context.Context) (page, error) {
-				batch, next, err := c.Scan(ctx, cursor, pattern, scanCount).Result()
-				return page{batch, next}, err
-			})
-			if err != nil {
-				return err
-			}
-			batch, next := p.keys, p.next
-			mu.Lock()
-			for _, k := range batch {
-				if name, ok := keyspace.NameOf(l.o.prefix, k); ok {
-					found[name] = struct{}{}
-				}
-			}
-			mu.Unlock()
-			if next == 0 {
-				return nil
-			}
-			cursor = next
-		}
-	}
-	var err error
-	switch c := l.rdb.(type) {
-	case *redis.ClusterClient:
-		err = c.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error { return scan(ctx, m) })
-	case *redis.Ring:
-		err = c.ForEachShard(ctx, func(ctx context.Context, s *redis.Client) error { return scan(ctx, s) })
-	default:
-		err = scan(ctx, l.rdb)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("throttle: list keys (SCAN MATCH %s): %w", pattern, err)
-	}
-	keys := make([]string, 0, len(found))
-	for k := range found {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	return keys, nil
-}
 
 // Delete removes what key has in Redis: its limits and weights, bucket
 // state, suspension and reservations. Tasks of the key then run under the
@@ -111,16 +43,18 @@ func (l *Limiter) Delete(ctx context.Context, key string) error {
 // SetLimits stores key's limits in Redis, replacing any before them. Every
 // process obeys them from its next decision: no restart, no deploy.
 //
-// A tier is identified by its period (Limit.Per): each new tier takes over
-// the tokens of the old tier with the same period, wherever either sits in
-// the list, brought up to date under the old limits and clamped to the new
-// burst. So lowering a limit bites at once, raising one grants no sudden
-// burst, and reordering, adding or dropping tiers hands no tier another's
-// tokens. A tier with a period the key did not have starts full. The old
+// A tier is identified by its kind, period and unit (Limit.Kind, Per and
+// Unit): each new tier takes over the tokens of the old tier of the same
+// kind, period and unit, wherever either sits in the list, brought up to
+// date under the old limits and clamped to the new burst. So lowering a
+// limit bites at once, raising one grants no sudden burst, and reordering,
+// adding or dropping tiers hands no tier another's tokens. A tier the key
+// did not have starts full. The old
 // limits are read from Redis, or else the defaults the other processes'
 // decisions last used (recorded in Redis with the bucket), so a Limiter
-// without the workers' defaults changes them just as well. Two tiers with
-// the same period are refused.
+// without the workers' defaults changes them just as well. Two tiers of the
+// same kind, period and unit are refused (PerSecond(10) beside
+// Window(10, time.Second) are two tiers).
 //
 // Limits are tiers taken all or nothing: SetLimits(ctx, "slack",
 // PerSecond(1).WithBurst(3), PerMinute(50)) admits a call only when both have
@@ -162,6 +96,7 @@ func (l *Limiter) SetLimits(ctx context.Context, key string, limits ...Limit) er
 	if r.Field != "" {
 		return fmt.Errorf("%w: key %q: %s: %s", ErrInvalidLimit, key, r.Field, r.Reason)
 	}
+	l.touchNow(ctx, ks, key, true)
 	if !r.Changed {
 		return nil
 	}
@@ -205,12 +140,17 @@ func (l *Limiter) SetWeights(ctx context.Context, key string, weights map[string
 			return fmt.Errorf("throttle: key %q: set weights: tenant %q: weight %d: want a whole number from 1 to %d", key, name, w, maxWeight)
 		}
 	}
+	ks, err := l.state(key)
+	if err != nil {
+		return err
+	}
 	_, err = bounded(l, ctx, func(ctx context.Context) (int, error) {
 		return lua.SetWeights(ctx, l.runner, keys, weights)
 	})
 	if err != nil {
 		return fmt.Errorf("throttle: key %q: set weights: %w", key, err)
 	}
+	l.touchNow(ctx, ks, key, false)
 	return nil
 }
 
@@ -250,6 +190,7 @@ func (l *Limiter) suspendAs(ctx context.Context, key string, d time.Duration,
 	if err != nil {
 		return 0, fmt.Errorf("throttle: key %q: suspend: %w", key, err)
 	}
+	l.touchNow(ctx, ks, key, false)
 	if r.Adapted {
 		l.o.logger.Warn("throttle: adaptive limits cut fleet-wide after a new suspension; clean intervals win them back",
 			"key", key, "share_of_configured", r.Factor, "suspended_for", r.Left)
@@ -375,6 +316,11 @@ func (l *Limiter) Inspect(ctx context.Context, key string) (Status, error) {
 	if err != nil {
 		return Status{}, fmt.Errorf("throttle: key %q: inspect: %w", key, err)
 	}
+	return statusOf(key, r)
+}
+
+// statusOf reads an inspect reply of key as its Status.
+func statusOf(key string, r lua.InspectReply) (Status, error) {
 	if r.Status == lua.StatusBadConfig {
 		return Status{}, &ConfigError{Key: key, Field: r.Field, Reason: r.Reason}
 	}

@@ -38,7 +38,7 @@ func TestKeysFindsAndDeleteRemovesEveryPartOfAKey(t *testing.T) {
 
 	keys, err := lim.Keys(ctx)
 	require.NoError(t, err)
-	assert.Equal(t, []string{"crm", "github", "slack"}, keys)
+	assert.Equal(t, []string{"crm", "slack", "github"}, keys, "the keys with limits of their own first")
 	keys, err = other.Keys(ctx)
 	require.NoError(t, err)
 	assert.Equal(t, []string{"zendesk"}, keys)

@@ -81,30 +81,37 @@ const (
 	persistsSomething        // AOF or RDB save points
 )
 
-// readPersistence tells whether c persists anything: AOF (INFO
-// persistence's aof_enabled), or RDB save points (CONFIG GET save, which
-// managed services may refuse: then unknown, unless AOF is on); and the
-// server's run_id (INFO server), which tells one server process from
-// another at the same address.
+// readPersistence tells whether c persists anything, and the server's
+// run_id (INFO server), which tells one server process from another at the
+// same address. INFO persistence answers when it shows persistence at
+// work: AOF on (aof_enabled), or an RDB snapshot made since the start.
+// Otherwise only the save points can tell (CONFIG GET save): asked then
+// only, since a user without the right to it (a worker's ACL, a managed
+// Redis) is refused, and a refusal is logged by the server (ACL LOG): then
+// unknown.
 func readPersistence(ctx context.Context, c redis.Cmdable) (int, string) {
-	field := func(section, name string) string {
+	field := func(section string, names ...string) []string {
+		out := make([]string, len(names))
 		info, err := c.Info(ctx, section).Result()
 		if err != nil {
-			return ""
+			return out
 		}
 		for _, line := range strings.Split(info, "\n") {
-			if v, ok := strings.CutPrefix(strings.TrimSpace(line), name+":"); ok {
-				return v
+			for i, name := range names {
+				if v, ok := strings.CutPrefix(strings.TrimSpace(line), name+":"); ok {
+					out[i] = v
+				}
 			}
 		}
-		return ""
+		return out
 	}
-	runID := field("server", "run_id")
-	switch field("persistence", "aof_enabled") {
-	case "1":
-		return persistsSomething, runID
-	case "":
+	runID := field("server", "run_id")[0]
+	p := field("persistence", "aof_enabled", "rdb_saves", "rdb_last_bgsave_time_sec")
+	switch {
+	case p[0] == "":
 		return persistsUnknown, runID
+	case p[0] == "1", p[1] != "" && p[1] != "0", p[2] != "" && p[2] != "-1":
+		return persistsSomething, runID
 	}
 	save, err := c.ConfigGet(ctx, "save").Result()
 	if err != nil {

@@ -24,7 +24,7 @@ func exampleRedis() (*miniredis.Miniredis, *redis.Client) {
 		panic(err)
 	}
 	mr.SetTime(time.Date(2025, 1, 1, 12, 0, 0, 0, time.UTC))
-	return mr, redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	return mr, redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true})
 }
 
 func ExampleLimiter_Take() {

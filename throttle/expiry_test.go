@@ -29,7 +29,8 @@ func TestEveryKeyHasATTLThatOutlivesItsState(t *testing.T) {
 			assert.Positive(t, r.mr.TTL(redisKey("k", p)), "TTL of %s", redisKey("k", p))
 		}
 		assert.GreaterOrEqual(t, r.mr.TTL(redisKey("k", "r")), time.Second+throttle.DefaultLapse, "reservations TTL covers slot + lapse")
-		assert.ElementsMatch(t, []string{bucket("k"), redisKey("k", "r"), config("k")}, r.mr.Keys(), "keys")
+		assert.ElementsMatch(t, []string{"throttle:keys", bucket("k"), redisKey("k", "r"), config("k")}, r.mr.Keys(), "keys")
+		assert.Greater(t, r.mr.TTL("throttle:keys"), 24*time.Hour, "the index outlives the keys it lists")
 	})
 	t.Run("an idle key keeps its limits until Delete", func(t *testing.T) {
 		r := newRig(t)

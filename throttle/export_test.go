@@ -24,6 +24,11 @@ const (
 	Granule              = granule
 )
 
+// FlushIndex waits until l has recorded the keys it decided in the index
+// of the limiter's keys (done in the background): for tests that count
+// Redis commands or connections.
+func FlushIndex(l *Limiter) { l.flushIndex(context.Background()) }
+
 // SetKeptConnRenewal sets how long l's kept connection serves lone
 // decisions before it goes back to the pool (ownRenew in production).
 func SetKeptConnRenewal(l *Limiter, d time.Duration) { l.flight.renew = d }

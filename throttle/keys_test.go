@@ -49,7 +49,8 @@ func TestRedisKeysCarryThePrefixAndTheHashTag(t *testing.T) {
 			r.take("slack")
 			r.reserve("slack", "task-1", time.Minute, time.Second)
 			r.suspend("slack", time.Second)
-			want := []string{}
+			// Its own keys, and the index of the limiter's keys.
+			want := []string{tt.prefix + ":keys"}
 			for _, p := range []string{"b", "c", "r"} {
 				want = append(want, tt.prefix+":{slack}:"+p)
 			}

@@ -12,7 +12,9 @@ import (
 // the decide commands it built, its lease,
 // and the middleware's caches (no limits, suspension). Keys not used for
 // stateIdle are forgotten, so a process that sees many keys (one per
-// tenant, say) holds memory only for the keys it uses.
+// tenant, say) holds memory only for the keys it uses; and it holds state
+// for at most maxKeyStates keys, so that a producer that names keys at
+// will (each task its own) cannot make a worker hold memory without bound.
 type keyState struct {
 	used atomic.Int64 // last use, UnixNano
 	take atomic.Pointer[template]
@@ -29,6 +31,16 @@ type keyState struct {
 	// fair: Redis said tenants share the key; a task without a tenant is
 	// decided as the default tenant.
 	fair atomic.Bool
+
+	// transient: kept by no one (the Limiter held maxKeyStates keys when
+	// the key came): it serves one call, and takes no lease.
+	transient bool
+
+	// indexed is when this process last recorded the key in the index of
+	// the limiter's keys (UnixNano, 0 never); indexedConf that it recorded
+	// it as having limits of its own in Redis (see index.go).
+	indexed     atomic.Int64
+	indexedConf atomic.Bool
 }
 
 // variant is what tells decide commands of one key apart.
@@ -51,10 +63,17 @@ type template struct {
 // stateIdle is how long a key's state is kept without use.
 const stateIdle = time.Minute
 
+// maxKeyStates bounds the keys whose state one Limiter keeps (about 900 B
+// each): past it, a key without state is decided with a state made for
+// the call and dropped after it (its command built each time, no lease,
+// no caches), until idle keys are forgotten.
+const maxKeyStates = 10_000
+
 // keyStates holds the keyState of every key a Limiter used lately.
 type keyStates struct {
 	m     sync.Map // key -> *keyState
 	n     atomic.Int64
+	max   int64         // maxKeyStates; smaller in tests
 	idle  time.Duration // stateIdle; shorter in tests
 	now   func() time.Time
 	sweep atomic.Bool // a sweep is scheduled
@@ -74,6 +93,11 @@ func (s *keyStates) get(key string) *keyState {
 	}
 	ks := &keyState{}
 	ks.used.Store(now)
+	if s.n.Load() >= s.max {
+		ks.transient = true
+		s.schedule()
+		return ks
+	}
 	v, loaded := s.m.LoadOrStore(key, ks)
 	if !loaded {
 		s.n.Add(1)

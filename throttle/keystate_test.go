@@ -118,3 +118,34 @@ func BenchmarkIdleKeysRetained(b *testing.B) {
 		runtime.KeepAlive(l)
 	}
 }
+
+// A Limiter keeps state for at most maxKeyStates keys: a producer that names
+// a new key in every task (100,000 forged keys cost a worker 90 MB) makes it
+// hold no more; keys past the cap are decided all the same, and a key it
+// already held keeps its state (issue 35, item 10).
+func TestKeyStatesAreBounded(t *testing.T) {
+	mr := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	t.Cleanup(func() { _ = rdb.Close() })
+	l := NewLimiter(rdb, WithDefaultLimits(PerSecond(1000)))
+	require.Equal(t, int64(maxKeyStates), l.keys.max)
+	l.keys.max = 100
+	ctx := context.Background()
+	_, err := l.Take(ctx, "slack")
+	require.NoError(t, err)
+	slack := l.keys.peek("slack")
+	require.NotNil(t, slack)
+	for i := range 1000 {
+		d, err := l.Take(ctx, fmt.Sprintf("forged-%d", i))
+		require.NoError(t, err)
+		assert.True(t, d.Allowed, "a key past the cap is decided")
+	}
+	assert.Equal(t, 100, l.keys.size(), "states kept")
+	assert.Nil(t, l.keys.peek("forged-999"))
+	_, err = l.Take(ctx, "slack")
+	require.NoError(t, err)
+	assert.Same(t, slack, l.keys.peek("slack"), "a key held before keeps its state")
+	transient := l.keys.get("forged-999")
+	assert.True(t, transient.transient)
+	assert.NotSame(t, transient, l.keys.get("forged-999"), "made for each call")
+}

@@ -5,17 +5,18 @@ import (
 	"time"
 
 	"github.com/asynq-throttle/asynq-throttle/internal/lua"
+	"github.com/asynq-throttle/asynq-throttle/internal/rules"
 )
 
 // Bounds on limits (TestLimitDocsStateTheBounds compares them with the docs).
 // Values outside them are refused with ErrInvalidLimit, by SetLimits in Go
 // and again by the scripts for limits read from Redis.
 const (
-	maxTiers         = 8                   // rate tiers per key (windows and buckets)
-	maxPer           = 30 * 24 * time.Hour // the longest period
-	maxRatePerSecond = 1_000_000
-	maxBurst         = 1_000_000_000
-	maxInFlight      = 1_000_000
+	maxTiers         = rules.MaxTiers // rate tiers per key (windows and buckets)
+	maxPer           = rules.MaxPer   // the longest period
+	maxRatePerSecond = rules.MaxRatePerSecond
+	maxBurst         = rules.MaxBurst
+	maxInFlight      = rules.MaxInFlight
 )
 
 // Kind says what a Limit counts.
@@ -217,7 +218,7 @@ func (l Limit) validate(i int) error {
 	}
 	if l.Kind == KindAdaptive {
 		switch {
-		case l.Per < time.Second || l.Per > maxPer:
+		case l.Per < rules.MinAdaptive || l.Per > maxPer:
 			return bad("Per", l.Per, fmt.Sprintf("the clean interval must be from 1s to %v", maxPer))
 		case l.Per%time.Millisecond != 0:
 			return bad("Per", l.Per, "must be a whole number of milliseconds")
@@ -259,7 +260,7 @@ func (l Limit) validate(i int) error {
 	// for integer N: exact, where float division misjudges limits at the maximum.
 	if int64(l.N) > maxRatePerSecond*l.Per.Milliseconds()/1000 {
 		perSec := float64(l.N) / l.Per.Seconds()
-		return bad("N", l.N, fmt.Sprintf("%g per second is above the maximum %d per second", perSec, maxRatePerSecond))
+		return bad("N", l.N, fmt.Sprintf("%s per second is above the maximum %d per second", rules.Decimal(perSec), maxRatePerSecond))
 	}
 	return nil
 }

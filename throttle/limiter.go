@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"strings"
 	"sync"
@@ -13,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/asynq-throttle/asynq-throttle/internal/lua"
+	"github.com/asynq-throttle/asynq-throttle/internal/rules"
 )
 
 // Limiter enforces fleet-wide limits per key through Redis. Every decision is
@@ -22,7 +24,9 @@ import (
 // A Limiter is safe for concurrent use. Limits, buckets and suspensions all
 // live in Redis; in the process it keeps only what saves Redis calls (the
 // commands it built per key, leases and short-lived caches of the
-// middleware), and forgets keys it has not used for a minute.
+// middleware), forgets keys it has not used for a minute, and keeps such
+// state for at most 10,000 keys at once (about 9 MB): keys beyond are
+// decided all the same, each call building its own command.
 //
 // One Limiter per process (per Redis) is the intended use: it batches the
 // decisions of all its goroutines into shared round trips, and keeps one
@@ -36,6 +40,7 @@ type Limiter struct {
 	keys   keyStates
 	tasks  taskStore // the asynq side: copies, and tasks to bring back
 	slots  slotBook  // slots in flight held by this process's handlers
+	index  indexer   // keys to record in the index of the limiter's keys
 
 	onEvent atomic.Pointer[[]func(Event)] // OnEvent's functions, copied on write
 	eventMu sync.Mutex                    // serializes OnEvent
@@ -56,7 +61,8 @@ func NewLimiter(rdb redis.UniversalClient, opts ...Option) *Limiter {
 		panic(o.err)
 	}
 	l := &Limiter{rdb: rdb, runner: lua.NewRunner(rdb), o: o, reach: newReach(rdb)}
-	l.keys = keyStates{idle: stateIdle, now: time.Now}
+	l.keys = keyStates{idle: stateIdle, max: maxKeyStates, now: time.Now}
+	l.index.idle = sync.NewCond(&l.index.mu)
 	l.flight = flight{rdb: rdb, runner: l.runner, timeout: o.timeout, inline: boundsIO(rdb, o.timeout), reach: l.reach, giveBack: l.giveBack}
 	if c, ok := rdb.(*redis.Client); ok && c.Options().PoolSize >= minPoolForOwn {
 		l.flight.owner, l.flight.renew = c, ownRenew
@@ -82,15 +88,31 @@ func (l *Limiter) OnEvent(f func(Event)) {
 	l.onEvent.Store(&fs)
 }
 
+// Logger returns the logger l logs to (WithLogger; slog.Default() when
+// none was given), for code that logs beside it: package dashboard logs
+// the actions taken from the web view there.
+func (l *Limiter) Logger() *slog.Logger { return l.o.logger }
+
 // Close gives back to the client's pool the connection the Limiter keeps for
-// lone decisions, and keeps none from then on. It does not close rdb, and
-// the Limiter still works after Close (every call then goes through the
-// pool). A Limiter that is dropped without Close gives the connection back
-// once it goes unused for a moment; Close is for callers that want it back
-// now, such as a short-lived Limiter next to an application that sizes its
-// pool tightly.
+// lone decisions, and keeps none from then on. It also waits, up to
+// WithTimeout, until the keys this process decided are recorded in the
+// index of the limiter's keys that Keys reads (done in the background, a
+// moment after a key's first decision), so that a short-lived program's
+// keys are listed too. It does not close rdb, and the Limiter still works
+// after Close (every call then goes through the pool). A Limiter that is
+// dropped without Close gives the connection back once it goes unused for
+// a moment; Close is for callers that want it back now, such as a
+// short-lived Limiter next to an application that sizes its pool tightly,
+// and for programs about to exit.
 func (l *Limiter) Close() error {
 	l.flight.close()
+	ctx := context.Background()
+	if l.o.timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, l.o.timeout)
+		defer cancel()
+	}
+	l.flushIndex(ctx)
 	return nil
 }
 
@@ -138,6 +160,9 @@ func (l *Limiter) decideOnce(ctx context.Context, ks *keyState, key string, v va
 	if err != nil {
 		return lua.DecideReply{}, fmt.Errorf("throttle: key %q: %w", key, err)
 	}
+	if r.Status != lua.StatusNoLimits && r.Status != lua.StatusFair {
+		l.touch(ks, key, r.Generation > 0 || r.Status == lua.StatusBadConfig || r.Status == lua.StatusCostTooHigh)
+	}
 	return r, nil
 }
 
@@ -149,7 +174,7 @@ func (l *Limiter) decision(key string, cost taskCost, r lua.DecideReply) (Decisi
 	case lua.StatusBadConfig:
 		return Decision{}, &ConfigError{Key: key, Field: r.Field, Reason: r.Reason}
 	case lua.StatusCostTooHigh:
-		return Decision{}, fmt.Errorf("%w: key %q: a cost of %v, and tier %s holds at most %s", ErrCostTooHigh, key, cost, r.Field, r.Reason)
+		return Decision{}, fmt.Errorf("%w: key %q: a cost of %v, and %s", ErrCostTooHigh, key, cost, tooHigh(r))
 	case lua.StatusFair:
 		return Decision{}, fmt.Errorf("throttle: key %q: %w", key, lua.ErrBadReply)
 	}
@@ -182,6 +207,28 @@ func (l *Limiter) decision(key string, cost taskCost, r lua.DecideReply) (Decisi
 		d.Tier, _ = strconv.Atoi(strings.TrimPrefix(r.RefusedBy, "tier:"))
 	}
 	return d, nil
+}
+
+// tooHigh says which tier can never hold a cost, as the key's limits list
+// it: "tier 1 (2/s) holds at most 2", "tier 2 (100/m:window) admits at most
+// 100 per window", "tier 2 (30000/m:tokens) holds at most 30000 tokens".
+func tooHigh(r lua.DecideReply) string {
+	t := r.TooHigh
+	kind, holds := rules.KindBucket, "holds at most "+r.Reason
+	switch t.Kind {
+	case lua.KindWindow:
+		kind, holds = rules.KindWindow, "admits at most "+r.Reason
+	case lua.KindFixed:
+		kind, holds = rules.KindFixed, "admits at most "+r.Reason
+	}
+	if t.Unit != "" {
+		holds += " " + t.Unit
+	}
+	if kind != rules.KindBucket {
+		holds += " per window"
+	}
+	spec := rules.Tier(kind, t.Rate, time.Duration(t.PerMS)*time.Millisecond, t.Burst, t.Unit)
+	return fmt.Sprintf("tier %s (%s) %s", r.Field, spec, holds)
 }
 
 // state returns the process state of key, made when missing.

@@ -140,7 +140,38 @@ func ByProvider(rdb redis.UniversalClient, opts ...Option) asynq.MiddlewareFunc 
 	return NewLimiter(rdb, opts...).Middleware()
 }
 
-// Middleware returns the ByProvider middleware of l.
+// Middleware returns the asynq middleware that throttles every task of a
+// server by its key, with l's options (see ByProvider, which makes a
+// Limiter for it):
+//
+//	srv := worker.NewServer(rdb, asynq.Config{Concurrency: 20})
+//	mux := asynq.NewServeMux()
+//	mux.Use(lim.Middleware())
+//
+// For each task it finds the key (Key through NewTask, else WithKeyFunc,
+// else the type's prefix: "slack:sync" is throttled as "slack"; a task
+// without one runs unthrottled) and makes one decision in Redis: the key's
+// suspension, then a token of the task's Cost from every tier of its
+// limits, or none. Allowed, the handler runs. Refused, the handler does not
+// run: the task is deferred to its reserved run time (or after the
+// retry-after) and its worker goroutine is free at once for other keys'
+// tasks. A deferral spends none of the task's retries: under
+// worker.NewServer it goes through asynq's retry path with the same task
+// ID and retry count, counted neither processed nor failed; under a plain
+// asynq.Server, and on a task's last allowed attempt, a copy is enqueued
+// and the original finished (see ByProvider).
+//
+// A handler error that wraps RateLimited (Observe returns one for a 429)
+// suspends the key fleet-wide and defers the task past the suspension,
+// again without spending a retry. When Redis cannot decide within
+// WithTimeout the task is deferred (WithFailOpen runs it instead). A task
+// that can never be throttled (an invalid key; a Cost above a tier's
+// burst, ErrCostTooHigh) is archived at once with asynq.SkipRetry. Every
+// decision is reported to the functions given to OnEvent (package metrics
+// counts them).
+//
+// Several servers (or muxes) may use the middleware of one Limiter; it is
+// safe for concurrent use.
 func (l *Limiter) Middleware() asynq.MiddlewareFunc {
 	m := &middleware{
 		l:      l,
@@ -204,7 +235,7 @@ func (m *middleware) process(ctx context.Context, t *asynq.Task, next asynq.Hand
 		return err
 	}
 	asked := 0
-	if o.lease > 1 && o.leaseFor > 0 && cost.n < o.lease && cost.units == "" && tenant == "" && !ks.fair.Load() {
+	if o.lease > 1 && o.leaseFor > 0 && cost.n < o.lease && cost.units == "" && tenant == "" && !ks.fair.Load() && !ks.transient {
 		asked = ks.lease.request(o.lease)
 	}
 	d, err := m.decideAndWait(ctx, key, t, id, asked, cost, ks, &ev)

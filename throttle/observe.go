@@ -525,6 +525,7 @@ func (l *Limiter) observe(ctx context.Context, tc *taskCharge, q quota.Info, li 
 			"key", tc.key, "source", q.Source, "err", err)
 		return
 	}
+	l.touch(ks, tc.key, false)
 	ks.mu.Lock()
 	ks.obs.told, ks.obs.tiers, ks.obs.gen = true, o.Tiers, o.Generation
 	ks.mu.Unlock()

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hibiken/asynq"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -80,4 +81,36 @@ func TestSetLimitsBadInputKeepsTheLastGoodLimits(t *testing.T) {
 		}
 		assert.Empty(t, r.mr.Keys(), "keys written by refused SetLimits")
 	})
+}
+
+// Errors say a limit in the user's words (issue 35): a cost too high names
+// the tier by its position and its limit, never by how the script keys it
+// ("tier 1000", "tier w60000"); a rate is written out, never in scientific
+// notation.
+func TestErrorsSayALimitInTheUsersWords(t *testing.T) {
+	r := newRig(t)
+	r.setLimits("slack", throttle.PerSecond(2), throttle.Window(100, time.Minute))
+	r.setLimits("fixed", throttle.PerSecond(50), throttle.FixedWindow(20, time.Minute))
+	r.setLimits("openai", throttle.PerMinute(500), throttle.PerMinute(30000).In("tokens"))
+	for _, tc := range []struct {
+		key  string
+		opt  []asynq.Option
+		says string
+	}{
+		{"slack", []asynq.Option{throttle.Cost(3)}, `a cost of 3, and tier 1 (2/s) holds at most 2`},
+		{"fixed", []asynq.Option{throttle.Cost(21)}, `a cost of 21, and tier 2 (20/m:fixed) admits at most 20 per window`},
+		{"openai", []asynq.Option{throttle.Uses("tokens", 40000)}, `tier 2 (30000/m:tokens) holds at most 30000 tokens`},
+	} {
+		_, err := r.lim.Take(r.ctx, tc.key, tc.opt...)
+		require.ErrorIs(t, err, throttle.ErrCostTooHigh, "Take(%q, %v)", tc.key, tc.opt)
+		assert.Contains(t, err.Error(), tc.says, "Take(%q, %v)", tc.key, tc.opt)
+	}
+	r.setLimits("w", throttle.PerSecond(500), throttle.Window(100, time.Minute))
+	_, err := r.lim.Take(r.ctx, "w", throttle.Cost(101))
+	assert.ErrorContains(t, err, `tier 2 (100/m:window) admits at most 100 per window`)
+
+	err = r.lim.SetLimits(r.ctx, "k", throttle.Limit{N: 99_999_999, Per: time.Second})
+	require.ErrorIs(t, err, throttle.ErrInvalidLimit)
+	assert.Contains(t, err.Error(), "99999999 per second is above the maximum 1000000 per second")
+	assert.NotContains(t, err.Error(), "e+")
 }

@@ -12,9 +12,10 @@ import (
 // HeaderKey is the task header that carries a task's limiter key (Key sets
 // it through NewTask), for producers that build tasks without this package:
 // asynq.NewTaskWithHeaders("slack:sync", p, map[string]string{HeaderKey:
-// "slack"}). The other headers the middleware reads and writes are listed in
-// docs/how-it-works.md.
-const HeaderKey = keyspace.Key
+// "slack"}). A producer in another language sets the same header,
+// "throttle-key", on the task message. The other headers the middleware
+// reads and writes are listed in docs/how-it-works.md.
+const HeaderKey = "throttle-key"
 
 // keyOption is the asynq.Option returned by Key.
 type keyOption string
@@ -86,8 +87,9 @@ func Key(name string) asynq.Option { return keyOption(name) }
 // Tenant among opts; all other options are kept on the task as
 // asynq.NewTask would. It refuses what no worker could throttle, naming the
 // option: a Key or Tenant that ValidateKey refuses (ErrInvalidKey), a Cost
-// below 1 or above maxBurst, a bad unit or count in Uses, and a second Key,
-// Cost, Tenant or Uses of one unit.
+// below 1 or above 1000000000 (the largest burst a Limit can have), a bad
+// unit or count in Uses, and a second Key, Cost, Tenant or Uses of one
+// unit.
 func NewTask(typename string, payload []byte, opts ...asynq.Option) (*asynq.Task, error) {
 	headers, rest, err := taskHeaders(opts)
 	if err != nil {

@@ -402,6 +402,7 @@ func TestTakeOnASharedKeyIsDecidedAsTheDefaultTenant(t *testing.T) {
 	assertAllowed(t, d, "Take at the default tenant's turn")
 	// Known to be shared, the key is decided as the default tenant at
 	// once: one call, not a refusal to ask again and a second one.
+	throttle.FlushIndex(other)
 	before := calls.n.Load()
 	_, err = other.Take(r.ctx, "k")
 	require.NoError(t, err)

@@ -214,3 +214,22 @@ func (w *firstWrite) Write(p []byte) (int, error) {
 	w.once.Do(func() { close(w.seen) })
 	return len(p), nil
 }
+
+// One Redis key of the wrong type under the limiter's prefix shows its
+// error on its own row of list; every other key is listed, and the
+// command succeeds (issue 35, item 9: list exited 1 for all keys).
+func TestListShowsABrokenKeysErrorAndTheRest(t *testing.T) {
+	srv := redistest.Start(t)
+	url := "redis://" + srv.Addr
+	require.Equal(t, exitOK, cli(t, url, "set", "slack", "5/s").code)
+	require.Equal(t, exitOK, cli(t, url, "set", "zendesk", "7/s").code)
+	require.NoError(t, srv.Client(t).Set(context.Background(), "throttle:{broken}:b", "x", 0).Err())
+	r := cli(t, url, "list")
+	require.Equal(t, exitOK, r.code, r.stderr)
+	assert.Contains(t, r.stdout, "WRONGTYPE")
+	assert.Regexp(t, `(?m)^slack\s+5/s\s`, r.stdout)
+	assert.Regexp(t, `(?m)^zendesk\s+7/s\s`, r.stdout)
+	r = cli(t, url, "list", "-o", "json")
+	require.Equal(t, exitOK, r.code, r.stderr)
+	assert.Contains(t, r.stdout, `"error": "throttle: key \"broken\": inspect: WRONGTYPE`)
+}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/asynq-throttle/asynq-throttle/internal/rules"
 	"github.com/asynq-throttle/asynq-throttle/throttle"
 )
 
@@ -17,11 +18,18 @@ func (a *app) listCmd() *cobra.Command {
 		Use:   "list",
 		Short: "List every key in Redis with its limits, tokens, slots in flight, suspension and reservations",
 		Long: `List every limiter key that has anything in Redis (limits, bucket state, a
-suspension or reservations), found with SCAN on every master, never KEYS.
+suspension or reservations), from the index of the limiter's keys (the
+first listing of a Redis written by an older version walks it once with
+SCAN, never KEYS): the keys with limits of their own first, then the
+others, each by name. A key that cannot be read (invalid limits, a Redis
+key of the wrong type under the prefix) shows its error; the rest are
+listed.
 TOKENS shows, per rate limit in the order of LIMITS, a bucket's tokens
 now/burst and a window's calls it would still admit/calls per window; on a
 key with tiers in other units than requests each names its unit
-("499.0/500 requests, 18000.0/30000 tokens").
+("499.0/500 requests, 18000.0/30000 tokens"). "(for the queue)" after them
+says that tasks hold reservations: the tokens are promised to those tasks,
+in order, and a task without a reservation waits behind them.
 IN FLIGHT is the slots of an in-flight limit held now/the most. DRAINS IN
 is the time until the last reserved run time. GEN counts the changes of the
 key's limits: every set bumps it.`,
@@ -170,7 +178,7 @@ in Redis (no limits, no state) is refused as a likely typo, unless --force
 				return usagef("suspend: duration %s must be > 0", args[1])
 			}
 			if d > a.maxSuspension {
-				return usagef("duration %v: at most %v", d, a.maxSuspension)
+				return usagef("duration %s: at most %s", args[1], rules.FormatWords(a.maxSuspension))
 			}
 			lim, err := a.knownLimiter(cmd.Context(), key, force, "suspends it")
 			if err != nil {

@@ -161,6 +161,14 @@ func TestBadUsageExitsWith2NamingTheAcceptedForms(t *testing.T) {
 	tr := &transcript{t: t, redisURL: "redis://" + redistest.ClosedAddr(t)}
 	for _, args := range [][]string{
 		{"set", "slack", "10/fortnight"},
+		{"set", "slack", "10/sec"},
+		{"set", "slack", "10/min"},
+		{"set", "slack", "10/31d"},
+		{"set", "slack", "99999999/1ms"},
+		{"set", "slack", "10/s", "20/s"},
+		{"set", "slack", "10/s:burst=2000000000"},
+		{"serve", "--addr", "nonsense"},
+		{"serve", "--addr", "127.0.0.1:99999"},
 		{"set", "slack", "10/s:b=20"},
 		{"set", "slack", "inflight:4"},
 		{"set", "slack", "4/s:inflight"},
@@ -201,6 +209,13 @@ func TestBadUsageExitsWith2NamingTheAcceptedForms(t *testing.T) {
 		r := tr.run(args...)
 		assert.Equal(t, exitUsage, r.code, "%v: %s", args, r.stderr)
 		assert.Empty(t, r.stdout, "%v", args)
+		// The fault first, in the CLI's words, then where the forms are
+		// (issue 35: Go field names, and a grammar after every error).
+		lines := strings.Split(strings.TrimSuffix(r.stderr, "\n"), "\n")
+		require.Len(t, lines, 2, "%v: %q", args, r.stderr)
+		assert.LessOrEqual(t, len(lines[0]), 300, "%v: %q", args, lines[0])
+		assert.NotContains(t, r.stderr, "limits[", "%v: Go field names", args)
+		assert.Regexp(t, `^Run 'asynq-throttle( \w+)? --help' for usage\.$`, lines[1], "%v", args)
 	}
 	golden(t, "usage", tr.b.String())
 }
@@ -214,4 +229,39 @@ func TestGoRedisLogShowsAllButFailedDials(t *testing.T) {
 	assert.Empty(t, b.String(), "a failed dial is the command's own 'cannot reach Redis'")
 	l.Printf(context.Background(), "Unexpected conn[%d] state changed by hook to %s", 1, "CLOSED")
 	assert.Equal(t, "asynq-throttle: go-redis: Unexpected conn[1] state changed by hook to CLOSED\n", b.String())
+}
+
+// No credential of a Redis URL reaches a message (issue 35): the password
+// of user:password@, and a Sentinel master's password or the Sentinels'
+// own given in the query, whether the URL parses or not.
+func TestRedisURLCredentialsAreRedacted(t *testing.T) {
+	closed := redistest.ClosedAddr(t)
+	for _, url := range []string{
+		"redis://user:s3cret-a@" + closed + "/0",
+		"redis://:s3cret-a@" + closed,
+		"redis://" + closed + "?password=s3cret-a",
+		"redis+sentinel://" + closed + "?master_name=m&password=s3cret-a&sentinel_password=s3cret-b",
+		"redis+sentinel://:s3cret-b@" + closed + "?master_name=m&sentinel_username=u&sentinel_password=s3cret-a",
+		"redis+cluster://u:s3cret-a@" + closed + "?addr=" + closed + "&password=s3cret-b",
+		"user:s3cret-a@" + closed,
+		"redis://user:s3cret-a@[::1:bad/0?password=s3cret-b",
+		"http://user:s3cret-a@" + closed + "?password=s3cret-b",
+	} {
+		r := cli(t, url, "list")
+		assert.NotEqual(t, exitOK, r.code, url)
+		assert.NotContains(t, r.stderr+r.stdout, "s3cret", "%s: %s", url, r.stderr)
+		if strings.Contains(r.stderr, closed) {
+			assert.Contains(t, r.stderr, redacted, "%s: the message shows where a credential was: %s", url, r.stderr)
+		}
+	}
+}
+
+// --redis takes host:port as redis-cli and asynq's RedisClientOpt do.
+func TestRedisAddressWithoutSchemeIsAccepted(t *testing.T) {
+	srv := redistest.Start(t)
+	r := cli(t, "", "--redis", srv.Addr, "list")
+	require.Equal(t, exitOK, r.code, "--redis %s: %s", srv.Addr, r.stderr)
+	assert.Contains(t, r.stdout, "no keys under prefix")
+	r = cli(t, srv.Addr, "list")
+	assert.Equal(t, exitOK, r.code, "REDIS_URL=%s: %s", srv.Addr, r.stderr)
 }

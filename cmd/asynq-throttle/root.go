@@ -2,9 +2,12 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 	"time"
 
@@ -43,6 +46,9 @@ type app struct {
 	redisURL string
 	prefix   string
 	output   string
+	// tlsCA, tlsCert and tlsKey are files: a CA to trust, and a client
+	// certificate and its key (--tls-ca, --tls-cert, --tls-key).
+	tlsCA, tlsCert, tlsKey string
 
 	rdb redis.UniversalClient
 	lim *throttle.Limiter
@@ -95,10 +101,14 @@ enforces: list the keys, change limits, suspend a provider, watch the buckets
 live, explain why a task waits, and serve the web view with Prometheus metrics.
 
 Redis: --redis URL, else $REDIS_URL, else ` + defaultURL + `.
-  redis://[user:pass@]host:port[/db]        standalone (rediss:// for TLS, unix:///path.sock)
+  host:port, redis://[user:pass@]host:port[/db]   standalone (rediss:// for TLS, unix:///path.sock)
   redis+sentinel://host:26379[/db]?master_name=NAME[&addr=host2:26379]   Sentinel
   redis+cluster://host:port[?addr=host2:port2&addr=...]                 Cluster
   (rediss+sentinel://, rediss+cluster:// for TLS; query options as go-redis's ParseURL)
+
+TLS: rediss:// URLs, or --tls-ca FILE (a private CA), --tls-cert FILE and
+--tls-key FILE (a client certificate), as redis-cli's --cacert, --cert and
+--key; any of them turns TLS on.
 
 Exit codes: 0 success, 1 the command failed (Redis unreachable, task not
 found, ...), 2 bad usage (unknown command or flag, bad argument).`,
@@ -110,6 +120,9 @@ found, ...), 2 bad usage (unknown command or flag, bad argument).`,
 	f.StringVar(&a.redisURL, "redis", "", "Redis URL (default $REDIS_URL, else "+defaultURL+")")
 	f.StringVar(&a.prefix, "prefix", keyspace.DefaultPrefix, "prefix of the limiter's Redis keys (throttle.WithPrefix)")
 	f.StringVarP(&a.output, "output", "o", "table", "output format: table or json")
+	f.StringVar(&a.tlsCA, "tls-ca", "", "PEM file of the CA that signed Redis's certificate (as redis-cli --cacert); turns TLS on")
+	f.StringVar(&a.tlsCert, "tls-cert", "", "PEM file of a client certificate for Redis (as redis-cli --cert; with --tls-key); turns TLS on")
+	f.StringVar(&a.tlsKey, "tls-key", "", "PEM file of the client certificate's private key (as redis-cli --key)")
 	root.PersistentPreRunE = func(*cobra.Command, []string) error {
 		if a.output != "table" && a.output != "json" {
 			return usagef("--output %q: want table or json", a.output)
@@ -148,7 +161,11 @@ func (a *app) limiter(ctx context.Context) (*throttle.Limiter, error) {
 	if url == "" {
 		url, from = defaultURL, "the default URL"
 	}
-	rdb, err := openRedis(url)
+	tlsConf, err := a.tlsConfig()
+	if err != nil {
+		return nil, usageError{err}
+	}
+	rdb, err := openRedis(url, tlsConf)
 	if err != nil {
 		return nil, usageError{fmt.Errorf("%s: %w", from, err)}
 	}
@@ -161,6 +178,37 @@ func (a *app) limiter(ctx context.Context) (*throttle.Limiter, error) {
 	a.rdb = rdb
 	a.lim = throttle.NewLimiter(rdb, throttle.WithPrefix(a.prefix), throttle.WithMaxSuspension(a.maxSuspension))
 	return a.lim, nil
+}
+
+// tlsConfig is the TLS the --tls-* flags ask for, nil without any.
+func (a *app) tlsConfig() (*tls.Config, error) {
+	if a.tlsCA == "" && a.tlsCert == "" && a.tlsKey == "" {
+		return nil, nil
+	}
+	c := &tls.Config{MinVersion: tls.VersionTLS12}
+	if a.tlsCA != "" {
+		pem, err := os.ReadFile(a.tlsCA)
+		if err != nil {
+			return nil, fmt.Errorf("--tls-ca: %w", err)
+		}
+		c.RootCAs = x509.NewCertPool()
+		if !c.RootCAs.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("--tls-ca %s: no PEM certificate in it", a.tlsCA)
+		}
+	}
+	switch {
+	case a.tlsCert != "" && a.tlsKey != "":
+		cert, err := tls.LoadX509KeyPair(a.tlsCert, a.tlsKey)
+		if err != nil {
+			return nil, fmt.Errorf("--tls-cert %s, --tls-key %s: %w", a.tlsCert, a.tlsKey, err)
+		}
+		c.Certificates = []tls.Certificate{cert}
+	case a.tlsCert != "":
+		return nil, fmt.Errorf("--tls-cert needs --tls-key: the certificate's private key")
+	case a.tlsKey != "":
+		return nil, fmt.Errorf("--tls-key needs --tls-cert: the certificate of that key")
+	}
+	return c, nil
 }
 
 func (a *app) close() {

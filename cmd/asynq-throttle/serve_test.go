@@ -1,11 +1,13 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"io"
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -26,9 +28,9 @@ func TestServeListensOnLoopbackByDefault(t *testing.T) {
 	assert.Equal(t, "127.0.0.1", host, "serve's default --addr")
 }
 
-// serve's dashboard answers localhost, IP addresses and --allowed-hosts,
-// and refuses a rebound host's action; /metrics answers any host, as an
-// exporter does.
+// serve's dashboard and /metrics answer localhost, IP addresses and
+// --allowed-hosts, and refuse a rebound host: its page could read the
+// metrics' key and tenant names (issue 35, item 10).
 func TestServeAnswersOnlyAllowedHosts(t *testing.T) {
 	srv := redistest.Start(t)
 	url := "redis://" + srv.Addr
@@ -76,6 +78,59 @@ func TestServeAnswersOnlyAllowedHosts(t *testing.T) {
 	assert.InDelta(t, 30, suspended().Seconds(), 2)
 
 	code, body = send(http.MethodGet, "metrics", "attacker.example", "")
-	assert.Equal(t, http.StatusOK, code)
-	assert.Contains(t, body, "asynq_throttle_")
+	assert.Equal(t, http.StatusForbidden, code, body)
+	assert.NotContains(t, body, "slack")
+	for _, host := range []string{"127.0.0.1:9090", "localhost", "throttle.ops.example"} {
+		code, body = send(http.MethodGet, "metrics", host, "")
+		assert.Equal(t, http.StatusOK, code, host)
+		assert.Contains(t, body, `asynq_throttle_limit_rate{key="slack"`, host)
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for a writer and a reader at once.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// serve warns when it allows actions on an address beyond loopback: the
+// web view has no authentication of its own (issue 35, item 10).
+func TestServeWarnsOfActionsBeyondLoopback(t *testing.T) {
+	srv := redistest.Start(t)
+	for _, tc := range []struct {
+		args []string
+		warn bool
+	}{
+		{[]string{"--addr", "127.0.0.1:0", "--read-only=false"}, false},
+		{[]string{"--addr", "0.0.0.0:0"}, false},
+		{[]string{"--addr", "0.0.0.0:0", "--read-only=false"}, true},
+	} {
+		var out, errb syncBuffer
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan int, 1)
+		go func() {
+			done <- run(ctx, append([]string{"serve"}, tc.args...), redisEnv("redis://"+srv.Addr), nil, &out, &errb)
+		}()
+		require.Eventually(t, func() bool { return strings.Contains(out.String(), "serving") }, 10*time.Second, 10*time.Millisecond, "%v", tc.args)
+		cancel()
+		require.Equal(t, exitOK, <-done, "%v: %s", tc.args, errb.String())
+		if tc.warn {
+			assert.Contains(t, errb.String(), "warning: actions are on (--read-only=false) and ", "%v", tc.args)
+			assert.Contains(t, errb.String(), "reachable beyond this machine", "%v", tc.args)
+		} else {
+			assert.NotContains(t, errb.String(), "warning", "%v", tc.args)
+		}
+	}
 }

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -164,14 +163,15 @@ func rateTokens(st throttle.Status) string {
 // readKeys inspects keys; a key whose state cannot be read (invalid limits)
 // is shown with its error, a Redis failure ends the read.
 func readKeys(ctx context.Context, lim *throttle.Limiter, keys []string) ([]keyView, error) {
+	states, err := lim.InspectKeys(ctx, keys)
+	if err != nil {
+		return nil, err
+	}
 	views := make([]keyView, 0, len(keys))
-	for _, k := range keys {
-		st, err := lim.Inspect(ctx, k)
-		var cfg *throttle.ConfigError
-		if err != nil && !errors.As(err, &cfg) {
-			return nil, err
-		}
-		views = append(views, newKeyView(k, st, err))
+	for _, s := range states {
+		// A key that cannot be read (invalid limits, a Redis key of the
+		// wrong type under the prefix) shows its error; the rest are shown.
+		views = append(views, newKeyView(s.Key, s.Status, s.Err))
 	}
 	return views, nil
 }

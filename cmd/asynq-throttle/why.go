@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
@@ -222,10 +224,44 @@ func newExplanation(info *asynq.TaskInfo, now time.Time) *explanation {
 }
 
 // say ends the explanation: the task waits for reason, in a sentence.
+// What a producer wrote into it (the task's type, its last error) is shown
+// with control characters escaped: a task type must not send escape
+// sequences to the operator's terminal.
 func (e *explanation) say(reason, format string, args ...any) (whyView, error) {
 	e.v.Reason = reason
-	e.v.Sentence = fmt.Sprintf(format, args...)
+	e.v.Sentence = printable(fmt.Sprintf(format, args...))
 	return e.v, nil
+}
+
+// printable escapes what a terminal would act on instead of showing:
+// control characters (ESC, CR, BEL, ...) and invalid UTF-8, as Go quotes
+// them (\x1b, \r, \u202e).
+func printable(s string) string {
+	clean := true
+	for _, r := range s {
+		if r == utf8.RuneError || !unicode.IsPrint(r) {
+			clean = false
+			break
+		}
+	}
+	if clean {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); {
+		r, size := utf8.DecodeRuneInString(s[i:])
+		switch {
+		case r == utf8.RuneError && size <= 1:
+			fmt.Fprintf(&b, `\x%02x`, s[i])
+		case unicode.IsPrint(r):
+			b.WriteRune(r)
+		default:
+			q := strconv.QuoteRuneToASCII(r)
+			b.WriteString(q[1 : len(q)-1])
+		}
+		i += size
+	}
+	return b.String()
 }
 
 // refuses records that limit i (1-based) of the key refuses the task.

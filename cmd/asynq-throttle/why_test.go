@@ -410,3 +410,23 @@ func reserve(t testing.TB, rdb redis.UniversalClient, key, id string) {
 	require.NoError(t, err)
 	require.False(t, r.Reserved.IsZero(), "a reservation for %s under %s: %+v", id, key, r)
 }
+
+// why shows what a producer wrote (a task's type, its last error) with
+// control characters escaped: a producer cannot send escape sequences to
+// the operator's terminal (issue 35, item 10).
+func TestWhyEscapesControlCharacters(t *testing.T) {
+	srv := redistest.Start(t)
+	client := asynq.NewClientFromRedisClient(srv.Client(t))
+	t.Cleanup(func() { client.Close() })
+	hostile := "stripe.\x1b]0;pwned\x07\x1b[2J\rcharge\u202e" // no "provider:" prefix: named in the sentence
+	_, err := client.Enqueue(asynq.NewTask(hostile, nil), asynq.TaskID("t-hostile"))
+	require.NoError(t, err)
+	r := cli(t, "redis://"+srv.Addr, "why", "t-hostile")
+	require.Equal(t, exitOK, r.code, r.stderr)
+	for _, c := range []string{"\x1b", "\x07", "\r", "\u202e"} {
+		assert.NotContains(t, r.stdout, c, "a control character reached the terminal: %q", r.stdout)
+	}
+	assert.Contains(t, r.stdout, `stripe.\x1b]0;pwned\a\x1b[2J\rcharge\u202e`)
+	assert.Equal(t, "plain task (stripe:charge)", printable("plain task (stripe:charge)"))
+	assert.Equal(t, `\xff`, printable("\xff"))
+}

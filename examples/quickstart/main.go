@@ -2,7 +2,9 @@
 // most twice a second, fleet-wide: it enqueues six tasks and runs a worker
 // until they are done. It needs a Redis: REDIS_ADDR, default localhost:6379.
 //
-// The README's quick start is an excerpt of this file (its test checks).
+// It is the README's quick start, with a stand-in for Slack's API and a
+// worker that stops once its tasks are done, so that its test can run it
+// (the README's own program is built by TestREADMEQuickStartCompiles).
 package main
 
 import (

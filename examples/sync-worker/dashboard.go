@@ -16,6 +16,10 @@ import (
 	"github.com/asynq-throttle/asynq-throttle/throttle"
 )
 
+// dashboardJobs is the -jobs the dashboard's line suggests for a run long
+// enough to look at it.
+const dashboardJobs = 240
+
 // serveDashboard serves the web view (read-only) and Prometheus metrics of
 // lim on addr for the run, as a worker process would beside its middleware:
 // the state of every key in Redis, and the decisions of lim's middleware. It
@@ -34,7 +38,8 @@ func serveDashboard(addr string, lim *throttle.Limiter, out io.Writer) (stop fun
 	}
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go func() { _ = srv.Serve(ln) }()
-	fmt.Fprintf(out, "dashboard: http://%s/ (metrics on /metrics)\n", ln.Addr())
+	fmt.Fprintf(out, "dashboard: http://%s/ (metrics on /metrics), up while the run lasts;\n"+
+		"  -jobs %d keeps it up about %d minutes\n", ln.Addr(), dashboardJobs, int(expectedDuration(DefaultProviders(), dashboardJobs).Round(time.Minute)/time.Minute))
 	return func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()

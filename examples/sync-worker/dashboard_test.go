@@ -32,6 +32,7 @@ func TestDashboardFlagServesTheViewAndMetrics(t *testing.T) {
 	defer stop()
 	m := regexp.MustCompile(`dashboard: (http://\S+/)`).FindStringSubmatch(out.String())
 	require.NotNil(t, m, "the address is printed: %q", out.String())
+	assert.Contains(t, out.String(), "-jobs 240 keeps it up about 2 minutes", "how to keep the run up long enough to look")
 	// One task through lim's middleware: a decision the view counts.
 	task, err := throttle.NewTask("slack:sync", nil, throttle.Key("slack"))
 	require.NoError(t, err)

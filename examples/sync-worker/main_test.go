@@ -75,8 +75,12 @@ func steadyProviders() []ProviderSpec {
 	return []ProviderSpec{slackSpec(), githubSpec(), crmSpec()}
 }
 
+// At the providers' published numbers, the fleet draws no 429 (the
+// middleware's headroom absorbs dispatch jitter). Not run in parallel with
+// the package's other runs: on two shared cores, three fleets at once can
+// delay a call past the 20 ms of headroom, which is a starved machine's
+// limit the docs state, not a fault of the numbers.
 func TestPipelineDoesEveryJobOnceWithoutA429(t *testing.T) {
-	t.Parallel()
 	const jobs = 12
 	s := runPipeline(t, Config{Jobs: jobs, Providers: steadyProviders()})
 
@@ -208,10 +212,26 @@ func TestLearnedLimitsTakeAQuotaOnlyBelowTheConfigured(t *testing.T) {
 	}
 }
 
-func TestConfiguredLimitsKeepTheMargin(t *testing.T) {
-	// The providers whose quota we know keep a token or a tenth under it.
-	assert.Equal(t, underQuota(5), slackSpec().Limits[0].Burst, "slack's per-second burst")
-	assert.Equal(t, underQuota(20), githubSpec().Limits[0].Burst, "github's burst")
+// The providers whose quota we know get exactly the published numbers, as
+// docs/limits.md says to: no shaved burst (issue 35, item 3). The runs
+// above (TestPipelineDoesEveryJobOnceWithoutA429, the default run) draw no
+// 429 at them.
+func TestConfiguredLimitsAreThePublishedNumbers(t *testing.T) {
+	// A limit as its numbers: rate, period and burst (0 means the rate).
+	numbers := func(ls []throttle.Limit) [][3]int {
+		var out [][3]int
+		for _, l := range ls {
+			b := l.Burst
+			if b == 0 {
+				b = l.N
+			}
+			out = append(out, [3]int{l.N, int(l.Per / time.Millisecond), b})
+		}
+		return out
+	}
+	for _, spec := range []ProviderSpec{slackSpec(), githubSpec()} {
+		assert.Equal(t, numbers(spec.Quota), numbers(spec.Limits), "%s: our limits are its published quota", spec.Name)
+	}
 }
 
 func TestA429SuspendsTheProviderAndLosesNothing(t *testing.T) {
@@ -395,6 +415,16 @@ func TestDefaultRunDoesEveryJobOnceWithin80Columns(t *testing.T) {
 	assert.Positive(t, slack.Suspended, "slack: suspensions")
 
 	text := string(stderr)
+	// Our limits are the published numbers, the workers named in events
+	// are introduced before them, and a rate above a quota is explained
+	// (issue 35, item 3).
+	assert.Regexp(t, `\nslack +5/s \+ 120/min burst 30 +5/s \+ 120/min burst 30\n`, text, "slack's limits are its quota")
+	assert.Regexp(t, `\ngithub +20/s +20/s\n`, text, "github's limit is its quota")
+	intro := strings.Index(text, "fleet: 3 asynq servers (s1, s2, s3)")
+	first := regexp.MustCompile(`\n +[\d.]+s  s\d: `).FindStringIndex(text)
+	require.NotNil(t, first, "an event names a worker")
+	assert.True(t, intro >= 0 && intro < first[0], "the workers s1..s3 are introduced before an event names one")
+	assert.Contains(t, text, "at first they exceed a quota by its burst", "a rate above the quota is explained")
 	assert.Contains(t, text, "slack answered 429, Retry-After: 3", "the 429 is shown")
 	assert.Contains(t, text, "slack: suspended fleet-wide for", "the suspension is shown")
 	assert.Regexp(t, `slack: (\d/3 servers deferring its tasks|suspension over; \d/3 servers deferred its tasks)`, text,
@@ -572,10 +602,10 @@ func TestDefaultTimeoutFitsTheWork(t *testing.T) {
 		jobs     int
 		expected time.Duration
 	}{
-		// Slack: 5/s burst 4 drains at 4/s after its burst; 120/min burst 29
+		// Slack: 5/s burst 5 drains at 5/s after its burst; 120/min burst 30
 		// at 2/s after its; plus 3 s of load shedding.
-		{40, 9*time.Second + shedFor},
-		{200, 85500*time.Millisecond + shedFor},
+		{40, 7*time.Second + shedFor},
+		{200, 85*time.Second + shedFor},
 	} {
 		cfg := Config{Jobs: tc.jobs}.withDefaults()
 		assert.Equal(t, tc.expected, expectedDuration(cfg.Providers, tc.jobs), "expected run time of -jobs %d", tc.jobs)

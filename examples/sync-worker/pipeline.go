@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
@@ -294,12 +295,28 @@ func setProviderLimits(ctx context.Context, limiter *throttle.Limiter, specs []P
 	return nil
 }
 
-// workersLine says what the fleet is made of.
+// workersLine says what the fleet is made of, and names its workers as the
+// events name them (s1: "s1: slack answered 429").
 func workersLine(cfg Config) string {
 	if cfg.Procs > 0 {
-		return fmt.Sprintf("%d worker processes × %d goroutines", cfg.Procs, cfg.Concurrency)
+		return fmt.Sprintf("%d worker processes (%s) × %d goroutines", cfg.Procs, names("w", cfg.Procs), cfg.Concurrency)
 	}
-	return fmt.Sprintf("%d asynq servers × %d goroutines in this process", cfg.Servers, cfg.Concurrency)
+	if cfg.Servers == 1 {
+		return fmt.Sprintf("1 asynq server (s) × %d goroutines in this process", cfg.Concurrency)
+	}
+	return fmt.Sprintf("%d asynq servers (%s) × %d goroutines in this process", cfg.Servers, names("s", cfg.Servers), cfg.Concurrency)
+}
+
+// names lists n workers named prefix1 to prefixn: "s1, s2, s3", "s1..s8".
+func names(prefix string, n int) string {
+	if n > 3 {
+		return fmt.Sprintf("%s1..%s%d", prefix, prefix, n)
+	}
+	out := make([]string, n)
+	for i := range out {
+		out[i] = fmt.Sprintf("%s%d", prefix, i+1)
+	}
+	return strings.Join(out, ", ")
 }
 
 // abandonFleet stops a fleet whose Redis went away: its workers cannot
@@ -382,6 +399,10 @@ func openRedis(ctx context.Context, rawURL, from string) (redis.UniversalClient,
 	return rdb, name, func() { _ = rdb.Close() }, nil
 }
 
+// rateNote explains the progress lines' rates, which start above the
+// quotas: each provider's bucket starts full, and its burst goes at once.
+const rateNote = "rates are over the last 2s; at first they exceed a quota by its burst,\nwhich a full bucket admits at once, and the provider accepts too\n\n"
+
 // writeHeader prints what the run does, in at most 80 columns.
 func writeHeader(out io.Writer, cfg Config, s Summary) {
 	fmt.Fprintf(out, "sync-worker: %d jobs for each of %d providers, run %s\n", cfg.Jobs, len(cfg.Providers), s.Run)
@@ -389,6 +410,7 @@ func writeHeader(out io.Writer, cfg Config, s Summary) {
 	fmt.Fprintf(out, "redis: %s\n", s.Redis)
 	fmt.Fprintf(out, "expected: about %s; gives up after %s (-timeout)\n\n",
 		expectedDuration(cfg.Providers, cfg.Jobs).Round(time.Second), cfg.Timeout.Round(time.Second))
+	defer fmt.Fprint(out, rateNote)
 	cells := make([][]string, len(cfg.Providers))
 	for i, p := range cfg.Providers {
 		quota, ours := formatLimits(p.Quota), formatLimits(p.Limits)

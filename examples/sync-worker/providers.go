@@ -109,7 +109,7 @@ func slackSpec() ProviderSpec {
 		Name:     "slack",
 		TaskType: "slack:sync_channel",
 		Quota:    []throttle.Limit{throttle.PerSecond(5).WithBurst(5), throttle.PerMinute(120).WithBurst(30)},
-		Limits:   []throttle.Limit{throttle.PerSecond(5).WithBurst(underQuota(5)), throttle.PerMinute(120).WithBurst(29)},
+		Limits:   []throttle.Limit{throttle.PerSecond(5), throttle.PerMinute(120).WithBurst(30)}, // the published numbers
 		Reject:   RetryAfterSeconds,
 		Latency:  [2]time.Duration{20 * time.Millisecond, 60 * time.Millisecond},
 	}
@@ -134,10 +134,6 @@ const (
 	lightAt     = 500 * time.Millisecond
 )
 
-// underQuota is the burst our limits give a provider whose burst is b: a
-// token or a tenth under it, whichever is more (see DefaultProviders).
-func underQuota(b int) int { return max(b-max(1, b/10), 1) }
-
 // githubSpec is a GitHub-like provider: one large quota, X-RateLimit-Reset
 // (a Unix time) on 429.
 func githubSpec() ProviderSpec {
@@ -145,7 +141,7 @@ func githubSpec() ProviderSpec {
 		Name:     "github",
 		TaskType: "github:sync_repo",
 		Quota:    []throttle.Limit{throttle.PerSecond(20)},
-		Limits:   []throttle.Limit{throttle.PerSecond(20).WithBurst(underQuota(20))},
+		Limits:   []throttle.Limit{throttle.PerSecond(20)}, // the published number
 		Reject:   ResetUnixTime,
 		Latency:  [2]time.Duration{30 * time.Millisecond, 90 * time.Millisecond},
 	}
@@ -173,14 +169,13 @@ func crmSpec() ProviderSpec {
 // Their quotas are scaled: real APIs count per minute or per hour; the demo
 // compresses time so that a default run ends in well under 30 seconds.
 //
-// Our limits sit a token or two under each provider's burst (underQuota).
-// The limiter and the provider run the same token bucket, but a call reaches
-// the provider a few milliseconds after the limiter admitted it, and not
-// always the same few: two calls admitted 200 ms apart can arrive 190 ms
-// apart, and a bucket run exactly empty on both sides then answers the
-// second one with a 429. One token of slack absorbs rate × jitter
-// (5/s × 200 ms). The CRM is configured at the number of its stale docs,
-// above its quota: what keeps the fleet under it is what it publishes.
+// Our limits are the numbers each provider publishes, not shaved: the
+// limiter and the provider run the same token bucket, and a call reaches
+// the provider a few milliseconds after the limiter admitted it, not always
+// the same few; the middleware keeps room for that jitter itself
+// (throttle.WithHeadroom), so the fleet draws no 429 at the exact quota.
+// The CRM is configured at the number of its stale docs, above its quota:
+// what keeps the fleet under it is what it publishes.
 //
 // Slack sheds load once, partway through: it answers 429 with Retry-After
 // for shedFor, whatever its quota, and the fleet must stop calling it,

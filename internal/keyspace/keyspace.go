@@ -99,6 +99,11 @@ func RedisKeys(prefix, name string) (lua.Keys, error) {
 	return lua.Keys{Bucket: base + "b", Reservations: base + "r", Slots: base + "f", Tenants: base + "a", Tags: base + "t", Config: base + "c"}, nil
 }
 
+// Index is the Redis key of the index of a Limiter's keys under prefix: a
+// sorted set of their names (throttle's Keys reads it). It has no hash tag
+// and no '{', so no limiter key's Redis keys can be it.
+func Index(prefix string) string { return prefix + ":keys" }
+
 // All lists every Redis key of one limiter key. It names every field of
 // lua.Keys (TestAllCoversTheLayout checks).
 func All(k lua.Keys) []string {

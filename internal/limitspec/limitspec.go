@@ -28,11 +28,16 @@ import (
 	"time"
 
 	"github.com/asynq-throttle/asynq-throttle/internal/keyspace"
+	"github.com/asynq-throttle/asynq-throttle/internal/rules"
 	"github.com/asynq-throttle/asynq-throttle/throttle"
 )
 
-// Forms names the accepted forms, for errors and help texts.
-const Forms = `RATE/PERIOD[:burst=N] (a token bucket), RATE/PERIOD:window (at most RATE in any sliding PERIOD), RATE/PERIOD:fixed (at most RATE in each PERIOD aligned to the clock), each in requests or, with a last :UNIT, in another unit (RATE/PERIOD:UNIT, RATE/PERIOD:window:UNIT; UNIT 1 to 32 of a-z, 0-9, _ and -, starting with a letter), N:inflight (at most N tasks running at once) or PERIOD:adaptive (rates halved on each 429 suspension, won back every clean PERIOD); PERIOD one of s, m, h, d or a duration such as 1500ms, 10s, 2m (e.g. 10/s, 10/s:burst=20, 100/1500ms, 5000/h:window, 30000/m:tokens, 4:inflight, 30s:adaptive)`
+// Forms names the accepted forms, for help texts.
+const Forms = `RATE/PERIOD[:burst=N] (a token bucket), RATE/PERIOD:window (at most RATE in any sliding PERIOD), RATE/PERIOD:fixed (at most RATE in each PERIOD aligned to the clock), each in requests or, with a last :UNIT, in another unit (RATE/PERIOD:UNIT, RATE/PERIOD:window:UNIT; UNIT 1 to 32 of a-z, 0-9, _ and -, starting with a letter), N:inflight (at most N tasks running at once) or PERIOD:adaptive (rates halved on each 429 suspension, won back every clean PERIOD); PERIOD one of s, m, h, d, a whole number of one (2d, 90s, 1500ms) or a duration such as 1m30s (e.g. 10/s, 10/s:burst=20, 100/1500ms, 5000/h:window, 30000/m:tokens, 4:inflight, 30s:adaptive)`
+
+// Examples are a few limits of each form, for a hint after an error where
+// no help text is at hand (the web view).
+const Examples = "10/s, 10/s:burst=20, 5000/h:window, 5000/h:fixed, 30000/m:tokens, 4:inflight, 30s:adaptive"
 
 // ErrSyntax is wrapped by every error of Parse.
 var ErrSyntax = errors.New("bad limit")
@@ -50,23 +55,17 @@ const (
 // requests (throttle.Limit.In).
 const Requests = "requests"
 
-// units are the named periods.
-var units = []struct {
-	name string
-	d    time.Duration
-}{
-	{"s", time.Second}, {"m", time.Minute}, {"h", time.Hour}, {"d", 24 * time.Hour},
-}
-
 // Parse reads one limit. It returns it the way throttle.Limiter.Limits
 // returns limits read from Redis, so that Parse(Format(l)) == l for every l
 // that Limits returns or Parse accepts: a bucket's Burst is always set (its
 // Rate when the spec gives none), a window's Burst is 0, an in-flight limit
-// is throttle.InFlight(n), a tier in requests has Unit "". Range checks (at
-// most MaxPer, ...) are SetLimits'.
+// is throttle.InFlight(n), a tier in requests has Unit "". It checks the
+// bounds SetLimits enforces (a period of at most 30 days, ...), so that
+// the error says what is wrong in the spec's own terms. An error leads
+// with the fault, without the accepted forms (Forms, Examples).
 func Parse(spec string) (throttle.Limit, error) {
 	bad := func(format string, a ...any) (throttle.Limit, error) {
-		return throttle.Limit{}, fmt.Errorf("%w %q: %s; want %s", ErrSyntax, spec, fmt.Sprintf(format, a...), Forms)
+		return throttle.Limit{}, fmt.Errorf("%w %q: %s", ErrSyntax, spec, fmt.Sprintf(format, a...))
 	}
 	body, rest, hasMod := strings.Cut(spec, ":")
 	mod, unit, msg := modifiers(body, rest, hasMod)
@@ -82,6 +81,9 @@ func Parse(spec string) (throttle.Limit, error) {
 			}
 			return bad("%v", err)
 		}
+		if n > rules.MaxInFlight {
+			return bad("%d tasks in flight is over %d, the most", n, rules.MaxInFlight)
+		}
 		return throttle.InFlight(n), nil
 	case modAdaptive:
 		if strings.Contains(body, "/") {
@@ -91,9 +93,16 @@ func Parse(spec string) (throttle.Limit, error) {
 		if err != nil {
 			return bad("%v", err)
 		}
+		if per < rules.MinAdaptive {
+			return bad("the clean period %s is under %s, the shortest", rules.FormatPeriod(per), rules.FormatWords(rules.MinAdaptive))
+		}
 		return throttle.Adaptive(per), nil
 	}
 	l, err := rateLimit(body, mod)
+	var pe *rules.PeriodError
+	if errors.As(err, &pe) && pe.Suggestion != "" {
+		return bad("the period %q is not one: did you mean %s?", pe.Period, strings.Replace(spec, "/"+pe.Period, "/"+pe.Suggestion, 1))
+	}
 	if err != nil {
 		return bad("%v", err)
 	}
@@ -166,6 +175,10 @@ func rateLimit(body, mod string) (throttle.Limit, error) {
 	if err != nil {
 		return throttle.Limit{}, err
 	}
+	if int64(rate) > rules.MaxRatePerSecond*per.Milliseconds()/1000 {
+		return throttle.Limit{}, fmt.Errorf("%d per %s is %s per second, over %d per second, the highest rate",
+			rate, rules.FormatWords(per), rules.Decimal(float64(rate)/per.Seconds()), rules.MaxRatePerSecond)
+	}
 	l := throttle.Limit{N: rate, Per: per, Burst: rate}
 	switch {
 	case mod == modWindow:
@@ -178,6 +191,14 @@ func rateLimit(body, mod string) (throttle.Limit, error) {
 			return throttle.Limit{}, err
 		}
 		l.Burst = b
+	}
+	switch {
+	case l.Kind != throttle.KindBucket && rate > rules.MaxBurst:
+		return throttle.Limit{}, fmt.Errorf("%d calls per window is over %d, the most a window holds", rate, rules.MaxBurst)
+	case l.Burst > rules.MaxBurst && strings.HasPrefix(mod, modBurst):
+		return throttle.Limit{}, fmt.Errorf("the burst %d is over %d, the largest", l.Burst, rules.MaxBurst)
+	case l.Burst > rules.MaxBurst:
+		return throttle.Limit{}, fmt.Errorf("the burst, %d (the rate, unless :burst=N), is over %d, the largest: give a smaller :burst=N", l.Burst, rules.MaxBurst)
 	}
 	return l, nil
 }
@@ -254,28 +275,27 @@ func near(word string) string {
 func count(what, s string) (int, error) {
 	n, err := strconv.Atoi(s)
 	if err != nil || n <= 0 {
+		if err != nil && len(s) > 0 && strings.Trim(s, "+0123456789") == "" {
+			return 0, fmt.Errorf("%s %q is too large", what, s)
+		}
 		return 0, fmt.Errorf("%s %q is not a whole number > 0", what, s)
 	}
 	return n, nil
 }
 
-// period reads a named unit or a positive duration.
-func period(s string) (time.Duration, error) {
-	for _, u := range units {
-		if s == u.name {
-			return u.d, nil
-		}
-	}
-	d, err := time.ParseDuration(s)
-	if err != nil || d <= 0 {
-		return 0, fmt.Errorf("period %q is neither s, m, h, d nor a duration > 0", s)
-	}
-	return d, nil
-}
+// period reads a period (rules.ParsePeriod), at most rules.MaxPer.
+func period(s string) (time.Duration, error) { return rules.ParsePeriod(s) }
 
-// ParseAll reads limits separated by spaces or given one per element.
+// ParseAll reads limits separated by spaces or given one per element, and
+// checks them as a set as SetLimits does: at most rules.MaxTiers buckets
+// and windows, no tier twice (a tier is its kind, period and unit), at
+// most one in-flight and one adaptive limit, and a rate tier beside an
+// adaptive one.
 func ParseAll(specs ...string) ([]throttle.Limit, error) {
-	var out []throttle.Limit
+	var (
+		out   []throttle.Limit
+		given []string
+	)
 	for _, s := range specs {
 		for _, f := range strings.Fields(s) {
 			l, err := Parse(f)
@@ -283,10 +303,39 @@ func ParseAll(specs ...string) ([]throttle.Limit, error) {
 				return nil, err
 			}
 			out = append(out, l)
+			given = append(given, f)
 		}
 	}
 	if len(out) == 0 {
-		return nil, fmt.Errorf("%w: no limit given; want %s", ErrSyntax, Forms)
+		return nil, fmt.Errorf("%w: no limit given (such as 10/s)", ErrSyntax)
+	}
+	rates, adaptive := 0, -1
+	for i, l := range out {
+		switch l.Kind {
+		case throttle.KindInFlight, throttle.KindAdaptive:
+			for j := range i {
+				if out[j].Kind == l.Kind {
+					return nil, fmt.Errorf("%w: %q and %q: a key has one %s limit", ErrSyntax, given[j], given[i], KindName(l.Kind))
+				}
+			}
+			if l.Kind == throttle.KindAdaptive {
+				adaptive = i
+			}
+			continue
+		}
+		rates++
+		for j := range i {
+			o := out[j]
+			if o.Kind == l.Kind && o.Per == l.Per && Unit(o) == Unit(l) {
+				return nil, fmt.Errorf("%w: %q and %q are one tier twice (a tier is its kind, period and unit): give each once", ErrSyntax, given[j], given[i])
+			}
+		}
+	}
+	switch {
+	case rates > rules.MaxTiers:
+		return nil, fmt.Errorf("%w: %d buckets and windows, at most %d (besides one :inflight and one :adaptive)", ErrSyntax, rates, rules.MaxTiers)
+	case adaptive >= 0 && rates == 0:
+		return nil, fmt.Errorf("%w: %q adapts the key's rates, and none is given: add one, such as 10/s", ErrSyntax, given[adaptive])
 	}
 	return out, nil
 }
@@ -351,14 +400,7 @@ func FormatAll(ls []throttle.Limit) string {
 	return strings.Join(parts, " ")
 }
 
-func formatPeriod(d time.Duration) string {
-	for _, u := range units {
-		if d == u.d {
-			return u.name
-		}
-	}
-	return d.String()
-}
+func formatPeriod(d time.Duration) string { return rules.FormatPeriod(d) }
 
 // Burst is the most a limit holds at once: a bucket's burst (Burst 0 means
 // Rate), a window's calls per window, an in-flight limit's slots.

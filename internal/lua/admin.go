@@ -2,11 +2,14 @@ package lua
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // SetLimitsReply is what SetLimits did.
@@ -355,6 +358,67 @@ func Inspect(ctx context.Context, r *Runner, k Keys, defaults []Tier, lapse time
 	if err != nil {
 		return InspectReply{}, err
 	}
+	return parseInspect(v)
+}
+
+// InspectMany runs inspect.lua once for several keys, read at one instant
+// (all of them in one slot of a Cluster, or any on one Redis): KEYS five
+// per key as Inspect, ARGV as Inspect. It returns a reply or an error per
+// key, in the order of ks: the error of a key Redis could not read (a key
+// of the wrong type) is that key's alone. err is an error of the call.
+func InspectMany(ctx context.Context, r *Runner, ks []Keys, defaults []Tier, lapse time.Duration) ([]InspectReply, []error, error) {
+	if len(ks) == 1 {
+		rep, err := Inspect(ctx, r, ks[0], defaults, lapse)
+		if err != nil && !errors.Is(err, ErrBadReply) && !isReplyError(err) {
+			return nil, nil, err
+		}
+		return []InspectReply{rep}, []error{err}, nil
+	}
+	keys := make([]string, 0, 5*len(ks))
+	for _, k := range ks {
+		keys = append(keys, k.Bucket, k.Reservations, k.Slots, k.Tenants, k.Config)
+	}
+	v, err := r.Run(ctx, inspectScript, keys, FormatTiers(defaults), lapse.Microseconds())
+	if err != nil {
+		return nil, nil, err
+	}
+	a, ok := v.([]any)
+	if !ok || len(a) != len(ks) {
+		return nil, nil, errBadReply("inspect", v)
+	}
+	replies, errs := make([]InspectReply, len(ks)), make([]error, len(ks))
+	for i, v := range a {
+		if e, ok := v.([]any); ok && len(e) == 2 && e[0] == int64(-9) {
+			msg, _ := e[1].(string)
+			errs[i] = KeyError(msg)
+			continue
+		}
+		replies[i], errs[i] = parseInspect(v)
+	}
+	return replies, errs, nil
+}
+
+// KeyError is what Redis answered when the script read one key (e.g.
+// "WRONGTYPE Operation against a key holding the wrong kind of value").
+type KeyError string
+
+func (e KeyError) Error() string { return string(e) }
+
+// RedisError makes a KeyError a redis.Error: an error reply, not a
+// connection's failure.
+func (KeyError) RedisError() {}
+
+var _ redis.Error = KeyError("")
+
+// isReplyError reports an error reply of Redis (WRONGTYPE, ...): one key's
+// fault, not the connection's.
+func isReplyError(err error) bool {
+	var re redis.Error
+	return errors.As(err, &re)
+}
+
+// parseInspect reads one key's reply of inspect.lua.
+func parseInspect(v any) (InspectReply, error) {
 	bad := errBadReply("inspect", v)
 	a, ok := v.([]any)
 	if !ok || len(a) < 3 {
@@ -617,4 +681,25 @@ func boolArg(b bool) int {
 		return 1
 	}
 	return 0
+}
+
+// Unindex runs unindex.lua: it drops each of members from the index
+// sorted set whose score is below cutoff, and returns how many it dropped.
+//
+//	KEYS[1] the index; ARGV[1] cutoff, ARGV[2...] members
+func Unindex(ctx context.Context, r *Runner, index string, cutoff int64, members []string) (int64, error) {
+	args := make([]any, 0, 1+len(members))
+	args = append(args, cutoff)
+	for _, m := range members {
+		args = append(args, m)
+	}
+	v, err := r.Run(ctx, unindexScript, []string{index}, args...)
+	if err != nil {
+		return 0, err
+	}
+	n, ok := v.(int64)
+	if !ok {
+		return 0, errBadReply("unindex", v)
+	}
+	return n, nil
 }

@@ -76,8 +76,9 @@ type DecideReply struct {
 	Lease      int64         // when allowed: extra tokens taken for the caller's process
 	Generation int64         // the limits' generation (bumped by every SetLimits)
 	Slot       string        // when allowed on a key with an in-flight limit: the slot held, for Release
-	Field      string        // when StatusBadConfig: the offending config field; StatusCostTooHigh: the tier
+	Field      string        // when StatusBadConfig: the offending config field; StatusCostTooHigh: the tier's position (1-based)
 	Reason     string        // when StatusBadConfig: what is wrong with it; StatusCostTooHigh: the tier's largest cost
+	TooHigh    Tier          // when StatusCostTooHigh: the tier, as configured
 }
 
 // Decide runs decide.lua for one caller.
@@ -111,7 +112,8 @@ type DecideReply struct {
 //	                                         caller's reserved instant, 0 none
 //	"-1|field|reason"                        bad limits
 //	"-2"                                     no limits
-//	"-3|tier|max"                            a cost above what a tier can ever hold
+//	"-3|i|max|kind|n|per_ms|burst|unit"      a cost above what tier i (1-based) can
+//	                                         ever hold; kind b, w or x (a fixed window)
 //	"-4"                                     tenants share the key: ask again, fair
 //
 // A caller refused only for a slot gets by "inflight" and the time one is
@@ -226,8 +228,16 @@ func ParseDecide(s string) (DecideReply, error) {
 		return DecideReply{Status: StatusFair}, nil
 	case n == 3 && f[0] == "-1":
 		return DecideReply{Status: StatusBadConfig, Field: f[1], Reason: f[2]}, nil
-	case n == 3 && f[0] == "-3":
-		return DecideReply{Status: StatusCostTooHigh, Field: f[1], Reason: f[2]}, nil
+	case n == 8 && f[0] == "-3":
+		rate, ok1 := parseNum(f[4])
+		per, ok2 := parseNum(f[5])
+		burst, ok3 := parseNum(f[6])
+		kind := map[string]byte{"b": KindBucket, "w": KindWindow, "x": KindFixed}[f[3]]
+		if !ok1 || !ok2 || !ok3 || (kind == KindBucket && f[3] != "b") {
+			return DecideReply{}, errBadReply("decide", reply)
+		}
+		return DecideReply{Status: StatusCostTooHigh, Field: f[1], Reason: f[2],
+			TooHigh: Tier{Kind: kind, Rate: rate, PerMS: per, Burst: burst, Unit: f[7]}}, nil
 	case n != 7 && !(n == 8 && f[0] == "1"), f[0] != "0" && f[0] != "1":
 		return DecideReply{}, errBadReply("decide", reply)
 	}

@@ -546,13 +546,20 @@ end
 
 -- cost_refused refuses for good a cost that no configured tier can ever
 -- hold; one above a tier lowered by what was learned waits for the tier to
--- come back up.
+-- come back up. The reply names the tier as its caller's limits do: its
+-- position, and its kind, numbers and unit.
 local function cost_refused(r, c)
   for i, t in ipairs(r.tiers) do
     local ct = t.ceiling or t
-    local most = ct.burst
-    if t.kind == 'w' then most = ct.n end
-    if cv(c, i) > most then return '-3|' .. t.key .. '|' .. string.format('%d', most) end
+    local most, kind, n = ct.burst, 'b', ct.rate
+    if t.kind == 'w' then
+      most, n, kind = ct.n, ct.n, 'w'
+      if ct.fixed then kind = 'x' end
+    end
+    if cv(c, i) > most then
+      return '-3|' .. i .. '|' .. string.format('%d', most) .. '|' .. kind .. '|' .. string.format('%d', n) ..
+        '|' .. string.format('%d', ct.per) .. '|' .. string.format('%d', most) .. '|' .. (t.unit or '')
+    end
   end
   return nil
 end

@@ -276,7 +276,7 @@ func TestDecideTakesTheCostFromEveryTier(t *testing.T) {
 	r = e.decide(DecideArgs{Cost: 4})
 	assert.Equal(t, DecideReply{Status: StatusDenied, RetryAfter: 100 * time.Millisecond, RefusedBy: "tier:1", Generation: 1}, r, "4 of 3")
 	r = e.decide(DecideArgs{Cost: 11})
-	assert.Equal(t, DecideReply{Status: StatusCostTooHigh, Field: "1000", Reason: "10"}, r, "a cost above the burst")
+	assert.Equal(t, DecideReply{Status: StatusCostTooHigh, Field: "1", Reason: "10", TooHigh: Tier{Rate: 10, PerMS: 1000, Burst: 10}}, r, "a cost above the burst")
 	// Reserved with a cost: the slot is spaced for it.
 	r = e.decide(DecideArgs{TaskID: "a", Horizon: time.Minute, Lapse: time.Minute, Cost: 5})
 	assert.Equal(t, testEpoch().Add(200*time.Millisecond), r.Reserved, "5 tokens, 3 there, at 10/s")

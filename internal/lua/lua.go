@@ -62,6 +62,8 @@ var (
 	extendSrc string
 	//go:embed unbook.lua
 	unbookSrc string
+	//go:embed unindex.lua
+	unindexSrc string
 )
 
 // Script is one of the scripts, callable as a function of the library or
@@ -78,7 +80,7 @@ type Script struct {
 // processes of different versions (a rolling upgrade) each call their own.
 var version = func() string {
 	h := sha1.New()
-	for _, s := range []string{libSrc, windowSrc, decideSrc, fairSrc, runSrc, setWeightsSrc, setLimitsSrc, suspendSrc, resumeSrc, inspectSrc, adjustSrc, releaseSrc, extendSrc, observeSrc, unbookSrc} {
+	for _, s := range []string{libSrc, windowSrc, decideSrc, fairSrc, runSrc, setWeightsSrc, setLimitsSrc, suspendSrc, resumeSrc, inspectSrc, adjustSrc, releaseSrc, extendSrc, observeSrc, unbookSrc, unindexSrc} {
 		h.Write([]byte(s))
 		h.Write([]byte{0})
 	}
@@ -108,14 +110,15 @@ var (
 	setLimitsScript  = newScript("setlimits", "", setLimitsSrc)
 	suspendScript    = newScript("suspend", "", suspendSrc)
 	resumeScript     = newScript("resume", "", resumeSrc)
-	inspectScript    = newScript("inspect", "", inspectSrc)
+	inspectScript    = newScript("inspect", inspectSrc, "return inspect_keys(KEYS, ARGV)")
 	adjustScript     = newScript("adjust", "", adjustSrc)
 	releaseScript    = newScript("release", "", releaseSrc)
 	extendScript     = newScript("extend", "", extendSrc)
 	observeScript    = newScript("observe", "", observeSrc)
 	unbookScript     = newScript("unbook", "", unbookSrc)
+	unindexScript    = newScript("unindex", "", unindexSrc)
 	allScripts       = []*Script{decideScript, setWeightsScript, setLimitsScript, suspendScript, resumeScript, inspectScript,
-		adjustScript, releaseScript, extendScript, observeScript, unbookScript}
+		adjustScript, releaseScript, extendScript, observeScript, unbookScript, unindexScript}
 )
 
 // library is the source FUNCTION LOAD takes: the helpers and each script's

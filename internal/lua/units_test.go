@@ -53,8 +53,9 @@ func TestAUnitAboveItsTiersBurstIsRefusedForGood(t *testing.T) {
 	e.setLimits(llmTiers...)
 	r := e.decide(DecideArgs{Units: "tokens=30001"})
 	require.Equal(t, StatusCostTooHigh, r.Status, "%+v", r)
-	assert.Equal(t, "60000~tokens", r.Field, "the tokens tier")
+	assert.Equal(t, "2", r.Field, "the tokens tier, by its position")
 	assert.Equal(t, "30000", r.Reason)
+	assert.Equal(t, Tier{Rate: 30000, PerMS: 60000, Burst: 30000, Unit: "tokens"}, r.TooHigh)
 }
 
 // Reservations space a backlog by what binds: tasks of 10,000 tokens on
