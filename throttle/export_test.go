@@ -106,3 +106,11 @@ func Limits(l *Limiter, ctx context.Context, key string) ([]Limit, error) {
 func Extend(l *Limiter, ctx context.Context, key string, slots ...string) (int, error) {
 	return l.extend(ctx, key, slots...)
 }
+
+// MiddlewareDecide is the decision the middleware takes for task id of
+// cost 1: a reservation horizon, the 1 s granule, l's headroom and pacing,
+// no lease.
+func MiddlewareDecide(l *Limiter, ctx context.Context, key, id string) (Decision, error) {
+	v := variant{granule: granule, headroom: l.o.headroom, pace: l.o.pacing, horizon: l.o.horizon}
+	return l.decide(ctx, key, v, id, taskCost{n: 1}, "")
+}

@@ -36,3 +36,42 @@ func TestTwoRefundsTogetherGiveBackNoMoreThanTheCounterfactual(t *testing.T) {
 	st := r.inspect("llm")
 	assert.LessOrEqual(t, st.Tokens[1], 40.0+1e-6, "tokens after both refunds (the counterfactual bucket holds 40)")
 }
+
+// A refund of a call made just before a paced holder's instant must not
+// give back what a full bucket would have lost by then: on PerSecond(4)
+// with a burst of 1, holders admitted ahead for 1.31 s and 1.58 s, the
+// first refunded at 1.32 s, and a third holder was admitted at 1.61 s, 30
+// ms after the second (the combined model found it: the refund gave back
+// 0.96 of a token counted as of 1.32 s, not as of 1.58 s).
+func TestARefundIsCountedAsOfTheLatestPacedInstant(t *testing.T) {
+	r := newRig(t, quietLog)
+	r.setLimits("k", throttle.PerSecond(4).WithBurst(1))
+	require.True(t, r.take("k").Allowed, "the burst")
+	booked := map[string]throttle.Decision{}
+	for _, id := range []string{"a", "b", "c"} {
+		d, err := throttle.MiddlewareDecide(r.lim, r.ctx, "k", id)
+		require.NoError(t, err)
+		require.True(t, throttle.Reserved(d), "%s booked: %+v", id, d)
+		booked[id] = d
+	}
+	// a and b come back early together (paced: admitted at their instants
+	// ahead, their workers waiting).
+	admitted := map[string]throttle.Decision{}
+	for _, id := range []string{"a", "b"} {
+		d, err := throttle.MiddlewareDecide(r.lim, r.ctx, "k", id)
+		require.NoError(t, err)
+		require.True(t, d.Allowed, "holder %s: %+v", id, d)
+		admitted[id] = d
+	}
+	require.Greater(t, throttle.AdmittedAt(admitted["b"]), throttle.AdmittedAt(admitted["a"]))
+	r.setClock(throttle.AdmittedAt(admitted["a"]).Add(10 * time.Millisecond))
+	require.NoError(t, throttle.AdjustCall(r.lim, r.ctx, "k", -1, admitted["a"], 1), "a used nothing")
+	// c comes back early, before b's instant: it may run no sooner than a
+	// burst of 1 at 4/s allows after b, 250 ms.
+	d, err := throttle.MiddlewareDecide(r.lim, r.ctx, "k", "c")
+	require.NoError(t, err)
+	if d.Allowed {
+		gap := throttle.AdmittedAt(d).Sub(throttle.AdmittedAt(admitted["b"]))
+		assert.GreaterOrEqual(t, gap, 250*time.Millisecond, "c counted %v after b on a burst of 1 at 4/s", gap)
+	}
+}

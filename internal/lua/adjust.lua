@@ -32,7 +32,7 @@ local call_gen = tonumber(ARGV[5]) or -1   -- the limits' generation it was admi
 local unit     = ARGV[6] or ''             -- the unit settled ('': requests)
 local tenant   = ARGV[7]                   -- the task's tenant (nil: none said)
 local now = now_us()
-local h = redis.call('HMGET', key, 'L', 'T', 'O', 'M', 'D')
+local h = redis.call('HMGET', key, 'L', 'T', 'O', 'M', 'D', 'A')
 local src = config_of(kc, h[1], h[5])
 if not src and defaults ~= '' then src = defaults end
 if not src or delta == 0 then return 0 end
@@ -41,6 +41,16 @@ if not spec then return 0 end
 if h[3] then spec = apply_learned(spec, src, h[3], now) end
 local tiers = spec.tiers
 local refund = delta < 0 and at > 0 and call_gen == spec.gen
+-- Calls counted at an instant ahead (paced holders, decide.lua's A): the
+-- buckets owe as of now what they will take then, and what a refund gives
+-- back may have been lost by a full bucket up to the latest of them. So a
+-- refund is counted as of then: the refill since the call up to then is
+-- not given back, and the least owed (M), which counted those takes as if
+-- made at once, bounds nothing. (A refund of 0.96 of a call just before a
+-- holder's instant admitted a third call 30 ms after it, on a burst of 1.)
+local ref_now = now
+local ahead = finite(h[6])
+if ahead and ahead > now then ref_now = ahead end
 local ts, x, q, stored = read_T(h[2], now)
 local owed = bucket_owed(stored, ts, tiers, now, 0)
 local fields, need = {}, 0
@@ -59,8 +69,8 @@ for i, t in ipairs(tiers) do
       v = v + delta * t.p
     elseif refund then
       local want = math.min(-delta, charged) * t.p
-      local back = want - math.max(0, now - at) * t.rate
-      if M then back = math.max(back, math.min(want, refund_room(M, i, at, v))) end
+      local back = want - math.max(0, ref_now - at) * t.rate
+      if M and ref_now == now then back = math.max(back, math.min(want, refund_room(M, i, at, v))) end
       if back > 0 then
         local before = math.max(v, 0)
         v = math.max(v - back, 0)

@@ -307,6 +307,9 @@ end
 -- lease, and returns the reply.
 local function admit(r, resv, id, c, at)
   local remaining = take(r, c, at)
+  -- (a call counted at an instant ahead: a refund of an earlier call is
+  -- bounded by what refills until then, adjust.lua)
+  if at > r.now and (not r.ahead or at > r.ahead) then r.ahead = at end
   if resv then redis.call('ZREM', r.resv_key, id) end
   local slot = nil
   if r.slot_n then slot = hold_slot(r, id) end
@@ -664,6 +667,10 @@ local function write_back(r)
     if r.M then
       fields[#fields + 1] = 'M'
       fields[#fields + 1] = write_M(r.M, r.tiers)
+    end
+    if r.ahead then
+      fields[#fields + 1] = 'A'
+      fields[#fields + 1] = string.format('%d', math.ceil(r.ahead))
     end
     if r.suspended and r.until_ - now > need then need = r.until_ - now end
     local q = r.q_override or (r.vnext > now and r.vnext or 0)

@@ -31,6 +31,8 @@
 --     Ww<per_ms>  a window's state (window.lua): calls admitted per
 --        sub-window, then the calls reserved per sub-window; Wx<per_ms> a
 --        fixed window's, per aligned window
+--     A  the latest instant ahead a call was counted at (a paced holder):
+--        refunds are counted as of then (adjust.lua)
 --     s  suspended until (us)
 --     P  until when a provider's near reset holds the buckets in debt
 --        beyond empty (observe.lua; Resume clears it)
