@@ -561,23 +561,28 @@ func TestFaultClusterFailoverRunsEveryTaskOnce(t *testing.T) {
 func TestFaultPausedRedisLeavesDecisionsToTheFailurePolicy(t *testing.T) {
 	t.Parallel()
 	const timeout = 500 * time.Millisecond
-	// Each pause returns when it was in force.
+	// Each pause returns a time after it took effect and one before it
+	// could end: Redis answers again at once, and tasks it then admits start
+	// within a millisecond or two, while the test goroutine may wait longer
+	// than that for a CPU on a loaded machine before it reads the clock.
 	pauses := []struct {
 		name  string
 		pause func(t *testing.T, s *redistest.Server) (from, to time.Time)
 	}{
 		{"CLIENT PAUSE", func(t *testing.T, s *redistest.Server) (time.Time, time.Time) {
+			sent := time.Now() // Redis pauses from when it runs the command, not before
 			require.NoError(t, s.Client(t).Do(context.Background(), "CLIENT", "PAUSE", 3000, "ALL").Err())
 			from := time.Now()
 			time.Sleep(3 * time.Second) // the pause, ended by Redis
-			return from, from.Add(3 * time.Second)
+			return from, sent.Add(3 * time.Second)
 		}},
 		{"SIGSTOP", func(t *testing.T, s *redistest.Server) (time.Time, time.Time) {
 			s.Pause(t)
 			from := time.Now()
 			time.Sleep(3 * time.Second) // the pause
+			to := time.Now()
 			s.Resume(t)
-			return from, time.Now()
+			return from, to
 		}},
 	}
 	for _, p := range pauses {
