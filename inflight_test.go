@@ -30,13 +30,16 @@ import (
 // (THROTTLE_TEST_WORKER=<redis addr>), and runs the tests of this package
 // four at a time unless -parallel says otherwise: they wait on real time
 // (drains at a rate, outages, leases running out) far more than they use
-// the CPU, and at GOMAXPROCS (2 here) the package took 165 s.
+// the CPU, and at GOMAXPROCS (2 here) the package took 165 s. What go-redis
+// logs about a test's Redis (every failed dial while a fault test keeps it
+// down) goes to that test, not to stderr amid the other tests' output.
 func TestMain(m *testing.M) {
 	if addr := os.Getenv("THROTTLE_TEST_WORKER"); addr != "" {
 		runWorkerProcess(addr)
 		return
 	}
 	redistest.RaiseParallel(4)
+	redistest.RouteRedisLogs()
 	os.Exit(m.Run())
 }
 

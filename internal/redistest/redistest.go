@@ -134,6 +134,7 @@ func startServer(t testing.TB, k kind, pickPort func() (int, error), extraArgs [
 	if err != nil {
 		t.Fatalf("redistest: %v", err)
 	}
+	routes.watch(t, s) // (see RouteRedisLogs)
 	// Registered after t.TempDir, so it runs before the directory is removed.
 	t.Cleanup(s.Stop)
 	return s
