@@ -155,11 +155,16 @@ if tenant and akey and q == -1 and redis.call('ZSCORE', akey, tenant) then
       -- (the set's scores may be low, never high: fair_expire)
       redis.call('ZADD', akey, fmt(rec.F), tenant)
       fields[#fields + 1] = 'G'
-      fields[#fields + 1] = bin_pack('<dddddd', g.V, g.tV, g.W, g.Fmin, g.sw, g.Vs)
+      fields[#fields + 1] = pack_G(g)
     else
       rec.F = rec.F + u / rec.w
       rec.shift = rec.shift + u / rec.w
       rec.units = rec.units + u
+      if rec.shift > g.Smax then
+        g.Smax = rec.shift
+        fields[#fields + 1] = 'G'
+        fields[#fields + 1] = pack_G(g)
+      end
     end
     fields[#fields + 1] = 't:' .. tenant
     fields[#fields + 1] = pack_tenant(rec)

@@ -310,7 +310,10 @@ local function admit(r, resv, id, c, at)
   -- (a call counted at an instant ahead: a refund of an earlier call is
   -- bounded by what refills until then, adjust.lua)
   if at > r.now and (not r.ahead or at > r.ahead) then r.ahead = at end
-  if resv then redis.call('ZREM', r.resv_key, id) end
+  if resv then
+    redis.call('ZREM', r.resv_key, id)
+    r.resv_removed = true
+  end
   local slot = nil
   if r.slot_n then slot = hold_slot(r, id) end
   -- No lease on a key with a window: a leased call the process does not
@@ -488,7 +491,10 @@ local function reserve(r, id, c, resv, earliest, by, could_run)
   local at = earliest_fit(r, c, earliest)
   if at - now > o.horizon then
     -- Beyond the horizon: come back when an instant can be reserved.
-    if resv then redis.call('ZREM', r.resv_key, id) end
+    if resv then
+      redis.call('ZREM', r.resv_key, id)
+      r.resv_removed = true
+    end
     return denied(r, at - o.horizon - now, by, 0)
   end
   book_schedule(r, c, at)
@@ -498,7 +504,8 @@ local function reserve(r, id, c, resv, earliest, by, could_run)
     reserve_windows(r, at, c, -1)
     return admit(r, resv, id, c, now)
   end
-  local refresh = not r.queue_open
+  -- (a set this run emptied is made anew by the ZADD below, with no TTL)
+  local refresh = not r.queue_open or r.resv_removed
   if now - r.sw >= SWEEP_EVERY then
     -- Reservations whose task never came back lapse; they are swept at
     -- most once a second (each sweep is a command), and found lapsed by
@@ -507,6 +514,9 @@ local function reserve(r, id, c, resv, earliest, by, could_run)
     r.sw, refresh = now, true
   end
   redis.call('ZADD', r.resv_key, at, id)
+  -- (a set emptied meanwhile, by another run's admission of its last
+  -- holder, is made anew by the ZADD, with no TTL: one member tells)
+  if not refresh and redis.call('ZCARD', r.resv_key) == 1 then refresh = true end
   if refresh then
     -- The reservations live until the last one lapses. Set when a queue
     -- opens (the set may be new) and at most once a second while it is
@@ -573,6 +583,7 @@ local function reservation_of(r, id)
   local at = finite(redis.call('ZSCORE', r.resv_key, id))
   if at and at < r.now - r.o.lapse then
     redis.call('ZREM', r.resv_key, id)
+    r.resv_removed = true
     return nil
   end
   return at

@@ -107,7 +107,7 @@ local function fair_expire(r)
     end
   end
   if g.W < 1e-9 then
-    g.W, g.Fmin = 0, math.huge
+    g.W, g.Fmin, g.Smax = 0, math.huge, 0
     return
   end
   -- The least finish tag of those that stay (past the ones leaving). None
@@ -179,8 +179,10 @@ local function fair_clock(r)
       local free = g.V + (now - g.tV) * r.R / g.W
       local slack = math.max(r.o.granule, 1e6) * r.R / g.W
       if free > g.Vs + slack then
+        -- (tags are kept less their tenant's shift at the booking: the
+        -- largest shift bounds how far the task's own turn lies past it)
         local least = fair_least_live(r, free)
-        if least then free = math.min(free, math.max(g.Vs, least) + slack) end
+        if least then free = math.min(free, math.max(g.Vs, least + math.max(g.Smax, 0)) + slack) end
       end
       if free > g.V then g.V = free end
     end
@@ -237,8 +239,11 @@ local function fair_place(r, id, c, tenant, w)
   if p.fresh then
     p.S = p.rec and math.max(g.V, p.rec.F) or g.V
   else
-    -- (a holder's tag is kept less its tenant's shift at the booking)
+    -- (a holder's tag is kept less its tenant's shift at the booking; no
+    -- tenant active, the clock stands still and a tag means nothing: the
+    -- holder's turn is now, or it would wait for a clock that never moves)
     p.S = r.stags[id] and r.stags[id] + (p.rec and p.rec.shift or 0) or g.V
+    if g.W <= 0 then p.S = g.V end
   end
   p.W = g.W
   if not p.rec then p.W = p.W + w end
@@ -391,12 +396,10 @@ end
 -- tiers allow too), within the horizon, and returns the refusal.
 local function fair_reserve(r, p, earliest, by)
   local o, now, id = r.o, r.now, p.id
+  -- (However far it lies: a tenant's place in line is kept, and its task
+  -- comes back at its turn. Dropped beyond the horizon, the task came back
+  -- as a fresh one and was tagged behind its own work.)
   local at = align(r, earliest)
-  if at - now > o.horizon then
-    if p.resv then redis.call('ZREM', r.resv_key, id) end
-    r.stag_del[#r.stag_del + 1] = id
-    return denied(r, at - o.horizon - now, by, 0)
-  end
   local S = p.S
   if p.fresh then
     if not p.rec and r.g.W <= 0 and at > p.t_f then
@@ -475,7 +478,7 @@ end
 local function fair_write(r, fields)
   local g = r.g
   fields[#fields + 1] = 'G'
-  fields[#fields + 1] = bin_pack('<dddddd', g.V, g.tV, g.W, g.Fmin, g.sw, g.Vs)
+  fields[#fields + 1] = pack_G(g)
   if r.yield_set then
     fields[#fields + 1] = 'Y'
     fields[#fields + 1] = r.yielded

@@ -879,16 +879,30 @@ local function cost_units(tiers, c)
 end
 
 -- read_G reads the virtual clock (a fresh one at now when absent or of
--- another shape).
+-- another shape): V, tV, W, Fmin, sw, Vs (fair.lua) and Smax, the largest
+-- shift of a tenant active (read_tenant), a bound kept high until no
+-- tenant is active (48 bytes, from before shifts: none).
 local function read_G(raw, now)
   if not bin_pack then pick_codec() end
-  if raw and #raw == 48 then
-    local V, tV, W, Fmin, sw, Vs = bin_unpack('<dddddd', raw)
-    if V == V and tV == tV and W == W and Fmin == Fmin and sw == sw and Vs == Vs and W >= 0 and tV <= now + MAX_SKEW then
-      return {V = V, tV = tV, W = W, Fmin = Fmin, sw = sw, Vs = Vs}
+  if raw and (#raw == 48 or #raw == 56) then
+    local V, tV, W, Fmin, sw, Vs, Smax
+    if #raw == 48 then
+      V, tV, W, Fmin, sw, Vs = bin_unpack('<dddddd', raw)
+      Smax = 0
+    else
+      V, tV, W, Fmin, sw, Vs, Smax = bin_unpack('<ddddddd', raw)
+    end
+    if V == V and tV == tV and W == W and Fmin == Fmin and sw == sw and Vs == Vs and W >= 0 and tV <= now + MAX_SKEW and
+        Smax == Smax and Smax > -math.huge and Smax < math.huge then
+      return {V = V, tV = tV, W = W, Fmin = Fmin, sw = sw, Vs = Vs, Smax = Smax}
     end
   end
-  return {V = 0, tV = now, W = 0, Fmin = math.huge, sw = 0, Vs = 0}
+  return {V = 0, tV = now, W = 0, Fmin = math.huge, sw = 0, Vs = 0, Smax = 0}
+end
+
+-- pack_G writes the virtual clock (read_G).
+local function pack_G(g)
+  return bin_pack('<ddddddd', g.V, g.tV, g.W, g.Fmin, g.sw, g.Vs, g.Smax or 0)
 end
 
 -- read_tenant reads an active tenant's record (nil: not active): its

@@ -43,7 +43,7 @@ if S then
       rec.F = F
       if F < g.Fmin then g.Fmin = F end
       redis.call('HSET', key, 't:' .. tenant, pack_tenant(rec),
-        'G', bin_pack('<dddddd', g.V, g.tV, g.W, g.Fmin, g.sw, g.Vs))
+        'G', pack_G(g))
       -- (the set's scores may be low, never high: fair_expire)
       redis.call('ZADD', akey, fmt(F), tenant)
     end
