@@ -64,24 +64,12 @@ for i, t in ipairs(tiers) do
     end
     if v < 0 then v = 0 end
     owed[i] = v
-    local m = M and M[i]
-    if m then
-      -- What the bucket owed at least since either instant is now what it
-      -- would have owed had the call cost that much less: less by what was
-      -- given back (a lower bound: the instant may lie before the call).
-      -- Left as it was, a second refund that fit it alone gave back what
-      -- the first one had already taken from it (two calls refunded 40
-      -- each of a bucket that owed 40 at least: 80 tokens, half of them
-      -- tokens a full bucket would have lost).
-      if given > 0 then
-        m[2] = math.max(0, m[2] - given)
-        m[4] = math.max(0, m[4] - given)
-      end
-      -- (and what it owes after: the least since either instant, now
-      -- included)
-      if v < m[2] then m[2] = v end
-      if v < m[4] then m[4] = v end
-    end
+    -- Every interval since the call owed that much less had the call cost
+    -- that much less: a second refund that fit alone must not give back
+    -- what this one took from the room (two calls refunded 40 each of a
+    -- bucket that owed 40 at least: 80 tokens, half of them tokens a full
+    -- bucket would have lost). (And what it owes after, now included.)
+    if M and M[i] then refund_given(M, i, at, given, v) end
   else
     local f = 'W' .. t.key
     local w = win_load(redis.call('HGET', key, f), t, now, 0)
