@@ -213,9 +213,13 @@ func Used(ctx context.Context, unit string, n int) error {
 	}
 	call := lua.Call{At: tc.at, Charged: charged, Generation: tc.gen}
 	if unit != unitRequests {
-		call.Unit = unit
+		// A refund of another unit may bring booked tasks forward, to run
+		// now in this handler's queue (Limiter.forward).
+		_, inQueue := asynq.GetQueueName(ctx)
+		call.Unit, call.Forward = unit, inQueue
 	}
-	if err := tc.l.adjust(ctx, tc.key, n-charged, call); err != nil {
+	ids, err := tc.l.settle(ctx, tc.key, n-charged, call)
+	if err != nil {
 		// Not settled (the next Used settles it). Never the task's error:
 		// its call to the provider was made, and a failed task would be
 		// retried and make it again.
@@ -226,6 +230,9 @@ func Used(ctx context.Context, unit string, n int) error {
 		tc.used = map[string]int{}
 	}
 	tc.used[unit] = n
+	if len(ids) > 0 {
+		tc.l.forward(ctx, tc.key, ids)
+	}
 	return nil
 }
 

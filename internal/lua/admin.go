@@ -174,27 +174,62 @@ type Call struct {
 	Charged    int       // what it was charged so far
 	Generation int64     // the limits' generation it was admitted under
 	Unit       string    // the unit settled: "" requests, else another unit's tiers alone
+	// Forward says that the caller runs now the tasks whose reservations a
+	// refund brings forward (Settle returns their IDs).
+	Forward bool
 }
 
 // Adjust runs adjust.lua: every tier of the key takes delta more calls'
 // worth as of now, or gives -delta back as far as it can without admitting
-// more real calls than had call cost that much less (see adjust.lua).
+// more real calls than had call cost that much less (see adjust.lua). It
+// is Settle without bringing reservations forward.
+func Adjust(ctx context.Context, r *Runner, k Keys, delta int, call Call, idle time.Duration, defaults []Tier) error {
+	call.Forward = false
+	_, err := Settle(ctx, r, k, delta, call, idle, defaults)
+	return err
+}
+
+// Settle runs adjust.lua, as Adjust; with call.Forward, a refund of another
+// unit than requests while a queue of reservations is outstanding brings
+// the latest reservations forward, one for each charge's worth given back,
+// and Settle returns their task IDs, latest first: the caller is to run
+// those tasks now.
 //
-//	KEYS[1] bucket hash
+//	KEYS[1] bucket hash   KEYS[2] reservations
 //	ARGV[1] delta, calls   ARGV[2] limits' inactivity expiry, milliseconds
 //	ARGV[3] default limits ("" = none)
 //	ARGV[4] when the call was admitted, microseconds of the Redis clock (0 unknown)
 //	ARGV[5] what the call was charged so far   ARGV[6] its limits' generation
+//	ARGV[7] the unit settled ("" = requests)   ARGV[8] "1": bring reservations forward
 //
-// Reply: 1 when the key had limits, else 0.
-func Adjust(ctx context.Context, r *Runner, k Keys, delta int, call Call, idle time.Duration, defaults []Tier) error {
+// Reply: the task IDs brought forward (an empty array: none).
+func Settle(ctx context.Context, r *Runner, k Keys, delta int, call Call, idle time.Duration, defaults []Tier) ([]string, error) {
 	var atUS int64
 	if !call.At.IsZero() {
 		atUS = call.At.UnixMicro()
 	}
-	_, err := r.Run(ctx, adjustScript, []string{k.Bucket}, delta, idle.Milliseconds(), FormatTiers(defaults),
-		atUS, call.Charged, call.Generation, call.Unit)
-	return err
+	forward := 0
+	if call.Forward {
+		forward = 1
+	}
+	v, err := r.Run(ctx, adjustScript, []string{k.Bucket, k.Reservations}, delta, idle.Milliseconds(), FormatTiers(defaults),
+		atUS, call.Charged, call.Generation, call.Unit, forward)
+	if err != nil {
+		return nil, err
+	}
+	a, ok := v.([]any)
+	if !ok {
+		return nil, errBadReply("adjust", v)
+	}
+	var ids []string
+	for _, e := range a {
+		id, ok := e.(string)
+		if !ok {
+			return nil, errBadReply("adjust", v)
+		}
+		ids = append(ids, id)
+	}
+	return ids, nil
 }
 
 // SetWeights runs setweights.lua: the weights of the key's tenants become

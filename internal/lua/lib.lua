@@ -35,6 +35,9 @@
 --        outstanding, binary as T (read_V): its anchor (us), when lapsed
 --        reservations were last swept (us), then per_ms and the virtual
 --        time of each bucket
+--     P  what refunds gave back of a queue that no reservation was brought
+--        forward for yet (adjust.lua): "anchor tokens", the anchor of the
+--        queue's V (another anchor: nothing)
 --     R  in flight: "avg_us n", the moving average of how long a slot was
 --        held (over the last 20 releases)
 --     FL the in-flight lanes while callers wait for a slot: when each of the

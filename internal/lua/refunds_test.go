@@ -1,6 +1,7 @@
 package lua
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -36,4 +37,64 @@ func TestARefundIsNotCutByAFullBucketBeforeItsCall(t *testing.T) {
 	e.at(1200 * time.Millisecond)
 	require.NoError(t, Adjust(e.ctx, e.run, e.k, -500, Call{At: c.At, Charged: 1000, Generation: c.Generation, Unit: "tokens"}, time.Hour, nil))
 	assert.Equal(t, 700.0, e.tokensLeft(), "200 refilled and 500 back")
+}
+
+// A refund while a queue of reservations is outstanding brings its
+// latest reservations forward, one for each charge's worth given back,
+// and moves the schedule back by what it gave (issue 29, item 9). A
+// bucket of 2,000 tokens refilling 1,000 a second, emptied at 0 (1,000,
+// then five calls of 200), 20 tasks of 200 booked at 1, 2, 3 and 4 s,
+// five a second; c's refund of all 200 at 0.1 s (the bucket owed 800 or
+// more since c: all of it comes back)
+// brings the last (r19, at 4 s) forward to now, and the next booking
+// lands at 4 s (where r19 was) instead of 5 s. A refund of 100 brings
+// nothing, another call's 100 (200 in all) brings r20; without Forward
+// nothing is brought.
+func TestARefundBringsTheLatestReservationsForward(t *testing.T) {
+	e := newEnv(t)
+	e.setLimits(Tier{Rate: 1000, PerMS: 1000, Burst: 1000}, Tier{Rate: 1000, PerMS: 1000, Burst: 2000, Unit: "tokens"})
+	take := func(n int) DecideReply {
+		t.Helper()
+		r := e.decide(DecideArgs{IdleExpiry: time.Hour, Units: fmt.Sprintf("tokens=%d", n)})
+		require.Equal(t, StatusAllowed, r.Status)
+		return r
+	}
+	take(1000)
+	c, c2, c3, c4 := take(200), take(200), take(200), take(200)
+	take(200)
+	book := func(id string) time.Duration {
+		t.Helper()
+		r := e.decide(DecideArgs{IdleExpiry: time.Hour, Horizon: time.Minute, Lapse: time.Minute, Granule: time.Second, Book: true,
+			TaskID: id, Units: "tokens=200"})
+		require.Equal(t, StatusDenied, r.Status, "booking %s: %+v", id, r)
+		return r.Reserved.Sub(testEpoch())
+	}
+	for i := range 20 {
+		assert.Equal(t, time.Duration(1+i/5)*time.Second, book(fmt.Sprintf("r%d", i)), "r%d's instant: five tasks' worth refills a second", i)
+	}
+	reserved := func(id string) time.Duration {
+		t.Helper()
+		s, err := e.rdb.ZScore(e.ctx, e.k.Reservations, id).Result()
+		require.NoError(t, err, "ZSCORE %s", id)
+		return time.UnixMicro(int64(s)).Sub(testEpoch())
+	}
+	settle := func(r DecideReply, delta int, forward bool) []string {
+		t.Helper()
+		ids, err := Settle(e.ctx, e.run, e.k, delta, Call{At: r.At, Charged: 200, Generation: r.Generation, Unit: "tokens", Forward: forward}, time.Hour, nil)
+		require.NoError(t, err)
+		return ids
+	}
+
+	e.at(100 * time.Millisecond)
+	assert.Empty(t, settle(c2, -200, false), "Adjust brings nothing forward")
+	assert.Equal(t, 4*time.Second, reserved("r19"))
+	assert.Equal(t, []string{"r19"}, settle(c, -200, true), "the latest reservation, for 200 given back")
+	assert.Equal(t, 100*time.Millisecond, reserved("r19"), "r19's instant is now")
+	assert.Equal(t, 4*time.Second, reserved("r18"))
+	assert.Equal(t, 4*time.Second, book("r20"), "the schedule is 200 tokens shorter: r20 takes r19's place")
+
+	e.at(200 * time.Millisecond)
+	assert.Empty(t, settle(c3, -100, true), "100 given back: half a charge")
+	assert.Equal(t, []string{"r20"}, settle(c4, -100, true), "100 more: a charge's worth in all")
+	assert.Equal(t, 200*time.Millisecond, reserved("r20"))
 }
