@@ -186,11 +186,15 @@ type parkedTask struct{ queue, id string }
 // whatever set holds it, the completed one included).
 const soonest = 2 * time.Second
 
-// forwardSoonest is soonest for the tasks a refund brings forward: adjust.lua
-// picks reservations at least 2 s ahead, and asynq holds a task until the
-// whole second before its instant, so each is a second or more from coming
-// back by itself.
-const forwardSoonest = time.Second
+// forwardSoonest is soonest for the tasks a refund brings forward:
+// adjust.lua picks reservations at least 1.5 s ahead, and asynq holds a
+// task until the whole second before its instant, so each is half a second
+// or more from coming back by itself. (RunTask runs a task again only if
+// it completed between our look and the call; asynq cannot move it to
+// pending before that half second is over. Nearer, the last 2 s of a
+// backlog booked at its estimates drained at them: bench L5, 0.89-0.92 of
+// the tokens limit with 2 s and 1 s, 0.90-0.97 with 1.5 s and 0.5 s.)
+const forwardSoonest = 500 * time.Millisecond
 
 // run brings tasks back to pending now when they still wait in asynq's retry
 // or scheduled set and match (as they did when they were found), and are not

@@ -37,7 +37,7 @@
 -- tasks may run before earlier ones. Never on a key with a window (its
 -- reserved calls are counted per sub-window at their instants), with
 -- tenants (their turns are fair tags), or while suspended.
-local FORWARD_AFTER = 2e6 -- us: reservations nearer than this come back by themselves soon (asynq holds a task until the whole second before its instant: Go's forwardSoonest)
+local FORWARD_AFTER = 1.5e6 -- us: reservations nearer come back by themselves soon (asynq holds a task until the whole second before its instant: throttle's forwardSoonest)
 
 -- bring_forward moves the schedule back by what each bucket gave back
 -- (gave, of owed before: was), adds the least of it, in tokens, to the
