@@ -70,7 +70,7 @@ type unitsRefTier struct {
 // lib.lua's M_KEEP, M_SLICE and M_SLICES.
 const (
 	unitsKeepUS   = 60_000_000
-	unitsSliceUS  = 20_000
+	unitsSliceUS  = 50_000
 	unitsMaxSlice = 12
 )
 
@@ -91,7 +91,7 @@ func (t *unitsRefTier) sample(v, now int64, open bool) {
 	if !open || now-t.starts[n-1] < unitsSliceUS {
 		return
 	}
-	t.starts, t.least = append(t.starts, now), append(t.least, math.MaxInt64)
+	t.starts, t.least = append(t.starts, now), append(t.least, v)
 	for len(t.starts) >= 2 && t.starts[1] <= now-unitsKeepUS {
 		t.starts, t.least = t.starts[1:], t.least[1:]
 	}

@@ -616,7 +616,7 @@ end
 -- than every interval) a bucket gives back only what has not refilled
 -- since the call.
 local M_KEEP = 60e6    -- us: calls up to a minute long find their interval
-local M_SLICE = 20000  -- us: the least age of the latest interval before another opens
+local M_SLICE = 50000  -- us: the least age of the latest interval before another opens
 local M_SLICES = 12    -- intervals per bucket at most
 
 -- read_M reads the M field: per bucket tier index, the flat list {start,
@@ -701,7 +701,9 @@ local function sample_M(M, i, v, now, open)
   local n2, changed = #m, false
   if v < m[n2] then m[n2], changed = v, true end
   if not open or now - m[n2 - 1] < M_SLICE then return changed end
-  m[n2 + 1], m[n2 + 2] = now, math.huge
+  -- (the sample opens the new interval too, as one a little later would
+  -- go in it: its least is at most what the bucket owed before the run)
+  m[n2 + 1], m[n2 + 2] = now, v
   while #m >= 4 and m[3] <= now - M_KEEP do
     table.remove(m, 1)
     table.remove(m, 1)

@@ -23,20 +23,28 @@ func (e *env) tokensLeft() float64 {
 
 // A bucket full before a call does not cut the call's refund: only what it
 // owed since the call counts (issue 29, item 9). At 1 s the bucket is full
-// again after a first call, C takes all 1,000 tokens, and at 1.2 s gives
-// back 500: the bucket owed 800 or more all the while, so all 500 come back
-// (700 left). Counted since the first call, the full bucket at 1 s cut the
-// refund to what had not refilled (300).
+// again after a first call; D takes 900, and 60 ms later (M's interval
+// then is over) C takes 160; at 1.26 s C gives all of it back: the bucket
+// owed 800 or more all the while since C, so it all comes back (360 left).
+// Counted since the first call, the full bucket at 1 s cut the refund to
+// what had not refilled: nothing.
 func TestARefundIsNotCutByAFullBucketBeforeItsCall(t *testing.T) {
 	e := newEnv(t)
 	e.setLimits(tokenTiers...)
-	require.Equal(t, StatusAllowed, e.decide(DecideArgs{IdleExpiry: time.Hour, Units: "tokens=100"}).Status)
+	take := func(n int) DecideReply {
+		t.Helper()
+		r := e.decide(DecideArgs{IdleExpiry: time.Hour, Units: fmt.Sprintf("tokens=%d", n)})
+		require.Equal(t, StatusAllowed, r.Status)
+		return r
+	}
+	take(100)
 	e.at(time.Second)
-	c := e.decide(DecideArgs{IdleExpiry: time.Hour, Units: "tokens=1000"})
-	require.Equal(t, StatusAllowed, c.Status)
-	e.at(1200 * time.Millisecond)
-	require.NoError(t, Adjust(e.ctx, e.run, e.k, -500, Call{At: c.At, Charged: 1000, Generation: c.Generation, Unit: "tokens"}, time.Hour, nil))
-	assert.Equal(t, 700.0, e.tokensLeft(), "200 refilled and 500 back")
+	take(900)
+	e.at(1060 * time.Millisecond)
+	c := take(160)
+	e.at(1260 * time.Millisecond)
+	require.NoError(t, Adjust(e.ctx, e.run, e.k, -160, Call{At: c.At, Charged: 160, Generation: c.Generation, Unit: "tokens"}, time.Hour, nil))
+	assert.Equal(t, 360.0, e.tokensLeft(), "1,000 taken at 1 s and 1.06 s, 260 refilled, 160 back")
 }
 
 // A refund while a queue of reservations is outstanding brings its
