@@ -191,9 +191,10 @@ const soonest = 2 * time.Second
 // task until the whole second before its instant, so each is half a second
 // or more from coming back by itself. (RunTask runs a task again only if
 // it completed between our look and the call; asynq cannot move it to
-// pending before that half second is over. Nearer, the last 2 s of a
-// backlog booked at its estimates drained at them: bench L5, 0.89-0.92 of
-// the tokens limit with 2 s and 1 s, 0.90-0.97 with 1.5 s and 0.5 s.)
+// pending before that half second is over. Farther, the last 2 s of a
+// backlog booked at its estimates drained at them: bench L5 through the
+// middleware, 0.89-0.92 of the tokens limit with 2 s and 1 s, 0.90-0.97
+// with 1.5 s and 0.5 s, interleaved.)
 const forwardSoonest = 500 * time.Millisecond
 
 // run brings tasks back to pending now when they still wait in asynq's retry

@@ -202,6 +202,17 @@ func Used(ctx context.Context, unit string, n int) error {
 	if n < 0 || n > maxBurst {
 		return fmt.Errorf("throttle: key %q: Used(%q, %d): the count must be from 0 to %d", tc.key, unit, n, maxBurst)
 	}
+	ids := tc.settle(ctx, unit, n)
+	if len(ids) > 0 {
+		// (outside the lock: other settlements of the task need not wait)
+		tc.l.forward(ctx, tc.key, ids)
+	}
+	return nil
+}
+
+// settle is Used's settlement of unit to n, one at a time; it returns the
+// IDs of the tasks a refund brought forward.
+func (tc *taskCharge) settle(ctx context.Context, unit string, n int) []string {
 	tc.mu.Lock()
 	defer tc.mu.Unlock()
 	charged := tc.cost.of(unit)
@@ -230,10 +241,7 @@ func Used(ctx context.Context, unit string, n int) error {
 		tc.used = map[string]int{}
 	}
 	tc.used[unit] = n
-	if len(ids) > 0 {
-		tc.l.forward(ctx, tc.key, ids)
-	}
-	return nil
+	return ids
 }
 
 // unsettled reports a settlement of unit (the task charged charged, using
