@@ -82,9 +82,48 @@ type lMode struct {
 	// Settle: the provider settles each call to its usage (else it
 	// charges the estimate, as OpenAI does).
 	Settle bool
-	// Target is the least share of the binding unit's limit to reach.
-	Target   float64
-	estimate func(t llmTask) int
+	// Target is the least share of the binding unit's limit to reach;
+	// MaxDeferrals, when set, the most deferrals per task (ours).
+	Target, MaxDeferrals float64
+	estimate             func(t llmTask) int
+	// workload draws the mode's tasks (nil: llmWorkload); fixed, when set,
+	// makes the mode a case of its own (see lFixed).
+	workload func(n int, seed uint64) []llmTask
+	fixed    *lFixed
+}
+
+// lFixed is a case whose limits and tasks an issue fixed, whatever
+// -l-capacity, -l-rpm and -l-tpm say: one case of its own name.
+type lFixed struct {
+	Name     string // "L5"
+	RPM, TPM int
+	Capacity time.Duration
+	Tasks    int // unless -l-tasks says
+	// Variants run on it when -l-variants is not given.
+	Variants []string
+}
+
+// Issue 29, item 9 ("refunds must reach the backlog"): a key of 40
+// requests/s and 2,000 tokens/s, each a bucket holding one second; 300
+// tasks each booking 200 tokens, an upper bound of what they use, 20 to
+// 180 (mean 100), which the provider charges when the call ends, as
+// Anthropic does for output tokens.
+const (
+	lRefundEstimate           = 200
+	lRefundUseMin, lRefundUse = 20, 180
+)
+
+// lRefundWorkload is n tasks using lRefundUseMin to lRefundUse tokens
+// each, uniformly, drawn from seed.
+func lRefundWorkload(n int, seed uint64) []llmTask {
+	rng := rand.New(rand.NewPCG(seed, 29))
+	tasks := make([]llmTask, n)
+	for i := range tasks {
+		total := lRefundUseMin + rng.IntN(lRefundUse-lRefundUseMin+1)
+		c := max(total/lCompletionShare, 1)
+		tasks[i] = llmTask{ID: i, Prompt: total - c, Completion: c}
+	}
+	return tasks
 }
 
 var lModes = []lMode{
@@ -92,6 +131,10 @@ var lModes = []lMode{
 		Target: 0.90, estimate: func(t llmTask) int { return t.Prompt + lMaxTokens }},
 	{Name: "2xmedian", Title: fmt.Sprintf("estimate = 2x the median usage (%d), the provider settling each call to its usage", 2*lMedianTokens),
 		Settle: true, Target: 0.95, estimate: func(llmTask) int { return 2 * lMedianTokens }},
+	{Name: "refunds", Title: fmt.Sprintf("issue 29 item 9: estimate %d tokens, an upper bound of the usage (%d..%d, mean %d), the provider settling each call to its usage",
+		lRefundEstimate, lRefundUseMin, lRefundUse, (lRefundUseMin+lRefundUse)/2),
+		Settle: true, Target: 0.90, MaxDeferrals: 1.5, estimate: func(llmTask) int { return lRefundEstimate }, workload: lRefundWorkload,
+		fixed: &lFixed{Name: "L5", RPM: 2400, TPM: 120000, Capacity: time.Second, Tasks: 300, Variants: []string{lOurs, lOursEnqueue}}},
 }
 
 var lModeNames = each(lModes, func(m lMode) string { return m.Name })
@@ -102,6 +145,14 @@ func (m lMode) charge(t llmTask) int {
 		return t.used()
 	}
 	return t.Estimate
+}
+
+// draw is n tasks of m's workload.
+func (m lMode) draw(n int, seed uint64) []llmTask {
+	if m.workload != nil {
+		return m.withEstimates(m.workload(n, seed))
+	}
+	return m.withEstimates(llmWorkload(n, seed))
 }
 
 // withEstimates is tasks with m's estimates.
@@ -116,8 +167,8 @@ func (m lMode) withEstimates(tasks []llmTask) []llmTask {
 
 // lOptions are scenario L's flags (-l-...).
 type lOptions struct {
-	variants, modes []string
-	tasks           int // 0: sized per case (lDrainTarget)
+	variants, modes []string // variants nil: each case's defaults
+	tasks           int      // 0: sized per case (lDrainTarget)
 	rpm, tpm        int
 	capacities      []time.Duration
 	latency         time.Duration
@@ -126,14 +177,14 @@ type lOptions struct {
 
 // lConf is what -l-... said (the env is shared by every scenario; L keeps
 // its options here, set once by parseFlags).
-var lConf = lOptions{variants: lVariants, modes: lModeNames, rpm: defaultLRPM, tpm: defaultLTPM,
+var lConf = lOptions{modes: lModeNames, rpm: defaultLRPM, tpm: defaultLTPM,
 	capacities: []time.Duration{time.Second, time.Minute}, latency: 200 * time.Millisecond, seed: 1}
 
 // declareLFlags declares scenario L's flags; the function it returns checks
 // them once flag.Parse has run, and sets lConf.
 func declareLFlags() func() error {
-	vars := flag.String("l-variants", strings.Join(lVariants, ","), "scenario L: variants to run, comma-separated (cookbook-x1: the OpenAI cookbook's parallel processor in one process; cookbook-x3: in 3 processes, each given the full limits; ours: a fleet of 3 asynq servers x 16 given the stated limits; ours-10x: given 10x them, to learn them from the headers)")
-	modes := flag.String("l-modes", strings.Join(lModeNames, ","), "scenario L: estimate modes, comma-separated (max: prompt + max_tokens, charged as OpenAI does; 2xmedian: twice the median usage, the provider settling each call to its usage)")
+	vars := flag.String("l-variants", "", "scenario L: variants to run on every case, comma-separated (default: "+strings.Join(lVariants, ",")+"; on L5 "+lOurs+","+lOursEnqueue+") (cookbook-x1: the OpenAI cookbook's parallel processor in one process; cookbook-x3: in 3 processes, each given the full limits; ours: a fleet of 3 asynq servers x 16 given the stated limits; ours-10x: given 10x them, to learn them from the headers; ours-enqueue: ours, its producers calling Limiter.Enqueue)")
+	modes := flag.String("l-modes", strings.Join(lModeNames, ","), "scenario L: estimate modes, comma-separated (max: prompt + max_tokens, charged as OpenAI does; 2xmedian: twice the median usage, the provider settling each call to its usage; refunds: issue 29's case L5, its own limits and tasks)")
 	tasks := flag.Int("l-tasks", 0, "scenario L: tasks per run (0: enough for an ideal drain of about 12 s past the time one process needs to spend a bucket's burst; -quick 6 s)")
 	rpm := flag.Int("l-rpm", defaultLRPM, "scenario L: the provider's requests per minute")
 	tpm := flag.Int("l-tpm", defaultLTPM, "scenario L: the provider's tokens per minute")
@@ -146,8 +197,10 @@ func declareLFlags() func() error {
 		if o.capacities, err = durationList("-l-capacity", *capacity, time.Millisecond, time.Hour); err != nil {
 			return err
 		}
-		if o.variants, err = variantList("-l-variants", *vars, lVariants); err != nil {
-			return err
+		if *vars != "" {
+			if o.variants, err = variantList("-l-variants", *vars, lAllVariants); err != nil {
+				return err
+			}
 		}
 		if o.modes, err = variantList("-l-modes", *modes, lModeNames); err != nil {
 			return err
@@ -203,10 +256,13 @@ func lIdeal(tasks []llmTask, m lMode, lim llmLimits) (time.Duration, string) {
 // fewest whose ideal drain reaches target past the time one process needs
 // to spend the buckets' saved burst (lBurstTime), at most lMaxTasks.
 func lTasks(o lOptions, m lMode, lim llmLimits, target time.Duration) []llmTask {
-	if o.tasks > 0 {
-		return m.withEstimates(llmWorkload(o.tasks, o.seed))
+	switch {
+	case o.tasks > 0:
+		return m.draw(o.tasks, o.seed)
+	case m.fixed != nil:
+		return m.draw(m.fixed.Tasks, o.seed)
 	}
-	all := m.withEstimates(llmWorkload(lMaxTasks, o.seed))
+	all := m.draw(lMaxTasks, o.seed)
 	target += lBurstTime(all, m, lim, o.latency)
 	n := sort.Search(len(all), func(i int) bool {
 		d, _ := lIdeal(all[:i+1], m, lim)
@@ -250,7 +306,12 @@ const (
 	lCookbook3 = "cookbook-x3" // the same in lProcesses processes, each given the full limits
 )
 
-var lVariants = []string{lCookbook1, lCookbook3, lOurs, lOurs10x}
+// lVariants run on every case but L5 by default; lAllVariants are those
+// -l-variants knows.
+var (
+	lVariants    = []string{lCookbook1, lCookbook3, lOurs, lOurs10x}
+	lAllVariants = []string{lCookbook1, lCookbook3, lOurs, lOurs10x, lOursEnqueue}
+)
 
 // lRun is one run of scenario L as a variant sees it.
 type lRun struct {
@@ -271,6 +332,8 @@ type lClientStats struct {
 	// task done, or the cut-off (ours: its fleet stops after). Zero: when
 	// it returned.
 	End time.Time
+	// Ours: the middleware's deferrals (Deferred and Suspended events).
+	Deferrals int
 	// Ours: tasks whose call succeeded twice, Used calls that failed, and
 	// what its key's limits in force were (lLearning).
 	Duplicates, UsedErrors int
@@ -294,10 +357,11 @@ type lClientStats struct {
 type lVariantFunc func(ctx context.Context, e *env, r *lRun) (lClientStats, error)
 
 var lVariantFuncs = map[string]lVariantFunc{
-	lCookbook1: cookbookVariant(1),
-	lCookbook3: cookbookVariant(lProcesses),
-	lOurs:      oursVariant(1),
-	lOurs10x:   oursVariant(10),
+	lCookbook1:   cookbookVariant(1),
+	lCookbook3:   cookbookVariant(lProcesses),
+	lOurs:        oursVariant(1, false),
+	lOurs10x:     oursVariant(10, false),
+	lOursEnqueue: oursVariant(1, true),
 }
 
 // cookbookVariant runs the cookbook's script in processes processes at
@@ -409,10 +473,19 @@ func runL(ctx context.Context, e *env, w io.Writer) (*scenarioL, error) {
 	}
 	for _, capacity := range o.capacities {
 		for _, m := range lModes {
-			if !slices.Contains(o.modes, m.Name) {
+			if !slices.Contains(o.modes, m.Name) || m.fixed != nil {
 				continue
 			}
 			c, err := newLCase(len(s.Cases)+1, m, o.limits(capacity, m), o, target)
+			if err != nil {
+				return s, err
+			}
+			s.Cases = append(s.Cases, c)
+		}
+	}
+	for _, m := range lModes {
+		if f := m.fixed; f != nil && slices.Contains(o.modes, m.Name) {
+			c, err := newLCase(0, m, llmLimits{RPM: f.RPM, TPM: f.TPM, Capacity: f.Capacity, Settle: m.Settle}, o, target)
 			if err != nil {
 				return s, err
 			}
@@ -428,7 +501,7 @@ func runL(ctx context.Context, e *env, w io.Writer) (*scenarioL, error) {
 	}
 	var jobs []job
 	for _, c := range s.Cases {
-		for _, v := range o.variants {
+		for _, v := range o.caseVariants(c) {
 			jobs = append(jobs, job{c, v})
 		}
 	}
@@ -450,10 +523,27 @@ func runL(ctx context.Context, e *env, w io.Writer) (*scenarioL, error) {
 	return s, nil
 }
 
-// newLCase is case number n: mode m against lim, its workload sized by o;
-// an error if a task's estimate can never fit the token bucket.
+// caseVariants are the variants to run on c: -l-variants, or the case's
+// defaults.
+func (o lOptions) caseVariants(c lCase) []string {
+	switch {
+	case o.variants != nil:
+		return o.variants
+	case c.mode.fixed != nil:
+		return c.mode.fixed.Variants
+	}
+	return lVariants
+}
+
+// newLCase is case number n (a fixed mode's: its own name): mode m against
+// lim, its workload sized by o; an error if a task's estimate can never
+// fit the token bucket.
 func newLCase(n int, m lMode, lim llmLimits, o lOptions, target time.Duration) (lCase, error) {
-	c := lCase{Name: fmt.Sprintf("L%d", n), Mode: m.Name, Title: m.Title, Capacity: lim.Capacity, Target: m.Target, mode: m, lim: lim}
+	name := fmt.Sprintf("L%d", n)
+	if m.fixed != nil {
+		name = m.fixed.Name
+	}
+	c := lCase{Name: name, Mode: m.Name, Title: m.Title, Capacity: lim.Capacity, Target: m.Target, mode: m, lim: lim}
 	c.tasks = lTasks(o, m, lim, target)
 	c.Tasks = len(c.tasks)
 	for _, t := range c.tasks {
@@ -616,8 +706,9 @@ func (s *scenarioL) printHeader(w io.Writer) {
 	fmt.Fprintf(w, "   cookbook-x3: %d such processes, each told the full limits, reading one queue\n", s.Processes)
 	fmt.Fprintf(w, "   ours: an asynq fleet of %d servers x %d workers (worker.NewServer, the Limiter's middleware), one key: PerMinute(RPM) and PerMinute(TPM).In(\"tokens\"),\n", s.Processes, s.Workers)
 	fmt.Fprintln(w, "     WithBurst of what the provider's bucket holds when it holds less than a minute's worth; tasks Uses(\"tokens\", estimate); handler: Observe(ctx, resp) on every response")
-	fmt.Fprintln(w, "     (a 429 suspends the key), Used(ctx, \"tokens\", usage) when the provider settles calls to their usage (2xmedian)")
+	fmt.Fprintln(w, "     (a 429 suspends the key), Used(ctx, \"tokens\", usage) when the provider settles calls to their usage (2xmedian, refunds)")
 	fmt.Fprintln(w, "   ours-10x: the same fleet told 10x the stated limits (PerMinute(10*RPM), PerMinute(10*TPM).In(\"tokens\"), no burst said), left to learn the provider's from its headers")
+	fmt.Fprintln(w, "   ours-enqueue: ours, its 16 producers calling Limiter.Enqueue once the fleet runs (each task reserves its run time when it is enqueued)")
 	fmt.Fprintln(w, "   Every case and variant runs at once, on an endpoint of its own")
 }
 
@@ -691,6 +782,18 @@ func lRows(t *table, c lCase, rs []lResult) {
 	t.row("calls: made / admitted by the provider", each(rs, func(r lResult) string { return fmt.Sprintf("%d / %d", r.Client.Calls, r.Admitted) }))
 	t.row(fmt.Sprintf("pauses begun (cookbook: %v after a 429; ours: key suspended)", cookbookPause), each(rs, func(r lResult) string { return fmt.Sprint(r.Client.Pauses) }))
 	if slices.ContainsFunc(rs, func(r lResult) bool { return r.Client.Learning != nil }) {
+		target := ""
+		if c.mode.MaxDeferrals > 0 {
+			target = fmt.Sprintf(" (target <= %.1f)", c.mode.MaxDeferrals)
+		}
+		t.row("ours: deferrals per task"+target, each(rs, func(r lResult) string {
+			if r.Client.Learning == nil {
+				return "-"
+			}
+			return fmt.Sprintf("%.2f (%d)", r.deferrals(), r.Client.Deferrals)
+		}))
+	}
+	if slices.ContainsFunc(rs, func(r lResult) bool { return r.Client.Learning != nil }) {
 		t.row(fmt.Sprintf("ours: admission to the provider's decision, longest / calls later than the %v headroom", lHeadroom), each(rs, func(r lResult) string {
 			if r.Client.Learning == nil {
 				return "-"
@@ -700,8 +803,17 @@ func lRows(t *table, c lCase, rs []lResult) {
 	}
 }
 
+// deferrals is ours' deferrals per task.
+func (r lResult) deferrals() float64 {
+	if r.Tasks == 0 {
+		return 0
+	}
+	return float64(r.Client.Deferrals) / float64(r.Tasks)
+}
+
 // printLVerdict marks issue 24's targets for one run: no 429, and the
-// case's share of the binding unit's limit.
+// case's share of the binding unit's limit (and, where the case says, ours'
+// deferrals per task).
 func printLVerdict(w io.Writer, c lCase, r lResult) {
 	share := r.share(c.Binding)
 	drain := "drained"
@@ -712,8 +824,13 @@ func printLVerdict(w io.Writer, c lCase, r lResult) {
 	if !r.Spent {
 		shareIs = fmt.Sprintf("none MISSED (the provider's %s bucket was never drawn down to %v of its rate: no span)", c.Binding, lSpentAt)
 	}
-	fmt.Fprintf(w, "targets %s %s: 429s %d %s (0); share of the %s limit %s (>= %.2f); %s\n", c.Name, r.Variant,
-		r.Limited, verdict(r.Limited == 0), c.Binding, shareIs, c.Target, drain)
+	if m := c.mode.MaxDeferrals; m > 0 && r.Client.Learning != nil {
+		shareIs += fmt.Sprintf(" (>= %.2f); deferrals per task %.2f %s (<= %.1f", c.Target, r.deferrals(), verdict(r.deferrals() <= m), m)
+	} else {
+		shareIs += fmt.Sprintf(" (>= %.2f", c.Target)
+	}
+	fmt.Fprintf(w, "targets %s %s: 429s %d %s (0); share of the %s limit %s); %s\n", c.Name, r.Variant,
+		r.Limited, verdict(r.Limited == 0), c.Binding, shareIs, drain)
 }
 
 func printLNotes(w io.Writer) {
@@ -723,7 +840,7 @@ func printLNotes(w io.Writer) {
 	fmt.Fprintln(w, "       (6 s with -quick) past the time one process needs to spend a bucket's burst.")
 	fmt.Fprintln(w, "       binding: the unit the workload's charges need longest at the stated rates (the ideal drain: each bucket's capacity at once, then its rate).")
 	fmt.Fprintln(w, "       the provider charges a call's estimate when it admits it (max: OpenAI counts prompt + max_tokens), or charges the estimate and settles")
-	fmt.Fprintln(w, "       it to the call's usage when the call completes (2xmedian); a call is admitted only if both buckets hold 1 request and its estimate.")
+	fmt.Fprintln(w, "       it to the call's usage when the call completes (2xmedian, refunds); a call is admitted only if both buckets hold 1 request and its estimate.")
 	fmt.Fprintln(w, "       the cookbook's capacity starts at, and refills to, a minute's worth of the stated limits, whatever the provider's buckets hold.")
 	fmt.Fprintln(w, "       ours: drain time to its last task done (its fleet stops after); ratios: ours over the column (share: higher is better; drain: lower).")
 	fmt.Fprintf(w, "       ours-10x: learned = the limit in force (Inspect, polled every %v) within %.0f %% of the provider's rate and of what its bucket holds;\n", lPoll, lLearnTolerance*100)

@@ -44,14 +44,15 @@ import (
 // "tokens", estimate)); its handler calls the provider, hands every
 // response to throttle.Observe (a 429 returns its RateLimited error: the key
 // is suspended fleet-wide and the task deferred) and, in the mode where the
-// provider settles each call to its usage (2xmedian), settles the task's
+// provider settles each call to its usage (2xmedian, refunds), settles the task's
 // tokens with throttle.Used(ctx, "tokens", usage). Under max the provider
 // keeps the estimate charged, and so does ours.
 
 // Scenario L's variants of ours.
 const (
-	lOurs    = "ours"     // the stated limits (and the bucket's burst)
-	lOurs10x = "ours-10x" // 10x the stated limits, to be learned from the headers
+	lOurs        = "ours"         // the stated limits (and the bucket's burst)
+	lOurs10x     = "ours-10x"     // 10x the stated limits, to be learned from the headers
+	lOursEnqueue = "ours-enqueue" // ours, its producers calling Limiter.Enqueue
 )
 
 const (
@@ -168,13 +169,14 @@ func near(got, want float64) bool {
 	return want > 0 && math.Abs(got/want-1) <= lLearnTolerance
 }
 
-// oursVariant is scenario L's ours, factor times the stated limits.
-func oursVariant(factor int) lVariantFunc {
+// oursVariant is scenario L's ours, factor times the stated limits; with
+// byEnqueue, its producers enqueue through Limiter.Enqueue.
+func oursVariant(factor int, byEnqueue bool) lVariantFunc {
 	return func(ctx context.Context, e *env, r *lRun) (lClientStats, error) {
 		lNamesMu.Lock()
 		queue, prefix := e.names("l", fmt.Sprintf("ours%dx", factor))
 		lNamesMu.Unlock()
-		o := &lOursRun{e: e, r: r, factor: factor, queue: queue, prefix: prefix, set: newTaskSet(len(r.Tasks)), c: newCounters(),
+		o := &lOursRun{e: e, r: r, factor: factor, byEnqueue: byEnqueue, queue: queue, prefix: prefix, set: newTaskSet(len(r.Tasks)), c: newCounters(),
 			start: time.Now(), admitted: map[string]time.Time{}}
 		o.c.tap = o.sawEvent
 		defer o.cleanup()
@@ -187,6 +189,7 @@ type lOursRun struct {
 	e             *env
 	r             *lRun
 	factor        int
+	byEnqueue     bool // the producers call Limiter.Enqueue
 	queue, prefix string
 	set           *taskSet
 	c             *counters
@@ -580,9 +583,21 @@ func (o *lOursRun) run(ctx context.Context) (lClientStats, error) {
 		o.poll(pollCtx, learn)
 	}()
 	tasks := r.Tasks
-	err = enqueue(ctx, o.e, o.queue, len(tasks), func(i int) *asynq.Task {
+	mk := func(i int) *asynq.Task {
 		return keyedTask(lTaskType, lPayload(tasks[i]), throttle.Key(lKey), throttle.Uses(lUnit, tasks[i].Estimate))
-	})
+	}
+	if o.byEnqueue {
+		// The producers' Limiter has the fleet's options (Enqueue's doc).
+		lim := throttle.NewLimiter(o.e.ctl, spec.throttleOpts()...)
+		client := asynq.NewClientFromRedisClient(o.e.ctl)
+		err = enqueueWith(ctx, len(tasks), func(ctx context.Context, i int) error {
+			_, err := lim.Enqueue(ctx, client, mk(i), asynq.Queue(o.queue))
+			return err
+		})
+		lim.Close()
+	} else {
+		err = enqueue(ctx, o.e, o.queue, len(tasks), mk)
+	}
 	if err != nil && ctx.Err() == nil {
 		stopPoll()
 		<-polled
@@ -604,7 +619,7 @@ func (o *lOursRun) run(ctx context.Context) (lClientStats, error) {
 	f.stop()
 	learn.Probe = <-probed
 	learn.Suspended = int(o.c.suspensions.Load())
-	s := lClientStats{Succeeded: int(o.set.done.Load()), Calls: int(o.calls.Load()), Pauses: learn.Suspensions,
+	s := lClientStats{Succeeded: int(o.set.done.Load()), Calls: int(o.calls.Load()), Pauses: learn.Suspensions, Deferrals: int(o.c.denials.Load()),
 		End: end, Duplicates: o.set.duplicates(), UsedErrors: int(o.usedErrs.Load()), Learning: learn}
 	o.mu.Lock()
 	s.Lag, s.Late = o.lag, o.late

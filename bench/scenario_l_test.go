@@ -248,3 +248,39 @@ func TestScenarioLPrintsOursBesideTheCookbook(t *testing.T) {
 	s.print(&b)
 	assert.Contains(t, b.String(), "targets L1 ours-10x: learned after at most 4 responses MISSED (<= 3)")
 }
+
+// L5 is issue 29's shape, whatever -l-capacity says: 40 requests and
+// 2,000 tokens a second in buckets of a second, 300 tasks booking 200
+// tokens and using 20 to 180 (about 100 on average), charged their usage;
+// it runs ours and ours-enqueue unless -l-variants says, and its verdict
+// counts ours' deferrals per task.
+func TestLRefundsCaseIsIssue29sShape(t *testing.T) {
+	m := lModes[2]
+	require.Equal(t, "refunds", m.Name)
+	c, err := newLCase(7, m, llmLimits{RPM: m.fixed.RPM, TPM: m.fixed.TPM, Capacity: m.fixed.Capacity, Settle: m.Settle}, lOptions{seed: 1}, lDrainTarget)
+	require.NoError(t, err)
+	assert.Equal(t, "L5", c.Name, "a fixed case keeps its name")
+	assert.Equal(t, 300, c.Tasks)
+	assert.Equal(t, []string{lOurs, lOursEnqueue}, lOptions{}.caseVariants(c))
+	assert.Equal(t, []string{lCookbook1}, lOptions{variants: []string{lCookbook1}}.caseVariants(c))
+	used := 0
+	for _, task := range c.tasks {
+		assert.Equal(t, 200, task.Estimate)
+		assert.True(t, task.used() >= 20 && task.used() <= 180, "usage %d", task.used())
+		used += task.used()
+	}
+	assert.InDelta(t, 100, float64(used)/300, 5, "mean usage")
+	assert.Equal(t, used, c.Charged, "the provider charges the usage")
+	assert.Equal(t, "tokens", c.Binding)
+
+	s := &scenarioL{RPM: c.lim.RPM, TPM: c.lim.TPM, Cases: []lCase{c}, Results: []lResult{
+		{Case: c.id(), Variant: lOurs, Tasks: 300, Finished: true, Binding: c.Binding, Spent: true, ShareTokens: 0.95, Client: lClientStats{Succeeded: 300, Deferrals: 291, Learning: &lLearning{}}},
+		{Case: c.id(), Variant: lOursEnqueue, Tasks: 300, Finished: true, Binding: c.Binding, Spent: true, ShareTokens: 0.5, Client: lClientStats{Succeeded: 300, Deferrals: 600, Learning: &lLearning{}}},
+	}}
+	var b bytes.Buffer
+	s.print(&b)
+	out := b.String()
+	assert.Regexp(t, `ours: deferrals per task \(target <= 1\.5\) +0\.97 \(291\) +2\.00 \(600\)`, out)
+	assert.Contains(t, out, "targets L5 ours: 429s 0 met (0); share of the tokens limit 0.95 met (>= 0.90); deferrals per task 0.97 met (<= 1.5); drained")
+	assert.Contains(t, out, "targets L5 ours-enqueue: 429s 0 met (0); share of the tokens limit 0.50 MISSED (>= 0.90); deferrals per task 2.00 MISSED (<= 1.5); drained")
+}

@@ -35,11 +35,15 @@ type simTask struct {
 	ran       time.Time
 	deferrals int
 	first     int // its place in the order of first decisions (from 1)
+	seq       int // its latest return's: an event of another is stale (brought forward)
+	back      time.Time
 }
 
 type simEvent struct {
 	at   time.Time
+	seq  int
 	task *simTask
+	fn   func() // instead of a task's return: something else that happens then (a settlement)
 }
 
 type simQueue []simEvent
@@ -68,7 +72,16 @@ type drainSim struct {
 	runs    []*simTask // in the order they ran
 	decided int
 	firsts  int
+	// units, when set, are what each task uses besides its cost in
+	// requests (taskCost.units: "tokens=200"); admitted, when set, is
+	// told of each admission (to schedule a settlement, say).
+	units    string
+	admitted func(st *simTask, d Decision)
+	idSuffix string // after the key in the tasks' IDs
 }
+
+// costOf is what a task of cost requests takes (and s.units).
+func (s *drainSim) costOf(cost int) taskCost { return taskCost{n: cost, units: s.units} }
 
 func newDrainSim(t *testing.T, seed int64, servers int, opts ...Option) *drainSim {
 	t.Helper()
@@ -124,17 +137,18 @@ func (s *drainSim) enqueue(key string, n, cost int, book bool) []*simTask {
 	tasks := make([]*simTask, n)
 	start := s.now
 	for i := range tasks {
-		st := &simTask{id: fmt.Sprintf("%s-%03d", key, i), index: i}
+		st := &simTask{id: fmt.Sprintf("%s%s-%03d", key, s.idSuffix, i), index: i}
 		tasks[i] = st
 		at := start.Add(time.Duration(i) * 200 * time.Microsecond)
 		if book {
 			s.setClock(at)
 			v := variant{horizon: s.l.o.horizon, granule: granule, headroom: s.l.o.headroom, pace: s.l.o.pacing, book: true}
-			d, err := s.l.decide(context.Background(), key, v, st.id, taskCost{n: cost}, "")
+			d, err := s.l.decide(context.Background(), key, v, st.id, s.costOf(cost), "")
 			require.NoError(s.t, err, "Enqueue's decision for %s", st.id)
 			if d.reserved {
 				if delay := s.l.reservedDelay(d.reservedAt, s.now); delay > 0 {
-					heap.Push(&s.events, simEvent{at: s.back(delay), task: st})
+					st.back = s.back(delay)
+					heap.Push(&s.events, simEvent{at: st.back, task: st})
 					continue
 				}
 			}
@@ -158,7 +172,14 @@ func (s *drainSim) run(key string, cost int) {
 	for s.events.Len() > 0 {
 		ev := heap.Pop(&s.events).(simEvent)
 		s.setClock(ev.at)
+		if ev.fn != nil {
+			ev.fn()
+			continue
+		}
 		st := ev.task
+		if ev.seq != st.seq {
+			continue
+		}
 		task, err := NewTask("sim:job", nil, Key(key))
 		require.NoError(s.t, err)
 		ks := s.l.keys.get(key)
@@ -173,7 +194,7 @@ func (s *drainSim) run(key string, cost int) {
 		if leasing {
 			asked = ks.lease.request(o.lease)
 		}
-		d, err := s.m.decide(ctx, key, task, st.id, asked, taskCost{n: cost})
+		d, err := s.m.decide(ctx, key, task, st.id, asked, s.costOf(cost))
 		require.NoError(s.t, err, "decision for %s at %v", st.id, s.now)
 		s.decided++
 		if st.first == 0 {
@@ -184,12 +205,29 @@ func (s *drainSim) run(key string, cost int) {
 		if d.Allowed {
 			st.ran = s.now.Add(min(d.wait, maxPaceWait))
 			s.runs = append(s.runs, st)
+			if s.admitted != nil {
+				s.admitted(st, d)
+			}
 			continue
 		}
 		st.deferrals++
 		require.Less(s.t, st.deferrals, 50, "task %s deferred over and over (last: %+v)", st.id, d)
-		heap.Push(&s.events, simEvent{at: s.back(s.m.deferDelay(d)), task: st})
+		st.back = s.back(s.m.deferDelay(d))
+		heap.Push(&s.events, simEvent{at: st.back, seq: st.seq, task: st})
 	}
+}
+
+// bringForward runs task st now (asynq's Inspector.RunTask: to pending,
+// dequeued up to a task check interval later) if it waits in a scheduled
+// or retry set; it reports whether it did.
+func (s *drainSim) bringForward(st *simTask) bool {
+	if !st.ran.IsZero() || !st.back.After(s.now) {
+		return false
+	}
+	st.seq++
+	st.back = s.now.Add(time.Duration(s.rng.Int63n(int64(TaskCheckIntervalForSim))))
+	heap.Push(&s.events, simEvent{at: st.back, seq: st.seq, task: st})
+	return true
 }
 
 // maxIn returns the most run times within any span shorter than w.

@@ -346,18 +346,26 @@ func bounded[T any](l *Limiter, ctx context.Context, fn func(context.Context) (T
 // without admitting more real calls than had the call cost that much less
 // (see lua.Adjust).
 func (l *Limiter) adjust(ctx context.Context, key string, delta int, call lua.Call) error {
+	_, err := l.settle(ctx, key, delta, call)
+	return err
+}
+
+// settle is adjust, and returns the IDs of the tasks whose reservations a
+// refund brought forward (call.Forward, see lua.Settle): the caller runs
+// them (Limiter.forward).
+func (l *Limiter) settle(ctx context.Context, key string, delta int, call lua.Call) ([]string, error) {
 	keys, err := redisKeys(l.o.prefix, key)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if _, err := l.state(key); err != nil {
-		return err
+		return nil, err
 	}
-	_, err = bounded(l, ctx, func(ctx context.Context) (struct{}, error) {
-		return struct{}{}, lua.Adjust(ctx, l.runner, keys, delta, call, l.defaults(key))
+	ids, err := bounded(l, ctx, func(ctx context.Context) ([]string, error) {
+		return lua.Settle(ctx, l.runner, keys, delta, call, l.defaults(key))
 	})
 	if err != nil {
-		return fmt.Errorf("throttle: key %q: adjust by %d: %w", key, delta, err)
+		return nil, fmt.Errorf("throttle: key %q: adjust by %d: %w", key, delta, err)
 	}
-	return nil
+	return ids, nil
 }

@@ -652,7 +652,7 @@ func (m *middleware) checkParked(key string, ks *keyState, s *suspension) {
 	}
 	// Most often nothing moves: the suspension ran its course and the
 	// tasks are due (or ran) already, or a Resume brought them back itself.
-	if n := m.l.tasks.run(parked, func(info *asynq.TaskInfo) bool { return deferredBy(info, key, RefusedBySuspension.String()) }); n > 0 {
+	if n := m.l.tasks.run(parked, soonest, func(info *asynq.TaskInfo) bool { return deferredBy(info, key, RefusedBySuspension.String()) }); n > 0 {
 		m.l.o.logger.Info("throttle: key's suspension ended before the tasks this process deferred on it were due; they run now",
 			"key", key, "tasks", n)
 	}

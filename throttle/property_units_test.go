@@ -60,53 +60,91 @@ type unitsRefTier struct {
 	// index (time / sub), with the latest instant counted in each.
 	n, sub         int64
 	counts, latest map[int64]int64
-	// A bucket of a key with units: what it owed at least since two
-	// instants (lib.lua's M), the later first; least math.MaxInt64 when
-	// nothing was sampled since.
-	hasM               bool
-	since, least       int64
-	sinceOld, leastOld int64
+	// A bucket of a key with units: what it owed at least in each of its
+	// intervals (lib.lua's M), oldest first: each one's start and least
+	// (math.MaxInt64 when nothing was sampled in it).
+	hasM          bool
+	starts, least []int64
 }
 
-// unitsRotateUS is lib.lua's M_ROTATE.
-const unitsRotateUS = 60_000_000
+// lib.lua's M_KEEP, M_SLICE and M_SLICES.
+const (
+	unitsKeepUS   = 60_000_000
+	unitsSliceUS  = 50_000
+	unitsMaxSlice = 12
+)
 
 // sample records that bucket t owes v at now, before any change at now
-// (sample_M): the least since each instant before now; the later instant
-// is renewed every unitsRotateUS when rotate; a bucket without M starts it.
-func (t *unitsRefTier) sample(v, now int64, rotate bool) {
+// (sample_M), in its latest interval; a decision (open) then opens another
+// at now when the latest is unitsSliceUS old, drops those that ended
+// unitsKeepUS ago, and merges the two neighbours whose union is shortest
+// for its age when there are more than unitsMaxSlice. A bucket without M
+// starts it.
+func (t *unitsRefTier) sample(v, now int64, open bool) {
 	v = max(v, 0)
 	if !t.hasM {
-		t.hasM, t.since, t.least, t.sinceOld, t.leastOld = true, now, math.MaxInt64, now, math.MaxInt64
+		t.hasM, t.starts, t.least = true, []int64{now}, []int64{math.MaxInt64}
 		return
 	}
-	if t.since < now {
-		t.least = min(t.least, v)
+	n := len(t.starts)
+	t.least[n-1] = min(t.least[n-1], v)
+	if !open || now-t.starts[n-1] < unitsSliceUS {
+		return
 	}
-	if t.sinceOld < now {
-		t.leastOld = min(t.leastOld, v)
+	t.starts, t.least = append(t.starts, now), append(t.least, v)
+	for len(t.starts) >= 2 && t.starts[1] <= now-unitsKeepUS {
+		t.starts, t.least = t.starts[1:], t.least[1:]
 	}
-	if rotate && now-t.since >= unitsRotateUS {
-		t.sinceOld, t.leastOld, t.since, t.least = t.since, t.least, now, math.MaxInt64
+	if len(t.starts) > unitsMaxSlice {
+		best, at := math.Inf(1), 0
+		for j := 0; j+1 < len(t.starts); j++ {
+			ends := now
+			if j+2 < len(t.starts) {
+				ends = t.starts[j+2]
+			}
+			if r := float64(ends-t.starts[j]) / float64(now-t.starts[j]); r < best {
+				best, at = r, j
+			}
+		}
+		t.least[at] = min(t.least[at], t.least[at+1])
+		t.starts = append(t.starts[:at+1:at+1], t.starts[at+2:]...)
+		t.least = append(t.least[:at+1:at+1], t.least[at+2:]...)
 	}
 }
 
 // room is what bucket t may give back of a call admitted at at beyond
-// the refill rule (refund_room): the least it owed since the instant at or
-// before at, and now.
+// the refill rule (refund_room): the least it owed in the intervals from
+// the one holding at to now, and now.
 func (t *unitsRefTier) room(at, owedNow int64) int64 {
-	var least int64
-	switch {
-	case !t.hasM:
-		return 0
-	case t.since <= at:
-		least = t.least
-	case t.sinceOld <= at:
-		least = t.leastOld
-	default:
+	if !t.hasM || at < t.starts[0] {
 		return 0
 	}
-	return max(0, min(least, owedNow))
+	least := owedNow
+	for j := len(t.starts) - 1; j >= 0; j-- {
+		least = min(least, t.least[j])
+		if t.starts[j] <= at {
+			break
+		}
+	}
+	return max(0, least)
+}
+
+// given lowers the least owed of the intervals from the one holding at to
+// now by what a refund of a call admitted at at gave back, and records
+// what the bucket owes after it in the latest (refund_given).
+func (t *unitsRefTier) given(at, given, owedNow int64) {
+	if given > 0 {
+		for j := len(t.starts) - 1; j >= 0; j-- {
+			if t.least[j] != math.MaxInt64 {
+				t.least[j] = max(0, t.least[j]-given)
+			}
+			if t.starts[j] <= at {
+				break
+			}
+		}
+	}
+	n := len(t.starts)
+	t.least[n-1] = min(t.least[n-1], max(0, owedNow))
 }
 
 func (t *unitsRefTier) window() bool { return t.kind != throttle.KindBucket }
@@ -354,16 +392,7 @@ func (m *unitsRefModel) settle(unit string, delta int64, c *unitsCall, charged i
 				}
 			}
 			if m.units && t.hasM {
-				// The least owed since each instant is less by what was
-				// given back: had the call cost that much less, the bucket
-				// would have owed that much less all along.
-				if given > 0 && t.least != math.MaxInt64 {
-					t.least = max(0, t.least-given)
-				}
-				if given > 0 && t.leastOld != math.MaxInt64 {
-					t.leastOld = max(0, t.leastOld-given)
-				}
-				t.least, t.leastOld = min(t.least, v), min(t.leastOld, v)
+				t.given(c.at, given, v)
 			}
 			owed[t] = v
 			continue
@@ -602,6 +631,14 @@ func TestPropertyUnitsMatchTheModel(t *testing.T) {
 			"advance": func(t *rapid.T) {
 				setNow(m.now + drawStep(t, "advance"))
 				check(t, fmt.Sprintf("the clock moved to epoch+%v", since()))
+			},
+			"takeOverSlices": func(t *rapid.T) {
+				// Takes a few of M's intervals apart (lib.lua's M_SLICE),
+				// so that buckets open, merge and drop intervals.
+				for n := rapid.IntRange(2, 8).Draw(t, "takes"); n > 0; n-- {
+					setNow(m.now + rapid.Int64Range(0, 3*unitsSliceUS).Draw(t, "apart"))
+					take(t)
+				}
 			},
 			"advanceByRetryAfter": func(t *rapid.T) {
 				// To when the last refusal said, a moment before or after.

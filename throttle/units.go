@@ -202,6 +202,17 @@ func Used(ctx context.Context, unit string, n int) error {
 	if n < 0 || n > maxBurst {
 		return fmt.Errorf("throttle: key %q: Used(%q, %d): the count must be from 0 to %d", tc.key, unit, n, maxBurst)
 	}
+	ids := tc.settle(ctx, unit, n)
+	if len(ids) > 0 {
+		// (outside the lock: other settlements of the task need not wait)
+		tc.l.forward(ctx, tc.key, ids)
+	}
+	return nil
+}
+
+// settle is Used's settlement of unit to n, one at a time; it returns the
+// IDs of the tasks a refund brought forward.
+func (tc *taskCharge) settle(ctx context.Context, unit string, n int) []string {
 	tc.mu.Lock()
 	defer tc.mu.Unlock()
 	charged := tc.cost.of(unit)
@@ -213,9 +224,13 @@ func Used(ctx context.Context, unit string, n int) error {
 	}
 	call := lua.Call{At: tc.at, Charged: charged, Generation: tc.gen, Tenant: tc.tenant}
 	if unit != unitRequests {
-		call.Unit = unit
+		// A refund of another unit may bring booked tasks forward, to run
+		// now in this handler's queue (Limiter.forward).
+		_, inQueue := asynq.GetQueueName(ctx)
+		call.Unit, call.Forward = unit, inQueue
 	}
-	if err := tc.l.adjust(ctx, tc.key, n-charged, call); err != nil {
+	ids, err := tc.l.settle(ctx, tc.key, n-charged, call)
+	if err != nil {
 		// Not settled (the next Used settles it). Never the task's error:
 		// its call to the provider was made, and a failed task would be
 		// retried and make it again.
@@ -226,7 +241,7 @@ func Used(ctx context.Context, unit string, n int) error {
 		tc.used = map[string]int{}
 	}
 	tc.used[unit] = n
-	return nil
+	return ids
 }
 
 // unsettled reports a settlement of unit (the task charged charged, using

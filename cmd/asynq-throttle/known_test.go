@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"slices"
 	"testing"
 	"time"
 
@@ -59,6 +60,11 @@ func TestUnknownKeyIsAnError(t *testing.T) {
 	d, err := worker.Take(ctx, "zendesk")
 	require.NoError(t, err)
 	require.True(t, d.Allowed)
+	// (the worker records the key in the index in the background)
+	require.Eventually(t, func() bool {
+		keys, err := lim.Keys(ctx)
+		return err == nil && slices.Contains(keys, "zendesk")
+	}, 5*time.Second, 10*time.Millisecond, "the worker's key never reached the index")
 	r = cli(t, url, "suspend", "zendesk", "10s")
 	assert.Equal(t, exitOK, r.code, "a key with state from default limits: %s", r.stderr)
 	st, err = worker.Inspect(ctx, "zendesk")

@@ -23,7 +23,68 @@
 -- settled too, as its tiers are: its finish tag counted the estimate, and
 -- moves on by a surcharge, back by a refund (never behind the clock), so
 -- that a tenant that estimates low does not take the others' share.
-local key, kc, akey = KEYS[1], KEYS[2], KEYS[3]
+-- Refunds reach the backlog. While a queue of reservations is outstanding,
+-- its tasks were booked at their estimates: what a refund of another unit
+-- than requests gives back is room none of them will take, and a task
+-- already deferred comes back only at its instant. When the caller will
+-- run them (ARGV[8]), the refund moves the schedule of the buckets it gave
+-- back to (decide.lua's V) back by what it gave, as it moved the buckets,
+-- and, for every charge's worth given back since the queue opened (B; the
+-- charge of the call settling, the nearest thing to a booked task's cost
+-- the script knows), brings the latest reservation forward: its instant
+-- becomes now, and its task ID is returned for the caller to run the task
+-- now (asynq's RunTask). The other reservations keep their instants and
+-- the queue ends a task earlier: taken from the end and booked now, the
+-- task leaves the schedule as long as it was, less the refund. The tiers
+-- still decide when it comes back, as for any holder whose instant has
+-- come: the schedule only plans. The latest first, so a backlog's last
+-- tasks may run before earlier ones. Never on a key with a window (its
+-- reserved calls are counted per sub-window at their instants), with
+-- tenants (their turns are fair tags), or while suspended.
+local FORWARD_AFTER = 1.5e6 -- us: reservations nearer come back by themselves soon (asynq holds a task until the whole second before its instant: throttle's forwardSoonest)
+
+-- bring_forward moves the schedule back by what each bucket gave back
+-- (gave, of owed before: was), adds the least of it, in tokens, to the
+-- credit of the queue anchored as V's (B: "anchor credit"), brings forward
+-- a reservation (the latest) for each charge's worth of credit, and adds
+-- V and P to fields. It returns the IDs brought forward.
+local function bring_forward(resv_key, tiers, was, gave, charged, V, B, now, fields)
+  local va, sw, virt = read_V(V)
+  if not va or charged <= 0 then return {} end
+  local tokens = nil
+  local vt = {}
+  for i, t in ipairs(tiers) do
+    if t.kind == 'b' then
+      local v = virt[-t.id]
+      if v == nil then v = was[i] / t.rate + (now - va) end
+      if gave[i] then
+        v = v - gave[i] / t.rate
+        if not tokens or gave[i] / t.p < tokens then tokens = gave[i] / t.p end
+      end
+      vt[i] = v
+    end
+  end
+  fields[#fields + 1] = 'V'
+  fields[#fields + 1] = write_V(va, sw, tiers, vt)
+  local credit = 0
+  local pa, pc = string.match(B or '', '^(%d+) (%S+)$')
+  if tonumber(pa) == va then credit = tonumber(pc) or 0 end
+  if not (credit >= 0 and credit < math.huge) then credit = 0 end
+  credit = credit + (tokens or 0)
+  local ids = {}
+  local n = math.floor(credit / charged)
+  if n > 0 then
+    ids = redis.call('ZREVRANGEBYSCORE', resv_key, '+inf', '(' .. fmt(now + FORWARD_AFTER), 'LIMIT', 0, n)
+    for _, id in ipairs(ids) do redis.call('ZADD', resv_key, 'XX', now, id) end
+    -- (credit nothing far enough ahead could take is not kept)
+    if #ids < n then credit = 0 else credit = credit - n * charged end
+  end
+  fields[#fields + 1] = 'B'
+  fields[#fields + 1] = string.format('%d %.17g', va, credit)
+  return ids
+end
+
+local key, kc, akey, resv_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local delta    = tonumber(ARGV[1])
 local defaults = ARGV[2]
 local at       = tonumber(ARGV[3]) or 0    -- us: when the call was admitted (0 unknown)
@@ -31,29 +92,32 @@ local charged  = tonumber(ARGV[4]) or 0    -- what the call was charged so far
 local call_gen = tonumber(ARGV[5]) or -1   -- the limits' generation it was admitted under
 local unit     = ARGV[6] or ''             -- the unit settled ('': requests)
 local tenant   = ARGV[7]                   -- the task's tenant (nil: none said)
+local bring    = ARGV[8] == '1'            -- the caller runs the reservations brought forward
 local now = now_us()
-local h = redis.call('HMGET', key, 'L', 'T', 'O', 'M', 'D', 'A')
+local h = redis.call('HMGET', key, 'L', 'T', 'O', 'M', 'D', 'A', 's', 'V', 'B')
 local src = config_of(kc, h[1], h[5])
 if not src and defaults ~= '' then src = defaults end
-if not src or delta == 0 then return 0 end
+if not src or delta == 0 then return {} end
 local spec = parse_limits(src)
-if not spec then return 0 end
+if not spec then return {} end
 if h[3] then spec = apply_learned(spec, src, h[3], now) end
 local tiers = spec.tiers
 local refund = delta < 0 and at > 0 and call_gen == spec.gen
 -- Calls counted at an instant ahead (paced holders, decide.lua's A): the
 -- buckets owe as of now what they will take then, and what a refund gives
 -- back may have been lost by a full bucket up to the latest of them. So a
--- refund is counted as of then: the refill since the call up to then is
--- not given back, and the least owed (M), which counted those takes as if
--- made at once, bounds nothing. (A refund of 0.96 of a call just before a
--- holder's instant admitted a third call 30 ms after it, on a burst of 1.)
+-- refund's refill rule is counted as of then (the refill since the call up
+-- to then is not given back), and the least owed (M) counts what each
+-- bucket owed as of those instants (decide.lua samples it at admission).
+-- (A refund of 0.96 of a call just before a holder's instant admitted a
+-- third call 30 ms after it, on a burst of 1.)
 local ref_now = now
 local ahead = finite(h[6])
 if ahead and ahead > now then ref_now = ahead end
 local ts, x, q, stored = read_T(h[2], now)
 local owed = bucket_owed(stored, ts, tiers, now, 0)
 local fields, need = {}, 0
+local gave, was = {}, {} -- what each bucket gave back, and owed before
 -- On a key with units, what each bucket owed at least since the call
 -- (refund_room) may come back too; every change here is sampled.
 local M = nil
@@ -63,6 +127,7 @@ for i, t in ipairs(tiers) do
     -- (another unit's tier: not this settlement's)
   elseif t.kind == 'b' then
     local v = owed[i]
+    was[i] = v
     if M and M[i] then sample_M(M, i, v, now, false) end
     local given = 0
     if delta > 0 then
@@ -70,7 +135,7 @@ for i, t in ipairs(tiers) do
     elseif refund then
       local want = math.min(-delta, charged) * t.p
       local back = want - math.max(0, ref_now - at) * t.rate
-      if M and ref_now == now then back = math.max(back, math.min(want, refund_room(M, i, at, v))) end
+      if M then back = math.max(back, math.min(want, refund_room(M, i, at, v))) end
       if back > 0 then
         local before = math.max(v, 0)
         v = math.max(v - back, 0)
@@ -79,24 +144,13 @@ for i, t in ipairs(tiers) do
     end
     if v < 0 then v = 0 end
     owed[i] = v
-    local m = M and M[i]
-    if m then
-      -- What the bucket owed at least since either instant is now what it
-      -- would have owed had the call cost that much less: less by what was
-      -- given back (a lower bound: the instant may lie before the call).
-      -- Left as it was, a second refund that fit it alone gave back what
-      -- the first one had already taken from it (two calls refunded 40
-      -- each of a bucket that owed 40 at least: 80 tokens, half of them
-      -- tokens a full bucket would have lost).
-      if given > 0 then
-        m[2] = math.max(0, m[2] - given)
-        m[4] = math.max(0, m[4] - given)
-      end
-      -- (and what it owes after: the least since either instant, now
-      -- included)
-      if v < m[2] then m[2] = v end
-      if v < m[4] then m[4] = v end
-    end
+    -- Every interval since the call owed that much less had the call cost
+    -- that much less: a second refund that fit alone must not give back
+    -- what this one took from the room (two calls refunded 40 each of a
+    -- bucket that owed 40 at least: 80 tokens, half of them tokens a full
+    -- bucket would have lost). (And what it owes after, now included.)
+    if M and M[i] then refund_given(M, i, at, given, v) end
+    if given > 0 then gave[i] = given end
   else
     local f = 'W' .. t.key
     local w = win_load(redis.call('HGET', key, f), t, now, 0)
@@ -124,6 +178,12 @@ if q > now and q - now > need then need = q - now end
 if M then
   fields[#fields + 1] = 'M'
   fields[#fields + 1] = write_M(M, tiers)
+end
+need = keep_M(M, need)
+local forward = {}
+local until_ = finite(h[7])
+if bring and refund and unit ~= '' and q > now and not spec.windows and not (until_ and until_ > now) and next(gave) then
+  forward = bring_forward(resv_key, tiers, was, gave, charged, h[8], h[9], now, fields)
 end
 local t_field = write_T(tiers, owed, now, 0, (q > now or q == -1) and q or 0)
 if not t_field and h[2] then redis.call('HDEL', key, 'T') end
@@ -174,4 +234,4 @@ if #fields > 0 then redis.call('HSET', key, unpack(fields)) end
 if ttl then set_ttl(key, ttl) end
 -- (the active tenants outlive the hash that counts them)
 if x ~= x0 and akey then outlive(key, akey, 1e6) end
-return 1
+return forward

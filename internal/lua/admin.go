@@ -178,28 +178,64 @@ type Call struct {
 	// Tenant is the call's tenant ("" the default tenant), settled with the
 	// tiers on a key tenants share.
 	Tenant string
+	// Forward says that the caller runs now the tasks whose reservations a
+	// refund brings forward (Settle returns their IDs).
+	Forward bool
 }
 
 // Adjust runs adjust.lua: every tier of the key takes delta more calls'
 // worth as of now, or gives -delta back as far as it can without admitting
 // more real calls than had call cost that much less (see adjust.lua); on a
-// key tenants share, the call's tenant is settled likewise.
+// key tenants share, the call's tenant is settled likewise. It is Settle
+// without bringing reservations forward.
+func Adjust(ctx context.Context, r *Runner, k Keys, delta int, call Call, defaults []Tier) error {
+	call.Forward = false
+	_, err := Settle(ctx, r, k, delta, call, defaults)
+	return err
+}
+
+// Settle runs adjust.lua, as Adjust; with call.Forward, a refund of another
+// unit than requests while a queue of reservations is outstanding brings
+// the latest reservations forward, one for each charge's worth given back,
+// and Settle returns their task IDs, latest first: the caller is to run
+// those tasks now.
 //
 //	KEYS[1] bucket hash  KEYS[2] configuration  KEYS[3] active tenants
+//	KEYS[4] reservations
 //	ARGV[1] delta, calls   ARGV[2] default limits ("" = none)
 //	ARGV[3] when the call was admitted, microseconds of the Redis clock (0 unknown)
 //	ARGV[4] what the call was charged so far   ARGV[5] its limits' generation
 //	ARGV[6] the unit settled ("" requests)   ARGV[7] its tenant ("" the default)
+//	ARGV[8] "1": bring reservations forward
 //
-// Reply: 1 when the key had limits, else 0.
-func Adjust(ctx context.Context, r *Runner, k Keys, delta int, call Call, defaults []Tier) error {
+// Reply: the task IDs brought forward (an empty array: none).
+func Settle(ctx context.Context, r *Runner, k Keys, delta int, call Call, defaults []Tier) ([]string, error) {
 	var atUS int64
 	if !call.At.IsZero() {
 		atUS = call.At.UnixMicro()
 	}
-	_, err := r.Run(ctx, adjustScript, []string{k.Bucket, k.Config, k.Tenants},
-		delta, FormatTiers(defaults), atUS, call.Charged, call.Generation, call.Unit, call.Tenant)
-	return err
+	forward := 0
+	if call.Forward {
+		forward = 1
+	}
+	v, err := r.Run(ctx, adjustScript, []string{k.Bucket, k.Config, k.Tenants, k.Reservations},
+		delta, FormatTiers(defaults), atUS, call.Charged, call.Generation, call.Unit, call.Tenant, forward)
+	if err != nil {
+		return nil, err
+	}
+	a, ok := v.([]any)
+	if !ok {
+		return nil, errBadReply("adjust", v)
+	}
+	var ids []string
+	for _, e := range a {
+		id, ok := e.(string)
+		if !ok {
+			return nil, errBadReply("adjust", v)
+		}
+		ids = append(ids, id)
+	}
+	return ids, nil
 }
 
 // SetWeights runs setweights.lua: the weights of the key's tenants become

@@ -306,10 +306,23 @@ end
 -- reservation resv, gives it a slot of the in-flight limit and maybe a
 -- lease, and returns the reply.
 local function admit(r, resv, id, c, at)
+  if at > r.now then
+    -- A call counted at an instant ahead: a refund of an earlier call is
+    -- bounded by what refills until then (adjust.lua's ref_now); and what a
+    -- bucket of another unit owes then, before it, is what the least it
+    -- owed (M) must count, not what it owes now: had the earlier call cost
+    -- less, the bucket may be full by then, and lose the refill.
+    if not r.ahead or at > r.ahead then r.ahead = at end
+    if r.spec.units then
+      if not r.M then r.M = read_M(redis.call('HGET', r.key, 'M') or nil, r.tiers) end
+      for i, t in ipairs(r.tiers) do
+        if t.kind == 'b' and t.unit and cv(c, i) > 0 and r.M[i] then
+          sample_M(r.M, i, r.owed[i] - (at - r.now) * t.rate, r.now, false)
+        end
+      end
+    end
+  end
   local remaining = take(r, c, at)
-  -- (a call counted at an instant ahead: a refund of an earlier call is
-  -- bounded by what refills until then, adjust.lua)
-  if at > r.now and (not r.ahead or at > r.ahead) then r.ahead = at end
   if resv then
     redis.call('ZREM', r.resv_key, id)
     r.resv_removed = true
@@ -679,6 +692,7 @@ local function write_back(r)
       fields[#fields + 1] = 'M'
       fields[#fields + 1] = write_M(r.M, r.tiers)
     end
+    need = keep_M(r.M, need)
     if r.ahead then
       fields[#fields + 1] = 'A'
       fields[#fields + 1] = string.format('%d', math.ceil(r.ahead))
@@ -779,6 +793,7 @@ local function take_now(key, kc, o, now, L, hasT, spec, owed, x, c, M)
     remaining = remaining - extra
     if extra > 0 then need = full_in(tiers, owed) end
   end
+  need = keep_M(M, need)
   local ttl
   x, ttl = keep_alive(key, need, x, now)
   local T = write_T(tiers, owed, now, x, 0)

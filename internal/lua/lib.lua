@@ -31,6 +31,9 @@
 --     Ww<per_ms>  a window's state (window.lua): calls admitted per
 --        sub-window, then the calls reserved per sub-window; Wx<per_ms> a
 --        fixed window's, per aligned window
+--     B  while a queue of reservations is outstanding: "anchor credit", its
+--        V's anchor and the tokens refunds gave back that no reservation was
+--        brought forward for yet (adjust.lua's bring_forward)
 --     A  the latest instant ahead a call was counted at (a paced holder):
 --        refunds are counted as of then (adjust.lua)
 --     s  suspended until (us)
@@ -44,10 +47,11 @@
 --        held (over the last 20 releases)
 --     FL the in-flight lanes while callers wait for a slot: when each of the
 --        N slots is next expected free (us), waiters taking the earliest
---     M  on a key with units: what each bucket owed at least since two
---        instants, binary (read_M): per bucket its id, then (since, least
---        owed) twice, the later first; lets a refund give back what cannot
---        have been cut by a full bucket (refund_room)
+--     M  on a key with units: what each bucket owed at least in each of a
+--        few intervals of time, binary (read_M): per bucket its id and how
+--        many intervals, then each interval's start (us) and least owed,
+--        oldest first; lets a refund give back what cannot have been cut
+--        by a full bucket (refund_room)
 --     G  fair shares among tenants (fair.lua): the virtual clock, binary
 --     Y  the last yield to a late task (fair.lua): "taskID@granule"
 --     t:<tenant>  an active tenant's record, binary (fair.lua)
@@ -621,30 +625,52 @@ end
 -- more: that is the refund itself, unless the bucket, holding the refund
 -- more at some instant since at, would have been over its burst (and lost
 -- the refill). It was not when the bucket owed at least the refund all the
--- time since at. M keeps, per bucket, the least it owed since two instants
--- (the later renewed every M_ROTATE, the earlier one the one before), from
--- samples taken at every change of what it owes (a decision that takes, a
--- settlement), and the least since the instant at or before at bounds it.
+-- time since at. M keeps, per bucket, the least it owed in each of a few
+-- intervals of time (the latest open), from samples taken at every change
+-- of what it owes (a decision that takes, a settlement): the least over
+-- the intervals from the one holding at to now bounds the refund. A
+-- refund given makes every interval from the one holding its call's
+-- instant on owe that much less (had the call cost less, the bucket would
+-- have owed less since it); the intervals before are left as they were,
+-- so that the refunds of calls that ended long ago do not eat the room of
+-- the calls after them. A decision opens a new interval once the latest
+-- is M_SLICE old (samples closer in time share one, so that most
+-- decisions write nothing), and at most M_SLICES are kept: the two
+-- neighbours whose union is shortest for its age become one (the older
+-- an interval, the longer it may be: a call's room counts its interval
+-- from its start). An interval that ended over M_KEEP ago is dropped.
 -- M is kept for the buckets of another unit than requests (tokens: what
 -- calls estimate and settle); without it (a request bucket, a call older
--- than both instants) a bucket gives back only what has not refilled
+-- than every interval) a bucket gives back only what has not refilled
 -- since the call.
-local M_ROTATE = 60e6   -- us: calls up to a minute long find their instant
+local M_KEEP = 60e6    -- us: calls up to a minute long find their interval
+local M_SLICE = 50000  -- us: the least age of the latest interval before another opens
+local M_SLICES = 12    -- intervals per bucket at most
 
--- read_M reads the M field: per bucket tier index, {since, least, since
--- earlier, least earlier} (owed units; math.huge: no sample yet). It also
+-- keep_M is the least lifetime (us) of a hash that holds intervals in M:
+-- M_KEEP, so that a call settled (Used) after its buckets refilled still
+-- finds the interval it was taken in, and gives back no more than what
+-- the bucket has not refilled since.
+local function keep_M(M, need)
+  if M and next(M) ~= nil and need < M_KEEP then return M_KEEP end
+  return need
+end
+
+-- read_M reads the M field: per bucket tier index, the flat list {start,
+-- least, start, least, ...} of its intervals, oldest first (starts in us,
+-- increasing; least in owed units, math.huge: no sample yet). It also
 -- returns whether the field holds exactly the records read, so that
 -- write_M would write it unchanged while no record changes. into, when
 -- given, is filled instead of a new table, with records of M_POOL (a
 -- decision keeps them for the run only): a run that reads M and writes it
--- back allocates nothing for it.
+-- back allocates little for it.
 local M_POOL = {}
 local function read_M(raw, tiers, into)
   local out, n = into or {}, #tiers
   if into then
     for i = 1, n do out[i] = nil end
   end
-  if not raw or #raw == 0 or #raw % 40 ~= 0 then return out, raw == '' end
+  if not raw or #raw == 0 or #raw % 16 ~= 0 then return out, raw == '' end
   if not bin_pack then pick_codec() end
   -- (written in the order of the tiers: a bucket whose record is not next,
   -- new or of other limits, starts afresh)
@@ -654,8 +680,8 @@ local function read_M(raw, tiers, into)
     if t.kind == 'b' and t.unit then
       local found = false
       if pos < len then
-        local id, ry, my, ro, mo, npos = bin_unpack('<ddddd', raw, pos)
-        if id == t.id and ry == ry and my == my and ro == ro and mo == mo then
+        local id, k, npos = bin_unpack('<dd', raw, pos)
+        if id == t.id and k >= 1 and k <= M_SLICES and k == math.floor(k) and npos + 16 * k <= len + 1 then
           local m
           if into then
             m = M_POOL[i]
@@ -663,11 +689,18 @@ local function read_M(raw, tiers, into)
               m = {}
               M_POOL[i] = m
             end
-            m[1], m[2], m[3], m[4] = ry, my, ro, mo
+            for j = #m, 1, -1 do m[j] = nil end
           else
-            m = {ry, my, ro, mo}
+            m = {}
           end
-          out[i], pos, found = m, npos, true
+          local ok, last = true, -1
+          for j = 1, k do
+            local st, w
+            st, w, npos = bin_unpack('<dd', raw, npos)
+            if not (st > last and st < MAX_TIME and w == w and w >= 0) then ok = false end
+            m[2 * j - 1], m[2 * j], last = st, w, st
+          end
+          if ok then out[i], pos, found = m, npos, true end
         end
       end
       if not found then all = false end
@@ -679,58 +712,84 @@ end
 -- write_M writes the M field of tiers.
 local function write_M(M, tiers)
   if not bin_pack then pick_codec() end
-  local out, parts = '', nil -- (one record, the common case, without a table)
+  local parts = {}
   for i = 1, #tiers do
     local t, m = tiers[i], M[i]
     if m and t.kind == 'b' and t.unit then
-      local p = bin_pack('<ddddd', t.id, m[1], m[2], m[3], m[4])
-      if parts then
-        parts[#parts + 1] = p
-      elseif out == '' then
-        out = p
-      else
-        parts = {out, p}
-      end
+      parts[#parts + 1] = bin_pack('<' .. string.rep('d', 2 + #m), t.id, #m / 2, unpack(m))
     end
   end
-  if parts then return table.concat(parts) end
-  return out
+  return table.concat(parts)
 end
 
 -- sample_M records what bucket i owes at now (owed, before any change at
--- now) in M, and renews its later instant every M_ROTATE (a bucket without
--- M starts it now: calls before now find no instant). It returns whether
--- the record changed.
-local function sample_M(M, i, v, now, rotate)
+-- now) in M, in the latest interval; a decision (open) then opens another
+-- interval, at now, when the latest is M_SLICE old, drops those that ended
+-- M_KEEP ago and merges two if there are more than M_SLICES (a bucket
+-- without M starts it now: calls before now find no interval). It returns
+-- whether the record changed.
+local function sample_M(M, i, v, now, open)
   if v < 0 then v = 0 end
   local m = M[i]
   if not m then
-    M[i] = {now, math.huge, now, math.huge}
+    M[i] = {now, math.huge}
     return true
   end
-  local changed = false
-  if m[1] < now and v < m[2] then m[2], changed = v, true end
-  if m[3] < now and v < m[4] then m[4], changed = v, true end
-  if rotate and now - m[1] >= M_ROTATE then
-    -- (the later instant becomes the earlier one; in this order, as
-    -- gopher-lua may assign before it reads the right-hand side)
-    m[3] = m[1]
-    m[4] = m[2]
-    m[1] = now
-    m[2] = math.huge
-    changed = true
+  local n2, changed = #m, false
+  if v < m[n2] then m[n2], changed = v, true end
+  if not open or now - m[n2 - 1] < M_SLICE then return changed end
+  -- (the sample opens the new interval too, as one a little later would
+  -- go in it: its least is at most what the bucket owed before the run)
+  m[n2 + 1], m[n2 + 2] = now, v
+  while #m >= 4 and m[3] <= now - M_KEEP do
+    table.remove(m, 1)
+    table.remove(m, 1)
   end
-  return changed
+  if #m > 2 * M_SLICES then
+    -- The two neighbours whose union is shortest for its age (its start's
+    -- distance from now) become one, the least of both.
+    local best, at = math.huge, 1
+    for j = 1, #m - 3, 2 do
+      local ends = m[j + 4] or now
+      local r = (ends - m[j]) / (now - m[j])
+      if r < best then best, at = r, j end
+    end
+    if m[at + 3] < m[at + 1] then m[at + 1] = m[at + 3] end
+    table.remove(m, at + 2)
+    table.remove(m, at + 2)
+  end
+  return true
 end
 
 -- refund_room is what bucket i may give back of a call admitted at at
--- beyond the rule without M: the least it owed since then, and now.
+-- beyond the rule without M: the least it owed in the intervals from the
+-- one holding at to now, and now.
 local function refund_room(M, i, at, owed_now)
   local m = M[i]
-  if not m then return 0 end
-  local least
-  if m[1] <= at then least = m[2] elseif m[3] <= at then least = m[4] else return 0 end
-  return math.max(0, math.min(least, owed_now))
+  if not m or at < m[1] then return 0 end
+  local least = owed_now
+  for j = #m - 1, 1, -2 do
+    if m[j + 1] < least then least = m[j + 1] end
+    if m[j] <= at then break end
+  end
+  return math.max(0, least)
+end
+
+-- refund_given lowers, in bucket i's intervals from the one holding at to
+-- now, the least owed by given, which a refund of a call admitted at at
+-- gave back, and records what the bucket owes after it (owed_now) in the
+-- latest.
+local function refund_given(M, i, at, given, owed_now)
+  local m = M[i]
+  if not m then return end
+  if given > 0 then
+    for j = #m - 1, 1, -2 do
+      local w = m[j + 1]
+      if w ~= math.huge then m[j + 1] = math.max(0, w - given) end
+      if m[j] <= at then break end
+    end
+  end
+  if owed_now < m[#m] then m[#m] = math.max(0, owed_now) end
 end
 
 -- The virtual clock of fair shares (G) and an active tenant's record (t:<id>),

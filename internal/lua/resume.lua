@@ -25,7 +25,7 @@ local held = {}
 local T = h[2]
 if suspended then
   held = redis.call('ZRANGE', resv_key, 0, MAX_BACK - 1)
-  redis.call('HDEL', key, 's', 'V')
+  redis.call('HDEL', key, 's', 'V', 'B')
   redis.call('DEL', resv_key)
   drop_fair(key, tenants_key, tags_key)
   for _, f in ipairs(redis.call('HKEYS', key)) do

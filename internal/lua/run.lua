@@ -12,7 +12,7 @@ local OWED, STORED = {}, {}
 local COSTV = {}
 
 -- MREC is the M field's records as read (read_M), refilled by every run of
--- a key with units.
+-- a key with units that samples a change.
 local MREC = {}
 
 -- HM_FIELDS are the hash fields every run reads first (h[1] to h[7]).
@@ -118,16 +118,19 @@ local function decide_run(KEYS, ARGV)
     local rawM = h[6]
     if o.fair then rawM = redis.call('HGET', KEYS[1], 'M') end -- (h[6] is G there)
     local k, same = spec.m1, false
-    if k and rawM and #rawM == 40 then
+    if k and rawM and #rawM >= 32 then
       -- One bucket of another unit, the common case: sample_M's rules on
-      -- its record as read (read_M's), without building M when they
-      -- change nothing.
+      -- its latest interval as read (read_M's), without building M when
+      -- they change nothing: a sample no lower than the interval's least,
+      -- within M_SLICE of its start.
       if not bin_pack then pick_codec() end
-      local id, ry, my, ro, mo = bin_unpack('<ddddd', rawM)
-      local v = owed[k]
-      if v < 0 then v = 0 end
-      same = id == spec.tiers[k].id and ry == ry and my == my and ro == ro and mo == mo and
-        not (ry < now and v < my) and not (ro < now and v < mo) and now - ry < M_ROTATE
+      local id, cnt = bin_unpack('<dd', rawM)
+      if id == spec.tiers[k].id and #rawM == 16 + 16 * cnt then
+        local st, w = bin_unpack('<dd', rawM, #rawM - 15)
+        local v = owed[k]
+        if v < 0 then v = 0 end
+        same = st == st and w == w and not (v < w) and now - st < M_SLICE
+      end
     end
     if not same then
       local M
