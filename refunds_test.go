@@ -59,3 +59,56 @@ func TestE2ERefundsBringBookedTasksForward(t *testing.T) {
 	t.Logf("%d of %d tasks ran over a second before the time they were booked for (the last booked for %v after the first enqueue)", early, n, last.Sub(start).Round(time.Second))
 	assert.GreaterOrEqual(t, early, 5, "tasks brought forward by the refunds")
 }
+
+// A refund brings forward only the task that booked the reservation: a
+// task deleted from asynq and enqueued again under its ID for an hour
+// later (asynq's way to reschedule) leaves its booking in the queue until
+// it lapses, and a refund that brings that booking forward must not run
+// the new task now.
+func TestE2EARefundRunsNoTaskRescheduledForLater(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	var mu sync.Mutex
+	ran := map[string]time.Time{}
+	f := startFleet(t, fleetConfig{servers: 1, handler: func(ctx context.Context, _ *asynq.Task) error {
+		id, _ := asynq.GetTaskID(ctx)
+		mu.Lock()
+		ran[id] = time.Now()
+		mu.Unlock()
+		if id == "later" {
+			return nil
+		}
+		<-release
+		return throttle.Used(ctx, "tokens", 50)
+	}})
+	f.setLimits("llm", throttle.PerSecond(100), throttle.PerSecond(1000).WithBurst(2000).In("tokens"))
+	lim := throttle.NewLimiter(f.rdb, throttle.WithLogger(quiet))
+	ctx := context.Background()
+	for i := range 29 {
+		_, err := lim.Enqueue(ctx, f.client, newTask(t, "sync:llm", []byte(fmt.Sprintf("job-%d", i)), throttle.Key("llm"), throttle.Uses("tokens", 200)))
+		require.NoError(t, err)
+	}
+	// The latest booking, 4 s ahead: the first a refund brings forward.
+	info, err := lim.Enqueue(ctx, f.client, newTask(t, "sync:llm", []byte("later"), throttle.Key("llm"), throttle.Uses("tokens", 200)), asynq.TaskID("later"))
+	require.NoError(t, err)
+	require.Greater(t, time.Until(info.NextProcessAt), 2*time.Second, "booked behind the others")
+	require.NoError(t, f.insp.DeleteTask("default", "later"))
+	_, err = f.client.Enqueue(newTask(t, "sync:llm", []byte("later"), throttle.Key("llm"), throttle.Uses("tokens", 200)), asynq.TaskID("later"), asynq.ProcessIn(time.Hour))
+	require.NoError(t, err)
+	close(release)
+
+	// The others run, their refunds bringing bookings forward.
+	require.Eventually(t, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(ran) >= 29
+	}, 20*time.Second, 50*time.Millisecond, "the 29 booked tasks ran")
+	mu.Lock()
+	_, bad := ran["later"]
+	mu.Unlock()
+	assert.False(t, bad, "a task enqueued for an hour later ran now")
+	later, err := f.insp.GetTaskInfo("default", "later")
+	require.NoError(t, err)
+	assert.Equal(t, asynq.TaskStateScheduled, later.State)
+	assert.Greater(t, time.Until(later.NextProcessAt), 50*time.Minute, "still due in an hour")
+}

@@ -353,7 +353,7 @@ func (l *Limiter) adjust(ctx context.Context, key string, delta int, call lua.Ca
 // settle is adjust, and returns the IDs of the tasks whose reservations a
 // refund brought forward (call.Forward, see lua.Settle): the caller runs
 // them (Limiter.forward).
-func (l *Limiter) settle(ctx context.Context, key string, delta int, call lua.Call) ([]string, error) {
+func (l *Limiter) settle(ctx context.Context, key string, delta int, call lua.Call) ([]lua.Forwarded, error) {
 	keys, err := redisKeys(l.o.prefix, key)
 	if err != nil {
 		return nil, err
@@ -361,7 +361,7 @@ func (l *Limiter) settle(ctx context.Context, key string, delta int, call lua.Ca
 	if _, err := l.state(key); err != nil {
 		return nil, err
 	}
-	ids, err := bounded(l, ctx, func(ctx context.Context) ([]string, error) {
+	ids, err := bounded(l, ctx, func(ctx context.Context) ([]lua.Forwarded, error) {
 		return lua.Settle(ctx, l.runner, keys, delta, call, l.defaults(key))
 	})
 	if err != nil {

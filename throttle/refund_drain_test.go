@@ -96,8 +96,8 @@ func (s *refundSim) call(st *simTask, d Decision) {
 		s.toks.level = min(s.toks.capacity, s.toks.level-float64(u-est))
 		ids, err := s.l.settle(ctx, "k", u-est, lua.Call{At: d.at, Charged: est, Generation: d.gen, Unit: "tokens", Forward: true})
 		require.NoError(s.t, err)
-		for _, id := range ids {
-			if t := s.byID[id]; t != nil && s.bringForward(t) {
+		for _, f := range ids {
+			if t := s.byID[f.ID]; t != nil && s.bringForward(t) {
 				s.forwarded++
 			}
 		}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/asynq-throttle/asynq-throttle/internal/deferral"
 	"github.com/asynq-throttle/asynq-throttle/internal/keyspace"
+	"github.com/asynq-throttle/asynq-throttle/internal/lua"
 )
 
 // taskStore is the limiter's way to the asynq tasks: it re-enqueues a copy
@@ -218,26 +219,42 @@ func (s *taskStore) run(tasks []parkedTask, near time.Duration, match func(*asyn
 }
 
 // forward runs now the tasks of key whose reservations a refund brought
-// forward (ids, see lua.Settle), where they wait: in the queue of the
-// handler that settled (ctx), as a backlog's tasks do. A task found
-// elsewhere, under another ID (a copy the middleware enqueued for a task
-// on its last retry) or about to come back comes at its old time, as a
-// holder whose instant has come.
-func (l *Limiter) forward(ctx context.Context, key string, ids []string) {
+// forward (see lua.Settle), where they wait: in the queue of the handler
+// that settled (ctx), as a backlog's tasks do, and only a task that still
+// waits for the instant its reservation held (within forwardSlack: asynq
+// brings a task back on whole seconds) is the one that booked it. A task
+// found elsewhere, under another ID (a copy the middleware enqueued for a
+// task on its last retry), about to come back, or waiting for another time
+// (deleted and enqueued again under its ID for later, or retrying after a
+// failure of its own) comes at its own time; a reservation whose task does
+// not come lapses, as any holder's.
+func (l *Limiter) forward(ctx context.Context, key string, fw []lua.Forwarded) {
 	queue, ok := asynq.GetQueueName(ctx)
 	if !ok {
 		return
 	}
-	tasks := make([]parkedTask, len(ids))
-	for i, id := range ids {
-		tasks[i] = parkedTask{queue: queue, id: id}
+	tasks := make([]parkedTask, len(fw))
+	booked := make(map[string]time.Time, len(fw))
+	for i, f := range fw {
+		tasks[i] = parkedTask{queue: queue, id: f.ID}
+		booked[f.ID] = f.At
 	}
 	n := l.tasks.run(tasks, forwardSoonest, func(info *asynq.TaskInfo) bool {
+		at, ok := booked[info.ID]
+		if !ok || info.NextProcessAt.Sub(at).Abs() > forwardSlack {
+			return false
+		}
 		k, err := l.o.keyOf(asynq.NewTaskWithHeaders(info.Type, info.Payload, info.Headers))
 		return err == nil && k == key
 	})
-	l.o.logger.Debug("throttle: a refund brought booked tasks forward", "key", key, "queue", queue, "brought", n, "of", len(ids))
+	l.o.logger.Debug("throttle: a refund brought booked tasks forward", "key", key, "queue", queue, "brought", n, "of", len(fw))
 }
+
+// forwardSlack is how far from its reservation's instant a task brought
+// forward may be due: asynq brings a task back on the whole second before
+// or after its instant (the middleware's deferDelay), and the clocks of
+// Redis and of the process that deferred it may differ a little.
+const forwardSlack = 2 * time.Second
 
 // listPage is how many tasks bringBack reads at once.
 const listPage = 500

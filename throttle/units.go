@@ -211,8 +211,8 @@ func Used(ctx context.Context, unit string, n int) error {
 }
 
 // settle is Used's settlement of unit to n, one at a time; it returns the
-// IDs of the tasks a refund brought forward.
-func (tc *taskCharge) settle(ctx context.Context, unit string, n int) []string {
+// reservations a refund brought forward.
+func (tc *taskCharge) settle(ctx context.Context, unit string, n int) []lua.Forwarded {
 	tc.mu.Lock()
 	defer tc.mu.Unlock()
 	charged := tc.cost.of(unit)
@@ -222,7 +222,7 @@ func (tc *taskCharge) settle(ctx context.Context, unit string, n int) []string {
 	if n == charged {
 		return nil
 	}
-	call := lua.Call{At: tc.at, Charged: charged, Generation: tc.gen, Tenant: tc.tenant}
+	call := lua.Call{At: tc.at, Charged: charged, Generation: tc.gen, Tenant: tc.tenant, Estimate: tc.cost.of(unit)}
 	if unit != unitRequests {
 		// A refund of another unit may bring booked tasks forward, to run
 		// now in this handler's queue (Limiter.forward).

@@ -29,11 +29,15 @@
 -- already deferred comes back only at its instant. When the caller will
 -- run them (ARGV[8]), the refund moves the schedule of the buckets it gave
 -- back to (decide.lua's V) back by what it gave, as it moved the buckets,
--- and, for every charge's worth given back since the queue opened (B; the
--- charge of the call settling, the nearest thing to a booked task's cost
--- the script knows), brings the latest reservation forward: its instant
--- becomes now, and its task ID is returned for the caller to run the task
--- now (asynq's RunTask). The other reservations keep their instants and
+-- and, for every booked task's worth given back since the queue opened
+-- (B's credit; a booked task's worth is the larger of the settling call's
+-- estimate, ARGV[9], and the mean estimate of the calls settled on the key,
+-- B's third number: the script does not know what each booking cost, and
+-- a task brought forward that does not fit is booked again behind the
+-- queue, so the worth errs high), brings the latest reservation forward,
+-- at most MAX_FORWARD a settlement: its instant becomes now, and its task
+-- ID is returned with its old instant for the caller to run the task now
+-- (asynq's RunTask) if it is still the task that booked it. The other reservations keep their instants and
 -- the queue ends a task earlier: taken from the end and booked now, the
 -- task leaves the schedule as long as it was, less the refund. The tiers
 -- still decide when it comes back, as for any holder whose instant has
@@ -42,21 +46,25 @@
 -- reserved calls are counted per sub-window at their instants), with
 -- tenants (their turns are fair tags), or while suspended.
 local FORWARD_AFTER = 1.5e6 -- us: reservations nearer come back by themselves soon (asynq holds a task until the whole second before its instant: throttle's forwardSoonest)
+local MAX_FORWARD = 16     -- reservations brought forward by one settlement at most (the rest of the credit waits for the next)
+local MEAN_WEIGHT = 0.25   -- weight of a settling call's estimate in the key's mean
 
 -- bring_forward moves the schedule back by what each bucket gave back
--- (gave, of owed before: was), adds the least of it, in tokens, to the
--- credit of the queue anchored as V's (B: "anchor credit"), brings forward
--- a reservation (the latest) for each charge's worth of credit, and adds
--- V and P to fields. It returns the IDs brought forward.
-local function bring_forward(resv_key, tiers, was, gave, charged, V, B, now, fields)
+-- (gave, of owed before: was; owed for the buckets of other units), adds
+-- the least of it, in tokens, to the credit of the queue anchored as V's
+-- (B: "anchor credit mean"), brings forward a reservation (the latest) for
+-- each booked task's worth of credit (estimate: the settling call's), and
+-- adds V and B to fields. It returns the IDs brought forward, each
+-- followed by its old instant (us).
+local function bring_forward(resv_key, tiers, was, owed, gave, estimate, V, B, now, fields)
   local va, sw, virt = read_V(V)
-  if not va or charged <= 0 then return {} end
+  if not va or estimate <= 0 then return {} end
   local tokens = nil
   local vt = {}
   for i, t in ipairs(tiers) do
     if t.kind == 'b' then
       local v = virt[-t.id]
-      if v == nil then v = was[i] / t.rate + (now - va) end
+      if v == nil then v = (was[i] or owed[i] or 0) / t.rate + (now - va) end
       if gave[i] then
         v = v - gave[i] / t.rate
         if not tokens or gave[i] / t.p < tokens then tokens = gave[i] / t.p end
@@ -67,21 +75,38 @@ local function bring_forward(resv_key, tiers, was, gave, charged, V, B, now, fie
   fields[#fields + 1] = 'V'
   fields[#fields + 1] = write_V(va, sw, tiers, vt)
   local credit = 0
-  local pa, pc = string.match(B or '', '^(%d+) (%S+)$')
+  local pa, pc, pm = string.match(B or '', '^(%d+) (%S+) ?(%S*)$')
   if tonumber(pa) == va then credit = tonumber(pc) or 0 end
   if not (credit >= 0 and credit < math.huge) then credit = 0 end
   credit = credit + (tokens or 0)
-  local ids = {}
-  local n = math.floor(credit / charged)
+  local mean = tonumber(pm)
+  if mean and mean > 0 and mean < math.huge then
+    mean = mean + (estimate - mean) * MEAN_WEIGHT
+  else
+    mean = estimate
+  end
+  local worth = math.max(estimate, mean)
+  local out = {}
+  local n = math.floor(credit / worth)
+  if n > MAX_FORWARD then n = MAX_FORWARD end
   if n > 0 then
-    ids = redis.call('ZREVRANGEBYSCORE', resv_key, '+inf', '(' .. fmt(now + FORWARD_AFTER), 'LIMIT', 0, n)
-    for _, id in ipairs(ids) do redis.call('ZADD', resv_key, 'XX', now, id) end
-    -- (credit nothing far enough ahead could take is not kept)
-    if #ids < n then credit = 0 else credit = credit - n * charged end
+    local found = redis.call('ZREVRANGEBYSCORE', resv_key, '+inf', '(' .. fmt(now + FORWARD_AFTER), 'WITHSCORES', 'LIMIT', 0, n)
+    for j = 1, #found, 2 do
+      redis.call('ZADD', resv_key, 'XX', now, found[j])
+      out[#out + 1] = found[j]
+      out[#out + 1] = found[j + 1]
+    end
+    -- (credit nothing far enough ahead could take is not kept; credit
+    -- beyond MAX_FORWARD's worth is not either)
+    if #found / 2 < n then
+      credit = 0
+    else
+      credit = math.min(credit - n * worth, MAX_FORWARD * worth)
+    end
   end
   fields[#fields + 1] = 'B'
-  fields[#fields + 1] = string.format('%d %.17g', va, credit)
-  return ids
+  fields[#fields + 1] = string.format('%d %.17g %.17g', va, credit, mean)
+  return out
 end
 
 local key, kc, akey, resv_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
@@ -93,6 +118,8 @@ local call_gen = tonumber(ARGV[5]) or -1   -- the limits' generation it was admi
 local unit     = ARGV[6] or ''             -- the unit settled ('': requests)
 local tenant   = ARGV[7]                   -- the task's tenant (nil: none said)
 local bring    = ARGV[8] == '1'            -- the caller runs the reservations brought forward
+local estimate = tonumber(ARGV[9]) or 0    -- what the call was charged of unit when admitted (0: charged)
+if estimate <= 0 then estimate = charged end
 local now = now_us()
 local h = redis.call('HMGET', key, 'L', 'T', 'O', 'M', 'D', 'A', 's', 'V', 'B')
 local src = config_of(kc, h[1], h[5])
@@ -183,7 +210,7 @@ need = keep_M(M, need)
 local forward = {}
 local until_ = finite(h[7])
 if bring and refund and unit ~= '' and q > now and not spec.windows and not (until_ and until_ > now) and next(gave) then
-  forward = bring_forward(resv_key, tiers, was, gave, charged, h[8], h[9], now, fields)
+  forward = bring_forward(resv_key, tiers, was, owed, gave, estimate, h[8], h[9], now, fields)
 end
 local t_field = write_T(tiers, owed, now, 0, (q > now or q == -1) and q or 0)
 if not t_field and h[2] then redis.call('HDEL', key, 'T') end

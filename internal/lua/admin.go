@@ -179,8 +179,19 @@ type Call struct {
 	// tiers on a key tenants share.
 	Tenant string
 	// Forward says that the caller runs now the tasks whose reservations a
-	// refund brings forward (Settle returns their IDs).
+	// refund brings forward (Settle returns them).
 	Forward bool
+	// Estimate is what the call was charged of Unit when admitted (0: Charged),
+	// the worth of a booked task when a refund brings reservations forward.
+	Estimate int
+}
+
+// Forwarded is a reservation a refund brought forward: the task that holds
+// it, and the instant it held before (the task, if it still waits for that
+// instant, is the one that booked it).
+type Forwarded struct {
+	ID string
+	At time.Time
 }
 
 // Adjust runs adjust.lua: every tier of the key takes delta more calls'
@@ -196,9 +207,9 @@ func Adjust(ctx context.Context, r *Runner, k Keys, delta int, call Call, defaul
 
 // Settle runs adjust.lua, as Adjust; with call.Forward, a refund of another
 // unit than requests while a queue of reservations is outstanding brings
-// the latest reservations forward, one for each charge's worth given back,
-// and Settle returns their task IDs, latest first: the caller is to run
-// those tasks now.
+// the latest reservations forward, one for each booked task's worth given
+// back (at most 16), and Settle returns them, latest first: the caller is
+// to run those tasks now, if they still wait for the instants they held.
 //
 //	KEYS[1] bucket hash  KEYS[2] configuration  KEYS[3] active tenants
 //	KEYS[4] reservations
@@ -206,10 +217,11 @@ func Adjust(ctx context.Context, r *Runner, k Keys, delta int, call Call, defaul
 //	ARGV[3] when the call was admitted, microseconds of the Redis clock (0 unknown)
 //	ARGV[4] what the call was charged so far   ARGV[5] its limits' generation
 //	ARGV[6] the unit settled ("" requests)   ARGV[7] its tenant ("" the default)
-//	ARGV[8] "1": bring reservations forward
+//	ARGV[8] "1": bring reservations forward   ARGV[9] the call's estimate of the unit
 //
-// Reply: the task IDs brought forward (an empty array: none).
-func Settle(ctx context.Context, r *Runner, k Keys, delta int, call Call, defaults []Tier) ([]string, error) {
+// Reply: the task IDs brought forward, each followed by its old instant in
+// microseconds of the Redis clock (an empty array: none).
+func Settle(ctx context.Context, r *Runner, k Keys, delta int, call Call, defaults []Tier) ([]Forwarded, error) {
 	var atUS int64
 	if !call.At.IsZero() {
 		atUS = call.At.UnixMicro()
@@ -219,23 +231,25 @@ func Settle(ctx context.Context, r *Runner, k Keys, delta int, call Call, defaul
 		forward = 1
 	}
 	v, err := r.Run(ctx, adjustScript, []string{k.Bucket, k.Config, k.Tenants, k.Reservations},
-		delta, FormatTiers(defaults), atUS, call.Charged, call.Generation, call.Unit, call.Tenant, forward)
+		delta, FormatTiers(defaults), atUS, call.Charged, call.Generation, call.Unit, call.Tenant, forward, call.Estimate)
 	if err != nil {
 		return nil, err
 	}
 	a, ok := v.([]any)
-	if !ok {
+	if !ok || len(a)%2 != 0 {
 		return nil, errBadReply("adjust", v)
 	}
-	var ids []string
-	for _, e := range a {
-		id, ok := e.(string)
-		if !ok {
+	var out []Forwarded
+	for i := 0; i < len(a); i += 2 {
+		id, ok1 := a[i].(string)
+		at, ok2 := a[i+1].(string)
+		us, err := strconv.ParseFloat(at, 64)
+		if !ok1 || !ok2 || err != nil {
 			return nil, errBadReply("adjust", v)
 		}
-		ids = append(ids, id)
+		out = append(out, Forwarded{ID: id, At: time.UnixMicro(int64(us))})
 	}
-	return ids, nil
+	return out, nil
 }
 
 // SetWeights runs setweights.lua: the weights of the key's tenants become

@@ -31,9 +31,10 @@
 --     Ww<per_ms>  a window's state (window.lua): calls admitted per
 --        sub-window, then the calls reserved per sub-window; Wx<per_ms> a
 --        fixed window's, per aligned window
---     B  while a queue of reservations is outstanding: "anchor credit", its
---        V's anchor and the tokens refunds gave back that no reservation was
---        brought forward for yet (adjust.lua's bring_forward)
+--     B  while a queue of reservations is outstanding: "anchor credit
+--        mean", its V's anchor, the tokens refunds gave back that no
+--        reservation was brought forward for yet, and the mean estimate
+--        of the calls settled (adjust.lua's bring_forward)
 --     A  the latest instant ahead a call was counted at (a paced holder):
 --        refunds are counted as of then (adjust.lua)
 --     s  suspended until (us)

@@ -77,8 +77,11 @@ func TestARefundBringsTheLatestReservationsForward(t *testing.T) {
 		require.Equal(t, StatusDenied, r.Status, "booking %s: %+v", id, r)
 		return r.Reserved.Sub(testEpoch())
 	}
+	reserved0 := map[string]time.Duration{}
 	for i := range 20 {
-		assert.Equal(t, time.Duration(1+i/5)*time.Second, book(fmt.Sprintf("r%d", i)), "r%d's instant: five tasks' worth refills a second", i)
+		id := fmt.Sprintf("r%d", i)
+		reserved0[id] = book(id)
+		assert.Equal(t, time.Duration(1+i/5)*time.Second, reserved0[id], "r%d's instant: five tasks' worth refills a second", i)
 	}
 	reserved := func(id string) time.Duration {
 		t.Helper()
@@ -88,8 +91,13 @@ func TestARefundBringsTheLatestReservationsForward(t *testing.T) {
 	}
 	settle := func(r DecideReply, delta int, forward bool) []string {
 		t.Helper()
-		ids, err := Settle(e.ctx, e.run, e.k, delta, Call{At: r.At, Charged: 200, Generation: r.Generation, Unit: "tokens", Forward: forward}, nil)
+		fw, err := Settle(e.ctx, e.run, e.k, delta, Call{At: r.At, Charged: 200, Generation: r.Generation, Unit: "tokens", Forward: forward}, nil)
 		require.NoError(t, err)
+		var ids []string
+		for _, f := range fw {
+			ids = append(ids, f.ID)
+			assert.Equal(t, reserved0[f.ID], f.At.Sub(testEpoch()), "%s: its old instant", f.ID)
+		}
 		return ids
 	}
 
@@ -99,10 +107,108 @@ func TestARefundBringsTheLatestReservationsForward(t *testing.T) {
 	assert.Equal(t, []string{"r19"}, settle(c, -200, true), "the latest reservation, for 200 given back")
 	assert.Equal(t, 100*time.Millisecond, reserved("r19"), "r19's instant is now")
 	assert.Equal(t, 4*time.Second, reserved("r18"))
-	assert.Equal(t, 4*time.Second, book("r20"), "the schedule is 200 tokens shorter: r20 takes r19's place")
+	reserved0["r20"] = book("r20")
+	assert.Equal(t, 4*time.Second, reserved0["r20"], "the schedule is 200 tokens shorter: r20 takes r19's place")
 
 	e.at(200 * time.Millisecond)
 	assert.Empty(t, settle(c3, -100, true), "100 given back: half a charge")
 	assert.Equal(t, []string{"r20"}, settle(c4, -100, true), "100 more: a charge's worth in all")
 	assert.Equal(t, 200*time.Millisecond, reserved("r20"))
+}
+
+// A booked task's worth is its estimate, not what the settling call was
+// charged so far: a task that calls Used several times (100, then 1, then
+// 0 of an estimate of 200) brings one task forward for the 200 it gave
+// back in all, not the whole backlog for its last token; and a call of a
+// small estimate brings no more 200-token tasks forward than its refund
+// and the credit left are worth. A task brought forward that does not fit
+// would be booked again behind the queue, later than its first instant.
+func TestABookedTasksWorthIsAnEstimate(t *testing.T) {
+	setup := func(t *testing.T, first ...int) (*env, []DecideReply, map[string]time.Duration, func(string) DecideReply) {
+		e := newEnv(t)
+		e.setLimits(Tier{Rate: 1000, PerMS: 1000, Burst: 1000}, Tier{Rate: 1000, PerMS: 1000, Burst: 2000, Unit: "tokens"})
+		var calls []DecideReply
+		for _, n := range first {
+			r := e.decide(DecideArgs{Units: fmt.Sprintf("tokens=%d", n)})
+			require.Equal(t, StatusAllowed, r.Status)
+			calls = append(calls, r)
+		}
+		decide := func(id string) DecideReply {
+			return e.decide(DecideArgs{Horizon: time.Minute, Lapse: time.Minute, Granule: time.Second, Book: true, TaskID: id, Units: "tokens=200"})
+		}
+		orig := map[string]time.Duration{}
+		for i := range 20 {
+			id := fmt.Sprintf("r%d", i)
+			r := decide(id)
+			require.Equal(t, StatusDenied, r.Status)
+			orig[id] = r.Reserved.Sub(testEpoch())
+		}
+		return e, calls, orig, decide
+	}
+	settle := func(t *testing.T, e *env, c DecideReply, delta, charged, estimate int) []Forwarded {
+		t.Helper()
+		fw, err := Settle(e.ctx, e.run, e.k, delta, Call{At: c.At, Charged: charged, Generation: c.Generation, Unit: "tokens", Forward: true, Estimate: estimate}, nil)
+		require.NoError(t, err)
+		return fw
+	}
+	// noneBehind: the tasks brought forward come back now; none refused is
+	// booked later than it first was.
+	noneBehind := func(t *testing.T, fw []Forwarded, orig map[string]time.Duration, decide func(string) DecideReply) {
+		t.Helper()
+		for _, f := range fw {
+			if r := decide(f.ID); r.Status != StatusAllowed {
+				assert.LessOrEqual(t, r.Reserved.Sub(testEpoch()), orig[f.ID], "%s: brought forward, refused, and booked behind its first instant", f.ID)
+			}
+		}
+	}
+
+	t.Run("several Used of one task", func(t *testing.T) {
+		e, calls, orig, decide := setup(t, 1000, 200, 200, 200, 200, 200)
+		e.at(100 * time.Millisecond)
+		var fw []Forwarded
+		fw = append(fw, settle(t, e, calls[1], -100, 200, 200)...)
+		fw = append(fw, settle(t, e, calls[1], -99, 100, 200)...)
+		fw = append(fw, settle(t, e, calls[1], -1, 1, 200)...)
+		assert.Len(t, fw, 1, "200 tokens given back in all: one task of 200")
+		noneBehind(t, fw, orig, decide)
+	})
+	t.Run("a small estimate after a large one", func(t *testing.T) {
+		e, calls, orig, decide := setup(t, 1000, 200, 10, 790)
+		e.at(100 * time.Millisecond)
+		assert.Empty(t, settle(t, e, calls[1], -150, 200, 200), "150 given back: less than a task of 200")
+		fw := settle(t, e, calls[2], -10, 10, 10)
+		assert.LessOrEqual(t, len(fw), 1, "160 given back in all: at most one task of 200, not 16")
+		noneBehind(t, fw, orig, decide)
+	})
+}
+
+// A refund settles on a key whose schedule (V) lacks a bucket of the
+// limits in force: processes that disagree on a key's default limits (a
+// rolling deploy changing WithDefaultLimits) write each other's
+// schedules. It failed with a script error on the request bucket, which
+// the refund of tokens does not touch, and every Used went unsettled.
+func TestARefundSettlesOnAScheduleOfOtherLimits(t *testing.T) {
+	e := newEnv(t)
+	defA := []Tier{{Rate: 1000, PerMS: 1000, Burst: 1000}, {Rate: 1000, PerMS: 1000, Burst: 2000, Unit: "tokens"}}
+	defB := []Tier{{Rate: 60000, PerMS: 60000, Burst: 1000}, {Rate: 1000, PerMS: 1000, Burst: 2000, Unit: "tokens"}}
+	var c DecideReply
+	for i := range 6 {
+		n := 200
+		if i == 0 {
+			n = 1000
+		}
+		r := e.decide(DecideArgs{Units: fmt.Sprintf("tokens=%d", n), Defaults: defA})
+		require.Equal(t, StatusAllowed, r.Status)
+		if i == 1 {
+			c = r
+		}
+	}
+	for i := range 10 {
+		r := e.decide(DecideArgs{Horizon: time.Minute, Lapse: time.Minute, Granule: time.Second, Book: true, TaskID: fmt.Sprintf("r%d", i), Units: "tokens=200", Defaults: defA})
+		require.Equal(t, StatusDenied, r.Status)
+	}
+	e.at(100 * time.Millisecond)
+	fw, err := Settle(e.ctx, e.run, e.k, -200, Call{At: c.At, Charged: 200, Generation: c.Generation, Unit: "tokens", Forward: true, Estimate: 200}, defB)
+	require.NoError(t, err)
+	assert.Len(t, fw, 1, "200 given back under the other limits: a task of 200 brought forward")
 }
