@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"math"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -38,7 +39,13 @@ import (
 //     how many responses each was within lLearnTolerance of the provider's;
 //     beside the fleet, a serial probe (runLProbe: one call at a time, an
 //     endpoint and a key of its own) gives the exact count the verdict
-//     uses.
+//     uses;
+//   - ours-10x-s: ours-10x told the same rates as per-second tiers
+//     (PerSecond(10*RPM/60), PerSecond(10*TPM/60).In("tokens"), no burst
+//     said), against headers that state per-minute quotas: a learned limit
+//     must bind whatever the tiers' periods (issue 29, item 10). Learned,
+//     probed and reported as ours-10x, rates compared per second and
+//     bursts in units whatever the tier's period (lRateBurst).
 //
 // Each task is throttle.NewTask(..., throttle.Key(lKey), throttle.Uses(
 // "tokens", estimate)); its handler calls the provider, hands every
@@ -52,8 +59,13 @@ import (
 const (
 	lOurs        = "ours"         // the stated limits (and the bucket's burst)
 	lOurs10x     = "ours-10x"     // 10x the stated limits, to be learned from the headers
+	lOurs10xS    = "ours-10x-s"   // the same as per-second tiers, to learn per-minute quotas into them
 	lOursEnqueue = "ours-enqueue" // ours, its producers calling Limiter.Enqueue
 )
+
+// lLearners are the variants of ours told limits too high, whose learning
+// from the headers is checked, probed and reported (printLLearning).
+var lLearners = []string{lOurs10x, lOurs10xS}
 
 const (
 	lKey      = "openai:gpt-4o" // the key of every ours run (each run has its own prefix)
@@ -74,12 +86,21 @@ const (
 var lNamesMu sync.Mutex
 
 // oursLLMLimits are the limits ours sets on the key for the provider's lim,
-// factor times the stated ones (1: with the bucket's burst; else with
-// none said, a minute's worth of the configured rate).
-func oursLLMLimits(lim llmLimits, factor int) []throttle.Limit {
-	req := throttle.PerMinute(factor * lim.RPM)
-	tok := throttle.PerMinute(factor * lim.TPM).In(lUnit)
-	if factor == 1 && lim.Capacity != time.Minute {
+// factor times the stated ones, as tiers of per (time.Minute, or
+// time.Second: the per-minute figures over 60, rounded down, at least 1);
+// factor 1 with the bucket's burst when it holds other than per's worth,
+// else with none said (per's worth of the configured rate).
+func oursLLMLimits(lim llmLimits, factor int, per time.Duration) []throttle.Limit {
+	tier := throttle.PerMinute
+	if per == time.Second {
+		tier = throttle.PerSecond
+	} else if per != time.Minute {
+		panic(fmt.Sprintf("oursLLMLimits: tiers per %v: only per second or per minute", per))
+	}
+	n := func(perMinute int) int { return max(factor*perMinute*int(per/time.Second)/60, 1) }
+	req := tier(n(lim.RPM))
+	tok := tier(n(lim.TPM)).In(lUnit)
+	if factor == 1 && lim.Capacity != per {
 		req = req.WithBurst(max(int(lim.requestCapacity()+llmEps), 1))
 		tok = tok.WithBurst(max(int(lim.tokenCapacity()+llmEps), 1))
 	}
@@ -98,7 +119,7 @@ type lLearning struct {
 	Suspensions, Suspended int
 	// Polls is how many polls read the key; PollErrors how many failed.
 	Polls, PollErrors int
-	// Probe (ours-10x) is the serial learning probe run beside the fleet:
+	// Probe (lLearners) is the serial learning probe run beside the fleet:
 	// the exact count the fleet's bursts of responses cannot give.
 	Probe *lProbe `json:",omitempty"`
 }
@@ -107,7 +128,7 @@ type lLearning struct {
 // and capacity, when a poll first saw the limit in force within
 // lLearnTolerance of each (since the start; -1 never) and how many
 // responses the handlers had had by then, and the limit in force at the
-// end. RateSeen and BurstSeen (ours-10x) are a tighter bound: the fewest
+// end. RateSeen and BurstSeen (lLearners) are a tighter bound: the fewest
 // responses the handlers had had when one of them, reading the key right
 // after its Observe, found the rate (the burst) learned; -1 never. With 48
 // calls in flight, responses come in bursts, and a 100 ms poll counts all
@@ -169,14 +190,44 @@ func near(got, want float64) bool {
 	return want > 0 && math.Abs(got/want-1) <= lLearnTolerance
 }
 
-// oursVariant is scenario L's ours, factor times the stated limits; with
-// byEnqueue, its producers enqueue through Limiter.Enqueue.
-func oursVariant(factor int, byEnqueue bool) lVariantFunc {
+// lRateBurst is a bucket's rate per second and burst (Burst, or N when
+// Burst is 0), in its unit: what the learning checks compare with the
+// provider's rate per second and what its bucket holds, whatever the
+// tier's period.
+func lRateBurst(l throttle.Limit) (rate, burst float64) {
+	b := l.Burst
+	if b == 0 {
+		b = l.N
+	}
+	return float64(l.N) / l.Per.Seconds(), float64(b)
+}
+
+// learnedIn reads unit's bucket among limits in force: whether its rate
+// and its burst are within lLearnTolerance of the provider's, the bucket,
+// and whether there is one.
+func (u lUnitLearning) learnedIn(limits []throttle.Limit) (rate, burst bool, in throttle.Limit, found bool) {
+	in, found = tierOf(limits, u.Unit)
+	if !found {
+		return false, false, in, false
+	}
+	r, b := lRateBurst(in)
+	return near(r, u.ProviderRate), near(b, u.ProviderBurst), in, true
+}
+
+// oursVariant is scenario L's ours, factor times the stated limits as
+// tiers of per (oursLLMLimits); with byEnqueue, its producers enqueue
+// through Limiter.Enqueue.
+func oursVariant(factor int, per time.Duration, byEnqueue bool) lVariantFunc {
 	return func(ctx context.Context, e *env, r *lRun) (lClientStats, error) {
 		lNamesMu.Lock()
-		queue, prefix := e.names("l", fmt.Sprintf("ours%dx", factor))
+		name := fmt.Sprintf("ours%dx", factor)
+		if per == time.Second {
+			name += "-s"
+		}
+		queue, prefix := e.names("l", name)
 		lNamesMu.Unlock()
-		o := &lOursRun{e: e, r: r, factor: factor, byEnqueue: byEnqueue, queue: queue, prefix: prefix, set: newTaskSet(len(r.Tasks)), c: newCounters(),
+		o := &lOursRun{e: e, r: r, factor: factor, limits: oursLLMLimits(r.Limits, factor, per), byEnqueue: byEnqueue, queue: queue, prefix: prefix,
+			set: newTaskSet(len(r.Tasks)), c: newCounters(),
 			start: time.Now(), admitted: map[string]time.Time{}}
 		o.c.tap = o.sawEvent
 		defer o.cleanup()
@@ -189,7 +240,8 @@ type lOursRun struct {
 	e             *env
 	r             *lRun
 	factor        int
-	byEnqueue     bool // the producers call Limiter.Enqueue
+	limits        []throttle.Limit // what the key is told (oursLLMLimits)
+	byEnqueue     bool             // the producers call Limiter.Enqueue
 	queue, prefix string
 	set           *taskSet
 	c             *counters
@@ -205,7 +257,7 @@ type lOursRun struct {
 	admitted map[string]time.Time
 	lag      time.Duration
 	late     int
-	// learn is what the poll and (ours-10x) the handlers saw of the key's
+	// learn is what the poll and (lLearners) the handlers saw of the key's
 	// limits in force, under learnMu; inspector reads the key; learnedAll
 	// stops the handlers' reads once every unit is learned.
 	learnMu    sync.Mutex
@@ -214,9 +266,10 @@ type lOursRun struct {
 	learnedAll atomic.Bool
 }
 
-// checkLearned (ours-10x) reads the key right after a handler's Observe
+// checkLearned (lLearners) reads the key right after a handler's Observe
 // and notes, per unit, the fewest responses after which its rate and
-// burst in force were within lLearnTolerance of the provider's.
+// burst in force were within lLearnTolerance of the provider's (per
+// second and in units, whatever the tier's period).
 func (o *lOursRun) checkLearned() {
 	if o.factor == 1 || o.learnedAll.Load() {
 		return
@@ -231,13 +284,12 @@ func (o *lOursRun) checkLearned() {
 	all := true
 	for i := range o.learn.Units {
 		u := &o.learn.Units[i]
-		if in, ok := tierOf(st.InForce, u.Unit); ok {
-			if near(float64(in.N)/in.Per.Seconds(), u.ProviderRate) {
-				u.RateSeen = fewest(u.RateSeen, n)
-			}
-			if near(float64(in.Burst), u.ProviderBurst) {
-				u.BurstSeen = fewest(u.BurstSeen, n)
-			}
+		rate, burst, _, _ := u.learnedIn(st.InForce)
+		if rate {
+			u.RateSeen = fewest(u.RateSeen, n)
+		}
+		if burst {
+			u.BurstSeen = fewest(u.BurstSeen, n)
 		}
 		all = all && u.RateSeen >= 0 && u.BurstSeen >= 0
 	}
@@ -246,13 +298,13 @@ func (o *lOursRun) checkLearned() {
 	}
 }
 
-// The serial learning probe of ours-10x: the fleet's first lProcesses x
+// The serial learning probe of lLearners: the fleet's first lProcesses x
 // r.Workers calls go out at once and their responses come back together,
 // so its reads tell only "after at most N responses". The probe makes calls
 // one at a time, beside the fleet, on an endpoint of its own at the
 // provider (the run's limits, r.Endpoint+lProbeSuffix) through a key of its
-// own (lKey+lProbeSuffix, under the run's prefix, configured 10x too high
-// as the fleet's), and reads the key after each response: after how many
+// own (lKey+lProbeSuffix, under the run's prefix, told the fleet's
+// limits), and reads the key after each response: after how many
 // responses each unit's rate and burst in force were within
 // lLearnTolerance of the provider's, exactly.
 const (
@@ -328,13 +380,13 @@ func (p *lProbe) onlyFullBursts() string {
 	return fmt.Sprintf(": the rates after %d, the bursts missed with every response showing the buckets full", rates)
 }
 
-// runLProbe runs the serial probe of an ours-10x run r, its key under
-// prefix: each call a task run through a Limiter's middleware whose
+// runLProbe runs the serial probe of a learner's run r, its key under
+// prefix and told limits: each call a task run through a Limiter's middleware whose
 // handler calls the provider, hands the response to Observe and, when the
 // provider settles calls, settles the task's tokens with Used, as the
 // fleet's handler does; after each, Inspect. It stops once every unit is
 // learned, after lProbeCalls calls, or on an error (p.Err).
-func runLProbe(ctx context.Context, e *env, prefix string, r *lRun) *lProbe {
+func runLProbe(ctx context.Context, e *env, prefix string, r *lRun, limits []throttle.Limit) *lProbe {
 	l := r.Limits
 	p := &lProbe{Endpoint: r.Endpoint + lProbeSuffix, Key: lKey + lProbeSuffix, Units: []lProbeUnit{
 		{Unit: "requests", ProviderRate: l.requestRate(), ProviderBurst: l.requestCapacity(), Rate: -1, Burst: -1},
@@ -351,7 +403,7 @@ func runLProbe(ctx context.Context, e *env, prefix string, r *lRun) *lProbe {
 	lim := throttle.NewLimiter(e.ctl, throttle.WithPrefix(prefix), throttle.WithTimeout(10*time.Second),
 		throttle.WithLogger(slog.New(slog.DiscardHandler)))
 	defer lim.Close()
-	if err := lim.SetLimits(ctx, p.Key, oursLLMLimits(l, 10)...); err != nil {
+	if err := lim.SetLimits(ctx, p.Key, limits...); err != nil {
 		p.Err = fmt.Sprintf("setting the key's limits: %v", err)
 		return p
 	}
@@ -418,15 +470,12 @@ func runLProbe(ctx context.Context, e *env, prefix string, r *lRun) *lProbe {
 		}
 		for i := range p.Units {
 			u := &p.Units[i]
-			in, ok := tierOf(st.InForce, u.Unit)
+			rate, burst, in, ok := newLUnitLearning(u.Unit, u.ProviderRate, u.ProviderBurst).learnedIn(st.InForce)
 			u.End, u.Found = in, ok
-			if !ok {
-				continue
-			}
-			if u.Rate < 0 && near(float64(in.N)/in.Per.Seconds(), u.ProviderRate) {
+			if u.Rate < 0 && rate {
 				u.Rate = p.Responses
 			}
-			if u.Burst < 0 && near(float64(in.Burst), u.ProviderBurst) {
+			if u.Burst < 0 && burst {
 				u.Burst = p.Responses
 			}
 		}
@@ -540,7 +589,7 @@ func lParsePayload(b []byte) (idx, estimate, used int, err error) {
 // ctx ends, polling the key meanwhile.
 func (o *lOursRun) run(ctx context.Context) (lClientStats, error) {
 	r := o.r
-	limits := oursLLMLimits(r.Limits, o.factor)
+	limits := o.limits
 	spec := fleetSpec{
 		variant: vOurs, servers: lProcesses, concurrency: r.Workers, queue: o.queue, prefix: o.prefix,
 		throttleLimits: map[string][]throttle.Limit{lKey: limits},
@@ -563,11 +612,11 @@ func (o *lOursRun) run(ctx context.Context) (lClientStats, error) {
 	o.learn = learn
 	o.inspector = throttle.NewLimiter(o.e.ctl, throttle.WithPrefix(o.prefix))
 	defer o.inspector.Close()
-	// ours-10x: the serial probe, beside the fleet (its own endpoint and
+	// lLearners: the serial probe, beside the fleet (its own endpoint and
 	// key: the fleet's buckets never see it), done long before the fleet.
 	probed := make(chan *lProbe, 1)
 	if o.factor != 1 {
-		go func() { probed <- runLProbe(ctx, o.e, o.prefix, r) }()
+		go func() { probed <- runLProbe(ctx, o.e, o.prefix, r, limits) }()
 	} else {
 		probed <- nil
 	}
@@ -650,15 +699,12 @@ func (o *lOursRun) poll(ctx context.Context, learn *lLearning) {
 			suspended = st.SuspendedFor > 0
 			for i := range learn.Units {
 				u := &learn.Units[i]
-				in, ok := tierOf(st.InForce, u.Unit)
+				rate, burst, in, ok := u.learnedIn(st.InForce)
 				u.End, u.Found = in, ok
-				if !ok {
-					continue
-				}
-				if u.RateAt < 0 && near(float64(in.N)/in.Per.Seconds(), u.ProviderRate) {
+				if u.RateAt < 0 && rate {
 					u.RateAt, u.RateResponses = since, responses
 				}
-				if u.BurstAt < 0 && near(float64(in.Burst), u.ProviderBurst) {
+				if u.BurstAt < 0 && burst {
 					u.BurstAt, u.BurstResponse = since, responses
 				}
 			}
@@ -714,13 +760,14 @@ func lOursRatioRows(t *table, c lCase, rs []lResult) {
 	}))
 }
 
-// printLLearning prints, for an ours-10x run, what its key learned: issue
-// 24's target for limits configured 10x too high. The verdict takes the
+// printLLearning prints, for a run of one of lLearners, what its key
+// learned: issue 24's target for limits configured 10x too high (and issue
+// 29 item 10's, ours-10x-s: whatever the tiers' periods). The verdict takes the
 // serial probe's exact count when the probe ran; else the fleet's upper
 // bound.
 func printLLearning(w io.Writer, c lCase, r lResult) {
 	l := r.Client.Learning
-	if r.Variant != lOurs10x || l == nil {
+	if !slices.Contains(lLearners, r.Variant) || l == nil {
 		return
 	}
 	fmt.Fprintf(w, "learning %s %s (configured 10x too high: %s; only throttle.Observe, reading the provider's x-ratelimit-* headers, can bring them down: this reports what it does on this build):\n",

@@ -33,7 +33,7 @@ func TestLProbeLearnsOneCallAtATime(t *testing.T) {
 				lim := llmLimits{RPM: defaultLRPM, TPM: defaultLTPM, Capacity: capacity, Settle: m.Settle}
 				r := &lRun{Mode: m, Endpoint: name, Provider: p, Limits: lim, Tasks: m.withEstimates(llmWorkload(3, 1))}
 				start := time.Now()
-				got := runLProbe(context.Background(), e, "bench-probe-"+name, r)
+				got := runLProbe(context.Background(), e, "bench-probe-"+name, r, oursLLMLimits(lim, 10, time.Minute))
 				took := time.Since(start)
 				require.Empty(t, got.Err)
 				n, ok := got.learned()
@@ -80,7 +80,7 @@ func TestScenarioLPrintsTheProbesCount(t *testing.T) {
 		{Unit: "requests", ProviderRate: 10, ProviderBurst: 10, Rate: 1, Burst: 1},
 		{Unit: "tokens", ProviderRate: 100000, ProviderBurst: 100000, Rate: 1, Burst: 2},
 	}}
-	learning := &lLearning{Configured: oursLLMLimits(lim, 10), Probe: probe, Units: []lUnitLearning{
+	learning := &lLearning{Configured: oursLLMLimits(lim, 10, time.Minute), Probe: probe, Units: []lUnitLearning{
 		{Unit: "requests", ProviderRate: 10, ProviderBurst: 10, RateAt: time.Second, BurstAt: time.Second, RateResponses: 48, BurstResponse: 48, RateSeen: 11, BurstSeen: 11},
 		{Unit: "tokens", ProviderRate: 100000, ProviderBurst: 100000, RateAt: time.Second, BurstAt: time.Second, RateResponses: 48, BurstResponse: 48, RateSeen: 11, BurstSeen: 11},
 	}}
@@ -118,4 +118,73 @@ func TestScenarioLPrintsTheProbesCount(t *testing.T) {
 	out = b.String()
 	assert.Contains(t, out, "STOPPED: call 3: boom")
 	assert.Contains(t, out, "targets L1 ours-10x: serial probe FAILED (call 3: boom), so by the fleet's upper bound: learned after at most 11 responses MISSED (<= 3)")
+}
+
+// TestLLearningOfPerSecondTiers: ours-10x-s (issue 29, item 10) is told
+// 10x the provider's per-minute quotas as per-second tiers; its learning
+// check compares rates per second and bursts in units, so a key that keeps
+// 10x is NOT LEARNED by the poll, the reads after each response and the
+// printed verdict alike, and the serial probe, through Observe and the
+// provider's headers (2,400 requests and 120,000 tokens a minute from
+// buckets holding a second), finds 40/s and 2,000/s learned.
+func TestLLearningOfPerSecondTiers(t *testing.T) {
+	rdb := redistest.Start(t).Client(t)
+	e := &env{ctl: rdb, runID: "item10"}
+	ctx := context.Background()
+	m := lModes[2]
+	require.Equal(t, "refunds", m.Name)
+	lim := llmLimits{RPM: 2400, TPM: 120000, Capacity: time.Second, Settle: m.Settle}
+	limits := oursLLMLimits(lim, 10, time.Second)
+	require.Equal(t, []throttle.Limit{throttle.PerSecond(400), throttle.PerSecond(20000).In("tokens")}, limits)
+
+	// The key keeps 10x: nothing observed.
+	prefix := "bench-item10-kept"
+	admin := throttle.NewLimiter(rdb, throttle.WithPrefix(prefix))
+	t.Cleanup(func() { admin.Close() })
+	require.NoError(t, admin.SetLimits(ctx, lKey, limits...))
+	learn := &lLearning{Configured: limits, Units: []lUnitLearning{
+		newLUnitLearning("requests", lim.requestRate(), lim.requestCapacity()),
+		newLUnitLearning(lUnit, lim.tokenRate(), lim.tokenCapacity()),
+	}}
+	o := &lOursRun{factor: 10, limits: limits, learn: learn, inspector: admin}
+	o.responses.Store(3)
+	o.checkLearned()
+	stopped, cancel := context.WithCancel(ctx)
+	cancel()
+	o.poll(stopped, learn) // one read, then the context's end
+	require.Equal(t, 1, learn.Polls)
+	require.Zero(t, learn.PollErrors)
+	for i, u := range learn.Units {
+		assert.True(t, u.Found, u.Unit)
+		assert.Equal(t, limits[i].WithBurst(limits[i].N), u.End, "%s: in force as told", u.Unit)
+		assert.Equal(t, []int{-1, -1, -1, -1}, []int{u.RateSeen, u.BurstSeen, int(u.RateAt), int(u.BurstAt)}, "%s: nothing learned", u.Unit)
+		assert.False(t, u.learned(), u.Unit)
+	}
+	assert.False(t, o.learnedAll.Load())
+	c, err := newLCase(0, m, lim, lOptions{seed: 1}, lDrainTarget)
+	require.NoError(t, err)
+	s := &scenarioL{RPM: lim.RPM, TPM: lim.TPM, Cases: []lCase{c}, Results: []lResult{
+		{Case: c.id(), Variant: lOurs10xS, Tasks: c.Tasks, Finished: true, Binding: c.Binding, Spent: true, ShareTokens: 0.6, Client: lClientStats{Succeeded: c.Tasks, Learning: learn}},
+	}}
+	var b bytes.Buffer
+	s.print(&b)
+	out := b.String()
+	assert.Contains(t, out, "learning L5 ours-10x-s (configured 10x too high: 400/1s burst 400, 20000/1s burst 20000 in tokens;")
+	assert.Contains(t, out, "requests provider 40.0/s holding 40.0; rate not learned; burst not learned; in force at the end: 400/1s burst 400")
+	assert.Contains(t, out, "targets L5 ours-10x-s: NOT LEARNED (MISSED)")
+
+	// The probe, through Observe: the per-minute quotas bind the
+	// per-second tiers.
+	p := newLLMProvider(lConf.latency)
+	t.Cleanup(p.Close)
+	r := &lRun{Mode: m, Endpoint: "l-item10", Provider: p, Limits: lim, Tasks: m.draw(3, 1)}
+	got := runLProbe(ctx, e, "bench-item10-probe", r, limits)
+	require.Empty(t, got.Err)
+	t.Logf("%+v", got.Units)
+	n, ok := got.learned()
+	assert.True(t, ok, "learned")
+	assert.Equal(t, 1, n, "after the first response")
+	assert.Zero(t, got.Limited)
+	assert.Equal(t, throttle.PerSecond(40).WithBurst(40), got.Units[0].End)
+	assert.Equal(t, throttle.PerSecond(2000).WithBurst(2000).In("tokens"), got.Units[1].End)
 }

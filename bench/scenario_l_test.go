@@ -166,11 +166,16 @@ func TestLBurstTimeIsWhatOneProcessNeedsToSpendTheBuckets(t *testing.T) {
 func TestOursLLMLimitsSayTheBucketsBurst(t *testing.T) {
 	second := llmLimits{RPM: 1000, TPM: 2000000, Capacity: time.Second}
 	assert.Equal(t, []throttle.Limit{throttle.PerMinute(1000).WithBurst(16), throttle.PerMinute(2000000).WithBurst(33333).In("tokens")},
-		oursLLMLimits(second, 1))
+		oursLLMLimits(second, 1, time.Minute))
 	minute := second
 	minute.Capacity = time.Minute
-	assert.Equal(t, []throttle.Limit{throttle.PerMinute(1000), throttle.PerMinute(2000000).In("tokens")}, oursLLMLimits(minute, 1))
-	assert.Equal(t, []throttle.Limit{throttle.PerMinute(10000), throttle.PerMinute(20000000).In("tokens")}, oursLLMLimits(second, 10))
+	assert.Equal(t, []throttle.Limit{throttle.PerMinute(1000), throttle.PerMinute(2000000).In("tokens")}, oursLLMLimits(minute, 1, time.Minute))
+	assert.Equal(t, []throttle.Limit{throttle.PerMinute(10000), throttle.PerMinute(20000000).In("tokens")}, oursLLMLimits(second, 10, time.Minute))
+	// ours-10x-s: the same rates as per-second tiers (issue 29 item 10's
+	// 400/s and 20,000/s for 2,400 and 120,000 a minute), rounded down.
+	item10 := llmLimits{RPM: 2400, TPM: 120000, Capacity: time.Second}
+	assert.Equal(t, []throttle.Limit{throttle.PerSecond(400), throttle.PerSecond(20000).In("tokens")}, oursLLMLimits(item10, 10, time.Second))
+	assert.Equal(t, []throttle.Limit{throttle.PerSecond(166), throttle.PerSecond(333333).In("tokens")}, oursLLMLimits(second, 10, time.Second))
 }
 
 func TestLPayloadRoundTrips(t *testing.T) {
@@ -196,6 +201,25 @@ func TestLLearningFindsEachUnitsTier(t *testing.T) {
 	assert.Equal(t, 33333, tok.Burst)
 	_, ok = tierOf(in, "input-tokens")
 	assert.False(t, ok)
+	// Rates per second and bursts in units, whatever the tier's period
+	// (Burst 0 is N): 40 requests a second in a bucket of 40.
+	u := newLUnitLearning("requests", 40, 40)
+	for _, c := range []struct {
+		in          throttle.Limit
+		rate, burst bool
+	}{
+		{throttle.PerSecond(40).WithBurst(40), true, true},
+		{throttle.PerSecond(40), true, true},
+		{throttle.PerMinute(2400).WithBurst(40), true, true},
+		{throttle.PerMinute(2400), true, false},
+		{throttle.PerSecond(400), false, false},
+		{throttle.PerMinute(24000), false, false},
+		{throttle.PerSecond(400).WithBurst(40), false, true},
+	} {
+		rate, burst, in, found := u.learnedIn([]throttle.Limit{c.in, throttle.PerSecond(20000).In("tokens")})
+		assert.Equal(t, []bool{c.rate, c.burst, true}, []bool{rate, burst, found}, "%v: rate, burst learned, found", c.in)
+		assert.Equal(t, c.in, in)
+	}
 	assert.True(t, near(16, 16.67))
 	assert.False(t, near(15, 16.67), "15 is 10 % below a bucket of 16.7")
 	assert.False(t, near(1, 0))
@@ -208,7 +232,7 @@ func TestScenarioLPrintsOursBesideTheCookbook(t *testing.T) {
 	c, err := newLCase(1, lModes[0], lim, lOptions{tasks: 5, seed: 1}, 0)
 	require.NoError(t, err)
 	learning := func(rateAt time.Duration, seen int) *lLearning {
-		return &lLearning{Configured: oursLLMLimits(lim, 10), Suspensions: 2, Units: []lUnitLearning{
+		return &lLearning{Configured: oursLLMLimits(lim, 10, time.Minute), Suspensions: 2, Units: []lUnitLearning{
 			{Unit: "requests", ProviderRate: 10, ProviderBurst: 10, RateAt: rateAt, BurstAt: rateAt, RateResponses: 2, BurstResponse: 3,
 				RateSeen: seen, BurstSeen: -1},
 			{Unit: "tokens", ProviderRate: 100000, ProviderBurst: 100000, RateAt: rateAt, BurstAt: rateAt, RateResponses: 2, BurstResponse: 2,
