@@ -20,6 +20,13 @@ func llmLimits() []throttle.Limit {
 	return []throttle.Limit{throttle.PerMinute(500), throttle.PerMinute(30000).In("tokens"), throttle.InFlight(16)}
 }
 
+// slowLLMLimits are llmLimits' first two tiers refilling per hour: tests
+// that read exact token counts between calls then see a token refill in
+// 120 ms at least, not in 2 ms, however busy the machine.
+func slowLLMLimits() []throttle.Limit {
+	return []throttle.Limit{throttle.PerHour(500), throttle.PerHour(30000).In("tokens")}
+}
+
 // SetLimits keeps each tier's unit, reads it back, and refuses a bad one
 // naming the field.
 func TestLimitsInAUnit(t *testing.T) {
@@ -101,7 +108,7 @@ func TestUsedSettlesEachUnitInTheHandler(t *testing.T) {
 	ctx := context.Background()
 	rdb := redistest.Start(t).Client(t)
 	lim := throttle.NewLimiter(rdb, quietLog, throttle.WithHeadroom(0), throttle.WithLease(0, 0))
-	require.NoError(t, lim.SetLimits(ctx, "llm", llmLimits()[:2]...))
+	require.NoError(t, lim.SetLimits(ctx, "llm", slowLLMLimits()...))
 	run := func(h func(ctx context.Context) error, opts ...asynq.Option) {
 		t.Helper()
 		opts = append([]asynq.Option{throttle.Key("llm")}, opts...)
@@ -203,7 +210,7 @@ func TestUsedTakesAllWhenNothingWasTaken(t *testing.T) {
 	var outcome throttle.Outcome
 	lim.OnEvent(func(ev throttle.Event) { outcome = ev.Outcome })
 	err := lim.Middleware()(asynq.HandlerFunc(func(ctx context.Context, _ *asynq.Task) error {
-		require.NoError(t, lim.SetLimits(ctx, "llm", llmLimits()[:2]...)) // mid-flight
+		require.NoError(t, lim.SetLimits(ctx, "llm", slowLLMLimits()...)) // mid-flight
 		return throttle.Used(ctx, "tokens", 500)
 	})).ProcessTask(ctx, newTask(t, "llm:call", nil, throttle.Key("llm"), throttle.Uses("tokens", 1000)))
 	require.NoError(t, err)
