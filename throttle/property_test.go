@@ -166,7 +166,9 @@ type propEnv struct {
 func newPropEnv(t *testing.T) propEnv {
 	t.Helper()
 	mr := miniredis.RunT(t)
-	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	// Timeouts far beyond any call's: a loaded machine must not turn a slow
+	// reply into an error the models do not expect.
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr(), ReadTimeout: time.Minute, WriteTimeout: time.Minute})
 	t.Cleanup(func() { _ = rdb.Close() })
 	return propEnv{mr: mr, rdb: rdb}
 }
