@@ -444,14 +444,17 @@ func TestDefaultRunDoesEveryJobOnceWithin80Columns(t *testing.T) {
 		TenantSummary{Name: heavy.Name, Jobs: heavy.Jobs, Done: heavy.Done}, "crm: the heavy tenant's jobs")
 	assert.Equal(t, TenantSummary{Name: lightTenant, Jobs: lightJobs, Done: lightJobs},
 		TenantSummary{Name: light.Name, Jobs: light.Jobs, Done: light.Done}, "crm: the light tenant's jobs")
-	assert.InDelta(t, lightAt.Seconds(), light.Arrived, 0.5, "crm: when the light tenant's jobs arrived")
+	// At lightAt, or later on a machine so busy that the enqueue waits
+	// for a CPU (1.2 s beside a CPU hog).
+	assert.GreaterOrEqual(t, light.Arrived, lightAt.Seconds()-0.05, "crm: when the light tenant's jobs arrived")
+	assert.LessOrEqual(t, light.Arrived, lightAt.Seconds()+3, "crm: when the light tenant's jobs arrived")
 	assert.Positive(t, light.FIFO, "crm: the estimate of the light tenant's wait first in, first out")
 	assert.Contains(t, text, "crm: two tenants: acme has 36 jobs in the backlog, bolt's 4 arrive at 500ms")
 	assert.Regexp(t, `crm: bolt's 4 jobs arrive behind \d+ of acme's`, text, "the light tenant's arrival is shown")
 	assert.Regexp(t, `\n +[\d.]+s  crm     tenants: acme \d+/36`, text, "the tenants' progress is shown")
 	assert.Regexp(t, `crm: bolt's 4 jobs done in [\d.]+s, (beside|behind) \d+ of acme's \(FIFO: ~[\d.]+s\)`, text,
 		"the light tenant's last job is shown")
-	assert.Regexp(t, `\ncrm bolt +4 +4 +0\.\ds +[\d.]+s +[\d.]+s +~[\d.]+s\n`, text, "the tenants' table")
+	assert.Regexp(t, `\ncrm bolt +4 +4 +[\d.]+s +[\d.]+s +[\d.]+s +~[\d.]+s\n`, text, "the tenants' table")
 	for i, line := range strings.Split(strings.TrimRight(text, "\n"), "\n") {
 		assert.LessOrEqual(t, utf8.RuneCountInString(line), 80, "line %d is wider than 80 columns: %q", i+1, line)
 	}
