@@ -120,40 +120,6 @@ func (tl *timeline) counts() outcomeCounts {
 	return c
 }
 
-// lagMeter measures how late this process wakes from a short sleep: on a
-// loaded machine a goroutine whose timer fired waits that long more for a
-// CPU, so a decision ended by WithTimeout returns that much later.
-type lagMeter struct {
-	stop chan struct{}
-	done chan time.Duration
-}
-
-func startLagMeter() *lagMeter {
-	m := &lagMeter{stop: make(chan struct{}), done: make(chan time.Duration, 1)}
-	go func() {
-		const tick = 10 * time.Millisecond
-		var worst time.Duration
-		for {
-			select {
-			case <-m.stop:
-				m.done <- worst
-				return
-			default:
-			}
-			from := time.Now()
-			time.Sleep(tick)
-			worst = max(worst, time.Since(from)-tick)
-		}
-	}()
-	return m
-}
-
-// end stops the meter and returns the longest lag it saw.
-func (m *lagMeter) end() time.Duration {
-	close(m.stop)
-	return <-m.done
-}
-
 // probe is an outer middleware that remembers when each task last entered
 // the throttle middleware.
 type probe struct {
@@ -637,11 +603,11 @@ func TestFaultPausedRedisLeavesDecisionsToTheFailurePolicy(t *testing.T) {
 				require.NoError(t, throttle.NewLimiter(limits.Client(t)).SetLimits(context.Background(), "crm", faultLimit()))
 				f.enqueue("crm", "job", 200)
 				require.Eventually(t, func() bool { return f.rec.count() >= 40 }, 30*time.Second, 5*time.Millisecond)
-				lag := startLagMeter()
+				lag := redistest.StartLagMeter()
 				pausedAt, resumedAt := p.pause(t, limits)
 
 				f.waitDone(200, 60*time.Second)
-				lagged := lag.end()
+				lagged := lag.End()
 				found := f.audit(200)
 				longest, n := tl.longestDecision()
 				c := tl.counts()
