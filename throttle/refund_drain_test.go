@@ -151,7 +151,15 @@ func simRefundDrain(t *testing.T, seed int64, book bool, tasks, est int, latency
 // simulation runs them). Before, the schedule booked at the estimates and
 // the drain took 2x its ideal (0.48 of the tokens rate); the bench's L5 is
 // this case on a real fleet (its share is measured from the first second:
-// 0.95 and 0.97 there).
+// 0.95 and 0.97 there). A refund gives back no room a paced holder counted
+// ahead makes (TestARefundIsNotGivenFromAHolderCountedAhead, internal/lua):
+// what a full bucket loses before a holder's instant is lost, and the
+// drains through Enqueue, whose holders are all paced, reach 0.81 to 0.86
+// of the rate over seeds 1 to 6 (0.83 to 0.93 through the middleware),
+// where they reached 0.88 to 0.94 on refunds given from that room (the
+// key withheld 1,125-1,517 tokens of refunds in a drain then, 1,516-4,294
+// now; the provider's buckets, full, lost 353-615 then, 544-2,100 now:
+// fewer tasks brought forward leave them full more often).
 func TestRefundsReachTheBacklog(t *testing.T) {
 	t.Parallel() // simulations on their own miniredis and clock
 	for _, book := range []bool{false, true} {
@@ -163,7 +171,7 @@ func TestRefundsReachTheBacklog(t *testing.T) {
 			t.Run(fmt.Sprintf("%s/seed %d", path, seed), func(t *testing.T) {
 				r := simRefundDrain(t, seed, book, 300, 200, 200*time.Millisecond)
 				t.Logf("%+v", r)
-				assert.GreaterOrEqual(t, r.share, 0.85, "share of the tokens rate (took %v, ideal %v)", r.took, r.ideal)
+				assert.GreaterOrEqual(t, r.share, 0.8, "share of the tokens rate (took %v, ideal %v)", r.took, r.ideal)
 				assert.LessOrEqual(t, r.deferrals, 1.0, "deferrals per task")
 				assert.Zero(t, r.limited, "calls the provider's buckets could not hold")
 				assert.Positive(t, r.forwarded, "tasks brought forward")

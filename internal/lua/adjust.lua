@@ -121,7 +121,7 @@ local bring    = ARGV[8] == '1'            -- the caller runs the reservations b
 local estimate = tonumber(ARGV[9]) or 0    -- what the call was charged of unit when admitted (0: charged)
 if estimate <= 0 then estimate = charged end
 local now = now_us()
-local h = redis.call('HMGET', key, 'L', 'T', 'O', 'M', 'D', 'A', 's', 'V', 'B')
+local h = redis.call('HMGET', key, 'L', 'T', 'O', 'M', 'D', 'A', 's', 'V', 'B', 'AH')
 local src = config_of(kc, h[1], h[5])
 if not src and defaults ~= '' then src = defaults end
 if not src or delta == 0 then return {} end
@@ -149,20 +149,36 @@ local gave, was = {}, {} -- what each bucket gave back, and owed before
 -- (refund_room) may come back too; every change here is sampled.
 local M = nil
 if spec.units then M = read_M(h[4] or nil, tiers) end
+-- The calls counted at instants ahead (paced holders, decide.lua's AH):
+-- the calls made so far owe that much less until then, and M counts what
+-- those owe, now and until the last of those instants (made_owed): a
+-- refund that a full bucket would lose before a holder's instant is not
+-- given back. (Counted from the buckets as they are, a refund of a call
+-- made after a holder was admitted found room in the holder's cost, and
+-- the call admitted after the holder's was one the provider refused:
+-- bench L6.)
+local AH = nil
+if M and h[10] then
+  AH = read_AH(h[10], now)
+  if #AH == 0 then AH = nil end
+end
 for i, t in ipairs(tiers) do
   if (t.unit or '') ~= unit then
     -- (another unit's tier: not this settlement's)
   elseif t.kind == 'b' then
     local v = owed[i]
     was[i] = v
-    if M and M[i] then sample_M(M, i, v, now, false) end
+    local ahead = AH and ahead_of(AH, t, now) or 0
+    if M and M[i] then sample_M(M, i, v - ahead, now, false) end
     local given = 0
     if delta > 0 then
       v = v + delta * t.p
     elseif refund then
       local want = math.min(-delta, charged) * t.p
       local back = want - math.max(0, ref_now - at) * t.rate
-      if M then back = math.max(back, math.min(want, refund_room(M, i, at, v))) end
+      local made = v
+      if AH then made = made_owed(AH, t, v, now) end
+      if M then back = math.max(back, math.min(want, refund_room(M, i, at, made))) end
       if back > 0 then
         local before = math.max(v, 0)
         v = math.max(v - back, 0)
@@ -176,7 +192,7 @@ for i, t in ipairs(tiers) do
     -- what this one took from the room (two calls refunded 40 each of a
     -- bucket that owed 40 at least: 80 tokens, half of them tokens a full
     -- bucket would have lost). (And what it owes after, now included.)
-    if M and M[i] then refund_given(M, i, at, given, v) end
+    if M and M[i] then refund_given(M, i, at, given, v - ahead) end
     if given > 0 then gave[i] = given end
   else
     local f = 'W' .. t.key

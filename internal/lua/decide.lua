@@ -306,23 +306,43 @@ end
 -- reservation resv, gives it a slot of the in-flight limit and maybe a
 -- lease, and returns the reply.
 local function admit(r, resv, id, c, at)
+  local e = nil -- (the call counted ahead, on a key with units)
   if at > r.now then
     -- A call counted at an instant ahead: a refund of an earlier call is
     -- bounded by what refills until then (adjust.lua's ref_now); and what a
     -- bucket of another unit owes then, before it, is what the least it
     -- owed (M) must count, not what it owes now: had the earlier call cost
     -- less, the bucket may be full by then, and lose the refill.
+    -- The calls counted at instants after at are left out of what it owes
+    -- then, and this call is counted ahead (AH) until it is made: the
+    -- buckets owe as of now what the calls made so far do not (read_AH).
     if not r.ahead or at > r.ahead then r.ahead = at end
     if r.spec.units then
       if not r.M then r.M = read_M(redis.call('HGET', r.key, 'M') or nil, r.tiers) end
+      if not r.AH then r.AH = read_AH(redis.call('HGET', r.key, 'AH') or nil, r.now) end
+      e = {at = math.ceil(at)}
       for i, t in ipairs(r.tiers) do
-        if t.kind == 'b' and t.unit and cv(c, i) > 0 and r.M[i] then
-          sample_M(r.M, i, r.owed[i] - (at - r.now) * t.rate, r.now, false)
+        if t.kind == 'b' and t.unit and cv(c, i) > 0 then
+          if r.M[i] then sample_M(r.M, i, r.owed[i] - (at - r.now) * t.rate - ahead_of(r.AH, t, at - 1), r.now, false) end
+          e[t.key] = r.owed[i] < 0 and 0 or r.owed[i]
         end
       end
     end
   end
   local remaining = take(r, c, at)
+  if e then
+    -- (what the take added: the call's cost and the refill lost until at)
+    for i, t in ipairs(r.tiers) do
+      if e[t.key] then e[t.key] = r.owed[i] - e[t.key] end
+    end
+    local k = #r.AH + 1
+    while k > 1 and r.AH[k - 1].at > e.at do
+      r.AH[k] = r.AH[k - 1]
+      k = k - 1
+    end
+    r.AH[k] = e
+    r.AH_changed = true
+  end
   if resv then
     redis.call('ZREM', r.resv_key, id)
     r.resv_removed = true
@@ -691,6 +711,15 @@ local function write_back(r)
     if r.M then
       fields[#fields + 1] = 'M'
       fields[#fields + 1] = write_M(r.M, r.tiers)
+    end
+    if r.AH_changed then
+      local s = write_AH(r.AH)
+      if s then
+        fields[#fields + 1] = 'AH'
+        fields[#fields + 1] = s
+      else
+        del[#del + 1] = 'AH'
+      end
     end
     need = keep_M(r.M, need)
     if r.ahead then

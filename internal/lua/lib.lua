@@ -37,6 +37,11 @@
 --        of the calls settled (adjust.lua's bring_forward)
 --     A  the latest instant ahead a call was counted at (a paced holder):
 --        refunds are counted as of then (adjust.lua)
+--     AH on a key with units, while calls are counted at instants ahead:
+--        "at,tier=owed,... ..." per such call, its instant (us) and what
+--        each bucket of another unit was charged for it (its cost and the
+--        refill a full bucket loses until then, in owed units), so that M
+--        and refunds count what the calls made so far owed (read_AH)
 --     s  suspended until (us)
 --     P  until when a provider's near reset holds the buckets in debt
 --        beyond empty (observe.lua; Resume clears it)
@@ -791,6 +796,88 @@ local function refund_given(M, i, at, given, owed_now)
     end
   end
   if owed_now < m[#m] then m[#m] = math.max(0, owed_now) end
+end
+
+-- Calls counted ahead (AH). A paced holder admitted before its instant is
+-- counted at it (decide.lua's admit): every bucket owes as of now what it
+-- will take then, and the refill it would lose, full, until then. The
+-- calls made so far owed that much less until the instant. M's samples,
+-- and the room a refund may take, are of those calls: counted from the
+-- buckets as they are, a refund of a call made after a holder was
+-- admitted found room in the holder's cost while the bucket was in fact
+-- full before the holder's instant, and the refund, lost to that full
+-- bucket, stayed in the buckets after it: a call admitted beyond what they
+-- held had the call cost less (bench L6's lone 429 after learning).
+
+-- read_AH reads the AH field: the calls counted at instants after now,
+-- each {at = instant, [tier key] = owed units}, sorted by instant. It also
+-- returns whether any entry was dropped (its instant has come).
+local function read_AH(raw, now)
+  local out, dropped = {}, false
+  if not raw or raw == '' then return out, false end
+  for tok in string.gmatch(raw, '%S+') do
+    local at = tonumber(string.match(tok, '^(%d+)'))
+    if at and at > now and at < MAX_TIME then
+      local e = {at = at}
+      for k, v in string.gmatch(tok, ',([^=,]+)=([^,]+)') do
+        local a = tonumber(v)
+        if a and a == a and a > 0 and a < math.huge then e[k] = a end
+      end
+      out[#out + 1] = e
+    else
+      dropped = true
+    end
+  end
+  table.sort(out, function(a, b) return a.at < b.at end)
+  return out, dropped
+end
+
+-- write_AH writes the AH field (false: nothing is counted ahead).
+local function write_AH(AH)
+  if #AH == 0 then return false end
+  local parts = {}
+  for _, e in ipairs(AH) do
+    local s = string.format('%d', e.at)
+    for k, v in pairs(e) do
+      if k ~= 'at' then s = s .. ',' .. k .. '=' .. fmt(v) end
+    end
+    parts[#parts + 1] = s
+  end
+  return table.concat(parts, ' ')
+end
+
+-- ahead_of is what token bucket t owes for the calls of AH counted at
+-- instants after from.
+local function ahead_of(AH, t, from)
+  local sum = 0
+  for j = #AH, 1, -1 do
+    local e = AH[j]
+    if e.at <= from then break end
+    sum = sum + (e[t.key] or 0)
+  end
+  return sum
+end
+
+-- made_owed is what token bucket t, owing owed at now, owes at least from
+-- now on for the calls made so far, until the last instant of AH: now, and
+-- just before each instant of AH (the bucket refills until then, and then
+-- takes what the call was charged), the calls counted after it left out.
+-- A refund given now must fit all of it: what it gives back before an
+-- instant a full bucket would lose, and the buckets would keep after it.
+local function made_owed(AH, t, owed, now)
+  local after = ahead_of(AH, t, now)
+  local least = owed - after
+  for j = 1, #AH do
+    local e = AH[j]
+    local v = e[t.key]
+    if v then
+      local before = owed - (e.at - now) * t.rate - after
+      if before < least then least = before end
+      after = after - v
+    end
+  end
+  if least < 0 then least = 0 end
+  return least
 end
 
 -- The virtual clock of fair shares (G) and an active tenant's record (t:<id>),

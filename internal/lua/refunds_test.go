@@ -212,3 +212,58 @@ func TestARefundSettlesOnAScheduleOfOtherLimits(t *testing.T) {
 	require.NoError(t, err)
 	assert.Len(t, fw, 1, "200 given back under the other limits: a task of 200 brought forward")
 }
+
+// A refund is not given back from room a holder counted ahead makes (the
+// lone late 429 of bench L6, issue 29 item 10). A paced holder admitted
+// before its instant is counted at it: the bucket owes as of now what the
+// holder will take then, and the refill it would lose full until then.
+// What the bucket owed at least since a call (M) must be what its calls
+// made so far owed, not that: else the refund of a call made after the
+// holder was admitted finds room in the holder's cost, and the bucket,
+// full in fact before the holder's instant, keeps the refund after it.
+// Tokens 1,000 a second, a bucket of 1,000, a headroom of 20 ms: C0
+// takes 980 at 0; C (100) and H (1,000) book their instants, 0.1 s and
+// 1.08 s; both come back at once and are admitted at them, paced; X (a
+// request alone) is decided at 60 ms; C's call, at 0.1 s, gives its 100
+// back at 0.3 s. Whatever C cost, the bucket is full by 1.08 s and H's
+// 1,000 leave it empty: a refund of C's 100 there is 100 tokens admitted
+// beyond what the bucket holds had C asked for nothing, and a provider
+// metering the same bucket refuses the call it admits (bench L6's lone
+// 429 a few seconds into the drain, once the limits were learned).
+func TestARefundIsNotGivenFromAHolderCountedAhead(t *testing.T) {
+	for _, refund := range []bool{false, true} {
+		t.Run(fmt.Sprintf("refund=%v", refund), func(t *testing.T) {
+			e := newEnv(t)
+			e.setLimits(Tier{Rate: 100000, PerMS: 1000, Burst: 100000}, Tier{Rate: 1000, PerMS: 1000, Burst: 1000, Unit: "tokens"})
+			const headroom = 20 * time.Millisecond
+			q := func(id, units string) DecideArgs {
+				return DecideArgs{TaskID: id, Units: units, Horizon: time.Minute, Lapse: time.Minute, Granule: time.Second, Pace: true, Headroom: headroom}
+			}
+			require.Equal(t, StatusAllowed, e.decide(DecideArgs{Units: "tokens=980", Headroom: headroom}).Status)
+			for _, b := range []struct {
+				id, units string
+				at        time.Duration
+			}{{"c", "tokens=100", 100 * time.Millisecond}, {"h", "tokens=1000", 1100 * time.Millisecond}} {
+				r := e.decide(q(b.id, b.units))
+				require.Equal(t, StatusDenied, r.Status, "%s books: %+v", b.id, r)
+				require.Equal(t, b.at, r.Reserved.Sub(testEpoch()), "%s's instant", b.id)
+			}
+			e.at(time.Millisecond)
+			c := e.decide(q("c", "tokens=100"))
+			require.Equal(t, StatusAllowed, c.Status, "c, paced: %+v", c)
+			require.Equal(t, 100*time.Millisecond, c.At.Sub(testEpoch()))
+			e.at(2 * time.Millisecond)
+			h := e.decide(q("h", "tokens=1000"))
+			require.Equal(t, StatusAllowed, h.Status, "h, paced: %+v", h)
+			require.Equal(t, 1100*time.Millisecond, h.At.Sub(testEpoch()))
+			e.at(60 * time.Millisecond)
+			e.decide(q("x", ""))
+			if refund {
+				e.at(300 * time.Millisecond)
+				require.NoError(t, Adjust(e.ctx, e.run, e.k, -100, Call{At: c.At, Charged: 100, Generation: c.Generation, Unit: "tokens"}, nil))
+			}
+			e.at(1101 * time.Millisecond)
+			assert.InDelta(t, 1.0, e.tokensLeft(), 1e-6, "1 ms after H's instant: H's 1,000 left the bucket empty, whatever C cost")
+		})
+	}
+}

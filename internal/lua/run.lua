@@ -15,8 +15,8 @@ local COSTV = {}
 -- a key with units that samples a change.
 local MREC = {}
 
--- HM_FIELDS are the hash fields every run reads first (h[1] to h[7]).
-local HM_FIELDS = {'L', 'T', 's', 'O', 'V', 'M', 'D'}
+-- HM_FIELDS are the hash fields every run reads first (h[1] to h[8]).
+local HM_FIELDS = {'L', 'T', 's', 'O', 'V', 'M', 'D', 'AH'}
 local D_AT, D_AT_FAIR = 7, 8   -- where D is in HM_FIELDS, and in fair_fields
 
 -- fair_fields adds to the run's first HMGET what the fair path reads: the
@@ -113,11 +113,18 @@ local function decide_run(KEYS, ARGV)
   -- before this run changes anything, for refunds (refund_room).
   -- It is written back only when a sample changed it (most samples do
   -- not lower the least owed): Mw, nil when it stays as it is.
-  local Mw = nil
+  -- (AH: the calls counted at instants ahead, which the calls made so far
+  -- do not owe yet: M samples what those owe)
+  local Mw, AH, AH_dropped = nil, nil, false
   if spec.units then
-    local rawM = h[6]
-    if o.fair then rawM = redis.call('HGET', KEYS[1], 'M') end -- (h[6] is G there)
+    local rawM, rawAH = h[6], h[8]
+    if o.fair then
+      local f = redis.call('HMGET', KEYS[1], 'M', 'AH') -- (h[6] is G there)
+      rawM, rawAH = f[1], f[2]
+    end
+    if rawAH then AH, AH_dropped = read_AH(rawAH, now) end
     local k, same = spec.m1, false
+    if AH and #AH > 0 then k = nil end
     if k and rawM and #rawM >= 32 then
       -- One bucket of another unit, the common case: sample_M's rules on
       -- its latest interval as read (read_M's), without building M when
@@ -138,7 +145,9 @@ local function decide_run(KEYS, ARGV)
       local tiers = spec.tiers
       for i = 1, #tiers do
         local t = tiers[i]
-        if t.kind == 'b' and t.unit and sample_M(M, i, owed[i], now, true) then same = false end
+        local v = owed[i]
+        if AH and t.kind == 'b' then v = v - ahead_of(AH, t, now) end
+        if t.kind == 'b' and t.unit and sample_M(M, i, v, now, true) then same = false end
       end
       if not same then Mw = M end
     end
@@ -161,6 +170,7 @@ local function decide_run(KEYS, ARGV)
   end
   local r = run_state(KEYS, o, now, L, h, spec, until_, owed, x, vnext)
   r.M = Mw
+  if spec.units then r.AH, r.AH_changed = AH or {}, AH_dropped end
   local replies
   if o.fair and #spec.tiers > 0 then
     replies = decide_fair_run(r, KEYS, ARGV, h, n)

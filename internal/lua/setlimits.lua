@@ -84,7 +84,7 @@ end
 local need = full_in(in_force.tiers, owed)
 local L = new_src .. ' #' .. string.format('%d', gen)
 -- Windows that are gone lose their counts; the others keep them.
-local drop = {'T', 'D', 'V', 'M', 'B', 'A'}
+local drop = {'T', 'D', 'V', 'M', 'B', 'A', 'AH'}
 if old then
   for _, ot in ipairs(old.tiers) do
     if ot.kind == 'w' then
