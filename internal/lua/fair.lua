@@ -244,6 +244,20 @@ local function fair_place(r, id, c, tenant, w)
     -- holder's turn is now, or it would wait for a clock that never moves)
     p.S = r.stags[id] and r.stags[id] + (p.rec and p.rec.shift or 0) or g.V
     if g.W <= 0 then p.S = g.V end
+    -- A booked task's turn is never past its tenant's finish tag F (every
+    -- path that moves F moves the tenant's tags with it, by its shift, or
+    -- keeps F past them), and a tenant that is not active left when V
+    -- passed its F: all its booked work was due. A tag read past that was
+    -- kept less a shift that is gone: the shift lives in the tenant's
+    -- record, which leaves when V passes F, while its tags stay until
+    -- their tasks come back (or it came back since, with a shift of 0).
+    -- SetWeights raising a tenant's weight from 1 to 9 moved its F and
+    -- shift back by 8/9 of its work: V soon passed the new F, the record
+    -- left, and its tasks' tags were read as booked at a weight of 1, a
+    -- turn 50 s away on a key with room (the model's
+    -- TestModelSetWeightsLosesTheShiftOfBookedTasks).
+    local cap = p.rec and p.rec.F or g.V
+    if p.S > cap then p.S = cap end
   end
   p.W = g.W
   if not p.rec then p.W = p.W + w end
