@@ -208,7 +208,14 @@ local function fair_book(r, id, w, c, S)
     g.W = g.W + w
     S = S or g.V
     rec.F = S + c / w
-    if redis.call('ZADD', r.akey, fmt(rec.F), id) == 1 then r.akey_new = true end
+    -- The set of active tenants must outlive the hash (write_back): a
+    -- new member, or one already there that did not leave in this run (a
+    -- tenant alone leaves and comes back on most of its calls: the set is
+    -- the one it lives in), left by a hash that expired before the set,
+    -- which then keeps the lifetime it had for that hash. (Not raised,
+    -- the set expired under the new hash's active tenants: W fell to 0
+    -- and their records stayed, listed nowhere.)
+    if redis.call('ZADD', r.akey, fmt(rec.F), id) == 1 or not r.leaving[id] then r.akey_new = true end
     r.leaving[id] = nil
     if rec.F < g.Fmin then g.Fmin = rec.F end
   else
