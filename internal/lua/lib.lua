@@ -1109,7 +1109,8 @@ end
 -- more than its burst: there the part is read as none (debt_of), since
 -- the calls alone may owe all of it by then. (Capped at empty, Resume gave
 -- back the tokens a paced holder took ahead, and a bucket of 2 per second
--- admitted 5 calls in 1.15 s: TestModelResumeKeepsCallsCountedAhead.)
+-- admitted 5 calls in 1.15 s:
+-- TestModelResumeKeepsWhatAFairHolderTookAhead.)
 
 -- read_P reads P: its end (us, nil: none) and the provider's part of each
 -- token bucket by id ("%d" of the id). A P of an end alone (written by an
