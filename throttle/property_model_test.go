@@ -647,6 +647,47 @@ func TestModelRefundAfterAPacedAdmissionAheadOverAdmits(t *testing.T) {
 		modelOp{Kind: opStep, D: 30_000})
 }
 
+// Found by the model (issue 34 item 6's Resume against the bound): on
+// PerSecond(2), t1 runs at 0, t2 at 500 ms and settles Used 2 (a surcharge
+// of 1 at 510 ms), t3 is admitted at 500 ms for 520 ms: the bucket owes
+// beyond empty, as calls do. At 632 ms a provider says remaining 0, reset
+// 2 s (a near reset: debt until then), and an operator Resumes. Resume
+// brought the bucket back to empty, giving back what the calls owed beyond
+// it with the provider's debt, and t4 was admitted at 1.152 s. Fails with
+// "bound: bucket per 1s (configured, rate 2 burst 2): the call of t4 at
+// epoch+1.152s leaves a bucket fed these calls at -0.696 ...".
+func TestModelResumeKeepsWhatCallsOweBeyondEmpty(t *testing.T) {
+	replayModel(t, modelShape{Limits: []throttle.Limit{throttle.PerSecond(2)}},
+		modelOp{Kind: opArrive, N: 1, UsedN: -1, UsedT: -1},
+		modelOp{Kind: opArrive, N: 1, UsedN: 2, UsedT: -1, Run: 10},
+		modelOp{Kind: opArrive, N: 1, UsedN: -1, UsedT: -1},
+		modelOp{Kind: opStep, D: 632},
+		modelOp{Kind: opArrive, N: 1, UsedN: -1, UsedT: -1},
+		modelOp{Kind: opObserve, Quota: 9, Per: 1000, Reset: 2000},
+		modelOp{Kind: opResume})
+}
+
+// The same found with tenants, a paced holder taking ahead: on
+// PerSecond(2), the fair path admits t6 at 500 ms for 1.02 s (t1 ran 2 at
+// 0, t3 at 520 ms); the provider's near reset and Resume at 632 ms gave
+// back what t6 took beyond empty, and t7 ran at 1.152 s. Fails with
+// "bound: bucket per 1s (configured, rate 2 burst 2): the call of t7 at
+// epoch+1.152s leaves a bucket fed these calls at -0.696 ...".
+func TestModelResumeKeepsWhatAFairHolderTookAhead(t *testing.T) {
+	replayModel(t, modelShape{Defaults: true, Limits: []throttle.Limit{throttle.PerSecond(2)}, Tenants: true},
+		modelOp{Kind: opArrive, Lim: 1, N: 2, Tokens: 10, UsedN: -1},
+		modelOp{Kind: opArrive, Tenant: "b", N: 2, Tokens: 100, UsedN: -1, UsedT: 102},
+		modelOp{Kind: opArrive, Lim: 1, Tenant: "c", N: 1, UsedN: -1, UsedT: 2, Run: 10},
+		modelOp{Kind: opArrive, Tenant: "b", N: 1, Tokens: 96, UsedN: 2, UsedT: -1, Run: 10},
+		modelOp{Kind: opArrive, Tenant: "c", N: 2, UsedN: -1, UsedT: -1, Run: 10},
+		modelOp{Kind: opArrive, N: 1, Tokens: 100, UsedN: -1, UsedT: -1, Run: 10},
+		modelOp{Kind: opStep, D: 632},
+		modelOp{Kind: opArrive, Tenant: "a", N: 1, Tokens: 100, UsedN: -1, UsedT: 102, Run: 3000},
+		modelOp{Kind: opObserve, Quota: 9, Per: 1000, Reset: 2000},
+		modelOp{Kind: opResume},
+		modelOp{Kind: opStep, D: 70000})
+}
+
 // Found by the model beyond the issues' items: the reservation set is
 // given an expiry only when a queue opens or lapsed reservations are swept
 // (once a second); a holder's admission that empties it deletes the key,

@@ -121,7 +121,7 @@ local bring    = ARGV[8] == '1'            -- the caller runs the reservations b
 local estimate = tonumber(ARGV[9]) or 0    -- what the call was charged of unit when admitted (0: charged)
 if estimate <= 0 then estimate = charged end
 local now = now_us()
-local h = redis.call('HMGET', key, 'L', 'T', 'O', 'M', 'D', 'A', 's', 'V', 'B', 'AH')
+local h = redis.call('HMGET', key, 'L', 'T', 'O', 'M', 'D', 'A', 's', 'V', 'B', 'AH', 'P')
 local src = config_of(kc, h[1], h[5])
 if not src and defaults ~= '' then src = defaults end
 if not src or delta == 0 then return {} end
@@ -157,6 +157,12 @@ if spec.units then M = read_M(h[4] or nil, tiers) end
 -- made after a holder was admitted found room in the holder's cost, and
 -- the call admitted after the holder's was one the provider refused:
 -- bench L6.)
+-- A provider's debt (P, see read_P): its part of what a bucket owes is
+-- carried through the settlement, which changes what the calls alone owe
+-- as much (down to nothing), so that Resume gives back no more than it.
+local P_until, parts = read_P(h[11] or nil)
+if not (P_until and P_until > now and next(parts)) then parts = nil end
+local parts_changed = false
 local AH = nil
 if M and h[10] then
   AH = read_AH(h[10], now)
@@ -186,6 +192,14 @@ for i, t in ipairs(tiers) do
       end
     end
     if v < 0 then v = 0 end
+    local id = parts and string.format('%d', t.id)
+    if id and parts[id] then
+      parts[id] = debt_through(t, parts[id], owed[i], v, function(calls)
+        if delta > 0 then return calls + delta * t.p end
+        return math.max(calls - given, 0)
+      end)
+      parts_changed = true
+    end
     owed[i] = v
     -- Every interval since the call owed that much less had the call cost
     -- that much less: a second refund that fit alone must not give back
@@ -272,6 +286,10 @@ if tenant and akey and q == -1 and redis.call('ZSCORE', akey, tenant) then
     fields[#fields + 1] = 't:' .. tenant
     fields[#fields + 1] = pack_tenant(rec)
   end
+end
+if parts_changed then
+  fields[#fields + 1] = 'P'
+  fields[#fields + 1] = write_P(P_until, parts, tiers)
 end
 if #fields > 0 then redis.call('HSET', key, unpack(fields)) end
 if ttl then set_ttl(key, ttl) end

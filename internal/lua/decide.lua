@@ -301,6 +301,35 @@ local function lease_more(tiers, owed, lease, c, remaining)
   return extra
 end
 
+-- debt_ahead carries a provider's part of what the buckets owe (P, see
+-- read_P) through the take of c at at, an instant ahead, before it is
+-- taken: the calls alone, owing less, lose the refill until at that the
+-- buckets in debt do not (their part shrinks by it), so that Resume gives
+-- back no more than the provider's part. (Rare: a key in a provider's
+-- debt with a paced holder due; P is read once per run.)
+local function debt_ahead(r, c, at)
+  if r.P == nil then
+    r.P = false
+    local raw = redis.call('HGET', r.key, 'P')
+    if raw then
+      local u, parts = read_P(raw)
+      if u and u > r.now and next(parts) then r.P, r.P_until = parts, u end
+    end
+  end
+  if not r.P then return end
+  local changed = false
+  for i, t in ipairs(r.tiers) do
+    local ci, id = cv(c, i), string.format('%d', t.id)
+    if t.kind == 'b' and ci > 0 and r.P[id] then
+      local fa = (at - r.now) * t.rate
+      local function took(v) return math.max(v, fa, 0) + ci * t.p end
+      r.P[id] = debt_through(t, r.P[id], r.owed[i], took(r.owed[i]), took)
+      changed = true
+    end
+  end
+  if changed then redis.call('HSET', r.key, 'P', write_P(r.P_until, r.P, r.tiers)) end
+end
+
 -- admit takes c from every tier at at (now, or for a paced holder an
 -- instant ahead when every tier admits it), takes up the caller's
 -- reservation resv, gives it a slot of the in-flight limit and maybe a
@@ -329,6 +358,7 @@ local function admit(r, resv, id, c, at)
       end
     end
   end
+  if at > r.now then debt_ahead(r, c, at) end
   local remaining = take(r, c, at)
   if e then
     -- (what the take added: the call's cost and the refill lost until at)

@@ -43,8 +43,10 @@
 --        refill a full bucket loses until then, in owed units), so that M
 --        and refunds count what the calls made so far owed (read_AH)
 --     s  suspended until (us)
---     P  until when a provider's near reset holds the buckets in debt
---        beyond empty (observe.lua; Resume clears it)
+--     P  a provider's near reset holding the buckets in debt beyond empty
+--        (observe.lua; Resume clears it): "until id:owed ...", until when
+--        (us), then per token bucket its id and the part of what it owes
+--        that the provider imposed, not calls (read_P)
 --     V  the reservation schedule of the token buckets while a queue is
 --        outstanding, binary as T (read_V): its anchor (us), when lapsed
 --        reservations were last swept (us), then per_ms and the virtual
@@ -1092,6 +1094,70 @@ local function drop_fair(key, akey, tkey)
   end
   hdel_all(key, del)
   if akey and tkey then redis.call('DEL', akey, tkey) end
+end
+
+-- A provider's debt (P). A provider's near reset makes the buckets owe
+-- beyond empty (observe.lua), and an operator's Resume gives that back:
+-- what the provider imposed, never what calls took (the configured bound
+-- holds across Resume). Of what a bucket owes, P keeps the part that is
+-- the provider's: the rest is what the calls alone would owe, as a bucket
+-- that owes nothing owes them, the part the calls refilled below nothing
+-- lost. Every path that changes what a bucket owes beyond empty carries
+-- the part through (debt_through): a paced holder counted ahead (decide),
+-- a settlement (adjust), new limits (setlimits), another response
+-- (observe). A take at now needs room, so it changes a bucket that owes no
+-- more than its burst: there the part is read as none (debt_of), since
+-- the calls alone may owe all of it by then. (Capped at empty, Resume gave
+-- back the tokens a paced holder took ahead, and a bucket of 2 per second
+-- admitted 5 calls in 1.15 s:
+-- TestModelResumeKeepsWhatAFairHolderTookAhead.)
+
+-- read_P reads P: its end (us, nil: none) and the provider's part of each
+-- token bucket by id ("%d" of the id). A P of an end alone (written by an
+-- older version) says no part: Resume gives back nothing of it, and the
+-- debt lapses by itself (under 10 s).
+local function read_P(raw)
+  local parts = {}
+  if not raw then return nil, parts end
+  local until_ = finite(string.match(raw, '^(%d+)'))
+  for id, v in string.gmatch(raw, ' (%d+):(%S+)') do
+    v = finite(v)
+    if v and v > 0 then parts[id] = v end
+  end
+  return until_, parts
+end
+
+-- write_P writes P: until, and the parts of tiers' buckets.
+local function write_P(until_, parts, tiers)
+  local s = string.format('%d', until_)
+  for _, t in ipairs(tiers) do
+    local id = string.format('%d', t.id)
+    local v = parts[id]
+    if t.kind == 'b' and v and v > 0 then s = s .. ' ' .. id .. ':' .. fmt(v) end
+  end
+  return s
+end
+
+-- debt_of returns the provider's part of what token bucket t owes now
+-- (owed), given the part d P keeps: none when it owes no more than its
+-- burst (a take at now may have taken from it since the part was kept),
+-- and no more than it owes.
+local function debt_of(t, d, owed)
+  if not d or d <= 0 or owed <= t.full + 2 * t.rate then return 0 end
+  return math.min(d, owed)
+end
+
+-- debt_through returns the provider's part of what token bucket t owes
+-- after a change, the part being d of owed before it: the calls alone owed
+-- calls = owed - d, and owe calls_after after (the caller applies the same
+-- change to both); the part is the rest.
+local function debt_through(t, d, owed, after, change)
+  d = debt_of(t, d, owed)
+  if d == 0 then return 0 end
+  local calls = math.max(owed, 0) - d
+  local v = after - change(calls)
+  if v < 0 then v = 0 end
+  return v
 end
 
 -- tokens_at is what token bucket t holds when it owes owed.

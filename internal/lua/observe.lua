@@ -193,7 +193,11 @@ local t_changed = false
 -- the middleware's for a 429), which Inspect shows and Resume ends: no
 -- debt then, the bucket refilling while the key is suspended (a debt of
 -- the whole reset, an hour at most, outlived an operator's Resume).
-local provider_until = finite(h[5])
+-- What the buckets owe above what the calls alone would is the
+-- provider's part (read_P), which Resume gives back: what this response
+-- brings a bucket down by, and the part a debt still in force kept.
+local provider_until, parts = read_P(h[5] or nil)
+if not (provider_until and provider_until > now) then parts = {} end
 local function lower_to(i, remaining, reset_us)
     local t = tiers[i]
     if t.kind == 'b' then
@@ -204,6 +208,8 @@ local function lower_to(i, remaining, reset_us)
         if not provider_until or provider_until < now + reset_us then provider_until = now + reset_us end
       end
       if want > owed[i] + SLACK * t.rate then
+        local id = string.format('%d', t.id)
+        parts[id] = debt_of(t, parts[id], owed[i]) + want - math.max(owed[i], 0)
         owed[i] = want
         t_changed = true
         changes[#changes + 1] = string.format('tokens %d %d %d', i - 1, math.max(math.floor(has), 0), remaining)
@@ -301,7 +307,7 @@ if t_changed then
   fields[#fields + 1] = write_T(tiers, owed, now, x, (q > now or q == -1) and q or 0)
   if provider_until and provider_until > now then
     fields[#fields + 1] = 'P'
-    fields[#fields + 1] = string.format('%d', provider_until)
+    fields[#fields + 1] = write_P(provider_until, parts, tiers)
   end
 end
 if #fields > 0 then

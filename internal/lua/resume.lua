@@ -8,7 +8,9 @@
 -- reservations booked, and the tasks brought back, decided as fresh ones,
 -- would queue behind their own work and never be reached. Weights stay.
 -- A provider's near reset left the buckets owing beyond empty until then
--- (observe.lua's P): they are brought back to empty. The reply names the
+-- (observe.lua's P): the provider's part of it is given back, down to
+-- empty at most, never what calls took (a paced holder counted ahead owes
+-- beyond empty too: see read_P). The reply names the
 -- tasks that held a reservation, whichever path booked it (the middleware,
 -- or Limiter.Enqueue), for the caller to bring back.
 local key, resv_key, tenants_key, tags_key, kc = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
@@ -17,8 +19,8 @@ local MAX_BACK = 100000
 local now = now_us()
 local h = redis.call('HMGET', key, 's', 'T', 'P', 'L', 'D', 'O')
 local until_ = finite(h[1])
-local P = finite(h[3])
-if P then redis.call('HDEL', key, 'P') end
+local P, parts = read_P(h[3] or nil)
+if h[3] then redis.call('HDEL', key, 'P') end
 local suspended = until_ ~= nil and until_ > now
 if until_ and not suspended then redis.call('HDEL', key, 's') end
 local held = {}
@@ -51,7 +53,10 @@ if suspended then q_new = 0 end
 if spec then
   local owed = bucket_owed(stored, ts, spec.tiers, now, 0)
   for i, t in ipairs(spec.tiers) do
-    if t.kind == 'b' and owed[i] > t.full then owed[i] = t.full end
+    if t.kind == 'b' then
+      local d = debt_of(t, parts[string.format('%d', t.id)], owed[i])
+      if d > 0 then owed[i] = math.max(owed[i] - d, t.full) end
+    end
   end
   local t_field = write_T(spec.tiers, owed, now, x, q_new)
   if t_field then redis.call('HSET', key, 'T', t_field) else redis.call('HDEL', key, 'T') end

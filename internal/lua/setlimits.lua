@@ -24,7 +24,7 @@ local new, field, why = parse_limits(new_src)
 if not new then return {-1, field, why} end
 
 local now = now_us()
-local h = redis.call('HMGET', key, 'L', 'T', 'D', 's', 'O')
+local h = redis.call('HMGET', key, 'L', 'T', 'D', 's', 'O', 'P')
 local cur = config_of(kc, h[1], h[3])
 -- The limits already in force: nothing changes, not even the queue (every
 -- worker of a fleet may set its limits when it starts).
@@ -55,6 +55,12 @@ local old_owed = old and bucket_owed(stored, ts, old.tiers, now, 0) or {}
 local in_force = new
 if h[5] then in_force = apply_learned(new, new_src, h[5], now) end
 local owed = {}
+-- A provider's debt (P, see read_P): its part of what a kept bucket owes
+-- is carried over (the calls alone keep their tokens as much); a new
+-- bucket has none.
+local P_until, parts = read_P(h[6] or nil)
+if not (P_until and P_until > now) then parts = nil end
+local new_parts = {}
 for i, t in ipairs(in_force.tiers) do
   local v = 0
   if t.kind == 'b' then
@@ -77,6 +83,13 @@ for i, t in ipairs(in_force.tiers) do
     if v < 0 then v = 0 end
     -- (debt a surcharge left is kept; only garbage is read as empty)
     if v > t.full + MAX_BURST * t.p then v = t.full end
+    local id = string.format('%d', t.id)
+    if o and parts and parts[id] then
+      local shift = (old.tiers[o].burst - t.burst) * t.p
+      new_parts[id] = debt_through(old.tiers[o], parts[id], old_owed[o], v, function(calls)
+        return math.min(math.max(calls - shift, 0), v)
+      end)
+    end
   end
   owed[i] = v
 end
@@ -103,6 +116,11 @@ set_config(key, kc, {'L', L})
 local x, ttl = keep_alive(key, need, 0, now)
 local t_field = write_T(in_force.tiers, owed, now, x, 0)
 if t_field then redis.call('HSET', key, 'T', t_field) end
+if parts and t_field then
+  redis.call('HSET', key, 'P', write_P(P_until, new_parts, in_force.tiers))
+elseif parts then
+  redis.call('HDEL', key, 'P')
+end
 if ttl then set_ttl(key, ttl) end
 -- The tasks that held a reservation (the caller brings them back to be
 -- decided under the new limits; at most MAX_BACK of them).
