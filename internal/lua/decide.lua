@@ -225,7 +225,7 @@ local function lowered_until(r, t)
   if not r.learned then r.learned, r.adapt = read_O(r.O) end
   local from = r.now
   local l = r.learned[t.key]
-  if l and l[2] > from then from = l[2] end
+  if learned_lowers(l, t.ceiling, from) then from = l[2] end
   local a = r.adapt
   if a and r.spec.adaptive and a[1] < 1e6 then
     local back = a[2] + math.ceil((1e6 - a[1]) / ADAPT_STEP) * r.spec.adaptive
