@@ -757,3 +757,21 @@ func TestModelActiveSetExpiresUnderAnActiveTenant(t *testing.T) {
 		modelOp{Kind: opArrive, Tenant: "a", N: 1, UsedN: -1, UsedT: -1, Run: 3000},
 		modelOp{Kind: opArrive, Tenant: "a", N: 1, UsedN: -1, UsedT: -1})
 }
+
+// Found by the model beyond the issues' items: a cost the configured
+// window holds, above a window lowered by what was learned. Limits of
+// 5/s, Window(10, 5s), 10/s of 100 tokens and InFlight(1); a task of
+// cost 2 is booked, then a response says 19 a minute: learned for the 5 s
+// window as 1 (19 a minute in 5 s, rounded down) for 10 minutes. No
+// instant in the lowered window holds 2, and the decision read that as
+// never: the task was told to come back in 2777h45m40s (the longest
+// wait), not when the learned quota ends and the window of 10 is back.
+// Fails with "liveness: 1 tasks still wait at epoch+10m30.01s on a key
+// with room ... next back at epoch+2777h45m40s".
+func TestModelCostAboveALearnedWindowWaitsForItsEnd(t *testing.T) {
+	replayModel(t, modelShape{Limits: []throttle.Limit{throttle.PerMinute(30)}},
+		modelOp{Kind: opSetLimits, Limits: []throttle.Limit{throttle.PerSecond(5), throttle.Window(10, 5*time.Second),
+			throttle.PerSecond(10).WithBurst(100).In("tokens"), throttle.InFlight(1)}},
+		modelOp{Kind: opEnqueue, N: 2, Tokens: 100, UsedN: 1, UsedT: -1, Run: 10},
+		modelOp{Kind: opObserve, Lim: 1, Quota: 19, Per: 60000, Left: -1})
+}

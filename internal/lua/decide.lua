@@ -138,7 +138,7 @@ end
 local function run_state(KEYS, o, now, L, h, spec, until_, owed, x, vnext)
   local r = {
     key = KEYS[1], resv_key = KEYS[2], slots_key = KEYS[3], kc = KEYS[4], o = o, now = now,
-    L = L, hasT = h[2] ~= false, V = h[5] or nil, spec = spec, tiers = spec.tiers, gen = spec.gen,
+    L = L, hasT = h[2] ~= false, V = h[5] or nil, O = h[4] or nil, spec = spec, tiers = spec.tiers, gen = spec.gen,
     until_ = until_, suspended = until_ ~= nil and until_ > now,
     owed = owed, x = x, vnext = vnext,
     held = 0, slot_n = spec.inflight, holds = 0,
@@ -216,6 +216,30 @@ local function window_free(r, i, t, c, at, holder)
   return free or at + MAX_WAIT
 end
 
+-- lowered_until returns the instant from which window tier t (lowered by
+-- what was learned, or by adaptive mode) is at its configured ceiling
+-- again: the learned quota's end, and the adaptive rate's full recovery.
+-- A cost the ceiling holds and the lowered tier cannot waits for it: the
+-- window it exceeds is a temporary one, with a known end.
+local function lowered_until(r, t)
+  if not r.learned then r.learned, r.adapt = read_O(r.O) end
+  local from = r.now
+  local l = r.learned[t.key]
+  if learned_lowers(l, t.ceiling, from) then from = l[2] end
+  local a = r.adapt
+  if a and r.spec.adaptive and a[1] < 1e6 then
+    local back = a[2] + math.ceil((1e6 - a[1]) / ADAPT_STEP) * r.spec.adaptive
+    if back > from then from = back end
+  end
+  return from
+end
+
+-- above_lowered reports whether c calls exceed what window tier t holds
+-- only because it is lowered (its ceiling holds them).
+local function above_lowered(t, c)
+  return t.kind == 'w' and t.ceiling ~= nil and c > t.n and c <= t.ceiling.n
+end
+
 -- short returns the tier that refuses c calls at at (0: none) and how long
 -- until it would not. holder: the caller is at its reserved instant.
 local function short(r, c, at, holder)
@@ -232,6 +256,11 @@ local function short(r, c, at, holder)
       -- would refuse every holder of a burst equal to its cost ahead of now.
       if at > now then v = math.max(-headroom * t.rate, v - (at - now) * t.rate) end
       w = wait_for(t, v, ci, headroom)
+    elseif above_lowered(t, ci) then
+      -- (no instant while the tier is lowered: the first one after, under
+      -- the configured window)
+      local from = math.max(at, lowered_until(r, t))
+      w = window_free(r, i, t.ceiling, ci, from, holder) - at
     else
       w = window_free(r, i, t, ci, at, holder) - at
     end
@@ -513,6 +542,15 @@ local function earliest_fit(r, c, earliest)
         -- (nothing to take from it)
       elseif t.kind == 'b' then
         start = r.va + r.vt[i] - (t.burst - ci) * t.e + o.headroom
+      elseif above_lowered(t, ci) then
+        -- (after the lowered window ends, under the configured one; an end
+        -- beyond the horizon is when to come back to book)
+        local from = math.max(s, lowered_until(r, t))
+        if from > limit then
+          start = from
+        else
+          start = win_free(r.wins[i], t.ceiling, from, ci, o.headroom, limit) or (limit + 1)
+        end
       else
         start = win_free(r.wins[i], t, s, ci, o.headroom, limit) or (limit + 1)
       end

@@ -128,3 +128,68 @@ func TestInspectWindowWithReservationsAdmitsNone(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, []float64{0}, r.Tokens, "calls the window admits now")
 }
+
+// A cost the configured window holds, above a window lowered by a learned
+// quota (10 per 5 s learned as 1: 12 a minute, converted), waits for the
+// learned quota's end, then runs under the configured window; it is never
+// refused as too high, nor told to wait the longest wait (it was: 116
+// days, the lowered window holding 2 at no instant). Booked, it reserves
+// the learned quota's end; beyond the horizon, it comes back when that
+// end can be reserved.
+func TestCostAboveALearnedWindowWaitsForTheLearnedEnd(t *testing.T) {
+	for _, fixed := range []bool{false, true} {
+		kind := byte(KindWindow)
+		if fixed {
+			kind = KindFixed
+		}
+		e := newEnv(t)
+		e.setLimits(Tier{Kind: kind, Rate: 10, PerMS: 5000})
+		got := e.observe(ObserveArgs{Remaining: -1, Policies: []Policy{{Quota: 12, PerMS: 60_000}}})
+		require.Len(t, got, 1, "fixed %v", fixed)
+		require.Equal(t, int64(1), e.inspect().Tiers[0].Rate, "fixed %v: learned as 1 per 5 s", fixed)
+		end := e.inspect().LearnedFor[0]
+		require.Greater(t, end, 9*time.Minute)
+
+		r := e.decide(DecideArgs{Cost: 2, Granule: time.Second})
+		assert.Equal(t, StatusDenied, r.Status, "fixed %v", fixed)
+		assert.Equal(t, "tier:1", r.RefusedBy, "fixed %v", fixed)
+		assert.GreaterOrEqual(t, r.RetryAfter, end, "fixed %v: not before the learned quota ends", fixed)
+		assert.LessOrEqual(t, r.RetryAfter, end+5*time.Second, "fixed %v: then the configured window", fixed)
+
+		b := e.decide(DecideArgs{TaskID: "t", Cost: 2, Granule: time.Second, Horizon: time.Hour, Lapse: time.Minute})
+		assert.Equal(t, StatusDenied, b.Status, "fixed %v", fixed)
+		assert.False(t, b.Reserved.IsZero(), "fixed %v: reserved", fixed)
+		in := b.Reserved.Sub(testEpoch())
+		assert.GreaterOrEqual(t, in, end, "fixed %v", fixed)
+		assert.LessOrEqual(t, in, end+6*time.Second, "fixed %v", fixed)
+
+		s := e.decide(DecideArgs{TaskID: "u", Cost: 2, Granule: time.Second, Horizon: time.Minute, Lapse: time.Minute})
+		assert.Equal(t, StatusDenied, s.Status, "fixed %v", fixed)
+		assert.True(t, s.Reserved.IsZero(), "fixed %v: beyond the horizon", fixed)
+		assert.GreaterOrEqual(t, s.RetryAfter, end-time.Minute, "fixed %v", fixed)
+		assert.LessOrEqual(t, s.RetryAfter, end-time.Minute+6*time.Second, "fixed %v: when the end can be reserved", fixed)
+
+		// At its instant, the learned quota ended: the configured window
+		// of 10 admits it.
+		e.at(in)
+		assert.Equal(t, StatusAllowed, e.decide(DecideArgs{TaskID: "t", Cost: 2, Granule: time.Second, Horizon: time.Hour, Lapse: time.Minute}).Status, "fixed %v", fixed)
+	}
+}
+
+// The same for a window lowered by Adaptive: a cost the configured window
+// holds and the halved one cannot waits until the rate is won back (it
+// was told to wait 116 days).
+func TestCostAboveAnAdaptedWindowWaitsForTheRateWonBack(t *testing.T) {
+	e := newEnv(t)
+	e.setLimits(Tier{Kind: KindWindow, Rate: 10, PerMS: 5000}, Tier{Kind: KindAdaptive, PerMS: 10_000})
+	_, err := SuspendKey(e.ctx, e.run, e.k, 2*time.Second, time.Hour)
+	require.NoError(t, err)
+	require.Equal(t, int64(5), e.inspect().Tiers[0].Rate, "halved")
+	e.at(3 * time.Second)
+	r := e.decide(DecideArgs{Cost: 6, Granule: time.Second})
+	assert.Equal(t, StatusDenied, r.Status)
+	assert.Positive(t, r.RetryAfter)
+	assert.LessOrEqual(t, r.RetryAfter, time.Minute, "won back in 5 clean periods of 10 s")
+	e.at(3*time.Second + r.RetryAfter)
+	assert.Equal(t, StatusAllowed, e.decide(DecideArgs{Cost: 6, Granule: time.Second}).Status, "back at the configured window")
+}
