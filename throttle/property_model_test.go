@@ -713,21 +713,3 @@ func TestModelSlotWaitAndOthersUsedStarveTheDefaultTenant(t *testing.T) {
 		modelOp{Kind: opArrive, Tenant: "c", N: 1, UsedN: -1, Run: 300, Lag: 450},
 		modelOp{Kind: opArrive, N: 1, Tokens: 10, UsedN: -1, UsedT: -1, Lag: 40})
 }
-
-// Found by the model's soak: on PerSecond(2) (default limits), a 5 s
-// suspension outlasts the key's hash (2 s of refill, raised to the
-// suspension's end), and the set of active tenants, kept a second longer,
-// still lists tenants b and c when the hash is made again at epoch+5s.
-// Tenant c's task books c anew, but its member was already in the set, so
-// the set kept its old expiry and went at epoch+6s while c's record stayed
-// in the hash. Fails with "state: tenant "c" keeps a record (t:c) but is
-// not active (not in the active set)".
-func TestModelActiveSetLeftFromTheHashsLastLifeExpiresFirst(t *testing.T) {
-	replayModel(t, modelShape{Defaults: true, Limits: []throttle.Limit{throttle.PerSecond(2)}, Tenants: true},
-		modelOp{Kind: opArrive, Lim: 1, N: 2, UsedN: -1},
-		modelOp{Kind: opArrive, Lim: 1, Tenant: "b", N: 1, Tokens: 4, UsedN: -1, UsedT: 1, Run: 300},
-		modelOp{Kind: opSuspend, Lim: 1, D: 5000},
-		modelOp{Kind: opEnqueue, Lim: 1, Tenant: "c", N: 1, UsedN: -1, UsedT: 4},
-		modelOp{Kind: opArrive, Tenant: "b", N: 1, UsedN: -1, Run: 10},
-		modelOp{Kind: opDrain})
-}

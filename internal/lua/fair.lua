@@ -208,10 +208,7 @@ local function fair_book(r, id, w, c, S)
     g.W = g.W + w
     S = S or g.V
     rec.F = S + c / w
-    -- (A member already there that did not leave in this run is left from
-    -- the hash's previous life: the hash expired and was made again, and
-    -- the set, kept a second longer, would expire before the record.)
-    if redis.call('ZADD', r.akey, fmt(rec.F), id) == 1 or not r.leaving[id] then r.akey_new = true end
+    if redis.call('ZADD', r.akey, fmt(rec.F), id) == 1 then r.akey_new = true end
     r.leaving[id] = nil
     if rec.F < g.Fmin then g.Fmin = rec.F end
   else
