@@ -184,7 +184,7 @@ type modelWorld struct {
 	weights  map[string]int   // set by SetWeights
 	trail    []string         // what happened lately, for messages
 	skip     map[string]bool  // checks THROTTLE_MODEL_OPS leaves out ("-lapse")
-	debug    bool             // THROTTLE_MODEL_DUMP: log the key's storage at each decision
+	debug    bool             // THROTTLE_MODEL_DUMP: log the key's storage at each decision and SetWeights
 }
 
 func newModelWorld(t mFailer, mr *miniredis.Miniredis, rdb *redis.Client, sh modelShape) *modelWorld {
@@ -379,6 +379,9 @@ func (w *modelWorld) do(op modelOp) {
 		require.NoError(w.t, w.lims[0].SetWeights(w.ctx, modelKey, m), "SetWeights(%v)", m)
 		w.weights = m
 		w.note("SetWeights(%v)", m)
+		if w.debug {
+			w.dump()
+		}
 	case opSuspend:
 		d := op.D * 1000
 		require.NoError(w.t, w.lims[op.Lim].Suspend(w.ctx, modelKey, time.Duration(d)*time.Microsecond), "Suspend")

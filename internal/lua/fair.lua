@@ -208,7 +208,14 @@ local function fair_book(r, id, w, c, S)
     g.W = g.W + w
     S = S or g.V
     rec.F = S + c / w
-    if redis.call('ZADD', r.akey, fmt(rec.F), id) == 1 then r.akey_new = true end
+    -- The set of active tenants must outlive the hash (write_back): a
+    -- new member, or one already there that did not leave in this run (a
+    -- tenant alone leaves and comes back on most of its calls: the set is
+    -- the one it lives in), left by a hash that expired before the set,
+    -- which then keeps the lifetime it had for that hash. (Not raised,
+    -- the set expired under the new hash's active tenants: W fell to 0
+    -- and their records stayed, listed nowhere.)
+    if redis.call('ZADD', r.akey, fmt(rec.F), id) == 1 or not r.leaving[id] then r.akey_new = true end
     r.leaving[id] = nil
     if rec.F < g.Fmin then g.Fmin = rec.F end
   else
@@ -244,6 +251,20 @@ local function fair_place(r, id, c, tenant, w)
     -- holder's turn is now, or it would wait for a clock that never moves)
     p.S = r.stags[id] and r.stags[id] + (p.rec and p.rec.shift or 0) or g.V
     if g.W <= 0 then p.S = g.V end
+    -- A booked task's turn is never past its tenant's finish tag F (every
+    -- path that moves F moves the tenant's tags with it, by its shift, or
+    -- keeps F past them), and a tenant that is not active left when V
+    -- passed its F: all its booked work was due. A tag read past that was
+    -- kept less a shift that is gone: the shift lives in the tenant's
+    -- record, which leaves when V passes F, while its tags stay until
+    -- their tasks come back (or it came back since, with a shift of 0).
+    -- SetWeights raising a tenant's weight from 1 to 9 moved its F and
+    -- shift back by 8/9 of its work: V soon passed the new F, the record
+    -- left, and its tasks' tags were read as booked at a weight of 1, a
+    -- turn 50 s away on a key with room (the model's
+    -- TestModelSetWeightsLosesTheShiftOfBookedTasks).
+    local cap = p.rec and p.rec.F or g.V
+    if p.S > cap then p.S = cap end
   end
   p.W = g.W
   if not p.rec then p.W = p.W + w end

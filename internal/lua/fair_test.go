@@ -450,3 +450,37 @@ func TestFairPacedHolderIsNeverAdmittedFurtherAheadThanAPacedWait(t *testing.T) 
 		})
 	}
 }
+
+// Raising a tenant's weight while its tasks are booked moves its place in
+// line forward, and its booked tasks with it (its shift). Its work then
+// comes due at once and its record, which holds that shift, ends; its tasks
+// coming back later are not sent to the places they had at the old weight:
+// c1, back at 3 s, was booked again and ran at 17 s on a key that drains by
+// 2.5 s.
+func TestFairRaisingAWeightKeepsBookedTasksInLine(t *testing.T) {
+	e := newEnv(t)
+	e.setLimits(Tier{Rate: 2, PerMS: 1000, Burst: 2})
+	first := []*fairTask{
+		{tenant: "d", id: "d0", cost: 2}, {tenant: "c", id: "c0", cost: 2},
+		{tenant: "d", id: "d1"}, {tenant: "d", id: "d2"}, {tenant: "c", id: "c1"},
+	}
+	var tasks []*fairTask
+	for _, k := range first {
+		a := fairArgs(k.tenant, k.id)
+		a.Cost = max(k.cost, 1)
+		r := e.decide(a)
+		if r.Status == StatusAllowed {
+			continue
+		}
+		require.Equal(t, StatusDenied, r.Status, "%s: %+v", k.id, r)
+		k.back = r.Reserved.Sub(testEpoch())
+		tasks = append(tasks, k)
+	}
+	require.Len(t, tasks, 4, "d0 runs on the burst, the others are booked")
+	_, err := SetWeights(e.ctx, e.run, e.k, map[string]int{"c": 9})
+	require.NoError(t, err)
+	runFair(t, e, tasks, 30*time.Second)
+	for _, k := range tasks {
+		assert.Less(t, k.ranAt, 4*time.Second, "%s ran at %v: 7 units at 2/s, 2 of them on the burst, drain by 2.5 s", k.id, k.ranAt)
+	}
+}
