@@ -674,7 +674,7 @@ func TestModelReservationSetLeftWithoutExpiry(t *testing.T) {
 // behind itself at epoch+26.13s (to epoch+56s), waits for t2's slot and is
 // booked behind itself once more at epoch+59.45s (to epoch+1m16s). Fails
 // with "liveness: 1 tasks still wait at epoch+1m13.2s on a key with room
-// ...: t4 of tenant a (cost 2, tokens 0, via arrive, Limiter B), decided 7
+// ...: t4 of tenant a (cost 2, tokens 0, via arrive, Limiter B), decided 11
 // times, next back at epoch+1m16s".
 func TestModelHolderWaitingForASlotIsBookedBehindItsOwnWork(t *testing.T) {
 	replayModel(t, modelShape{Limits: []throttle.Limit{throttle.PerMinute(12).WithBurst(2), throttle.PerMinute(6000).WithBurst(300).In("tokens"), throttle.InFlight(1)}, Tenants: true},
