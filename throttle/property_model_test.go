@@ -704,6 +704,57 @@ func TestModelReservationSetLeftWithoutExpiry(t *testing.T) {
 		modelOp{Kind: opDrop})
 }
 
+// Found by the model: a holder at its turn refused only because every slot
+// in flight is held keeps its reservation at its old instant while its
+// worker waits for a slot and asynq brings it back. Two granules past that
+// instant fair_least_live takes it for a task deleted from asynq and drops
+// its start tag, though its work stays in its tenant's finish tag: when it
+// is decided again it is a fresh task, booked behind its own work. On
+// PerMinute(12) burst 2 with InFlight(1), tenant a's t4 (cost 2) waits for
+// the slot of the default tenant's t6 (3 s) from epoch+23s, is booked again
+// behind itself at epoch+26.13s (to epoch+56s), waits for t2's slot and is
+// booked behind itself once more at epoch+59.45s (to epoch+1m16s). Fails
+// with "liveness: 1 tasks still wait at epoch+1m13.2s on a key with room
+// ...: t4 of tenant a (cost 2, tokens 0, via arrive, Limiter B), decided 11
+// times, next back at epoch+1m16s".
+func TestModelHolderWaitingForASlotIsBookedBehindItsOwnWork(t *testing.T) {
+	replayModel(t, modelShape{Limits: []throttle.Limit{throttle.PerMinute(12).WithBurst(2), throttle.PerMinute(6000).WithBurst(300).In("tokens"), throttle.InFlight(1)}, Tenants: true},
+		modelOp{Kind: opStep, D: 1025},
+		modelOp{Kind: opArrive, N: 1, Tokens: 47, UsedN: -1, UsedT: 131, Run: 10, Lag: 40},
+		modelOp{Kind: opArrive, Tenant: "b", N: 1, Tokens: 26, UsedN: 3, UsedT: -1, Run: 3000, Lag: 40},
+		modelOp{Kind: opEnqueue, Tenant: "c", N: 1, Tokens: 10, UsedN: -1, UsedT: 41, Run: 10},
+		modelOp{Kind: opArrive, Lim: 1, Tenant: "a", N: 2, UsedN: -1, Run: 10, Lag: 450},
+		modelOp{Kind: opArrive, Tenant: "b", N: 2, Tokens: 10, UsedN: -1, UsedT: -1},
+		modelOp{Kind: opArrive, N: 2, Tokens: 1, UsedN: -1, Run: 3000})
+}
+
+// The sequence TestPropertyModel found on main (rapid's, unshrunk), from
+// two defects together. The model settled every task's Used with no
+// tenant, so tenants a's and b's extra tokens moved the default tenant's
+// place in line (2.88 cost units on PerMinute(12)); Used settles a task
+// with its own tenant (taskCharge.settle), as the model now does. And the
+// default tenant's t8, a holder at its turn at epoch+42s refused for the
+// slot of a's t5, lost its start tag two granules past its instant and was
+// booked at epoch+46.04s behind its own work (as in the test above). Fails
+// with both (the model settling as the default tenant, and fair.lua
+// leaving a holder waiting for a slot at its instant) with "liveness: 1
+// tasks still wait at epoch+1m36.2s on a key with room ...: t8 of tenant
+// (default) (cost 1, tokens 10, via arrive), decided 6 times, next back at
+// epoch+1m37s"; either alone keeps it within the bound.
+func TestModelSlotWaitAndOthersUsedStarveTheDefaultTenant(t *testing.T) {
+	replayModel(t, modelShape{Limits: []throttle.Limit{throttle.PerSecond(2), throttle.PerSecond(200).In("tokens"), throttle.InFlight(1)}, Tenants: true},
+		modelOp{Kind: opArrive, N: 2, Tokens: 100, UsedN: -1, UsedT: -1, Run: 3000},
+		modelOp{Kind: opSuspend, Lim: 1, D: 1000},
+		modelOp{Kind: opSetLimits, Limits: []throttle.Limit{throttle.PerMinute(12).WithBurst(2), throttle.PerSecond(10).WithBurst(100).In("tokens"), throttle.InFlight(1)}},
+		modelOp{Kind: opEnqueue, Tenant: "a", N: 2, UsedN: -1, UsedT: -1},
+		modelOp{Kind: opArrive, Tenant: "b", N: 2, Tokens: 10, UsedN: -1, UsedT: 82, Run: 10, Lag: 40},
+		modelOp{Kind: opArrive, N: 1, Tokens: 99, UsedN: -1, UsedT: -1, Run: 3000},
+		modelOp{Kind: opArrive, Tenant: "a", N: 1, Tokens: 11, UsedN: -1, UsedT: 13, Run: 3000},
+		modelOp{Kind: opArrive, Tenant: "b", N: 1, UsedN: -1, UsedT: 70},
+		modelOp{Kind: opArrive, Tenant: "c", N: 1, UsedN: -1, Run: 300, Lag: 450},
+		modelOp{Kind: opArrive, N: 1, Tokens: 10, UsedN: -1, UsedT: -1, Lag: 40})
+}
+
 // Found by the model beyond the issues' items: SetWeights raising a
 // tenant's weight while its tasks are booked moves its finish tag back
 // toward the clock, and its booked tasks' start tags by the same, through

@@ -860,7 +860,9 @@ func (w *modelWorld) finish(r *mRun) {
 		charged := r.charged[u.unit]
 		delta := u.used - charged
 		before, calls := tokensOf(w.inspect()), w.windowCalls()
-		if err := throttle.AdjustUnit(w.lims[r.lim], w.ctx, modelKey, u.name, delta, r.d, charged); err != nil {
+		// (with the task's tenant, as Used: settled without, every tenant's
+		// extra use moved the default tenant's place in line)
+		if err := throttle.AdjustUnitAs(w.lims[r.lim], w.ctx, modelKey, k.tenant, u.name, delta, r.d, charged); err != nil {
 			w.failf("Used(%q, %d) of %s: %v", u.name, u.used, k, err)
 		}
 		after, callsAfter := tokensOf(w.inspect()), w.windowCalls()

@@ -487,6 +487,16 @@ local function decide_fair(r, id, c, tenant, w)
     by = 'suspended'
     if r.until_ > earliest then earliest = r.until_ end
   elseif no_slot and due then
+    if p.resv and p.resv < now then
+      -- A holder at its turn waits for a slot in flight (its worker polls,
+      -- then asynq brings it back): its booking is expected from now on.
+      -- Left at its instant, it was taken for a task that never comes
+      -- back (fair_least_live) two granules on, its tag dropped while its
+      -- work stayed in its tenant's finish tag, and it came back as a
+      -- fresh task, booked behind its own work.
+      redis.call('ZADD', r.resv_key, 'XX', now, id)
+      p.resv = now
+    end
     return denied(r, math.max(slot_wait(r) - now, 1000), 'inflight', p.resv or 0)
   end
   if r.o.horizon <= 0 or id == '' then return denied(r, earliest - now, by, 0) end
