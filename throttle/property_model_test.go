@@ -826,3 +826,26 @@ func TestModelCostAboveALearnedWindowWaitsForItsEnd(t *testing.T) {
 		modelOp{Kind: opEnqueue, N: 2, Tokens: 100, UsedN: 1, UsedT: -1, Run: 10},
 		modelOp{Kind: opObserve, Lim: 1, Quota: 19, Per: 60000, Left: -1})
 }
+
+// The bound across a provider's near reset with fair holders counted
+// ahead (TestPropertyModel, shrunk by rapid): on default limits of
+// PerSecond(2), a call of 2 runs, a provider says 0 left until a reset 2 s
+// away (the bucket in the provider's debt), and tenant b's calls of 1 and
+// 2 and tenant a's call of 1 are booked behind it. b's 1 and a's 1 are
+// admitted as paced holders counted at 2.52 s and 3.02 s, and b's 2 is
+// admitted at 3.45 s with 1.86 tokens in the bucket: the response wrote
+// T with an expiry memo of 6 s (keep_alive's TTL, twice the need) but
+// extended the key to 3 s only, the decisions after trusted the memo and
+// never raised the TTL, and the hash expired at 3 s with the bucket still
+// owing (observe.lua). Fails with "bound:
+// bucket per 1s (configured, rate 2 burst 2): the call of t4 at
+// epoch+3.45s leaves a bucket fed these calls at -0.14...".
+func TestModelNearResetFairHoldersAheadKeepTheBound(t *testing.T) {
+	replayModel(t, modelShape{Defaults: true, Limits: []throttle.Limit{throttle.PerSecond(2)}, Tenants: true},
+		modelOp{Kind: opArrive, Lim: 1, N: 2, UsedN: -1, UsedT: -1},
+		modelOp{Kind: opArrive, Lim: 1, Tenant: "a", N: 1, UsedN: -1},
+		modelOp{Kind: opObserve, Quota: 2, Per: 1000, Reset: 2000},
+		modelOp{Kind: opArrive, Tenant: "b", N: 1, UsedN: 1, UsedT: -1, Run: 1200, Lag: 450},
+		modelOp{Kind: opArrive, Tenant: "b", N: 2, UsedN: -1, UsedT: -1, Lag: 450},
+		modelOp{Kind: opDrain})
+}

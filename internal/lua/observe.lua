@@ -292,6 +292,14 @@ if relearned and h[1] then
   -- calls after.
   if ceiling.units then redis.call('HDEL', key, 'M') end
 end
+-- x_ttl: the TTL keep_alive asked for (us; nil: none), when T is written
+-- with the expiry memo x it returned. The memo is what every decision
+-- after trusts to spare a PEXPIRE, so the key must live that long: set to
+-- need alone, the memo said 6 s where the key lived 3 s, the decisions
+-- after never raised the TTL, and the hash expired with a bucket still
+-- owing (PerSecond(2) admitted 2 calls 0.43 s after 2 more:
+-- TestModelNearResetFairHoldersAheadKeepTheBound).
+local x_ttl = nil
 if t_changed then
   -- (M, what the buckets owed at least since its instants, stays: a bucket
   -- brought down owes more from now on, never less, so the least it owed
@@ -301,8 +309,7 @@ if t_changed then
   local longest = full_in(tiers, owed)
   if longest > need then need = longest end
   if q > now and q - now > need then need = q - now end
-  local ttl
-  x, ttl = keep_alive(key, need, x, now)
+  x, x_ttl = keep_alive(key, need, x, now)
   fields[#fields + 1] = 'T'
   fields[#fields + 1] = write_T(tiers, owed, now, x, (q > now or q == -1) and q or 0)
   if provider_until and provider_until > now then
@@ -321,6 +328,7 @@ if #fields > 0 then
       if l[2] - now > longest then longest = l[2] - now end
     end
   end
+  if x_ttl and x_ttl > longest then longest = x_ttl end
   extend_to(key, longest)
   -- (the active tenants outlive the hash that counts them)
   if akey then extend_to(akey, longest + 1e6) end

@@ -178,6 +178,24 @@ func TestObserveNoneLeftAdmitsNothingUntilANearReset(t *testing.T) {
 	assert.Equal(t, StatusAllowed, e.decide(a).Status, "a token after the reset")
 }
 
+// A response that brings the buckets down writes T with the key's expiry
+// memo (x, T's second double), which the decisions after trust to spare a
+// PEXPIRE: the key lives at least until the memo says. Before the fix the
+// memo said twice the need (keep_alive's TTL) while the key was extended
+// to the need alone, and a key of PerSecond(2) in a provider's debt lost
+// its state a second and a half before its bucket was full. Fails with
+// "the key lives until the memo in T" (3s, the memo 6s).
+func TestObserveKeyLivesUntilItsExpiryMemo(t *testing.T) {
+	e := newEnv(t)
+	e.setLimits(Tier{Rate: 2, PerMS: 1000, Burst: 2})
+	require.Equal(t, StatusAllowed, e.decide(DecideArgs{Cost: 2}).Status)
+	require.Equal(t, []string{"tokens 0 0 0"}, e.observe(ObserveArgs{Remaining: 0, Reset: 2 * time.Second}))
+	T := decodeT(t, e.mr.HGet(e.k.Bucket, "T"))
+	memo := time.Duration(T[1]-float64(testEpoch().UnixMicro())) * time.Microsecond
+	require.Greater(t, memo, 3*time.Second, "the memo is beyond the need (the bucket full in 3s): the test proves little")
+	assert.GreaterOrEqual(t, e.mr.TTL(e.k.Bucket), memo, "the key lives until the memo in T")
+}
+
 // ObserveKey also tells the key's tiers, in force and configured, whatever
 // was sent: what lets a process send only the quotas that change something.
 func TestObserveKeyTellsTheTiers(t *testing.T) {
