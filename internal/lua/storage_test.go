@@ -221,3 +221,39 @@ func TestEveryExpiryGoesThroughExtendTo(t *testing.T) {
 		}
 	}
 }
+
+// Every caller of keep_alive applies the TTL it asks for: the memo it
+// returns (T's x) says the key lives that long, and the decisions after
+// trust it to spare a PEXPIRE. observe.lua wrote the memo and extended the
+// key to the need alone, and a key's state expired while its bucket owed
+// (TestObserveKeyLivesUntilItsExpiryMemo). Fails on that code with
+// "observe.lua:305 asks keep_alive for a TTL (ttl) and never uses it".
+func TestEveryKeepAliveTTLIsApplied(t *testing.T) {
+	scripts, err := filepath.Glob("*.lua")
+	require.NoError(t, err)
+	call := regexp.MustCompile(`^\s*(?:local\s+)?\w+(?:\.\w+)?,\s*(\w+)\s*=\s*keep_alive\(`)
+	calls := 0
+	for _, name := range scripts {
+		src, err := os.ReadFile(name)
+		require.NoError(t, err)
+		lines := strings.Split(string(src), "\n")
+		for i, line := range lines {
+			m := call.FindStringSubmatch(line)
+			if m == nil {
+				continue
+			}
+			calls++
+			used := regexp.MustCompile(`\b` + m[1] + `\b`)
+			ok := false
+			for _, after := range lines[i+1:] {
+				code, _, _ := strings.Cut(after, "--")
+				if used.MatchString(code) {
+					ok = true
+					break
+				}
+			}
+			assert.True(t, ok, "%s:%d asks keep_alive for a TTL (%s) and never uses it", name, i+1, m[1])
+		}
+	}
+	assert.GreaterOrEqual(t, calls, 4, "keep_alive's callers found: the test proves little")
+}
