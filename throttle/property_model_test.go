@@ -849,3 +849,27 @@ func TestModelNearResetFairHoldersAheadKeepTheBound(t *testing.T) {
 		modelOp{Kind: opArrive, Tenant: "b", N: 2, UsedN: -1, UsedT: -1, Lag: 450},
 		modelOp{Kind: opDrain})
 }
+
+// The sequence TestPropertyModel found on main (shrunk by rapid): three
+// tenants each run a task of 100 tokens (50 cost units, 10 s of the key)
+// while c's t4 (40 tokens) waits behind c's t6. t6, due from the start,
+// was refused by the tokens tier and booked at the tier's next instant,
+// again and again (the default tenant's t3 took the refill at 10.52 s),
+// and while it waited, a booking with an instant seconds ahead held the
+// fair clock at a granule past the served tags (fair_clock's clamp through
+// fair_least_live): the key served at its full rate for 20 s and V moved
+// 4.7 units instead of 33, so a's and the default tenant's work, long done,
+// stayed in W (Backlog 45 each) and t4, the last task, was booked 27 s on
+// a key with room. Fails before the fix with "liveness: 1 tasks still
+// wait at epoch+41.1s on a key with room ...: t4 of tenant c (cost 1,
+// tokens 40, via arrive), decided 3 times, next back at epoch+47s".
+func TestModelTierDeferredBookingHoldsTheFairClock(t *testing.T) {
+	replayModel(t, modelShape{Defaults: true, Limits: []throttle.Limit{throttle.PerSecond(5), throttle.PerSecond(10).WithBurst(100).In("tokens"), throttle.InFlight(2)}, Tenants: true},
+		modelOp{Kind: opArrive, Tenant: "c", N: 1, UsedN: -1, Run: 1200},
+		modelOp{Kind: opArrive, Lim: 1, Tenant: "a", N: 1, Tokens: 1, UsedN: -1, UsedT: -1, Lag: 40},
+		modelOp{Kind: opArrive, N: 1, Tokens: 100, UsedN: 3, UsedT: -1, Run: 1200},
+		modelOp{Kind: opArrive, Tenant: "c", N: 1, Tokens: 40, UsedN: 1, UsedT: -1, Run: 10},
+		modelOp{Kind: opArrive, Tenant: "a", N: 1, Tokens: 100, UsedN: -1, UsedT: -1, Run: 1200},
+		modelOp{Kind: opArrive, Tenant: "c", N: 1, Tokens: 100, UsedN: -1, UsedT: -1, Run: 3000, Lag: 40},
+		modelOp{Kind: opDrain})
+}

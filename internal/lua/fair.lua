@@ -141,7 +141,7 @@ local function fair_least_live(r, upto)
       -- its tenant's shift: it holds nobody back, itself least of all)
       if not r.stags[id] then
         if #gone > 0 then redis.call('ZREM', r.tkey, unpack(gone)) end
-        return tonumber(m[2 * k])
+        return tonumber(m[2 * k]), a
       end
     else
       gone[#gone + 1] = id
@@ -181,8 +181,24 @@ local function fair_clock(r)
       if free > g.Vs + slack then
         -- (tags are kept less their tenant's shift at the booking: the
         -- largest shift bounds how far the task's own turn lies past it)
-        local least = fair_least_live(r, free)
-        if least then free = math.min(free, math.max(g.Vs, least + math.max(g.Smax, 0)) + slack) end
+        local least, at = fair_least_live(r, free)
+        if least then
+          local cap = math.max(g.Vs, least + math.max(g.Smax, 0)) + slack
+          -- A booking is expected from a granule before its instant: until
+          -- then the clock runs with the key's service (since tV, its
+          -- instant has not changed: every booking is a decision, and every
+          -- decision brings tV to its now). A booking the tiers deferred
+          -- (refused a token at its turn, booked at the tier's next instant)
+          -- held the clock for the seconds the key served the others' work
+          -- at its full rate; those tenants stayed in W with that work done,
+          -- and a task of 40 tokens booked behind them waited 27 s on a key
+          -- with room (TestModelTierDeferredBookingHoldsTheFairClock).
+          local expected = at and at - math.max(r.o.granule, 1e6)
+          if expected and expected > g.tV then
+            cap = math.max(cap, g.V + (math.min(now, expected) - g.tV) * r.R / g.W)
+          end
+          free = math.min(free, cap)
+        end
       end
       if free > g.V then g.V = free end
     end
