@@ -873,3 +873,17 @@ func TestModelTierDeferredBookingHoldsTheFairClock(t *testing.T) {
 		modelOp{Kind: opArrive, Tenant: "c", N: 1, Tokens: 100, UsedN: -1, UsedT: -1, Run: 3000, Lag: 40},
 		modelOp{Kind: opDrain})
 }
+
+// Weights lost by SetLimits on a key whose hash expired idle (found by
+// the model's soak): SetWeights(c: 2), 2 s idle (the key's hash expires,
+// its configuration lives on in :c), then SetLimits: it wrote a new hash
+// holding L alone, and a hash with L is read as the whole configuration,
+// so c's weight was 1 from then on. Fails before the fix with "weights:
+// tenant "c"'s weight 2 set by SetWeights is gone".
+func TestModelSetLimitsAfterIdleKeepsTheWeights(t *testing.T) {
+	replayModel(t, modelShape{Limits: []throttle.Limit{throttle.PerSecond(2)}, Tenants: true},
+		modelOp{Kind: opWeights, Weight: map[string]int{"c": 2}},
+		modelOp{Kind: opStep, D: 2000},
+		modelOp{Kind: opSetLimits, Limits: []throttle.Limit{throttle.PerSecond(2), throttle.InFlight(1)}},
+		modelOp{Kind: opArrive, Lim: 1, Tenant: "c", N: 2, UsedN: -1, UsedT: -1})
+}

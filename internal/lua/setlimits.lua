@@ -25,6 +25,7 @@ if not new then return {-1, field, why} end
 
 local now = now_us()
 local h = redis.call('HMGET', key, 'L', 'T', 'D', 's', 'O', 'P')
+local has_copy = h[1] or h[3]   -- the hash holds its copy of the configuration
 local cur = config_of(kc, h[1], h[3])
 -- The limits already in force: nothing changes, not even the queue (every
 -- worker of a fleet may set its limits when it starts).
@@ -110,6 +111,10 @@ if old then
   end
 end
 redis.call('HDEL', key, unpack(drop))
+-- A hash that lost its copy of the configuration (it expired idle, or
+-- never had one) gets all of :c back first: a hash with L is read as the
+-- whole configuration, and the tenants' weights would be gone from it.
+if not has_copy and kc and kc ~= '' then restore_config(key, kc) end
 set_config(key, kc, {'L', L})
 -- (the lifetime after the writes: the deletions may have emptied the hash,
 -- and the limits made a new one)
