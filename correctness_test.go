@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -240,13 +241,20 @@ func TestE2EBurstBelowTheRateDrainsAtTheRate(t *testing.T) {
 	t.Parallel()
 	f := startFleet(t, fleetConfig{})
 	f.setLimits("crm", throttle.Limit{N: 40, Per: time.Second, Burst: 5})
+	lag := redistest.StartLagMeter()
 	f.enqueue("crm", "job", 220)
 	f.waitDone(220, 60*time.Second)
+	lagged := lag.End()
 	f.audit(220)
 	ts := f.rec.times("crm")
 	took := ts[len(ts)-1].Sub(ts[0])
-	t.Logf("220 tasks in %v (ideal %v), busiest second %d", took, 215*time.Second/40, maxInWindow(ts, time.Second))
-	assert.LessOrEqual(t, maxInWindow(ts, time.Second), 40+5, "executions in a 1 s window")
-	assert.LessOrEqual(t, maxInWindow(ts, 100*time.Millisecond), 4+5, "executions in a 100 ms window")
+	// The bound is on decisions; a handler starts when its goroutine gets
+	// a CPU, up to the process's lag later, so a window of executions may
+	// hold the calls of that much more time (the suite in parallel beside
+	// this test made it 1-2 calls).
+	late := int(math.Ceil(40 * lagged.Seconds()))
+	t.Logf("220 tasks in %v (ideal %v), busiest second %d, process lag %v (%d calls' worth)", took, 215*time.Second/40, maxInWindow(ts, time.Second), lagged, late)
+	assert.LessOrEqual(t, maxInWindow(ts, time.Second), 40+5+late, "executions in a 1 s window")
+	assert.LessOrEqual(t, maxInWindow(ts, 100*time.Millisecond), 4+5+late, "executions in a 100 ms window")
 	assert.Less(t, took, 15*time.Second, "the backlog drained at burst per second, not at the rate")
 }

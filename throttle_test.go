@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -328,12 +329,17 @@ func TestE2EFleetHoldsTheLimit(t *testing.T) {
 	t.Parallel()
 	f := startFleet(t, fleetConfig{})
 	f.setLimits("crm", throttle.PerSecond(50).WithBurst(10))
+	lag := redistest.StartLagMeter()
 	ids := f.enqueue("crm", "job", 300)
 	f.waitDone(300, 90*time.Second)
+	lagged := lag.End()
 	f.audit(300)
 
 	ts := f.rec.times("crm")
-	assert.LessOrEqual(t, maxInWindow(ts, time.Second), 60, "executions in a 1 s window")
+	// The bound is on decisions; a handler starts up to the process's lag
+	// later (see TestE2EBurstBelowTheRateDrainsAtTheRate).
+	late := int(math.Ceil(50 * lagged.Seconds()))
+	assert.LessOrEqual(t, maxInWindow(ts, time.Second), 60+late, "executions in a 1 s window (process lag %v)", lagged)
 	t.Logf("300 tasks in %v, %d deferrals", ts[len(ts)-1].Sub(ts[0]), f.ev.deferred.Load())
 	assert.Positive(t, f.ev.deferred.Load(), "the limit never bound: the test proves nothing")
 	assert.Zero(t, f.ev.copied.Load(), "worker.NewServer deferrals must use the retry path")
