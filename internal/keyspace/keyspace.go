@@ -56,8 +56,9 @@ const (
 var ErrInvalidKey = errors.New("throttle: invalid key")
 
 // Validate reports whether name can be used as a limiter key: non-empty, at
-// most MaxKeyLen bytes of valid UTF-8, printable, without '{' or '}' (which
-// would break the Redis Cluster hash tag). The error wraps ErrInvalidKey.
+// most MaxKeyLen bytes of valid UTF-8, printable, without '{' or '}' but in
+// a family tag at its start, followed by more: "{slack}:T0123" is of the
+// family "slack" (see Family). The error wraps ErrInvalidKey.
 func Validate(name string) error {
 	bad := func(why string) error { return fmt.Errorf("%w: %s: %s", ErrInvalidKey, Quote(name), why) }
 	switch {
@@ -68,15 +69,46 @@ func Validate(name string) error {
 	case !utf8.ValidString(name):
 		return bad("is not valid UTF-8")
 	}
-	for _, r := range name {
-		if r == '{' || r == '}' {
-			return bad("must not contain '{' or '}'")
+	rest := name
+	if strings.HasPrefix(name, "{") {
+		end := strings.IndexByte(name, '}')
+		if end < 0 {
+			return bad("opens a family tag with '{' but never closes it with '}'")
 		}
+		if end == 1 || strings.IndexByte(name[1:end], '{') >= 0 {
+			return bad("a family tag is one or more characters between '{' and '}', at the start: {slack}:T0123")
+		}
+		rest = name[end+1:]
+		if rest == "" {
+			// "{other}" and "{none}" are metrics labels no key can take.
+			return bad("a family tag needs the rest of the name after it: {slack}:app")
+		}
+	}
+	for _, r := range name {
 		if !unicode.IsPrint(r) {
 			return bad(fmt.Sprintf("contains the unprintable character %U", r))
 		}
 	}
+	if strings.ContainsAny(rest, "{}") {
+		return bad("must not contain '{' or '}' but in a family tag at its start ({slack}:T0123)")
+	}
 	return nil
+}
+
+// Family returns the family tag a valid name starts with ("slack" for
+// "{slack}:T0123"), or "" when it has none. On a Redis Cluster every Redis
+// key of the keys of one family is in one slot (RedisKeys), so one script
+// can decide for several of them; keys without a family each have a slot
+// of their own.
+func Family(name string) string {
+	if !strings.HasPrefix(name, "{") {
+		return ""
+	}
+	end := strings.IndexByte(name, '}')
+	if end < 0 {
+		return ""
+	}
+	return name[1:end]
 }
 
 // Quote quotes a key name for an error: at most 64 bytes of it, and its
@@ -90,7 +122,9 @@ func Quote(name string) string {
 }
 
 // RedisKeys derives every Redis key of one limiter key; all share the hash
-// tag {name}, so a Redis Cluster keeps them in one slot.
+// tag {name}, so a Redis Cluster keeps them in one slot. For a name with a
+// family tag the hash tag Redis reads is "{family" ("prefix:{{slack}:T0123}:b":
+// the tag ends at the first '}'), the same for every key of the family.
 func RedisKeys(prefix, name string) (lua.Keys, error) {
 	if err := Validate(name); err != nil {
 		return lua.Keys{}, err
@@ -139,8 +173,13 @@ func NameOf(prefix, redisKey string) (string, bool) {
 	if !ok {
 		return "", false
 	}
-	name, suffix, ok := strings.Cut(rest, "}")
-	if !ok || !strings.HasPrefix(suffix, ":") || Validate(name) != nil {
+	// The last "}:": a name's family tag has a '}' of its own.
+	i := strings.LastIndex(rest, "}:")
+	if i < 0 {
+		return "", false
+	}
+	name := rest[:i]
+	if Validate(name) != nil {
 		return "", false
 	}
 	return name, true
