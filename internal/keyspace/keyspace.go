@@ -7,6 +7,8 @@ package keyspace
 import (
 	"errors"
 	"fmt"
+	"slices"
+	"strconv"
 	"strings"
 	"unicode"
 	"unicode/utf8"
@@ -51,6 +53,90 @@ const (
 	// (throttle.Uses): "tokens=1200,input-tokens=300", sorted by unit.
 	Uses = "throttle-uses"
 )
+
+// MaxKeys is how many limiter keys one task may name (throttle.Key).
+const MaxKeys = lua.MaxKeys
+
+// KeyHeader is the header of a task's key at position i (1-based): Key
+// for the first, "throttle-key-2" to "throttle-key-4" for the others.
+func KeyHeader(i int) string {
+	if i <= 1 {
+		return Key
+	}
+	if i <= MaxKeys+1 {
+		return keyHeaders[i-2]
+	}
+	return Key + "-" + strconv.Itoa(i)
+}
+
+// keyHeaders are the headers of keys 2 on (and one past the last, which
+// KeysOfTask refuses): a lookup for every task allocates no name.
+var keyHeaders = func() []string {
+	h := make([]string, MaxKeys)
+	for i := range h {
+		h[i] = Key + "-" + strconv.Itoa(i+2)
+	}
+	return h
+}()
+
+// SetKeys stores a task's key names in headers, after checking them: 1 to
+// MaxKeys valid names, none twice. An error names the position of the
+// name at fault ("name 2: ...").
+func SetKeys(headers map[string]string, names []string) error {
+	switch {
+	case len(names) == 0:
+		return fmt.Errorf("no name given: %w", ErrInvalidKey)
+	case len(names) > MaxKeys:
+		return fmt.Errorf("%d names: at most %d: %w", len(names), MaxKeys, ErrInvalidKey)
+	}
+	for i, n := range names {
+		if err := Validate(n); err != nil {
+			return fmt.Errorf("name %d: %w", i+1, err)
+		}
+		for j := range i {
+			if names[j] == n {
+				return fmt.Errorf("name %d %s: the same as name %d: %w", i+1, Quote(n), j+1, ErrInvalidKey)
+			}
+		}
+	}
+	for i, n := range names {
+		headers[KeyHeader(i+1)] = n
+	}
+	return nil
+}
+
+// KeysOfTask returns the further keys of a task (its headers
+// "throttle-key-2" on, in order), after its key, which KeyOfTask returns.
+// None is nil (a task of one key, the common case, allocates nothing). An
+// invalid name, a gap, a duplicate or further keys without a key in Key
+// is an error wrapping ErrInvalidKey (the enqueuer's bug).
+func KeysOfTask(t *asynq.Task, key string) ([]string, error) {
+	h := t.Headers()
+	if _, ok := h[KeyHeader(2)]; !ok {
+		return nil, nil
+	}
+	if _, ok := h[Key]; !ok {
+		return nil, fmt.Errorf("%w: task type %q: header %s without %s", ErrInvalidKey, t.Type(), KeyHeader(2), Key)
+	}
+	var more []string
+	for i := 2; i <= MaxKeys; i++ {
+		n, ok := h[KeyHeader(i)]
+		if !ok {
+			break
+		}
+		if err := Validate(n); err != nil {
+			return nil, fmt.Errorf("throttle: task type %q: header %s: %w", t.Type(), KeyHeader(i), err)
+		}
+		if n == key || slices.Contains(more, n) {
+			return nil, fmt.Errorf("%w: task type %q: header %s: %s named twice", ErrInvalidKey, t.Type(), KeyHeader(i), Quote(n))
+		}
+		more = append(more, n)
+	}
+	if _, ok := h[KeyHeader(MaxKeys+1)]; ok {
+		return nil, fmt.Errorf("%w: task type %q: header %s: at most %d keys", ErrInvalidKey, t.Type(), KeyHeader(MaxKeys+1), MaxKeys)
+	}
+	return more, nil
+}
 
 // ErrInvalidKey is returned for a key name that Validate refuses.
 var ErrInvalidKey = errors.New("throttle: invalid key")

@@ -113,3 +113,28 @@ func TestFamilyKeysShareTheirHashTag(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "slack", tagOf(k.Bucket), "a name without a family keeps its own tag (and its state where it was)")
 }
+
+func TestSetKeysAndKeysOfTaskRoundTrip(t *testing.T) {
+	h := map[string]string{}
+	require.NoError(t, SetKeys(h, []string{"a:b:c", "a:b", "a"}))
+	assert.Equal(t, map[string]string{Key: "a:b:c", "throttle-key-2": "a:b", "throttle-key-3": "a"}, h)
+	task := asynq.NewTaskWithHeaders("x", nil, h)
+	more, err := KeysOfTask(task, "a:b:c")
+	require.NoError(t, err)
+	assert.Equal(t, []string{"a:b", "a"}, more)
+
+	one := asynq.NewTaskWithHeaders("x", nil, map[string]string{Key: "a"})
+	more, err = KeysOfTask(one, "a")
+	require.NoError(t, err)
+	assert.Nil(t, more, "one key: none more")
+	assert.Zero(t, testing.AllocsPerRun(100, func() { _, _ = KeysOfTask(one, "a") }), "a task of one key allocates nothing")
+
+	for name, hs := range map[string]map[string]string{
+		"no first key": {"throttle-key-2": "b"},
+		"duplicate":    {Key: "a", "throttle-key-2": "b", "throttle-key-3": "b"},
+		"five":         {Key: "a", "throttle-key-2": "b", "throttle-key-3": "c", "throttle-key-4": "d", "throttle-key-5": "e"},
+	} {
+		_, err := KeysOfTask(asynq.NewTaskWithHeaders("x", nil, hs), hs[Key])
+		assert.ErrorIs(t, err, ErrInvalidKey, "%s", name)
+	}
+}

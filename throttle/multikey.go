@@ -1,0 +1,211 @@
+package throttle
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/asynq-throttle/asynq-throttle/internal/keyspace"
+	"github.com/asynq-throttle/asynq-throttle/internal/lua"
+)
+
+// A task of several keys (issue 30): Key("slack:T0123:chat.postMessage",
+// "slack:T0123", "slack"). One decision in Redis (lua.DecideMulti) takes
+// its cost from every key or from none; this file carries it through the
+// middleware, Take and Enqueue. A task of one key never comes here.
+
+// keyPart is what a decision of several keys admitted in one of them: the
+// slot it holds there, and the instant and generation its refunds count
+// from.
+type keyPart struct {
+	key  string
+	slot string
+	at   time.Time
+	gen  int64
+}
+
+// Slots held in several keys travel in one Decision.Slot: slotsMark, then
+// "key\x1fslot" pairs separated by slotsMark. Key names are printable, so
+// neither byte is in one.
+const (
+	slotsMark = "\x1e"
+	slotSep   = "\x1f"
+)
+
+// joinSlots writes the slots of parts as one Decision.Slot ("" none).
+func joinSlots(parts []keyPart) string {
+	var b strings.Builder
+	for _, p := range parts {
+		if p.slot != "" {
+			b.WriteString(slotsMark + p.key + slotSep + p.slot)
+		}
+	}
+	return b.String()
+}
+
+// splitSlots reads the slots of a Decision.Slot of several keys, by key;
+// false for a slot of one key.
+func splitSlots(s string) (map[string][]string, bool) {
+	if !strings.HasPrefix(s, slotsMark) {
+		return nil, false
+	}
+	out := map[string][]string{}
+	for _, pair := range strings.Split(s[len(slotsMark):], slotsMark) {
+		if k, slot, ok := strings.Cut(pair, slotSep); ok && slot != "" {
+			out[k] = append(out[k], slot)
+		}
+	}
+	return out, true
+}
+
+// moreKeys checks the keys of a call: key, then more (none for a call of
+// one key), at most keyspace.MaxKeys, none twice.
+func moreKeys(key string, more []string) ([]string, error) {
+	if len(more) == 0 {
+		return nil, nil
+	}
+	names := append([]string{key}, more...)
+	if err := keyspace.SetKeys(map[string]string{}, names); err != nil {
+		return nil, err
+	}
+	return names, nil
+}
+
+// decideMulti decides one call of cost across keys (2 to MaxKeys, the
+// call's key first), all or nothing. A refusal names the key that made
+// the call wait (Decision.Key).
+func (l *Limiter) decideMulti(ctx context.Context, keys []string, v variant, id string, cost taskCost) (Decision, error) {
+	if err := ctx.Err(); err != nil {
+		return Decision{}, fmt.Errorf("throttle: keys %q: decide: %w", keys, err)
+	}
+	if _, ok := l.rdb.(*redis.ClusterClient); ok {
+		// Each key has its own hash slot: one script cannot touch them.
+		return Decision{}, fmt.Errorf("throttle: keys %q: a task of several keys cannot be decided on Redis Cluster yet (issue 30): give it one key", keys)
+	}
+	rks := make([]lua.Keys, len(keys))
+	for i, k := range keys {
+		rk, err := redisKeys(l.o.prefix, k)
+		if err != nil {
+			return Decision{}, err
+		}
+		rks[i] = rk
+	}
+	a := lua.DecideArgs{TaskID: id, Granule: v.granule, Horizon: v.horizon, Lapse: l.o.lapse,
+		Defaults: l.o.defaultTiers, Headroom: v.headroom, Book: v.book, Pace: v.pace, Probe: v.probe,
+		SlotExpiry: l.o.slotExpiry, Cost: cost.orOne().n, Units: cost.units}
+	r, err := bounded(l, ctx, func(ctx context.Context) (lua.MultiReply, error) {
+		return lua.DecideMulti(ctx, l.runner, rks, a)
+	})
+	if err != nil {
+		return Decision{}, fmt.Errorf("throttle: keys %q: decide: %w", keys, err)
+	}
+	for i, k := range keys {
+		if r.Keys == nil || r.Keys[i].Status != lua.StatusNoLimits {
+			l.touch(l.keys.get(k), k, true)
+		}
+	}
+	name := keys[0]
+	if r.Key >= 0 {
+		name = keys[r.Key]
+	}
+	d, err := l.decision(name, cost, r.DecideReply)
+	if err != nil {
+		return Decision{}, err
+	}
+	if !d.Allowed {
+		d.Key = name
+		return d, nil
+	}
+	for i, k := range keys {
+		if kr := r.Keys[i]; kr.Status == lua.StatusAllowed {
+			d.parts = append(d.parts, keyPart{key: k, slot: kr.Slot, at: kr.At, gen: kr.Generation})
+		}
+	}
+	d.Slot = joinSlots(d.parts)
+	if len(d.parts) > 0 {
+		d.at, d.gen = d.parts[0].at, d.parts[0].gen
+	}
+	return d, nil
+}
+
+// giveBackMulti undoes the admission d of a task of several keys that
+// will not run now: in every key, its slot and its cost.
+func (m *middleware) giveBackMulti(ctx context.Context, d Decision, cost taskCost, tenant string) {
+	for _, p := range d.parts {
+		m.giveBack(ctx, p.key, Decision{Slot: p.slot, at: p.at, gen: p.gen}, cost, tenant)
+	}
+}
+
+// processMulti is process for a task of several keys (keys, its key
+// first): cached suspensions, one decision in Redis, then as act does.
+// Leases are not used: a leased token is one key's.
+func (m *middleware) processMulti(ctx context.Context, t *asynq.Task, next asynq.Handler, keys []string, ev Event) error {
+	ks := m.l.keys.get(keys[0])
+	now := m.now()
+	var latest time.Time
+	by := ""
+	for _, k := range keys {
+		if at, ok := m.l.keys.get(k).suspendedUntil(now); ok && at.After(latest) {
+			latest, by = at, k
+		}
+	}
+	if by != "" {
+		ev.Cached, ev.Key = true, by
+		return m.deferDecision(ctx, t, m.l.keys.get(by), Decision{RetryAfter: latest.Sub(now), Reason: RefusedBySuspension, Key: by}, ev, Deferred)
+	}
+	sent := m.now()
+	d, err := m.decideMultiTask(ctx, keys, t, ev.TaskID, ev.cost)
+	ev.Latency = m.now().Sub(sent)
+	if err == nil && !d.Allowed && !d.reserved && d.Reason == RefusedBySuspension {
+		m.l.keys.get(d.Key).cacheSuspension(m.now(), d.RetryAfter, false)
+	}
+	if err == nil && !d.Allowed {
+		ev.Key = d.Key
+		return m.deferDecision(ctx, t, m.l.keys.get(d.Key), d, ev, Deferred)
+	}
+	if err == nil && m.tooFarAhead(ctx, d.wait) {
+		m.giveBackMulti(ctx, d, ev.cost, ev.Tenant)
+		return m.deferDecision(ctx, t, ks, Decision{RetryAfter: d.wait, Reason: RefusedByQueue}, ev, Deferred)
+	}
+	if err == nil {
+		for _, p := range d.parts {
+			if p.slot != "" {
+				release := m.l.holdSlot(p.key, p.slot)
+				defer release() // also when the handler panics
+			}
+		}
+		ev.Outcome, ev.left, ev.at, ev.gen, ev.Wait = Ran, d.Remaining, d.at, d.gen, d.wait
+		ev.parts = d.parts
+		return m.run(ctx, t, next, ks, ev)
+	}
+	return m.act(ctx, t, next, ks, ev, d, err)
+}
+
+// decideMultiTask asks Redis for a decision on task t of several keys,
+// as decideAs does for one.
+func (m *middleware) decideMultiTask(ctx context.Context, keys []string, t *asynq.Task, id string, cost taskCost) (Decision, error) {
+	if origin := t.Headers()[keyspace.Origin]; origin != "" {
+		id = origin
+	}
+	v := variant{granule: granule, headroom: m.l.o.headroom, pace: m.l.o.pacing}
+	if m.l.o.horizon > 0 && id != "" {
+		v.horizon = m.l.o.horizon
+	} else {
+		id = ""
+	}
+	return m.l.decideMulti(ctx, keys, v, id, cost)
+}
+
+// keysOfTask returns every key of task t, its key first, when it names
+// more than one; nil otherwise.
+func keysOfTask(t *asynq.Task, key string) ([]string, error) {
+	more, err := keyspace.KeysOfTask(t, key)
+	if err != nil || more == nil {
+		return nil, err
+	}
+	return append([]string{key}, more...), nil
+}

@@ -1,0 +1,172 @@
+package throttle_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/hibiken/asynq"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/asynq-throttle/asynq-throttle/throttle"
+)
+
+// Tasks of several keys (issue 30): Key with several names, decided all or
+// nothing in one decision.
+
+func TestKeyWithSeveralNamesTravelsInHeaders(t *testing.T) {
+	task := newTask(t, "slack:post", nil, throttle.Key("slack:T0123:chat.postMessage", "slack:T0123", "slack"))
+	assert.Equal(t, map[string]string{
+		throttle.HeaderKey: "slack:T0123:chat.postMessage",
+		"throttle-key-2":   "slack:T0123",
+		"throttle-key-3":   "slack",
+	}, task.Headers())
+	one := newTask(t, "slack:post", nil, throttle.Key("slack"))
+	assert.Equal(t, map[string]string{throttle.HeaderKey: "slack"}, one.Headers(), "one name: as before")
+	assert.Equal(t, `throttle.Key("a", "b")`, throttle.Key("a", "b").String())
+	assert.Equal(t, "a", throttle.Key("a", "b").Value(), "Value is the task's key, the first")
+}
+
+func TestNewTaskRefusesBadKeyNamesNamingTheirPosition(t *testing.T) {
+	tests := []struct {
+		name  string
+		names []string
+		want  string
+	}{
+		{"none", nil, "no name given"},
+		{"five", []string{"a", "b", "c", "d", "e"}, "5 names: at most 4"},
+		{"bad second", []string{"a", "b{x}"}, "name 2: "},
+		{"empty third", []string{"a", "b", ""}, "name 3: "},
+		{"twice", []string{"a", "b", "a"}, `name 3 "a": the same as name 1`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := throttle.NewTask("x", nil, throttle.Key(tt.names...))
+			require.Error(t, err, "NewTask with Key(%q)", tt.names)
+			assert.True(t, errors.Is(err, throttle.ErrInvalidKey), "errors.Is(%v, ErrInvalidKey)", err)
+			assert.Contains(t, err.Error(), "throttle.Key: "+tt.want)
+		})
+	}
+	_, err := throttle.NewTask("x", nil, throttle.Key("a{"))
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), `NewTask("x"): Key: throttle: invalid key`, "one bad name: the error as before")
+}
+
+// Take with further keys: all or nothing; a refusal names the key and
+// its tier.
+func TestTakeOfSeveralKeysIsAllOrNothing(t *testing.T) {
+	r := newRig(t)
+	r.setLimits("ws", throttle.PerSecond(10))
+	r.setLimits("app", throttle.PerSecond(100), throttle.PerHour(2))
+	for i := range 2 {
+		d, err := r.lim.Take(r.ctx, "ws", throttle.Key("app"))
+		require.NoError(t, err)
+		require.True(t, d.Allowed, "Take %d: %+v", i, d)
+		assert.Empty(t, d.Key)
+	}
+	d, err := r.lim.Take(r.ctx, "ws", throttle.Key("app"))
+	require.NoError(t, err)
+	require.False(t, d.Allowed, "%+v", d)
+	assert.Equal(t, "app", d.Key, "app made it wait")
+	assert.Equal(t, throttle.RefusedByTier, d.Reason)
+	assert.Equal(t, 2, d.Tier, "app's hourly tier")
+	n, _ := r.takeAll("ws", 20)
+	assert.Equal(t, 8, n, "ws gave the two admitted calls only")
+
+	_, err = r.lim.Take(r.ctx, "ws", throttle.Key("ws"))
+	assert.ErrorIs(t, err, throttle.ErrInvalidKey, "the same key twice")
+	_, err = r.lim.Take(r.ctx, "ws", throttle.Key("a", "b", "c", "d"))
+	assert.ErrorIs(t, err, throttle.ErrInvalidKey, "five keys")
+}
+
+// The slots of a call of several keys are held in each key and given back
+// by one Release.
+func TestTakeOfSeveralKeysHoldsAndReleasesEverySlot(t *testing.T) {
+	r := newRig(t)
+	r.setLimits("a", throttle.PerSecond(100), throttle.InFlight(1))
+	r.setLimits("b", throttle.PerSecond(100), throttle.InFlight(1))
+	d, err := r.lim.Take(r.ctx, "a", throttle.Key("b"))
+	require.NoError(t, err)
+	require.True(t, d.Allowed, "%+v", d)
+	require.NotEmpty(t, d.Slot)
+	for _, k := range []string{"a", "b"} {
+		got, err := r.lim.Take(r.ctx, k)
+		require.NoError(t, err)
+		assert.Equal(t, throttle.RefusedBySlots, got.Reason, "%s's slot is held: %+v", k, got)
+	}
+	require.NoError(t, r.lim.Release(r.ctx, "a", d.Slot))
+	for _, k := range []string{"a", "b"} {
+		got, err := r.lim.Take(r.ctx, k)
+		require.NoError(t, err)
+		assert.True(t, got.Allowed, "%s's slot was given back: %+v", k, got)
+	}
+}
+
+// The middleware decides a task over all its keys: admitted, its Used
+// settles in every key; refused, the event names the key and tier that
+// made it wait, and no key was charged.
+func TestMiddlewareDecidesOverEveryKeyOfATask(t *testing.T) {
+	r := newRig(t, throttle.WithHeadroom(0))
+	r.setLimits("ws", throttle.PerSecond(10))
+	r.setLimits("app", throttle.PerHour(2), throttle.PerHour(1000).In("tokens"))
+	var mu sync.Mutex
+	var events []throttle.Event
+	r.lim.OnEvent(func(e throttle.Event) {
+		mu.Lock()
+		defer mu.Unlock()
+		events = append(events, e)
+	})
+	task := newTask(t, "ws:sync", nil, throttle.Key("ws", "app"), throttle.Uses("tokens", 100))
+	ran := 0
+	h := r.lim.Middleware()(asynq.HandlerFunc(func(ctx context.Context, _ *asynq.Task) error {
+		ran++
+		return throttle.Used(ctx, "tokens", 400)
+	}))
+	require.NoError(t, h.ProcessTask(r.ctx, task))
+	require.Equal(t, 1, ran)
+	st, err := r.lim.Inspect(r.ctx, "app")
+	require.NoError(t, err)
+	require.Len(t, st.Tokens, 2)
+	assert.InDelta(t, 600, st.Tokens[1], 1, "app's tokens tier settled at 400 used")
+
+	require.NoError(t, h.ProcessTask(r.ctx, task))
+	require.Equal(t, 2, ran, "%+v", events)
+	_ = h.ProcessTask(r.ctx, task) // refused: deferred (outside a server, by a copy that cannot be made)
+	assert.Equal(t, 2, ran, "the third run is refused by app's 2 an hour")
+	mu.Lock()
+	last := events[len(events)-1]
+	mu.Unlock()
+	assert.Equal(t, throttle.Deferred, last.Outcome, "%+v", last)
+	assert.Equal(t, "app", last.Key, "the key that made it wait")
+	assert.Equal(t, throttle.RefusedByTier, last.Reason)
+	assert.Equal(t, 1, last.Tier, "app's first tier")
+	n, _ := r.takeAll("ws", 20)
+	assert.Equal(t, 8, n, "ws charged for the two runs only")
+}
+
+// A task whose further key headers are broken is the enqueuer's bug:
+// rejected, never run.
+func TestMiddlewareRejectsATaskWithBrokenKeyHeaders(t *testing.T) {
+	r := newRig(t)
+	r.setLimits("a", throttle.PerSecond(10))
+	for name, h := range map[string]map[string]string{
+		"duplicate": {throttle.HeaderKey: "a", "throttle-key-2": "a"},
+		"bad name":  {throttle.HeaderKey: "a", "throttle-key-2": "b{"},
+		"five":      {throttle.HeaderKey: "a", "throttle-key-2": "b", "throttle-key-3": "c", "throttle-key-4": "d", "throttle-key-5": "e"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			ran := false
+			err := r.lim.Middleware()(asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
+				ran = true
+				return nil
+			})).ProcessTask(r.ctx, asynq.NewTaskWithHeaders("a:x", nil, h))
+			require.Error(t, err)
+			assert.True(t, errors.Is(err, asynq.SkipRetry), "archived at once: %v", err)
+			assert.True(t, strings.Contains(err.Error(), "throttle-key-"), "names the header: %v", err)
+			assert.False(t, ran)
+		})
+	}
+}
