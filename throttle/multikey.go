@@ -82,9 +82,10 @@ func (l *Limiter) decideMulti(ctx context.Context, keys []string, v variant, id 
 	if err := ctx.Err(); err != nil {
 		return Decision{}, fmt.Errorf("throttle: keys %q: decide: %w", keys, err)
 	}
-	if _, ok := l.rdb.(*redis.ClusterClient); ok {
-		// Each key has its own hash slot: one script cannot touch them.
-		return Decision{}, fmt.Errorf("throttle: keys %q: a task of several keys cannot be decided on Redis Cluster yet (issue 30): give it one key", keys)
+	if _, ok := l.rdb.(*redis.ClusterClient); ok && !oneFamily(keys) {
+		// Each key has its own hash slot unless they share a family tag:
+		// one script cannot touch several slots.
+		return Decision{}, fmt.Errorf("throttle: keys %q: on Redis Cluster the keys of one task must be of one family, e.g. {slack}:T0123 and {slack}:app (one hash slot, see docs/limits.md); rename them so, or give the task one key", keys)
 	}
 	rks := make([]lua.Keys, len(keys))
 	for i, k := range keys {
@@ -208,4 +209,19 @@ func keysOfTask(t *asynq.Task, key string) ([]string, error) {
 		return nil, err
 	}
 	return append([]string{key}, more...), nil
+}
+
+// oneFamily reports whether every key has the same family tag, so that
+// all their Redis keys are in one Cluster slot (keyspace.Family).
+func oneFamily(keys []string) bool {
+	f := keyspace.Family(keys[0])
+	if f == "" {
+		return false
+	}
+	for _, k := range keys[1:] {
+		if keyspace.Family(k) != f {
+			return false
+		}
+	}
+	return true
 }

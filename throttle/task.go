@@ -100,9 +100,10 @@ func Cost(n int) asynq.Option { return costOption(n) }
 // every key admits, held in each. The first key is the task's key for
 // everything else: RateLimited suspends it, Observe learns into it, and a
 // leased token is never used for a task of several keys. On Redis
-// Cluster, several keys are not supported yet (each key has its own hash
-// slot): NewTask accepts them, and every decision fails with an error that
-// says so (the middleware's failure policy then applies). Tenants' fair
+// Cluster the keys of a task must be of one family ("{slack}:T0123",
+// "{slack}:app": one hash slot, see ValidateKey); NewTask accepts others,
+// and every decision of such a task fails with an error that says so (the
+// middleware's failure policy then applies). Tenants' fair
 // order is not kept on the keys of such a task yet: each key's tiers
 // decide it. See docs/limits.md.
 //
