@@ -140,6 +140,10 @@ func newStackedModels(workspaces []string, wsRate, appRate int, now time.Time) (
 	return models, refused
 }
 
+// mDecidedHeader carries the instant the provider decided a call (Unix
+// nanoseconds), for the lag from the task's admission.
+const mDecidedHeader = "X-Bench-Decided"
+
 func (m *stackedModel) serve(now time.Time, h http.Header) bool {
 	m.ws.refill(now)
 	m.app.refill(now)
@@ -147,8 +151,10 @@ func (m *stackedModel) serve(now time.Time, h http.Header) bool {
 	if wsOK && appOK {
 		m.ws.tokens--
 		m.app.tokens--
+		h.Set(mDecidedHeader, strconv.FormatInt(now.UnixNano(), 10))
 		return true
 	}
+	h.Set(mDecidedHeader, strconv.FormatInt(now.UnixNano(), 10))
 	var wait float64
 	switch {
 	case !wsOK && !appOK:
@@ -261,19 +267,54 @@ type mLedger struct {
 	done  int
 	// byKey counts deferrals by the key the Event names.
 	byKey map[string]int64
+	// admitted is when the middleware let each task run (a Ran event's
+	// time plus its Wait), by task ID; lag the longest time from there to
+	// the provider's decision on its call, late the calls decided later
+	// than the middleware's headroom after it, and refusedLags the lags
+	// of the calls the provider refused.
+	admitted    map[string]time.Time
+	lag         time.Duration
+	late        int
+	refusedLags []time.Duration
 }
 
 func newMLedger() *mLedger {
-	return &mLedger{seen: map[string]int{}, byKey: map[string]int64{}}
+	return &mLedger{seen: map[string]int{}, byKey: map[string]int64{}, admitted: map[string]time.Time{}}
 }
 
 func (l *mLedger) event(ev throttle.Event) {
-	if ev.Outcome != throttle.Deferred && ev.Outcome != throttle.Suspended {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	switch ev.Outcome {
+	case throttle.Deferred, throttle.Suspended:
+		l.byKey[ev.Key]++
+	case throttle.Ran:
+		if ev.TaskID != "" {
+			l.admitted[ev.TaskID] = time.Now().Add(ev.Wait)
+		}
+	}
+}
+
+// arrived notes the lag from the task's admission to the provider's
+// decision on its call.
+func (l *mLedger) arrived(ctx context.Context, resp *http.Response) {
+	id, _ := asynq.GetTaskID(ctx)
+	ns, err := strconv.ParseInt(resp.Header.Get(mDecidedHeader), 10, 64)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	at, ok := l.admitted[id]
+	if err != nil || !ok {
 		return
 	}
-	l.mu.Lock()
-	l.byKey[ev.Key]++
-	l.mu.Unlock()
+	delete(l.admitted, id)
+	lag := time.Unix(0, ns).Sub(at)
+	l.lag = max(l.lag, lag)
+	if lag > lHeadroom {
+		l.late++
+	}
+	if resp.StatusCode == http.StatusTooManyRequests {
+		l.refusedLags = append(l.refusedLags, lag)
+	}
 }
 
 func (l *mLedger) record(ws string, idx int, at time.Time) {
@@ -306,6 +347,7 @@ func (l *mLedger) handler(sp *strictProvider, ws string) asynq.Handler {
 		if err != nil {
 			return err
 		}
+		l.arrived(ctx, resp)
 		if resp.StatusCode == http.StatusTooManyRequests {
 			return throttle.Observe(ctx, resp)
 		}
@@ -345,8 +387,15 @@ type mRun struct {
 	Failed       int64
 	FailedErrs   string
 	Keys         []mKeyResult
-	Left         queueLeft
-	Placement    string
+	// Lag is the longest time from a task's admission to the provider's
+	// decision on its call, Late the calls decided later than the
+	// middleware's headroom after their admission, RefusedLags the lags of
+	// the calls the provider refused.
+	Lag         time.Duration
+	Late        int
+	RefusedLags []time.Duration
+	Left        queueLeft
+	Placement   string
 }
 
 type scenarioM struct {
@@ -406,7 +455,7 @@ func mOnce(ctx context.Context, e *env, b *mBackend, sp *strictProvider, path st
 	r := mRun{Backend: b.name, Path: path}
 	r.Ideal, r.Binding = mIdeal(qs)
 
-	ctl := throttle.NewLimiter(b.ctl, throttle.WithPrefix(prefix))
+	ctl := throttle.NewLimiter(b.ctl, throttle.WithPrefix(prefix), throttle.WithLogger(slog.New(slog.DiscardHandler)))
 	defer ctl.Close()
 	for _, q := range qs {
 		if err := ctl.SetLimits(ctx, q.Key, throttle.PerSecond(q.Rate)); err != nil {
@@ -454,6 +503,7 @@ func mOnce(ctx context.Context, e *env, b *mBackend, sp *strictProvider, path st
 		}
 	}
 	r.ByKey = reasons(led.byKey)
+	r.Lag, r.Late, r.RefusedLags = led.lag, led.late, led.refusedLags
 	led.mu.Unlock()
 	r.Deferrals, r.Suspensions, r.Failed = cnt.denials.Load(), cnt.suspensions.Load(), cnt.failed.Load()
 	r.DeferralsPer = float64(r.Deferrals) / mTasks
@@ -482,7 +532,7 @@ func mOnce(ctx context.Context, e *env, b *mBackend, sp *strictProvider, path st
 }
 
 // mTaskKey is the task's keys, the most specific first.
-func mTaskKey(ws, app string) asynq.Option { return throttle.Key(ws) } // placeholder until Key is variadic (issue 30): app not yet passed
+func mTaskKey(ws, app string) asynq.Option { return throttle.Key(ws, app) }
 
 // mCallTimes are the calls' times in seconds since start.
 func mCallTimes(calls []callRecord, start time.Time) []float64 {
@@ -596,6 +646,15 @@ func (s *scenarioM) print(w io.Writer) {
 	t.row("  by reason", each(rs, func(r mRun) string { return r.ByReason }))
 	t.row("  by the key the event names", each(rs, func(r mRun) string { return r.ByKey }))
 	t.row("  suspensions (429 -> key paused)", each(rs, func(r mRun) string { return strconv.FormatInt(r.Suspensions, 10) }))
+	t.row(fmt.Sprintf("admission to the provider's decision: longest / calls later than the %v headroom", lHeadroom), each(rs, func(r mRun) string {
+		return fmt.Sprintf("%dms / %d", r.Lag.Milliseconds(), r.Late)
+	}))
+	t.row("  the refused calls' lags", each(rs, func(r mRun) string {
+		if len(r.RefusedLags) == 0 {
+			return "-"
+		}
+		return strings.Join(each(r.RefusedLags, func(d time.Duration) string { return fmt.Sprintf("%dms", d.Milliseconds()) }), " ")
+	}))
 	t.row("decisions Redis could not make", each(rs, func(r mRun) string { return strconv.FormatInt(r.Failed, 10) }))
 	t.row(fmt.Sprintf("completed (of %d), exactly once", mTasks), each(rs, func(r mRun) string { return onceness(r.Completed, mTasks, r.Duplicates) }))
 	t.row("left: pending/active/sched/retry/archived", each(rs, func(r mRun) string { return r.Left.String() }))
