@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/hibiken/asynq"
 	"github.com/stretchr/testify/assert"
@@ -167,6 +168,39 @@ func TestMiddlewareRejectsATaskWithBrokenKeyHeaders(t *testing.T) {
 			assert.True(t, errors.Is(err, asynq.SkipRetry), "archived at once: %v", err)
 			assert.True(t, strings.Contains(err.Error(), "throttle-key-"), "names the header: %v", err)
 			assert.False(t, ran)
+		})
+	}
+}
+
+// RateLimited suspends a task's first key, the most specific; a handler
+// names another with RateLimitedError.Key: that key alone is suspended.
+func TestRateLimitedSuspendsTheFirstKeyOrTheOneNamed(t *testing.T) {
+	tests := []struct {
+		name      string
+		err       error
+		suspended string
+	}{
+		{"RateLimited", throttle.RateLimited(10 * time.Second), "ws"},
+		{"named app", &throttle.RateLimitedError{RetryAfter: 10 * time.Second, Key: "app"}, "app"},
+		{"named another", &throttle.RateLimitedError{RetryAfter: 10 * time.Second, Key: "other"}, "ws"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := newRig(t)
+			r.setLimits("ws", throttle.PerSecond(10))
+			r.setLimits("app", throttle.PerSecond(10))
+			task := newTask(t, "ws:sync", nil, throttle.Key("ws", "app"))
+			_ = r.lim.Middleware()(asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
+				return tt.err
+			})).ProcessTask(r.ctx, task)
+			for _, k := range []string{"ws", "app"} {
+				st := r.inspect(k)
+				if k == tt.suspended {
+					assert.Equal(t, 10*time.Second, st.SuspendedFor, "%s suspended", k)
+				} else {
+					assert.Zero(t, st.SuspendedFor, "%s not suspended", k)
+				}
+			}
 		})
 	}
 }
