@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/asynq-throttle/asynq-throttle/internal/redistest"
 	"github.com/asynq-throttle/asynq-throttle/throttle"
 )
 
@@ -202,5 +203,32 @@ func TestRateLimitedSuspendsTheFirstKeyOrTheOneNamed(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// Limiter.Enqueue books a task of several keys at one run time every key
+// admits, held in each key: a backlog on two workspaces under one app key
+// is spaced by the app key, the tighter.
+func TestEnqueueBooksOneRunTimeAcrossTheTasksKeys(t *testing.T) {
+	redistest.Require(t)
+	ctx := context.Background()
+	rdb := redistest.Start(t).Client(t)
+	lim := throttle.NewLimiter(rdb, quietLog, throttle.WithHeadroom(0))
+	require.NoError(t, lim.SetLimits(ctx, "ws1", throttle.PerSecond(10).WithBurst(1)))
+	require.NoError(t, lim.SetLimits(ctx, "ws2", throttle.PerSecond(10).WithBurst(1)))
+	require.NoError(t, lim.SetLimits(ctx, "app", throttle.PerSecond(4).WithBurst(1)))
+	client := asynq.NewClientFromRedisClient(rdb)
+	var at []time.Time
+	for i := range 6 {
+		ws := []string{"ws1", "ws2"}[i%2]
+		info, err := lim.Enqueue(ctx, client, newTask(t, "sync", nil, throttle.Key(ws, "app")))
+		require.NoError(t, err)
+		when, reserved, err := throttle.Reservation(lim, ctx, "app", info.ID)
+		require.NoError(t, err)
+		require.True(t, reserved, "task %d (%s) booked in app", i, ws)
+		at = append(at, when)
+	}
+	for i := 1; i < len(at); i++ {
+		assert.InDelta(t, 250*time.Millisecond, at[i].Sub(at[i-1]), float64(5*time.Millisecond), "app's 4/s spaces the bookings: %v", at)
 	}
 }
