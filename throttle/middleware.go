@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 
@@ -502,6 +503,16 @@ func (m *middleware) run(ctx context.Context, t *asynq.Task, next asynq.Handler,
 		return m.waitTaskOnly(ctx, t, ks, ev, rl)
 	}
 	key := ev.Key
+	if rl.Key != "" && rl.Key != key {
+		if slices.Contains(ev.keys, rl.Key) {
+			// A task of several keys: the handler named the key whose
+			// limit the provider enforced.
+			key, ks = rl.Key, m.l.keys.get(rl.Key)
+		} else {
+			o.logger.Warn("throttle: RateLimitedError names a key the task does not have; suspending the task's first key",
+				"key", key, "named", rl.Key, "task_id", ev.TaskID, "task_keys", ev.keys)
+		}
+	}
 	ks.lease.drop() // the provider disagrees: lease no more tokens
 	ks.forgetNoLimits()
 	// The provider said "too many requests": stop the whole fleet.

@@ -6,11 +6,13 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/hibiken/asynq"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/asynq-throttle/asynq-throttle/internal/redistest"
 	"github.com/asynq-throttle/asynq-throttle/throttle"
 )
 
@@ -168,5 +170,65 @@ func TestMiddlewareRejectsATaskWithBrokenKeyHeaders(t *testing.T) {
 			assert.True(t, strings.Contains(err.Error(), "throttle-key-"), "names the header: %v", err)
 			assert.False(t, ran)
 		})
+	}
+}
+
+// RateLimited suspends a task's first key, the most specific; a handler
+// names another with RateLimitedError.Key: that key alone is suspended.
+func TestRateLimitedSuspendsTheFirstKeyOrTheOneNamed(t *testing.T) {
+	tests := []struct {
+		name      string
+		err       error
+		suspended string
+	}{
+		{"RateLimited", throttle.RateLimited(10 * time.Second), "ws"},
+		{"named app", &throttle.RateLimitedError{RetryAfter: 10 * time.Second, Key: "app"}, "app"},
+		{"named another", &throttle.RateLimitedError{RetryAfter: 10 * time.Second, Key: "other"}, "ws"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := newRig(t)
+			r.setLimits("ws", throttle.PerSecond(10))
+			r.setLimits("app", throttle.PerSecond(10))
+			task := newTask(t, "ws:sync", nil, throttle.Key("ws", "app"))
+			_ = r.lim.Middleware()(asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
+				return tt.err
+			})).ProcessTask(r.ctx, task)
+			for _, k := range []string{"ws", "app"} {
+				st := r.inspect(k)
+				if k == tt.suspended {
+					assert.Equal(t, 10*time.Second, st.SuspendedFor, "%s suspended", k)
+				} else {
+					assert.Zero(t, st.SuspendedFor, "%s not suspended", k)
+				}
+			}
+		})
+	}
+}
+
+// Limiter.Enqueue books a task of several keys at one run time every key
+// admits, held in each key: a backlog on two workspaces under one app key
+// is spaced by the app key, the tighter.
+func TestEnqueueBooksOneRunTimeAcrossTheTasksKeys(t *testing.T) {
+	redistest.Require(t)
+	ctx := context.Background()
+	rdb := redistest.Start(t).Client(t)
+	lim := throttle.NewLimiter(rdb, quietLog, throttle.WithHeadroom(0))
+	require.NoError(t, lim.SetLimits(ctx, "ws1", throttle.PerSecond(10).WithBurst(1)))
+	require.NoError(t, lim.SetLimits(ctx, "ws2", throttle.PerSecond(10).WithBurst(1)))
+	require.NoError(t, lim.SetLimits(ctx, "app", throttle.PerSecond(4).WithBurst(1)))
+	client := asynq.NewClientFromRedisClient(rdb)
+	var at []time.Time
+	for i := range 6 {
+		ws := []string{"ws1", "ws2"}[i%2]
+		info, err := lim.Enqueue(ctx, client, newTask(t, "sync", nil, throttle.Key(ws, "app")))
+		require.NoError(t, err)
+		when, reserved, err := throttle.Reservation(lim, ctx, "app", info.ID)
+		require.NoError(t, err)
+		require.True(t, reserved, "task %d (%s) booked in app", i, ws)
+		at = append(at, when)
+	}
+	for i := 1; i < len(at); i++ {
+		assert.InDelta(t, 250*time.Millisecond, at[i].Sub(at[i-1]), float64(5*time.Millisecond), "app's 4/s spaces the bookings: %v", at)
 	}
 }

@@ -140,7 +140,10 @@ func (m *mkModel) checkBound(t *rapid.T, key string) {
 	slices.SortFunc(sorted, func(a, b time.Time) int { return a.Compare(b) })
 	for i := range sorted {
 		for j := i; j < len(sorted); j++ {
-			bound := m.maxBurst[key] + m.maxRate[key]*sorted[j].Sub(sorted[i]).Seconds()
+			// (+ 1 us at the rate: a holder at its reserved instant, whole
+			// microseconds, is let through that short: decide.lua's
+			// HOLDER_SLACK)
+			bound := m.maxBurst[key] + m.maxRate[key]*(sorted[j].Sub(sorted[i]).Seconds()+1e-6)
 			if float64(j-i+1) > bound+1e-6 {
 				t.Fatalf("key %s admitted %d calls from %v to %v: above burst %v + rate %v/s x elapsed",
 					key, j-i+1, sorted[i].Sub(epoch()), sorted[j].Sub(epoch()), m.maxBurst[key], m.maxRate[key])

@@ -68,11 +68,11 @@ do
     return m
   end
 
-  -- key_state builds the state of key j (KEYS from base + 1) as decide_run
-  -- does for one key, into a run r, or returns nil and the reply every
-  -- caller of the key gets (no limits, bad limits, suspended without
-  -- limits).
-  local function key_state(KEYS, base, o, now)
+  -- key_read reads key j (KEYS from base + 1) as decide_run reads one
+  -- key, up to run_state: its limits, suspension, buckets and M. It
+  -- returns nil and the reply every caller of the key gets when it cannot
+  -- decide (no limits, bad limits, suspended without limits).
+  local function key_read(KEYS, base, o, now)
     local ks = {KEYS[base + 1], KEYS[base + 2], KEYS[base + 3], KEYS[base + 4]}
     local h = redis.call('HMGET', ks[1], unpack(HM_FIELDS))
     if not h[1] and not h[D_AT] then
@@ -95,11 +95,32 @@ do
       end
       if not changed then M = nil end
     end
-    local r = run_state(ks, o, now, L, h, spec, until_, owed, x, vnext)
-    r.M = M
+    return {ks = ks, h = h, spec = spec, L = L, until_ = until_, x = x, vnext = vnext, owed = owed, M = M, tenants = tenants}
+  end
+
+  -- key_state makes the run state of a key key_read read (run_state).
+  local function key_state(kr, o, now)
+    local r = run_state(kr.ks, o, now, kr.L, kr.h, kr.spec, kr.until_, kr.owed, kr.x, kr.vnext)
+    r.M = kr.M
     -- (tenants active: the mark stays, see the top of this file)
-    if tenants then r.q_override = -1 end
+    if kr.tenants then r.q_override = -1 end
     return r
+  end
+
+  -- fits_now says whether key kr admits cost c now on the one-key path's
+  -- common case (take_now's rules): buckets alone, no suspension, no
+  -- queue, no booking, every bucket with c and room for the headroom.
+  local function fits_now(kr, c, o, now)
+    local spec = kr.spec
+    if (kr.until_ and kr.until_ > now) or spec.windows or spec.inflight or kr.vnext > now or o.book or kr.tenants then
+      return false
+    end
+    local headroom, owed = o.headroom, kr.owed
+    for i, t in ipairs(spec.tiers) do
+      local ci = cv(c, i)
+      if ci > 0 and owed[i] + headroom * t.rate - (t.burst - ci) * t.p > 0 then return false end
+    end
+    return true
   end
 
   -- hold_at holds the caller's reservation for at in key r: reserve's
@@ -396,19 +417,37 @@ do
     local o = multi_options(ARGV[1])
     local id, raw = ARGV[2] or '', ARGV[3] or '1'
     local now = now_us()
-    local rs, pos, out = {}, {}, {}
+    local krs, pos, out = {}, {}, {}
     for j = 1, nk do
-      local r, reply = key_state(KEYS, MULTI_STRIDE * (j - 1), o, now)
-      if r then
-        local i = #rs + 1
-        rs[i], pos[i] = r, j
+      local kr, reply = key_read(KEYS, MULTI_STRIDE * (j - 1), o, now)
+      if kr then
+        local i = #krs + 1
+        krs[i], pos[i] = kr, j
       elseif reply == '-2' then
         out[j] = '-2' -- (a key without limits limits nothing)
       else
         return j .. ';' .. reply
       end
     end
-    if #rs == 0 then return '0;' .. table.concat(out, ';') end
+    if #krs == 0 then return '0;' .. table.concat(out, ';') end
+    -- The common case: every key admits the caller now on buckets alone
+    -- (take_now's rules): each takes it as the one-key path does, without
+    -- the general state.
+    local c, all = {}, true
+    for i, kr in ipairs(krs) do
+      c[i] = cost_vec(raw, kr.spec)
+      if all and not fits_now(kr, c[i], o, now) then all = false end
+    end
+    if all then
+      for i, kr in ipairs(krs) do
+        local reply = take_now(kr.ks[1], kr.ks[4], o, now, kr.L, kr.h[2] ~= false, kr.spec, kr.owed, kr.x, c[i], kr.M)
+        if not reply then error('decide_multi: key ' .. pos[i] .. ' refused what it admitted') end
+        out[pos[i]] = reply
+      end
+      return '0;' .. table.concat(out, ';')
+    end
+    local rs = {}
+    for i, kr in ipairs(krs) do rs[i] = key_state(kr, o, now) end
     local k, replies = multi_one(rs, pos, id, raw)
     if type(replies) == 'string' then
       return k .. ';' .. replies

@@ -180,7 +180,7 @@ func TestMultiTakesFromNoKeyWhenOneRefuses(t *testing.T) {
 func TestMultiWindowOnTheSecondKeyTakesNothingFromTheFirst(t *testing.T) {
 	onBoth(t, func(t *testing.T, e *multiEnv) {
 		e.limits(0, bucket(10, hour, 10), Tier{Kind: KindInFlight, Rate: 20})
-		e.limits(1, Tier{Kind: KindWindow, Rate: 1, PerMS: hour})
+		e.limits(1, Tier{Kind: KindWindow, Rate: 1, PerMS: 60_000}) // (a window of an hour: slow to refuse in gopher-lua)
 		r := e.multi(DecideArgs{TaskID: "x", SlotExpiry: time.Minute})
 		require.Equal(t, StatusAllowed, r.Status, "%+v", r)
 		require.NotEmpty(t, r.Keys[0].Slot, "a slot of a is held")
@@ -474,4 +474,34 @@ func TestMultiBoundPerKeyOverManyCalls(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A suspension of one workspace key holds its tasks back, not the app
+// key's other workspaces: the instant a task of [ws1 app] reserves after
+// ws1's suspension is booked in ws1's schedule and only held in app's, so
+// app keeps admitting [ws2 app] now; at its instant the holder runs.
+func TestMultiWaitOnOneKeyDoesNotHoldTheOtherKeysCallers(t *testing.T) {
+	e := newMultiEnv(t, false)
+	e.limits(0, bucket(10, 1000, 10)) // ws1
+	e.limits(1, bucket(10, 1000, 10)) // ws2
+	e.limits(2, bucket(15, 1000, 15)) // app
+	_, err := Suspend(e.ctx, e.run, e.ks[0], 10*time.Second, time.Hour)
+	require.NoError(t, err)
+	a := func(id string) DecideArgs { return DecideArgs{TaskID: id, Horizon: time.Minute, Lapse: time.Minute} }
+	r := e.multi(a("t1"), 0, 2)
+	require.Equal(t, StatusDenied, r.Status, "%+v", r)
+	assert.Equal(t, 0, r.Key, "ws1's suspension")
+	assert.Equal(t, testEpoch().Add(10*time.Second), r.Reserved)
+	assert.Equal(t, r.Reserved.UnixMicro(), e.booked(0, "t1"), "booked in ws1")
+	assert.Zero(t, e.booked(2, "t1"), "not booked in app's schedule")
+	assert.Equal(t, r.Reserved.UnixMicro(), e.booked(2, "~t1"), "held in app")
+	for i := range 5 {
+		got := e.multi(a(fmt.Sprintf("w%d", i)), 1, 2)
+		assert.Equal(t, StatusAllowed, got.Status, "[ws2 app] runs now: %+v", got)
+	}
+	e.at(10 * time.Second)
+	got := e.multi(a("t1"), 0, 2)
+	assert.Equal(t, StatusAllowed, got.Status, "the holder at its instant: %+v", got)
+	assert.Zero(t, e.booked(2, "~t1"), "its hold in app is gone")
+	assert.Zero(t, e.booked(0, "t1"), "its booking in ws1 is gone")
 }
