@@ -40,32 +40,47 @@ func (f *fleet) enqueueStacked(n int) {
 	}
 }
 
-// A 429 on one workspace's key (the handler returns RateLimited, which
-// suspends the task's first key) stops that workspace's tasks until the
-// suspension ends; the other workspace's tasks keep running meanwhile, at
-// their rate, and every task still runs exactly once.
-func TestE2EA429OnAWorkspaceKeyStopsOnlyThatWorkspace(t *testing.T) {
-	t.Parallel()
-	const perWS, pause = 40, 3 * time.Second
+// stacked429 runs 40 tasks per workspace, the first T1 task to run
+// answering a 429 made by limited, and returns how many runs of T1 and of
+// T2 fell within the suspension (less the 429's own instant and asynq's
+// one-second granule at its end), after auditing that every task ran once.
+func stacked429(t *testing.T, pause time.Duration, limited func() error) (t1, t2 int, window time.Duration) {
+	const perWS = 40
 	var limitedAt atomic.Int64 // UnixNano of T1's 429
 	f := stackedFleet(t, func(ctx context.Context, task *asynq.Task) error {
 		if task.Type() == "sync:slack:T1" && limitedAt.Load() == 0 && limitedAt.CompareAndSwap(0, time.Now().UnixNano()) {
-			return throttle.RateLimited(pause)
+			return limited()
 		}
 		return nil
 	})
 	f.enqueueStacked(perWS)
 	f.waitDone(2*perWS, 40*time.Second)
 	f.audit(2 * perWS)
-
+	require.NotZero(t, limitedAt.Load(), "T1's first task ran")
 	at := time.Unix(0, limitedAt.Load())
-	require.False(t, at.IsZero(), "T1's first task ran")
-	// Within the suspension (less the 429's own instant and asynq's
-	// one-second granule at its end): no T1 run; T2 runs at about its
-	// 10/s (the app's 20/s leaves it room).
 	from, to := at.Add(100*time.Millisecond), at.Add(pause-100*time.Millisecond)
-	t1 := countIn(f.rec.times("slack:T1"), from, to)
-	t2 := countIn(f.rec.times("slack:T2"), from, to)
+	return countIn(f.rec.times("slack:T1"), from, to), countIn(f.rec.times("slack:T2"), from, to), to.Sub(from)
+}
+
+// A 429 on one workspace's key (the handler returns RateLimited, which
+// suspends the task's first key) stops that workspace's tasks until the
+// suspension ends; the other workspace's tasks keep running meanwhile, at
+// their rate, and every task still runs exactly once.
+func TestE2EA429OnAWorkspaceKeyStopsOnlyThatWorkspace(t *testing.T) {
+	t.Parallel()
+	const pause = 3 * time.Second
+	t1, t2, window := stacked429(t, pause, func() error { return throttle.RateLimited(pause) })
 	assert.Zero(t, t1, "T1 runs while T1 is suspended")
-	assert.GreaterOrEqual(t, t2, 15, "T2 runs while T1 is suspended (10/s over %v)", to.Sub(from))
+	assert.GreaterOrEqual(t, t2, 15, "T2 runs while T1 is suspended (10/s over %v; the app's 20/s leaves it room)", window)
+}
+
+// A 429 the handler attributes to the app's key (RateLimitedError.Key)
+// stops both workspaces' tasks until the suspension ends, and every task
+// still runs exactly once.
+func TestE2EA429OnTheAppKeyStopsBothWorkspaces(t *testing.T) {
+	t.Parallel()
+	const pause = 3 * time.Second
+	t1, t2, _ := stacked429(t, pause, func() error { return &throttle.RateLimitedError{RetryAfter: pause, Key: "slack"} })
+	assert.Zero(t, t1, "T1 runs while the app is suspended")
+	assert.Zero(t, t2, "T2 runs while the app is suspended")
 }
