@@ -11,6 +11,7 @@ import (
 
 	"github.com/asynq-throttle/asynq-throttle/internal/keyspace"
 	"github.com/asynq-throttle/asynq-throttle/internal/lua"
+	"github.com/asynq-throttle/asynq-throttle/internal/quota"
 )
 
 // A task of several keys (issue 30): Key("slack:T0123:chat.postMessage",
@@ -208,4 +209,73 @@ func keysOfTask(t *asynq.Task, key string) ([]string, error) {
 		return nil, err
 	}
 	return append([]string{key}, more...), nil
+}
+
+// observedFor picks the charge Observe learns into: for a task of several
+// keys, the first of its keys with a rate tier of a period and unit the
+// response states a quota for (so each limit is learned where it lives);
+// its first key when none has one, or for a task of one key. A key whose
+// tiers this process was not told yet is inspected once.
+func (tc *taskCharge) observedFor(ctx context.Context, q quota.Info, li quota.LLMInfo) *taskCharge {
+	if len(tc.also) == 0 {
+		return tc
+	}
+	type said struct {
+		perMS int64
+		unit  string
+	}
+	var quotas []said
+	for _, p := range q.Policies {
+		if p.Window > 0 && p.Quota > 0 {
+			quotas = append(quotas, said{p.Window.Milliseconds(), ""})
+		}
+	}
+	for _, u := range li.Units {
+		if u.Window > 0 && u.Limit > 0 {
+			unit := u.Unit
+			if unit == quota.UnitRequests {
+				unit = ""
+			}
+			quotas = append(quotas, said{u.Window.Milliseconds(), unit})
+		}
+	}
+	if len(quotas) == 0 {
+		return tc
+	}
+	for _, c := range append([]*taskCharge{tc}, tc.also...) {
+		for _, t := range c.l.tiersOf(ctx, c.key, c.ks) {
+			for _, s := range quotas {
+				if t.PerMS == s.perMS && t.Unit == s.unit {
+					return c
+				}
+			}
+		}
+	}
+	return tc
+}
+
+// tiersOf returns the rate tiers of key (their period and unit): as
+// Redis last told this process (Observe), else read with Inspect.
+func (l *Limiter) tiersOf(ctx context.Context, key string, ks *keyState) []lua.ObservedTier {
+	ks.mu.Lock()
+	told, tiers := ks.obs.told, ks.obs.tiers
+	ks.mu.Unlock()
+	if told {
+		return tiers
+	}
+	st, err := l.Inspect(ctx, key)
+	if err != nil {
+		return nil
+	}
+	for _, lim := range st.Limits {
+		if lim.Kind == KindInFlight || lim.Kind == KindAdaptive {
+			continue
+		}
+		unit := lim.Unit
+		if unit == unitRequests {
+			unit = ""
+		}
+		tiers = append(tiers, lua.ObservedTier{PerMS: lim.Per.Milliseconds(), Unit: unit})
+	}
+	return tiers
 }

@@ -232,3 +232,19 @@ func TestEnqueueBooksOneRunTimeAcrossTheTasksKeys(t *testing.T) {
 		assert.InDelta(t, 250*time.Millisecond, at[i].Sub(at[i-1]), float64(5*time.Millisecond), "app's 4/s spaces the bookings: %v", at)
 	}
 }
+
+// Observe learns into the key whose tier matches the response's quota:
+// a quota per second goes to the app key (its tier of 1 s), not to the
+// workspace key (a tier of a minute), the task's first.
+func TestObserveLearnsIntoTheKeyWhoseTierMatches(t *testing.T) {
+	r := newRig(t)
+	r.setLimits("api:ws", throttle.PerMinute(100))
+	r.setLimits("api", throttle.PerSecond(10))
+	task := newTask(t, "api:sync", nil, throttle.Key("api:ws", "api"))
+	err := r.lim.Middleware()(asynq.HandlerFunc(func(ctx context.Context, _ *asynq.Task) error {
+		return throttle.Observe(ctx, respondWith(map[string]string{"RateLimit-Policy": `"s";q=5;w=1`}))
+	})).ProcessTask(r.ctx, task)
+	require.NoError(t, err)
+	assert.Equal(t, []throttle.Limit{throttle.PerSecond(5).WithBurst(5)}, r.inspect("api").InForce, "learned into app")
+	assert.Equal(t, []throttle.Limit{throttle.PerMinute(100).WithBurst(100)}, r.inspect("api:ws").InForce, "the workspace key keeps its limit")
+}
