@@ -159,8 +159,21 @@ func (m *middleware) processMulti(ctx context.Context, t *asynq.Task, next asynq
 		return m.deferDecision(ctx, t, m.l.keys.get(by), Decision{RetryAfter: latest.Sub(now), Reason: RefusedBySuspension, Key: by}, ev, Deferred)
 	}
 	sent := m.now()
-	d, err := m.decideMultiTask(ctx, keys, t, ev.TaskID, ev.cost)
+	d, err := m.decideMultiTask(ctx, keys, t, ev.TaskID, ev.cost, false)
 	ev.Latency = m.now().Sub(sent)
+	// Refused a slot expected free within a granule: wait for it in the
+	// worker, asking again with its place kept (as decideAndWait does).
+	for waited := time.Duration(0); err == nil && !d.Allowed && d.Reason == RefusedBySlots; {
+		w := max(d.RetryAfter, minSlotPoll)
+		if waited+w > maxSlotWait || w > m.waitBudget(ctx, m.l.o.timeout) {
+			break
+		}
+		if serr := m.sleep(ctx, w); serr != nil {
+			return serr
+		}
+		waited += w
+		d, err = m.decideMultiTask(ctx, keys, t, ev.TaskID, ev.cost, true)
+	}
 	if err == nil && !d.Allowed && !d.reserved && d.Reason == RefusedBySuspension {
 		m.l.keys.get(d.Key).cacheSuspension(m.now(), d.RetryAfter, false)
 	}
@@ -187,12 +200,13 @@ func (m *middleware) processMulti(ctx context.Context, t *asynq.Task, next asynq
 }
 
 // decideMultiTask asks Redis for a decision on task t of several keys,
-// as decideAs does for one.
-func (m *middleware) decideMultiTask(ctx context.Context, keys []string, t *asynq.Task, id string, cost taskCost) (Decision, error) {
+// as decideAs does for one; probe: it waits in its worker for a slot, and
+// keeps its place.
+func (m *middleware) decideMultiTask(ctx context.Context, keys []string, t *asynq.Task, id string, cost taskCost, probe bool) (Decision, error) {
 	if origin := t.Headers()[keyspace.Origin]; origin != "" {
 		id = origin
 	}
-	v := variant{granule: granule, headroom: m.l.o.headroom, pace: m.l.o.pacing}
+	v := variant{granule: granule, headroom: m.l.o.headroom, pace: m.l.o.pacing, probe: probe}
 	if m.l.o.horizon > 0 && id != "" {
 		v.horizon = m.l.o.horizon
 	} else {
