@@ -558,7 +558,7 @@ func (m *middleware) run(ctx context.Context, t *asynq.Task, next asynq.Handler,
 		var rd Decision
 		var derr error
 		if keys != nil {
-			rd, derr = m.decideMultiTask(ctx, keys, t, id, cost)
+			rd, derr = m.decideMultiTask(ctx, keys, t, id, cost, false)
 		} else {
 			rd, derr = m.decide(ctx, key, t, id, 0, cost)
 		}

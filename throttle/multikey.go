@@ -11,6 +11,7 @@ import (
 
 	"github.com/asynq-throttle/asynq-throttle/internal/keyspace"
 	"github.com/asynq-throttle/asynq-throttle/internal/lua"
+	"github.com/asynq-throttle/asynq-throttle/internal/quota"
 )
 
 // A task of several keys (issue 30): Key("slack:T0123:chat.postMessage",
@@ -159,8 +160,21 @@ func (m *middleware) processMulti(ctx context.Context, t *asynq.Task, next asynq
 		return m.deferDecision(ctx, t, m.l.keys.get(by), Decision{RetryAfter: latest.Sub(now), Reason: RefusedBySuspension, Key: by}, ev, Deferred)
 	}
 	sent := m.now()
-	d, err := m.decideMultiTask(ctx, keys, t, ev.TaskID, ev.cost)
+	d, err := m.decideMultiTask(ctx, keys, t, ev.TaskID, ev.cost, false)
 	ev.Latency = m.now().Sub(sent)
+	// Refused a slot expected free within a granule: wait for it in the
+	// worker, asking again with its place kept (as decideAndWait does).
+	for waited := time.Duration(0); err == nil && !d.Allowed && d.Reason == RefusedBySlots; {
+		w := max(d.RetryAfter, minSlotPoll)
+		if waited+w > maxSlotWait || w > m.waitBudget(ctx, m.l.o.timeout) {
+			break
+		}
+		if serr := m.sleep(ctx, w); serr != nil {
+			return serr
+		}
+		waited += w
+		d, err = m.decideMultiTask(ctx, keys, t, ev.TaskID, ev.cost, true)
+	}
 	if err == nil && !d.Allowed && !d.reserved && d.Reason == RefusedBySuspension {
 		m.l.keys.get(d.Key).cacheSuspension(m.now(), d.RetryAfter, false)
 	}
@@ -187,12 +201,13 @@ func (m *middleware) processMulti(ctx context.Context, t *asynq.Task, next asynq
 }
 
 // decideMultiTask asks Redis for a decision on task t of several keys,
-// as decideAs does for one.
-func (m *middleware) decideMultiTask(ctx context.Context, keys []string, t *asynq.Task, id string, cost taskCost) (Decision, error) {
+// as decideAs does for one; probe: it waits in its worker for a slot, and
+// keeps its place.
+func (m *middleware) decideMultiTask(ctx context.Context, keys []string, t *asynq.Task, id string, cost taskCost, probe bool) (Decision, error) {
 	if origin := t.Headers()[keyspace.Origin]; origin != "" {
 		id = origin
 	}
-	v := variant{granule: granule, headroom: m.l.o.headroom, pace: m.l.o.pacing}
+	v := variant{granule: granule, headroom: m.l.o.headroom, pace: m.l.o.pacing, probe: probe}
 	if m.l.o.horizon > 0 && id != "" {
 		v.horizon = m.l.o.horizon
 	} else {
@@ -224,4 +239,73 @@ func oneFamily(keys []string) bool {
 		}
 	}
 	return true
+}
+
+// observedFor picks the charge Observe learns into: for a task of several
+// keys, the first of its keys with a rate tier of a period and unit the
+// response states a quota for (so each limit is learned where it lives);
+// its first key when none has one, or for a task of one key. A key whose
+// tiers this process was not told yet is inspected once.
+func (tc *taskCharge) observedFor(ctx context.Context, q quota.Info, li quota.LLMInfo) *taskCharge {
+	if len(tc.also) == 0 {
+		return tc
+	}
+	type said struct {
+		perMS int64
+		unit  string
+	}
+	var quotas []said
+	for _, p := range q.Policies {
+		if p.Window > 0 && p.Quota > 0 {
+			quotas = append(quotas, said{p.Window.Milliseconds(), ""})
+		}
+	}
+	for _, u := range li.Units {
+		if u.Window > 0 && u.Limit > 0 {
+			unit := u.Unit
+			if unit == quota.UnitRequests {
+				unit = ""
+			}
+			quotas = append(quotas, said{u.Window.Milliseconds(), unit})
+		}
+	}
+	if len(quotas) == 0 {
+		return tc
+	}
+	for _, c := range append([]*taskCharge{tc}, tc.also...) {
+		for _, t := range c.l.tiersOf(ctx, c.key, c.ks) {
+			for _, s := range quotas {
+				if t.PerMS == s.perMS && t.Unit == s.unit {
+					return c
+				}
+			}
+		}
+	}
+	return tc
+}
+
+// tiersOf returns the rate tiers of key (their period and unit): as
+// Redis last told this process (Observe), else read with Inspect.
+func (l *Limiter) tiersOf(ctx context.Context, key string, ks *keyState) []lua.ObservedTier {
+	ks.mu.Lock()
+	told, tiers := ks.obs.told, ks.obs.tiers
+	ks.mu.Unlock()
+	if told {
+		return tiers
+	}
+	st, err := l.Inspect(ctx, key)
+	if err != nil {
+		return nil
+	}
+	for _, lim := range st.Limits {
+		if lim.Kind == KindInFlight || lim.Kind == KindAdaptive {
+			continue
+		}
+		unit := lim.Unit
+		if unit == unitRequests {
+			unit = ""
+		}
+		tiers = append(tiers, lua.ObservedTier{PerMS: lim.Per.Milliseconds(), Unit: unit})
+	}
+	return tiers
 }

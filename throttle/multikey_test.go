@@ -232,3 +232,56 @@ func TestEnqueueBooksOneRunTimeAcrossTheTasksKeys(t *testing.T) {
 		assert.InDelta(t, 250*time.Millisecond, at[i].Sub(at[i-1]), float64(5*time.Millisecond), "app's 4/s spaces the bookings: %v", at)
 	}
 }
+
+// Observe learns into the key whose tier matches the response's quota:
+// a quota per second goes to the app key (its tier of 1 s), not to the
+// workspace key (a tier of a minute), the task's first.
+func TestObserveLearnsIntoTheKeyWhoseTierMatches(t *testing.T) {
+	r := newRig(t)
+	r.setLimits("api:ws", throttle.PerMinute(100))
+	r.setLimits("api", throttle.PerSecond(10))
+	task := newTask(t, "api:sync", nil, throttle.Key("api:ws", "api"))
+	err := r.lim.Middleware()(asynq.HandlerFunc(func(ctx context.Context, _ *asynq.Task) error {
+		return throttle.Observe(ctx, respondWith(map[string]string{"RateLimit-Policy": `"s";q=5;w=1`}))
+	})).ProcessTask(r.ctx, task)
+	require.NoError(t, err)
+	assert.Equal(t, []throttle.Limit{throttle.PerSecond(5).WithBurst(5)}, r.inspect("api").InForce, "learned into app")
+	assert.Equal(t, []throttle.Limit{throttle.PerMinute(100).WithBurst(100)}, r.inspect("api:ws").InForce, "the workspace key keeps its limit")
+}
+
+// A task of several keys refused only for a slot expected free within a
+// granule waits for it in its worker, as a task of one key does, and runs
+// without a deferral.
+func TestMiddlewareWaitsForASlotOfATaskOfSeveralKeys(t *testing.T) {
+	redistest.Require(t)
+	ctx := context.Background()
+	rdb := redistest.Start(t).Client(t)
+	lim := throttle.NewLimiter(rdb, quietLog)
+	require.NoError(t, lim.SetLimits(ctx, "a", throttle.PerSecond(100)))
+	require.NoError(t, lim.SetLimits(ctx, "b", throttle.PerSecond(100), throttle.InFlight(1)))
+	held, err := lim.Take(ctx, "b")
+	require.NoError(t, err)
+	require.True(t, held.Allowed)
+	go func() {
+		time.Sleep(200 * time.Millisecond)
+		_ = lim.Release(ctx, "b", held.Slot)
+	}()
+	var mu sync.Mutex
+	var events []throttle.Event
+	lim.OnEvent(func(e throttle.Event) {
+		mu.Lock()
+		defer mu.Unlock()
+		events = append(events, e)
+	})
+	ran := false
+	err = lim.Middleware()(asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
+		ran = true
+		return nil
+	})).ProcessTask(ctx, newTask(t, "x", nil, throttle.Key("a", "b")))
+	require.NoError(t, err)
+	assert.True(t, ran, "ran once the slot freed: %+v", events)
+	mu.Lock()
+	defer mu.Unlock()
+	require.Len(t, events, 1, "%+v", events)
+	assert.Equal(t, throttle.Ran, events[0].Outcome)
+}

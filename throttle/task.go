@@ -97,13 +97,14 @@ func Cost(n int) asynq.Option { return costOption(n) }
 // decision that takes its cost from every tier of every key or from none
 // (tiers, windows, InFlight slots, Uses). A suspension of any key defers
 // it until the latest one ends; refused, it reserves one run time that
-// every key admits, held in each. The first key is the task's key for
-// everything else: RateLimited suspends it, Observe learns into it, and a
-// leased token is never used for a task of several keys. On Redis
-// Cluster the keys of a task must be of one family ("{slack}:T0123",
-// "{slack}:app": one hash slot, see ValidateKey); NewTask accepts others,
-// and every decision of such a task fails with an error that says so (the
-// middleware's failure policy then applies). Tenants' fair
+// every key admits, held in each. RateLimited suspends the first key, the
+// most specific, unless the handler names another (RateLimitedError.Key);
+// Observe learns into the key whose tier matches the response's quota (the
+// first when none does); a leased token is never used for a task of
+// several keys. On Redis Cluster the keys of a task must be of one family
+// ("{slack}:T0123", "{slack}:app": one hash slot, see ValidateKey); NewTask
+// accepts others, and every decision of such a task fails with an error
+// that says so (the middleware's failure policy then applies). Tenants' fair
 // order is not kept on the keys of such a task yet: each key's tiers
 // decide it. See docs/limits.md.
 //

@@ -57,12 +57,12 @@ func (a *app) watch(ctx context.Context, lim *throttle.Limiter, keys []string, i
 		if len(shown) == 0 {
 			var err error
 			if shown, err = lim.Keys(ctx); err != nil {
-				return err
+				return interrupted(ctx, err)
 			}
 		}
 		views, err := readKeys(ctx, lim, shown)
 		if err != nil {
-			return err
+			return interrupted(ctx, err)
 		}
 		switch {
 		case a.json():
@@ -84,6 +84,15 @@ func (a *app) watch(ctx context.Context, lim *throttle.Limiter, keys []string, i
 		case <-tick.C:
 		}
 	}
+}
+
+// interrupted is err, or nil when watch was interrupted (ctx ended) during
+// the call that failed: the normal end of watch, wherever it lands.
+func interrupted(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return nil
+	}
+	return err
 }
 
 // redraw clears the terminal and draws the table.
