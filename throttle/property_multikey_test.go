@@ -50,6 +50,16 @@ type mkModel struct {
 	maxRate  map[string]float64
 	maxBurst map[string]float64
 	susp     map[string][][2]time.Time
+	// slots: app's InFlight limit (0 none); running: the admitted tasks
+	// holding slots, until their handler ends
+	slots   int
+	running []mkRun
+}
+
+type mkRun struct {
+	key, slot string
+	app       bool
+	ends      time.Time
 }
 
 var mkKeys = []string{"w1", "w2", "app"}
@@ -57,7 +67,11 @@ var mkKeys = []string{"w1", "w2", "app"}
 func (m *mkModel) setLimits(t *rapid.T, key string) {
 	rate := rapid.IntRange(1, 12).Draw(t, "rate")
 	burst := rapid.IntRange(1, 2*rate).Draw(t, "burst")
-	if err := m.r.lim.SetLimits(m.r.ctx, key, throttle.PerSecond(rate).WithBurst(burst)); err != nil {
+	limits := []throttle.Limit{throttle.PerSecond(rate).WithBurst(burst)}
+	if key == "app" && m.slots > 0 {
+		limits = append(limits, throttle.InFlight(m.slots))
+	}
+	if err := m.r.lim.SetLimits(m.r.ctx, key, limits...); err != nil {
 		t.Fatalf("SetLimits(%q): %v", key, err)
 	}
 	m.maxRate[key] = max(m.maxRate[key], float64(rate))
@@ -110,12 +124,30 @@ func (m *mkModel) decide(t *rapid.T, tk *mkTask) {
 			m.admitted[k] = append(m.admitted[k], at)
 			m.checkBound(t, k)
 		}
+		if d.Slot != "" {
+			run := mkRun{key: tk.keys[0], slot: d.Slot, app: slices.Contains(tk.keys, "app"),
+				ends: now.Add(time.Duration(rapid.IntRange(0, 2000).Draw(t, "runs")) * time.Millisecond)}
+			m.running = append(m.running, run)
+		}
+		if m.slots > 0 {
+			n := 0
+			for _, r := range m.running {
+				if r.app {
+					n++
+				}
+			}
+			if n > m.slots {
+				t.Fatalf("%d tasks of app hold slots at %v: above InFlight(%d)", n, now.Sub(epoch()), m.slots)
+			}
+		}
 		return
 	}
-	if d.RetryAfter <= 0 {
+	if d.RetryAfter <= 0 && !throttle.Reserved(d) {
 		t.Fatalf("%s %v refused without a wait: %+v", tk.id, tk.keys, d)
 	}
-	due := now.Add(d.RetryAfter)
+	// (a reservation at once, behind a slot held: back a moment later, as
+	// the middleware's deferral brings it)
+	due := now.Add(max(d.RetryAfter, time.Millisecond))
 	if m.granule > 0 {
 		// asynq brings a task back on a whole second, at or after its time
 		if tr := due.Truncate(time.Second); tr.Before(due) {
@@ -152,8 +184,24 @@ func (m *mkModel) checkBound(t *rapid.T, key string) {
 	}
 }
 
+// finish ends the handlers due by now: each gives its slots back.
+func (m *mkModel) finish(t *rapid.T) {
+	kept := m.running[:0]
+	for _, r := range m.running {
+		if r.ends.After(m.r.now) {
+			kept = append(kept, r)
+			continue
+		}
+		if err := m.r.lim.Release(m.r.ctx, r.key, r.slot); err != nil {
+			t.Fatalf("Release(%q): %v", r.key, err)
+		}
+	}
+	m.running = kept
+}
+
 // comeBack decides, in the order they are due, the tasks due by now.
 func (m *mkModel) comeBack(t *rapid.T) {
+	m.finish(t)
 	slices.SortStableFunc(m.waiting, func(a, b *mkTask) int { return a.due.Compare(b.due) })
 	var due []*mkTask
 	for len(m.waiting) > 0 && !m.waiting[0].due.After(m.r.now) {
@@ -201,6 +249,9 @@ func TestPropertyMultiKey(t *testing.T) {
 		if rapid.Bool().Draw(t, "granule") {
 			m.granule = time.Second
 		}
+		if rapid.Bool().Draw(t, "inflight") {
+			m.slots = rapid.IntRange(1, 3).Draw(t, "slots")
+		}
 		for _, k := range mkKeys {
 			m.setLimits(t, k)
 		}
@@ -233,6 +284,11 @@ func TestPropertyMultiKey(t *testing.T) {
 		for len(m.waiting) > 0 {
 			slices.SortStableFunc(m.waiting, func(a, b *mkTask) int { return a.due.Compare(b.due) })
 			next := m.waiting[0].due
+			for _, r := range m.running {
+				if r.ends.Before(next) {
+					next = r.ends
+				}
+			}
 			if next.After(deadline) {
 				t.Fatalf("liveness: %d tasks still waiting at %v (deadline %v), the next due at %v: %v",
 					len(m.waiting), m.r.now.Sub(epoch()), deadline.Sub(epoch()), next.Sub(epoch()), m.waiting[0])

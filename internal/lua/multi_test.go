@@ -505,3 +505,27 @@ func TestMultiWaitOnOneKeyDoesNotHoldTheOtherKeysCallers(t *testing.T) {
 	assert.Zero(t, e.booked(2, "~t1"), "its hold in app is gone")
 	assert.Zero(t, e.booked(0, "t1"), "its booking in ws1 is gone")
 }
+
+// A key whose slots are all held never admits, even when its schedule has
+// room now behind a queue that is still open (found by TestPropertyMultiKey:
+// a fresh caller refused only by b's queue was admitted at once by the
+// schedule, past b's one slot).
+func TestMultiNeverAdmitsPastHeldSlotsBehindAQueue(t *testing.T) {
+	e := newMultiEnv(t, false)
+	e.limits(0, bucket(100, 1000, 5)) // (paced: a burst below a granule's worth)
+	e.limits(1, bucket(10, 1000, 1), Tier{Kind: KindInFlight, Rate: 1})
+	a := func(id string) DecideArgs {
+		return DecideArgs{TaskID: id, Horizon: time.Minute, Lapse: time.Minute, Granule: time.Second, Pace: true, SlotExpiry: time.Minute}
+	}
+	h1 := e.multi(a("h1"))
+	require.Equal(t, StatusAllowed, h1.Status, "%+v", h1)
+	h2 := e.multi(a("h2"))
+	require.Equal(t, StatusDenied, h2.Status, "%+v", h2)
+	require.False(t, h2.Reserved.IsZero(), "h2 reserved: %+v", h2)
+	e.at(500 * time.Millisecond) // h2 has not come back; b's queue is open, its schedule free
+	f := e.multi(a("f"))
+	assert.Equal(t, StatusDenied, f.Status, "b's one slot is held by h1: %+v", f)
+	n, err := e.rdb.ZCard(e.ctx, e.ks[1].Slots).Result()
+	require.NoError(t, err)
+	assert.Equal(t, int64(1), n, "b's slots held")
+}
