@@ -54,7 +54,11 @@ type mkModel struct {
 	// holding slots, until their handler ends
 	slots   int
 	running []mkRun
+	// window: w1's sliding window of window calls per 2 s (0 none)
+	window int
 }
+
+const mkWindowPer = 2 * time.Second
 
 type mkRun struct {
 	key, slot string
@@ -71,6 +75,9 @@ func (m *mkModel) setLimits(t *rapid.T, key string) {
 	if key == "app" && m.slots > 0 {
 		limits = append(limits, throttle.InFlight(m.slots))
 	}
+	if key == "w1" && m.window > 0 {
+		limits = append(limits, throttle.Window(m.window, mkWindowPer))
+	}
 	if err := m.r.lim.SetLimits(m.r.ctx, key, limits...); err != nil {
 		t.Fatalf("SetLimits(%q): %v", key, err)
 	}
@@ -78,6 +85,9 @@ func (m *mkModel) setLimits(t *rapid.T, key string) {
 	m.maxBurst[key] = max(m.maxBurst[key], float64(burst))
 }
 
+// tokens reads what every key's buckets hold and its free slots (a
+// window's count is left out: a reservation counts in it at its instant,
+// as it should, refused or not).
 func (m *mkModel) tokens(t *rapid.T) map[string][]float64 {
 	out := map[string][]float64{}
 	for _, k := range mkKeys {
@@ -85,7 +95,11 @@ func (m *mkModel) tokens(t *rapid.T) map[string][]float64 {
 		if err != nil {
 			t.Fatalf("Inspect(%q): %v", k, err)
 		}
-		out[k] = st.Tokens
+		for i, l := range st.Limits {
+			if l.Kind != throttle.KindWindow && i < len(st.Tokens) {
+				out[k] = append(out[k], st.Tokens[i])
+			}
+		}
 	}
 	return out
 }
@@ -170,6 +184,17 @@ func (m *mkModel) checkBound(t *rapid.T, key string) {
 	}
 	sorted := slices.Clone(got)
 	slices.SortFunc(sorted, func(a, b time.Time) int { return a.Compare(b) })
+	if key == "w1" && m.window > 0 {
+		for i := range sorted {
+			n := 0
+			for j := i; j < len(sorted) && sorted[j].Sub(sorted[i]) < mkWindowPer; j++ {
+				n++
+			}
+			if n > m.window {
+				t.Fatalf("key w1 admitted %d calls in the %v from %v: above its window of %d", n, mkWindowPer, sorted[i].Sub(epoch()), m.window)
+			}
+		}
+	}
 	for i := range sorted {
 		for j := i; j < len(sorted); j++ {
 			// (+ 1 us at the rate: a holder at its reserved instant, whole
@@ -251,6 +276,9 @@ func TestPropertyMultiKey(t *testing.T) {
 		}
 		if rapid.Bool().Draw(t, "inflight") {
 			m.slots = rapid.IntRange(1, 3).Draw(t, "slots")
+		}
+		if rapid.Bool().Draw(t, "window") {
+			m.window = rapid.IntRange(2, 10).Draw(t, "window calls")
 		}
 		for _, k := range mkKeys {
 			m.setLimits(t, k)
