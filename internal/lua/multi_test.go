@@ -529,3 +529,28 @@ func TestMultiNeverAdmitsPastHeldSlotsBehindAQueue(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, int64(1), n, "b's slots held")
 }
+
+// Enqueue's booking (Book) across keys: every caller with an ID books one
+// instant in every key, even one that could run now; a second booking
+// under an ID that holds one in any key changes nothing.
+func TestMultiBookingHoldsOneInstantAndRefusesAnIDInUse(t *testing.T) {
+	onBoth(t, func(t *testing.T, e *multiEnv) {
+		e.limits(0, bucket(10, hour, 10))
+		e.limits(1, bucket(5, hour, 5))
+		a := DecideArgs{TaskID: "b1", Horizon: time.Minute, Lapse: time.Minute, Book: true}
+		r := e.multi(a)
+		require.Equal(t, StatusDenied, r.Status, "a booking is told its instant: %+v", r)
+		require.False(t, r.Reserved.IsZero(), "%+v", r)
+		for k := range 2 {
+			assert.Equal(t, r.Reserved.UnixMicro(), e.reserved(k, "b1"), "key %d holds it", k)
+		}
+		again := e.multi(a)
+		assert.Equal(t, "booked", again.RefusedBy, "the ID holds a reservation: %+v", again)
+		assert.Equal(t, 0, again.Key)
+		for k, want := range []float64{10, 5} {
+			st, err := Inspect(e.ctx, e.run, e.ks[k], nil, 0)
+			require.NoError(t, err)
+			assert.InDelta(t, want, st.Tokens[0], 0.01, "key %d: a booking takes no token now", k)
+		}
+	})
+}
