@@ -285,3 +285,20 @@ func TestMiddlewareWaitsForASlotOfATaskOfSeveralKeys(t *testing.T) {
 	require.Len(t, events, 1, "%+v", events)
 	assert.Equal(t, throttle.Ran, events[0].Outcome)
 }
+
+// On Redis Cluster each key is its own hash slot: a call of several keys
+// is refused with an error that says so (not a CROSSSLOT from Redis), and
+// takes nothing.
+func TestSeveralKeysAreRefusedOnACluster(t *testing.T) {
+	c := redistest.StartCluster(t)
+	ctx := context.Background()
+	lim := throttle.NewLimiter(c.Client(t), quietLog)
+	require.NoError(t, lim.SetLimits(ctx, "ws", throttle.PerSecond(10)))
+	require.NoError(t, lim.SetLimits(ctx, "app", throttle.PerSecond(10)))
+	_, err := lim.Take(ctx, "ws", throttle.Key("app"))
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "cannot be decided on Redis Cluster yet")
+	d, err := lim.Take(ctx, "ws")
+	require.NoError(t, err)
+	assert.Equal(t, 9, d.Remaining, "ws untouched by the refused call")
+}

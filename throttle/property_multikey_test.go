@@ -50,6 +50,20 @@ type mkModel struct {
 	maxRate  map[string]float64
 	maxBurst map[string]float64
 	susp     map[string][][2]time.Time
+	// slots: app's InFlight limit (0 none); running: the admitted tasks
+	// holding slots, until their handler ends
+	slots   int
+	running []mkRun
+	// window: w1's sliding window of window calls per 2 s (0 none)
+	window int
+}
+
+const mkWindowPer = 2 * time.Second
+
+type mkRun struct {
+	key, slot string
+	app       bool
+	ends      time.Time
 }
 
 var mkKeys = []string{"w1", "w2", "app"}
@@ -57,13 +71,23 @@ var mkKeys = []string{"w1", "w2", "app"}
 func (m *mkModel) setLimits(t *rapid.T, key string) {
 	rate := rapid.IntRange(1, 12).Draw(t, "rate")
 	burst := rapid.IntRange(1, 2*rate).Draw(t, "burst")
-	if err := m.r.lim.SetLimits(m.r.ctx, key, throttle.PerSecond(rate).WithBurst(burst)); err != nil {
+	limits := []throttle.Limit{throttle.PerSecond(rate).WithBurst(burst)}
+	if key == "app" && m.slots > 0 {
+		limits = append(limits, throttle.InFlight(m.slots))
+	}
+	if key == "w1" && m.window > 0 {
+		limits = append(limits, throttle.Window(m.window, mkWindowPer))
+	}
+	if err := m.r.lim.SetLimits(m.r.ctx, key, limits...); err != nil {
 		t.Fatalf("SetLimits(%q): %v", key, err)
 	}
 	m.maxRate[key] = max(m.maxRate[key], float64(rate))
 	m.maxBurst[key] = max(m.maxBurst[key], float64(burst))
 }
 
+// tokens reads what every key's buckets hold and its free slots (a
+// window's count is left out: a reservation counts in it at its instant,
+// as it should, refused or not).
 func (m *mkModel) tokens(t *rapid.T) map[string][]float64 {
 	out := map[string][]float64{}
 	for _, k := range mkKeys {
@@ -71,7 +95,11 @@ func (m *mkModel) tokens(t *rapid.T) map[string][]float64 {
 		if err != nil {
 			t.Fatalf("Inspect(%q): %v", k, err)
 		}
-		out[k] = st.Tokens
+		for i, l := range st.Limits {
+			if l.Kind != throttle.KindWindow && i < len(st.Tokens) {
+				out[k] = append(out[k], st.Tokens[i])
+			}
+		}
 	}
 	return out
 }
@@ -110,12 +138,30 @@ func (m *mkModel) decide(t *rapid.T, tk *mkTask) {
 			m.admitted[k] = append(m.admitted[k], at)
 			m.checkBound(t, k)
 		}
+		if d.Slot != "" {
+			run := mkRun{key: tk.keys[0], slot: d.Slot, app: slices.Contains(tk.keys, "app"),
+				ends: now.Add(time.Duration(rapid.IntRange(0, 2000).Draw(t, "runs")) * time.Millisecond)}
+			m.running = append(m.running, run)
+		}
+		if m.slots > 0 {
+			n := 0
+			for _, r := range m.running {
+				if r.app {
+					n++
+				}
+			}
+			if n > m.slots {
+				t.Fatalf("%d tasks of app hold slots at %v: above InFlight(%d)", n, now.Sub(epoch()), m.slots)
+			}
+		}
 		return
 	}
-	if d.RetryAfter <= 0 {
+	if d.RetryAfter <= 0 && !throttle.Reserved(d) {
 		t.Fatalf("%s %v refused without a wait: %+v", tk.id, tk.keys, d)
 	}
-	due := now.Add(d.RetryAfter)
+	// (a reservation at once, behind a slot held: back a moment later, as
+	// the middleware's deferral brings it)
+	due := now.Add(max(d.RetryAfter, time.Millisecond))
 	if m.granule > 0 {
 		// asynq brings a task back on a whole second, at or after its time
 		if tr := due.Truncate(time.Second); tr.Before(due) {
@@ -138,6 +184,17 @@ func (m *mkModel) checkBound(t *rapid.T, key string) {
 	}
 	sorted := slices.Clone(got)
 	slices.SortFunc(sorted, func(a, b time.Time) int { return a.Compare(b) })
+	if key == "w1" && m.window > 0 {
+		for i := range sorted {
+			n := 0
+			for j := i; j < len(sorted) && sorted[j].Sub(sorted[i]) < mkWindowPer; j++ {
+				n++
+			}
+			if n > m.window {
+				t.Fatalf("key w1 admitted %d calls in the %v from %v: above its window of %d", n, mkWindowPer, sorted[i].Sub(epoch()), m.window)
+			}
+		}
+	}
 	for i := range sorted {
 		for j := i; j < len(sorted); j++ {
 			// (+ 1 us at the rate: a holder at its reserved instant, whole
@@ -152,8 +209,24 @@ func (m *mkModel) checkBound(t *rapid.T, key string) {
 	}
 }
 
+// finish ends the handlers due by now: each gives its slots back.
+func (m *mkModel) finish(t *rapid.T) {
+	kept := m.running[:0]
+	for _, r := range m.running {
+		if r.ends.After(m.r.now) {
+			kept = append(kept, r)
+			continue
+		}
+		if err := m.r.lim.Release(m.r.ctx, r.key, r.slot); err != nil {
+			t.Fatalf("Release(%q): %v", r.key, err)
+		}
+	}
+	m.running = kept
+}
+
 // comeBack decides, in the order they are due, the tasks due by now.
 func (m *mkModel) comeBack(t *rapid.T) {
+	m.finish(t)
 	slices.SortStableFunc(m.waiting, func(a, b *mkTask) int { return a.due.Compare(b.due) })
 	var due []*mkTask
 	for len(m.waiting) > 0 && !m.waiting[0].due.After(m.r.now) {
@@ -201,6 +274,12 @@ func TestPropertyMultiKey(t *testing.T) {
 		if rapid.Bool().Draw(t, "granule") {
 			m.granule = time.Second
 		}
+		if rapid.Bool().Draw(t, "inflight") {
+			m.slots = rapid.IntRange(1, 3).Draw(t, "slots")
+		}
+		if rapid.Bool().Draw(t, "window") {
+			m.window = rapid.IntRange(2, 10).Draw(t, "window calls")
+		}
 		for _, k := range mkKeys {
 			m.setLimits(t, k)
 		}
@@ -233,6 +312,11 @@ func TestPropertyMultiKey(t *testing.T) {
 		for len(m.waiting) > 0 {
 			slices.SortStableFunc(m.waiting, func(a, b *mkTask) int { return a.due.Compare(b.due) })
 			next := m.waiting[0].due
+			for _, r := range m.running {
+				if r.ends.Before(next) {
+					next = r.ends
+				}
+			}
 			if next.After(deadline) {
 				t.Fatalf("liveness: %d tasks still waiting at %v (deadline %v), the next due at %v: %v",
 					len(m.waiting), m.r.now.Sub(epoch()), deadline.Sub(epoch()), next.Sub(epoch()), m.waiting[0])

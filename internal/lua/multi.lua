@@ -330,7 +330,9 @@ do
       elseif queued[k] or o.book then
         b = 'queue'
       end
-      if b and b ~= 'queue' then could_run = false end
+      -- (a key whose slots are all held cannot run it now, whatever the
+      -- schedule says: decide_one's could_run)
+      if (b and b ~= 'queue') or no_slot[k] then could_run = false end
       by[k], earl[k] = b, e
     end
     local dk, earliest = 0, now

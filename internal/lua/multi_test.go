@@ -505,3 +505,52 @@ func TestMultiWaitOnOneKeyDoesNotHoldTheOtherKeysCallers(t *testing.T) {
 	assert.Zero(t, e.booked(2, "~t1"), "its hold in app is gone")
 	assert.Zero(t, e.booked(0, "t1"), "its booking in ws1 is gone")
 }
+
+// A key whose slots are all held never admits, even when its schedule has
+// room now behind a queue that is still open (found by TestPropertyMultiKey:
+// a fresh caller refused only by b's queue was admitted at once by the
+// schedule, past b's one slot).
+func TestMultiNeverAdmitsPastHeldSlotsBehindAQueue(t *testing.T) {
+	e := newMultiEnv(t, false)
+	e.limits(0, bucket(100, 1000, 5)) // (paced: a burst below a granule's worth)
+	e.limits(1, bucket(10, 1000, 1), Tier{Kind: KindInFlight, Rate: 1})
+	a := func(id string) DecideArgs {
+		return DecideArgs{TaskID: id, Horizon: time.Minute, Lapse: time.Minute, Granule: time.Second, Pace: true, SlotExpiry: time.Minute}
+	}
+	h1 := e.multi(a("h1"))
+	require.Equal(t, StatusAllowed, h1.Status, "%+v", h1)
+	h2 := e.multi(a("h2"))
+	require.Equal(t, StatusDenied, h2.Status, "%+v", h2)
+	require.False(t, h2.Reserved.IsZero(), "h2 reserved: %+v", h2)
+	e.at(500 * time.Millisecond) // h2 has not come back; b's queue is open, its schedule free
+	f := e.multi(a("f"))
+	assert.Equal(t, StatusDenied, f.Status, "b's one slot is held by h1: %+v", f)
+	n, err := e.rdb.ZCard(e.ctx, e.ks[1].Slots).Result()
+	require.NoError(t, err)
+	assert.Equal(t, int64(1), n, "b's slots held")
+}
+
+// Enqueue's booking (Book) across keys: every caller with an ID books one
+// instant in every key, even one that could run now; a second booking
+// under an ID that holds one in any key changes nothing.
+func TestMultiBookingHoldsOneInstantAndRefusesAnIDInUse(t *testing.T) {
+	onBoth(t, func(t *testing.T, e *multiEnv) {
+		e.limits(0, bucket(10, hour, 10))
+		e.limits(1, bucket(5, hour, 5))
+		a := DecideArgs{TaskID: "b1", Horizon: time.Minute, Lapse: time.Minute, Book: true}
+		r := e.multi(a)
+		require.Equal(t, StatusDenied, r.Status, "a booking is told its instant: %+v", r)
+		require.False(t, r.Reserved.IsZero(), "%+v", r)
+		for k := range 2 {
+			assert.Equal(t, r.Reserved.UnixMicro(), e.reserved(k, "b1"), "key %d holds it", k)
+		}
+		again := e.multi(a)
+		assert.Equal(t, "booked", again.RefusedBy, "the ID holds a reservation: %+v", again)
+		assert.Equal(t, 0, again.Key)
+		for k, want := range []float64{10, 5} {
+			st, err := Inspect(e.ctx, e.run, e.ks[k], nil, 0)
+			require.NoError(t, err)
+			assert.InDelta(t, want, st.Tokens[0], 0.01, "key %d: a booking takes no token now", k)
+		}
+	})
+}
