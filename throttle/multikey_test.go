@@ -286,9 +286,10 @@ func TestMiddlewareWaitsForASlotOfATaskOfSeveralKeys(t *testing.T) {
 	assert.Equal(t, throttle.Ran, events[0].Outcome)
 }
 
-// On Redis Cluster each key is its own hash slot: a call of several keys
-// is refused with an error that says so (not a CROSSSLOT from Redis), and
-// takes nothing.
+// On Redis Cluster each key without a family is its own hash slot: a call
+// of several such keys is refused with an error that says so (not a
+// CROSSSLOT from Redis), and takes nothing. (Keys of one family are
+// decided: TestSeveralKeysOfOneFamilyAreDecidedOnACluster.)
 func TestSeveralKeysAreRefusedOnACluster(t *testing.T) {
 	c := redistest.StartCluster(t)
 	ctx := context.Background()
@@ -297,7 +298,7 @@ func TestSeveralKeysAreRefusedOnACluster(t *testing.T) {
 	require.NoError(t, lim.SetLimits(ctx, "app", throttle.PerSecond(10)))
 	_, err := lim.Take(ctx, "ws", throttle.Key("app"))
 	require.Error(t, err)
-	assert.Contains(t, err.Error(), "cannot be decided on Redis Cluster yet")
+	assert.Contains(t, err.Error(), "on Redis Cluster the keys of one task must be of one family")
 	d, err := lim.Take(ctx, "ws")
 	require.NoError(t, err)
 	assert.Equal(t, 9, d.Remaining, "ws untouched by the refused call")
