@@ -71,7 +71,6 @@ work=$(mktemp -d)
 vg_pid=
 cleanup() {
   [ -n "$vg_pid" ] && kill "$vg_pid" 2>/dev/null && wait "$vg_pid" 2>/dev/null
-  [ -f "$work/valgrind.log" ] && cp "$work/valgrind.log" /tmp/cg_last_valgrind_$port.log
   rm -rf "$work"
 }
 trap cleanup EXIT
