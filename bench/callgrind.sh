@@ -4,22 +4,35 @@
 # callgrind. Instruction counts repeat from run to run where wall-clock
 # times on a shared machine do not; the instruction figures of
 # bench/README.md come from here (issue 22's target: <= 85k for a Take with
-# FCALL).
+# FCALL; issue 30's: a two-key decision <= 1.4x a one-key one).
 #
 #   bench/callgrind.sh            # needs valgrind, redis-server 7+, redis-cli, redis-benchmark, go
 #   PORT=7811 N=2000 bench/callgrind.sh
+#   TREE=/tmp/cgmain bench/callgrind.sh   # the Lua of another checkout (git worktree add /tmp/cgmain main)
+#
+# TREE (default: this script's checkout) is where bench/luadump is built
+# from, so one copy of this script measures another build's Lua with the
+# same calls: a build without decide_multi (before issue 30) skips the
+# multi-key lines.
 #
 # valgrind is not part of a Redis or Go install: on Debian or Ubuntu,
 # `sudo apt-get install valgrind` (it brings callgrind_control).
 #
 # What it measures, each over N pipelined calls (redis-benchmark -P 16, one
-# connection) after 200 calls of warm-up, with the keys and ARGV the library
+# connection) after 208 calls of warm-up, with the keys and ARGV the library
 # sends (see internal/lua/decide.go for the contract):
 #   - FCALL of the decide function of this build's library (FUNCTION LOAD of
 #     the exact source the library loads, from bench/luadump): a Take on one
 #     tier and on two, a middleware decision that is admitted (task ID,
 #     headroom, pacing on), one that reserves a slot behind a queue, and an
 #     enqueue-time booking (Limiter.Enqueue);
+#   - FCALL of the multi-key function (decide_multi, issue 30; its name read
+#     from the library), each beside its one-key base in the same run: a
+#     Take on two keys of one tier each (Take(ctx, "c",
+#     throttle.Key("d"))), the middleware's decision (task ID, headroom,
+#     pacing) on two keys of two tiers each, and a decision on two keys that
+#     reserves one instant and books it in both; the ratios two-key /
+#     one-key are printed against issue 30's 1.4x;
 #   - EVALSHA of the same decide script (lib.lua, window.lua, decide.lua; the fallback
 #     for Redis 6.2, miniredis and ACLs without FUNCTION), Take and reserving;
 #   - two floors: an empty function with the same keys and ARGV, and one that
@@ -35,6 +48,11 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 port=${PORT:-7811}
 n=${N:-2000}
+# redis-benchmark sends whole pipelines of 16: a count that is not a
+# multiple of 16 runs up to 15 calls more than it counts (the figures come
+# out high) and, under valgrind, can end with "All clients disconnected...
+# aborting" (seen with N=1000). Round up.
+n=$(((n + 15) / 16 * 16))
 for tool in valgrind callgrind_control redis-server redis-cli redis-benchmark go; do
   if ! command -v "$tool" >/dev/null; then
     case $tool in
@@ -58,10 +76,14 @@ cleanup() {
 trap cleanup EXIT
 
 # The Lua exactly as this build of the library sends it.
-(cd "$here" && go build -o "$work/luadump" ./bench/luadump)
+tree=${TREE:-$here}
+(cd "$tree" && go build -o "$work/luadump" ./bench/luadump)
 "$work/luadump" -library >"$work/library.lua"
 "$work/luadump" -eval >"$work/decide.lua"
 fn=$("$work/luadump" -name)
+# decide_multi (issue 30): its name as the library registers it; none in a
+# build before issue 30.
+fn_multi=$(grep -o "register_function('asynq_throttle_decide_multi_[0-9a-f]*'" "$work/library.lua" | sed "s/^register_function('//; s/'\$//" || true)
 rr_src=$(go env GOMODCACHE)/github.com/go-redis/redis_rate/v10@$(cd "$here" && go list -m -f '{{.Version}}' github.com/go-redis/redis_rate/v10)/lua.go
 awk '/^var allowN = redis.NewScript\(`/{on=1; next} on && /^`\)/{exit} on' "$rr_src" >"$work/redis_rate.lua"
 cat >"$work/floors.lua" <<'EOF'
@@ -97,31 +119,45 @@ loadfn "$work/floors.lua"
 sha_decide=$(cli -x SCRIPT LOAD <"$work/decide.lua")
 sha_rr=$(cli -x SCRIPT LOAD <"$work/redis_rate.lua")
 
-keys=(3 't:{c}:b' 't:{c}:r' 't:{c}:f')
-# ARGV (internal/lua/decide.go): the options "granule_us horizon_us
-# lapse_us idle_ms lease headroom_us flags slot_expiry_us|defaults", then
+# KEYS (internal/lua/decide.go, Decide): bucket, reservations, slots in
+# flight, configuration (keyspace.RedisKeys; the prefix is "throttle").
+keys=(4 't:{c}:b' 't:{c}:r' 't:{c}:f' 't:{c}:c')
+# ARGV (decide.go, FormatOptions): the options "granule_us horizon_us
+# lapse_us lease headroom_us flags slot_expiry_us|defaults", then
 # (task ID, cost) per caller; none for a lone caller without an ID, of cost 1.
 # Limiter.Take: no granule, no reservation, no lease, exact bucket.
-take=('0 0 300000000 604800000 0 0 0 30000000|')
+take=('0 0 300000000 0 0 0 30000000|')
 # The middleware (ByProvider defaults): 1 s granule, 1 min horizon, 20 ms
-# headroom, pacing on (flags 2), a task ID per call (redis-benchmark's -r).
-mw=('1000000 60000000 300000000 604800000 0 20000 2 30000000|' 'id:__rand_int__' 1)
+# headroom, pacing on (flags 2), a task ID per call (redis-benchmark's -r);
+# no lease asked (the decisions between two lease requests of a process).
+mw=('1000000 60000000 300000000 0 20000 2 30000000|' 'id:__rand_int__' 1)
 # Reserving behind a queue: as mw with a horizon that always holds the slot.
-resv=('1000000 1000000000000 300000000 604800000 0 20000 2 30000000|' 'id:__rand_int__' 1)
+resv=('1000000 1000000000000 300000000 0 20000 2 30000000|' 'id:__rand_int__' 1)
 # Limiter.Enqueue: as resv, booking (flags 1|2): every caller gets a slot.
-book=('1000000 1000000000000 300000000 604800000 0 20000 3 30000000|' 'id:__rand_int__' 1)
-# Fair shares (issue 23): as mw and resv with flag 8 and a fourth key (the
-# active tenants), each caller a triple (task ID, cost, tenant).
-fkeys=(5 't:{c}:b' 't:{c}:r' 't:{c}:f' 't:{c}:a' 't:{c}:t')
-fmw=('1000000 60000000 300000000 604800000 0 20000 10 30000000|' 'id:__rand_int__' 1 'acme')
-fresv=('1000000 1000000000000 300000000 604800000 0 20000 10 30000000|' 'id:__rand_int__' 1 'acme')
+book=('1000000 1000000000000 300000000 0 20000 3 30000000|' 'id:__rand_int__' 1)
+# Fair shares (issue 23): as mw and resv with flag 8 and two more keys (the
+# active tenants, their start tags), each caller a triple (task ID, cost,
+# tenant).
+fkeys=(6 't:{c}:b' 't:{c}:r' 't:{c}:f' 't:{c}:c' 't:{c}:a' 't:{c}:t')
+fmw=('1000000 60000000 300000000 0 20000 10 30000000|' 'id:__rand_int__' 1 'acme')
+fresv=('1000000 1000000000000 300000000 0 20000 10 30000000|' 'id:__rand_int__' 1 'acme')
+# Several keys (issue 30, decide.go's DecideMulti): four KEYS per key as
+# above, in the task's order, then ARGV the options (as one key's, lease
+# always 0), the task ID ("" for Take) and the cost, always sent (checked
+# with MONITOR against Limiter.Take(ctx, "c", throttle.Key("d")) on Redis
+# 7.0: 8 KEYS, "0 0 300000000 0 0 0 30000000|", "", "1").
+mkeys=(8 't:{c}:b' 't:{c}:r' 't:{c}:f' 't:{c}:c' 't:{d}:b' 't:{d}:r' 't:{d}:f' 't:{d}:c')
+mtake=("${take[0]}" '' 1)
+mmw=("${mw[@]}")
+mresv=("${resv[@]}")
 
 declare -A result dumpof nocron
 # measure NAME COMMAND...: instructions per call over $n pipelined calls.
 measure() {
   local name=$1
   shift
-  redis-benchmark -p "$port" -n 200 -P 16 -c 1 -r 100000000 "$@" >/dev/null
+  echo "callgrind.sh: measuring $name" >&2
+  redis-benchmark -p "$port" -n 208 -P 16 -c 1 -r 100000000 "$@" >/dev/null
   callgrind_control -z "$vg_pid" >/dev/null 2>&1
   redis-benchmark -p "$port" -n "$n" -P 16 -c 1 -r 100000000 "$@" >/dev/null
   callgrind_control -d "$vg_pid" >/dev/null 2>&1
@@ -160,13 +196,29 @@ parts() {
   printf '    %8d  redis.call: the commands run (scriptCall)\n' "$sc"
   printf '    %8d  redis.call: their replies converted for Lua (parseReply)\n' "$pr"
 }
-# limits L: a fresh key with limits L (as SetLimits stores them).
-limits() { cli FLUSHALL >/dev/null; cli HSET 't:{c}:b' L "$1" >/dev/null; }
+# limits L [L2]: fresh keys with limits as SetLimits stores them (L in the
+# bucket and the configuration): c with L, and d with L2 (default L).
+limits() {
+  cli FLUSHALL >/dev/null
+  cli HSET 't:{c}:b' L "$1" >/dev/null
+  cli HSET 't:{c}:c' L "$1" >/dev/null
+  cli HSET 't:{d}:b' L "${2:-$1}" >/dev/null
+  cli HSET 't:{d}:c' L "${2:-$1}" >/dev/null
+}
 # check COMMAND...: one call must answer like a decision, not an error.
 check() {
   local out
   out=$(cli "$@" 2>&1)
   case $out in 0\|* | 1\|*) ;; *) echo "callgrind.sh: $* answered: $out" >&2; exit 1 ;; esac
+}
+# check_multi WANT COMMAND...: one decide_multi call must answer WANT, a
+# glob of its reply ("0;1|*;1|*": both keys admitted).
+check_multi() {
+  local want=$1 out
+  shift
+  out=$(cli "$@" 2>&1)
+  # shellcheck disable=SC2254
+  case $out in $want) ;; *) echo "callgrind.sh: $* answered: $out (want $want)" >&2; exit 1 ;; esac
 }
 
 limits '1000000/1000/1000000 #1'
@@ -192,9 +244,47 @@ measure fmw FCALL "$fn" "${fkeys[@]}" "${fmw[@]}"
 limits '1/1000/1 #1'
 check FCALL "$fn" "${fkeys[@]}" "${fresv[@]}"
 measure fresv FCALL "$fn" "${fkeys[@]}" "${fresv[@]}"
+if [ -n "$fn_multi" ]; then
+  # Each two-key case right after its one-key base, on the same limits.
+  one='1000000/1000/1000000 #1'
+  two='1000000/1000/1000000 60000000/60000/60000000 #1'
+  limits "$one"
+  check FCALL "$fn" "${keys[@]}" "${take[@]}"
+  measure m_take1 FCALL "$fn" "${keys[@]}" "${take[@]}"
+  limits "$one"
+  check_multi '0;1|*;1|*' FCALL "$fn_multi" "${mkeys[@]}" "${mtake[@]}"
+  measure m_take_k2 FCALL "$fn_multi" "${mkeys[@]}" "${mtake[@]}"
+  check_multi '0;1|*;1|*' FCALL "$fn_multi" "${mkeys[@]}" "${mtake[@]}"
+  limits "$two"
+  check FCALL "$fn" "${keys[@]}" "${mw[@]}"
+  measure m_mw1 FCALL "$fn" "${keys[@]}" "${mw[@]}"
+  limits "$two"
+  check_multi '0;1|*;1|*' FCALL "$fn_multi" "${mkeys[@]}" "${mmw[@]}"
+  measure m_mw_k2 FCALL "$fn_multi" "${mkeys[@]}" "${mmw[@]}"
+  check_multi '0;1|*;1|*' FCALL "$fn_multi" "${mkeys[@]}" "${mmw[@]}"
+  # Reserving: 1/s burst 1 in both keys; every call reserves the instant
+  # after the last one's, and books it in both (both keys' own first free
+  # instant).
+  limits '1/1000/1 #1'
+  check FCALL "$fn" "${keys[@]}" "${resv[@]}"
+  measure m_resv1 FCALL "$fn" "${keys[@]}" "${resv[@]}"
+  limits '1/1000/1 #1'
+  # (the first call takes the burst of both keys; the next ones reserve)
+  check_multi '0;1|*;1|*' FCALL "$fn_multi" "${mkeys[@]}" "${mresv[@]}"
+  check_multi '[12];0|*|tier:1|*;0|*' FCALL "$fn_multi" "${mkeys[@]}" "${mresv[@]}"
+  measure m_resv_k2 FCALL "$fn_multi" "${mkeys[@]}" "${mresv[@]}"
+  # (both keys hold every call's instant: their reservations count as
+  # many; no call after the run is checked: the checks' own ID, reserved
+  # before it, is due by then and admitted)
+  rc=$(cli ZCARD 't:{c}:r') rd=$(cli ZCARD 't:{d}:r')
+  if [ "$rc" != "$rd" ] || [ "$rc" -lt "$n" ]; then
+    echo "callgrind.sh: two-key reserving: $rc reservations in c, $rd in d (want the same, >= $n)" >&2
+    exit 1
+  fi
+fi
 limits '1000000/1000/1000000 #1'
 measure empty FCALL cg_empty "${keys[@]}" "${take[@]}"
-measure io FCALL cg_io 3 'u:{c}:b' 'u:{c}:r' 'u:{c}:f' "${take[@]}"
+measure io FCALL cg_io 4 'u:{c}:b' 'u:{c}:r' 'u:{c}:f' 'u:{c}:c' "${take[@]}"
 cli FLUSHALL >/dev/null
 measure rr EVALSHA "$sha_rr" 1 'rate:{c}' 1000000 1000000 1 1
 
@@ -229,4 +319,22 @@ echo "Take, 1 tier, by part (no cron): $e the call itself (empty function), $((i
 parts take1 "FCALL Take, 1 tier"
 parts resv "FCALL reserving a slot"
 echo "With a tenant against without (target <= 1.3x): admitted $(awk -v a="${nocron[fmw]}" -v b="${nocron[mw]}" 'BEGIN{printf "%.2fx %s", a/b, (a/b <= 1.3 ? "met" : "MISSED")}'), reserving $(awk -v a="${nocron[fresv]}" -v b="${nocron[resv]}" 'BEGIN{printf "%.2fx %s", a/b, (a/b <= 1.3 ? "met" : "MISSED")}') (no cron)"
+if [ -n "$fn_multi" ]; then
+  echo "Several keys (issue 30), decide_multi = $fn_multi; each two-key line beside its one-key base, measured one after the other:"
+  printf '  %-70s %8s %7s %8s %7s\n' "call (instructions per call; /base: against the line above it)" "all" "/base" "no cron" "/base"
+  pair() { # pair BASE NAME LABEL_BASE LABEL
+    local b=${result[$1]} bc=${nocron[$1]} v=${result[$2]} c=${nocron[$2]}
+    printf '  %-70s %8d %7s %8d %7s\n' "$3" "$b" "1.00x" "$bc" "1.00x"
+    printf '  %-70s %8d %7s %8d %7s   target <= 1.4x: %s (all), %s (no cron)\n' "$4" "$v" \
+      "$(awk -v a="$v" -v b="$b" 'BEGIN{printf "%.2fx", a/b}')" "$c" "$(awk -v a="$c" -v b="$bc" 'BEGIN{printf "%.2fx", a/b}')" \
+      "$(awk -v a="$v" -v b="$b" 'BEGIN{print (a/b <= 1.4 ? "met" : "MISSED")}')" "$(awk -v a="$c" -v b="$bc" 'BEGIN{print (a/b <= 1.4 ? "met" : "MISSED")}')"
+  }
+  pair m_take1 m_take_k2 "FCALL decide, Take, 1 key of 1 tier" "FCALL decide_multi, Take, 2 keys of 1 tier each"
+  pair m_mw1 m_mw_k2 "FCALL decide, middleware admitted, 1 key of 2 tiers" "FCALL decide_multi, middleware admitted, 2 keys of 2 tiers each"
+  pair m_resv1 m_resv_k2 "FCALL decide, reserving a slot, 1 key (1/s)" "FCALL decide_multi, reserving one instant booked in 2 keys (1/s each)"
+  parts m_take_k2 "FCALL decide_multi Take, 2 keys"
+  parts m_resv_k2 "FCALL decide_multi reserving, 2 keys"
+else
+  echo "Several keys (issue 30): this build's library has no decide_multi; no multi-key lines"
+fi
 echo "EVALSHA against FCALL: Take $(awk -v a="${result[eval_take1]}" -v b="$t1" 'BEGIN{printf "+%d (%.2fx)", a-b, a/b}'), reserving $(awk -v a="${result[eval_resv]}" -v b="${result[resv]}" 'BEGIN{printf "+%d (%.2fx)", a-b, a/b}')"

@@ -2,7 +2,7 @@
 // one process run, on one Redis:
 //
 //	go run ./bench                 # all scenarios, on a redis-server it starts
-//	go run ./bench -scenario A     # one scenario (A to G, S, T, L; comma-separated; A3 alone)
+//	go run ./bench -scenario A     # one scenario (A to G, S, T, L, K, M; comma-separated; A3 alone)
 //	go run ./bench -quick          # a short smoke run
 //	go run ./bench -redis redis://127.0.0.1:6379/0
 //
@@ -16,7 +16,10 @@
 // parallel processor as baseline, and ours, about 60 s), and K operator
 // views (issue 35: what a /metrics scrape and a web-view poll cost Redis
 // beside 200,000 other keys, against the SCAN walk they did before the
-// index of the limiter's keys). Variants: sleep
+// index of the limiter's keys), and M stacked limits (issue 30: two
+// workspace keys under one app key, each task carrying both, against a
+// strict provider metering both, on one Redis and on a 3-master Cluster).
+// Variants: sleep
 // (redis_rate Allow + sleep), wiki (asynq wiki's per-process x/time/rate +
 // RateLimitError), naive (ours without reservations; in F, a leased
 // semaphore with a blind backoff), semaphore (F: asynq's x/rate.Semaphore),
@@ -99,7 +102,7 @@ type options struct {
 // parseFlags reads and checks the flags; an error names the bad flag.
 func parseFlags() (*options, error) {
 	redisURL := flag.String("redis", "", "use this Redis (redis://...) instead of starting a redis-server")
-	scenarios := flag.String("scenario", "A,B,C,D,E,F", "scenarios to run, comma-separated: A, B, C, D, E, F; G (many keys), S (soak), T (tenants' fair shares, about 3.5 minutes), L (LLM quotas, about 60 s) and K (what a /metrics scrape and a web-view poll cost Redis beside 200,000 other keys, about 30 s) run only when named; A3 alone (small rates, part of A) when named")
+	scenarios := flag.String("scenario", "A,B,C,D,E,F", "scenarios to run, comma-separated: A, B, C, D, E, F; G (many keys), S (soak), T (tenants' fair shares, about 3.5 minutes), L (LLM quotas, about 60 s) and K (what a /metrics scrape and a web-view poll cost Redis beside 200,000 other keys, about 30 s) and M (stacked limits, issue 30: two workspace keys under an app key, on one Redis and on a 3-master Cluster, about 3.5 minutes) run only when named; A3 alone (small rates, part of A) when named")
 	quick := flag.Bool("quick", false, "short smoke run (fewer tasks, shorter measurements)")
 	jsonOut := flag.String("json", "", "also write the results as JSON to this file")
 	verbose := flag.Bool("v", false, "show asynq warnings and errors on stderr")
@@ -265,6 +268,7 @@ func allScenarios() []scenario {
 		{"T", func(ctx context.Context, e *env, w io.Writer) (any, error) { return runT(ctx, e, w) }},
 		{"L", func(ctx context.Context, e *env, w io.Writer) (any, error) { return runL(ctx, e, w) }},
 		{"K", func(ctx context.Context, e *env, w io.Writer) (any, error) { return runK(ctx, e, w) }},
+		{"M", func(ctx context.Context, e *env, w io.Writer) (any, error) { return runM(ctx, e, w) }},
 	}
 }
 
@@ -275,7 +279,7 @@ func chosenScenarios(list string) (map[string]bool, error) {
 	for _, s := range strings.Split(list, ",") {
 		s = strings.ToUpper(strings.TrimSpace(s))
 		if find(all, func(sc scenario) bool { return sc.name == s }) == nil {
-			return nil, fmt.Errorf("unknown scenario %q (want A, A3, B, C, D, E, F, G, S, T, L or K)", s)
+			return nil, fmt.Errorf("unknown scenario %q (want A, A3, B, C, D, E, F, G, S, T, L, K or M)", s)
 		}
 		want[s] = true
 	}

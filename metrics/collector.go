@@ -53,7 +53,7 @@ import (
 )
 
 // Special values of the key label: names no key can have (a key has no
-// '{' or '}').
+// '{' or '}' but in a family tag followed by more, "{slack}:app").
 const (
 	otherKey = "{other}" // events past the WithMaxKeys cap
 	noKey    = "{none}"  // tasks that have no key (run unthrottled)
@@ -61,7 +61,8 @@ const (
 
 // defaultTenant is the tenant label of the default tenant (tasks without
 // throttle.Tenant; its name is ""). No tenant can be named so (a name has
-// no '{' or '}'), so it never collides with one.
+// no '{' or '}' but in a family tag followed by more), so it never
+// collides with one.
 const defaultTenant = "{default}"
 
 const namespace = "asynq_throttle"

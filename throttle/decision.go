@@ -3,6 +3,7 @@ package throttle
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 
@@ -77,8 +78,15 @@ type Decision struct {
 	Tier int
 	// Slot is, when allowed on a key with an InFlight limit, the slot in
 	// flight the call holds: give it back with Release when the call is
-	// done. It expires after WithSlotExpiry unless given back.
+	// done. It expires after WithSlotExpiry unless given back. A call of
+	// several keys holds one in each key that has an InFlight limit, all
+	// in Slot: Release with any of the call's keys gives back every one.
 	Slot string
+	// Key is, when a call of several keys is refused, the key that made it
+	// wait (the one whose limit, suspension or queue Reason and Tier
+	// describe; the latest to admit it when several refuse). It is "" when
+	// allowed, and for a call of one key.
+	Key string
 
 	// The middleware's: what the script said beyond a direct caller's.
 	reserved   bool          // a run time was reserved for the caller's ID
@@ -88,6 +96,7 @@ type Decision struct {
 	gen        int64         // the limits' generation, for leases and refunds
 	at         time.Time     // when allowed: the instant admitted at (Redis clock), for refunds
 	booked     bool          // a booking refused: the ID holds a reservation already
+	parts      []keyPart     // a call of several keys admitted: what each key holds (multikey.go)
 }
 
 // Take takes one call's worth from every tier of key's limits, or nothing.
@@ -100,7 +109,11 @@ type Decision struct {
 // tier; Take(ctx, "openai", throttle.Uses("tokens", 1200)) takes a request
 // and 1,200 of every tokens tier, all or nothing. A cost above a tier's
 // burst (or a window's N) can never be admitted: Take returns
-// ErrCostTooHigh. Any other option is an error.
+// ErrCostTooHigh. Key names further keys the call is decided in with key,
+// all or nothing (at most 4 in all, as a task's Key): Take(ctx,
+// "slack:T0123", throttle.Key("slack")) takes from both or from neither,
+// and a refusal says which key made the call wait (Decision.Key). Any
+// other option is an error.
 //
 // It returns ErrNoLimits when key has no limits (see WithDefaultLimits), a
 // *ConfigError when the limits in Redis are invalid, ErrInvalidKey for a bad
@@ -109,28 +122,41 @@ func (l *Limiter) Take(ctx context.Context, key string, opts ...asynq.Option) (D
 	if len(opts) == 0 {
 		return l.decide(ctx, key, variant{}, "", taskCost{n: 1}, "")
 	}
-	cost, tenant, err := takeOptions(opts)
+	cost, tenant, more, err := takeOptions(opts)
 	if err != nil {
 		return Decision{}, fmt.Errorf("throttle: key %q: Take: %w", key, err)
+	}
+	if len(more) > 0 {
+		keys, err := moreKeys(key, more)
+		if err != nil {
+			return Decision{}, fmt.Errorf("throttle: key %q: Take: throttle.Key: %w", key, err)
+		}
+		return l.decideMulti(ctx, keys, variant{}, "", cost)
 	}
 	return l.decide(ctx, key, variant{}, "", cost, tenant)
 }
 
 // takeOptions reads Take's options, as NewTask reads them: the cost (Cost,
-// Uses) and the tenant; a Key or another option is refused.
-func takeOptions(opts []asynq.Option) (taskCost, string, error) {
+// Uses), the tenant and further keys (Key); another option is refused.
+func takeOptions(opts []asynq.Option) (taskCost, string, []string, error) {
 	headers, rest, err := taskHeaders(opts)
 	if err != nil {
-		return taskCost{}, "", err
+		return taskCost{}, "", nil, err
 	}
-	if _, key := headers[HeaderKey]; key || len(rest) > 0 {
-		return taskCost{}, "", fmt.Errorf("Take takes Cost, Uses and Tenant only (the key is its argument)")
+	if len(rest) > 0 {
+		return taskCost{}, "", nil, fmt.Errorf("Take takes Cost, Uses, Tenant and Key (further keys) only")
+	}
+	var more []string
+	for i := 1; i <= keyspace.MaxKeys; i++ {
+		if k, ok := headers[keyspace.KeyHeader(i)]; ok {
+			more = append(more, k)
+		}
 	}
 	cost := taskCost{n: 1, units: headers[keyspace.Uses]}
 	if s, ok := headers[keyspace.Cost]; ok {
 		cost.n, _ = strconv.Atoi(s) // (validated)
 	}
-	return cost, headers[keyspace.Tenant], nil
+	return cost, headers[keyspace.Tenant], more, nil
 }
 
 // Release gives back slots in flight that Take held on key (Decision.Slot),
@@ -138,6 +164,22 @@ func takeOptions(opts []asynq.Option) (taskCost, string, error) {
 // waiters when one should free. Slots already given back, or expired, are
 // skipped.
 func (l *Limiter) Release(ctx context.Context, key string, slots ...string) error {
+	for i, s := range slots {
+		if byKey, ok := splitSlots(s); ok {
+			// (a call of several keys: each slot in its own key)
+			rest := append(slices.Clone(slots[:i]), slots[i+1:]...)
+			var first error
+			for k, held := range byKey {
+				if err := l.Release(ctx, k, held...); err != nil && first == nil {
+					first = err
+				}
+			}
+			if err := l.Release(ctx, key, rest...); err != nil && first == nil {
+				first = err
+			}
+			return first
+		}
+	}
 	keys, err := redisKeys(l.o.prefix, key)
 	if err != nil || len(slots) == 0 {
 		return err

@@ -33,7 +33,9 @@ import (
 // grouped one (asynq.Group: only the task its group is aggregated into
 // runs, under its own ID), one without a key, and any task when Redis
 // cannot decide now, is enqueued as is: the middleware throttles it at run
-// time. Enqueue gives the task an ID (asynq.TaskID) when opts have none:
+// time. A task of several keys (Key with more than one name) books one
+// run time that every key admits, held in each. Enqueue gives the task an
+// ID (asynq.TaskID) when opts have none:
 // its reservation is held under it. Use Enqueue with the same Limiter
 // options as the workers' middleware (key function, horizon, headroom,
 // pacing).
@@ -64,12 +66,21 @@ func (l *Limiter) Enqueue(ctx context.Context, client *asynq.Client, task *asynq
 	if err != nil {
 		return nil, err
 	}
+	keys, err := keysOfTask(task, key)
+	if err != nil {
+		return nil, err
+	}
 	if id == "" {
 		id = uuid.NewString()
 		opts = append(opts, asynq.TaskID(id))
 	}
 	v := variant{horizon: l.o.horizon, granule: granule, headroom: l.o.headroom, pace: l.o.pacing, book: true}
-	d, err := l.decide(ctx, key, v, id, cost, tenant)
+	var d Decision
+	if keys != nil {
+		d, err = l.decideMulti(ctx, keys, v, id, cost)
+	} else {
+		d, err = l.decide(ctx, key, v, id, cost, tenant)
+	}
 	switch {
 	case errors.Is(err, ErrCostTooHigh):
 		return nil, err
@@ -86,7 +97,13 @@ func (l *Limiter) Enqueue(ctx context.Context, client *asynq.Client, task *asynq
 	}
 	info, err := client.EnqueueContext(ctx, task, opts...)
 	if err != nil {
-		l.release(ctx, key, id, tenant, cost)
+		if keys == nil {
+			keys = []string{key}
+		}
+		for _, k := range keys {
+			// (a hold that booked nothing, '~' and the ID, lapses)
+			l.release(ctx, k, id, tenant, cost)
+		}
 		return nil, err
 	}
 	return info, nil
@@ -146,6 +163,8 @@ type taskCharge struct {
 	mu   sync.Mutex
 	cost taskCost       // what the task was admitted with
 	used map[string]int // what Used settled since, by unit
+
+	also []*taskCharge // a task of several keys: the charge in each other key
 }
 
 type chargeKey struct{}

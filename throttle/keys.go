@@ -6,8 +6,10 @@ import (
 )
 
 // ValidateKey reports whether name can be used as a limiter key: non-empty,
-// at most 128 bytes of valid UTF-8, printable, without '{' or '}' (which
-// would break the Redis Cluster hash tag). The error wraps ErrInvalidKey.
+// at most 128 bytes of valid UTF-8, printable, without '{' or '}' but in a
+// family tag at its start followed by more ("{slack}:T0123": on a Redis
+// Cluster the keys of one family share a slot, see docs/limits.md). The
+// error wraps ErrInvalidKey.
 // NewTask, SetLimits and every other call check the keys they are given;
 // ValidateKey checks a key made from user input (a tenant's name, say)
 // before it is used.

@@ -25,13 +25,14 @@ import (
 // invalid UTF-8, up to 1 MiB) to every place a name enters, and holds:
 //
 //   - ValidateKey accepts exactly the names of its contract (1 to keyspace.MaxKeyLen
-//     bytes of printable UTF-8 without '{' or '}'), and refuses the others
+//     bytes of printable UTF-8 without '{' or '}' but in a family tag at
+//     the start followed by more, "{slack}:app"), and refuses the others
 //     with an error wrapping ErrInvalidKey, as does every call that takes a
 //     key, a task's key header, and redisKeys, writing nothing to Redis;
 //   - every Redis key derived from an accepted name has that name as its
-//     whole Cluster hash tag (so all share one slot and no name reaches
-//     another's) and parses back to it (keyspace.NameOf), under any valid
-//     prefix;
+//     whole Cluster hash tag, or "{family" for a name of a family (so all
+//     share one slot, the family's), is distinct from every other name's,
+//     and parses back to it (keyspace.NameOf), under any valid prefix;
 //   - an accepted name decides, is listed by Keys, and is deleted by Delete,
 //     on miniredis (the EVAL fallback) and on a real redis-server (function
 //     library) when one is on PATH.
@@ -82,12 +83,20 @@ func keyContract(name string) bool {
 	if name == "" || len(name) > keyspace.MaxKeyLen || !utf8.ValidString(name) {
 		return false
 	}
+	rest := name
+	if name[0] == '{' {
+		end := strings.IndexByte(name, '}')
+		if end <= 1 || end == len(name)-1 || strings.ContainsRune(name[1:end], '{') {
+			return false
+		}
+		rest = name[end+1:]
+	}
 	for _, r := range name {
-		if r == '{' || r == '}' || !unicode.IsPrint(r) {
+		if !unicode.IsPrint(r) {
 			return false
 		}
 	}
-	return true
+	return !strings.ContainsAny(rest, "{}")
 }
 
 // hashTag is the part of a Redis key that Redis Cluster hashes: the bytes
@@ -111,7 +120,11 @@ func checkDerivedKeys(t *testing.T, prefix, name string) {
 	require.NoError(t, err, "redisKeys(%q, %q)", prefix, name)
 	all := keyspace.All(keys)
 	for _, k := range all {
-		require.Equal(t, name, hashTag(k), "hash tag of %q (key %q under prefix %q)", k, name, prefix)
+		tag := name
+		if f := keyspace.Family(name); f != "" {
+			tag = "{" + f
+		}
+		require.Equal(t, tag, hashTag(k), "hash tag of %q (key %q under prefix %q)", k, name, prefix)
 		got, ok := keyspace.NameOf(prefix, k)
 		require.True(t, ok, "keyspace.NameOf(%q, %q)", prefix, k)
 		require.Equal(t, name, got, "keyspace.NameOf(%q, %q)", prefix, k)

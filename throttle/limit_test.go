@@ -102,13 +102,14 @@ func TestSetLimitsAcceptsTheBoundaries(t *testing.T) {
 }
 
 func TestValidateKeyRefusesBadNames(t *testing.T) {
-	valid := []string{"slack", "github:org-1", "ünïcode", "with space", "a", strings.Repeat("k", throttle.MaxKeyLen), strings.Repeat("é", throttle.MaxKeyLen/2)}
+	valid := []string{"slack", "github:org-1", "ünïcode", "with space", "a", strings.Repeat("k", throttle.MaxKeyLen), strings.Repeat("é", throttle.MaxKeyLen/2),
+		"{slack}:T0123", "{slack}app", "{a b}:c"}
 	for _, k := range valid {
 		assert.NoError(t, throttle.ValidateKey(k), "ValidateKey(%q)", k)
 	}
 	invalid := []string{
 		"", strings.Repeat("k", throttle.MaxKeyLen+1), strings.Repeat("é", throttle.MaxKeyLen/2) + "k",
-		"a{b", "a}b", "{slack}", "\x00", "nul\x00", "tab\t", "new\nline", "\x7f", "\xff", "\xff\xfe", "a\xc3", "\u200b", "\u00a0",
+		"a{b", "a}b", "{slack}", "{}", "{}x", "{slack", "{sl{ack}:x", "{slack}:x}", "{slack}:{x}", "a{slack}:x", "\x00", "nul\x00", "tab\t", "new\nline", "\x7f", "\xff", "\xff\xfe", "a\xc3", "\u200b", "\u00a0",
 	}
 	for _, k := range invalid {
 		assert.ErrorIs(t, throttle.ValidateKey(k), throttle.ErrInvalidKey, "ValidateKey(%q)", k)

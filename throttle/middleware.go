@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 
@@ -79,6 +80,11 @@ type Event struct {
 	Outcome Outcome
 	// Reason is the refusal's reason when Deferred.
 	Reason Reason
+	// Tier is, when Reason is RefusedByTier, the 1-based position of the
+	// limit that refused, in the limits of the key that made the task wait.
+	// For a task of several keys (Key with more than one name), Key is
+	// that key on a Deferred event, and the task's first key otherwise.
+	Tier int
 	// Delay is how long a Deferred or Suspended task waits.
 	Delay time.Duration
 	// Wait is how long a task Ran waits in its worker before its handler
@@ -112,6 +118,10 @@ type Event struct {
 	cost taskCost  // the task's cost (for Used)
 	at   time.Time // when its decision admitted it (Redis clock), for Used's refunds
 	gen  int64     // the limits' generation of that decision
+	// A task of several keys: its keys (the first is Key when it ran),
+	// and, admitted, what each key holds.
+	keys  []string
+	parts []keyPart
 }
 
 // ByProvider returns an asynq middleware that throttles every task by its key
@@ -230,6 +240,12 @@ func (m *middleware) process(ctx context.Context, t *asynq.Task, next asynq.Hand
 		return m.badTask(ctx, t, id, key, err)
 	}
 	ev.cost, ev.Tenant = cost, tenant
+	if keys, err := keysOfTask(t, key); err != nil {
+		return m.badTask(ctx, t, id, key, err)
+	} else if keys != nil {
+		ev.keys = keys
+		return m.processMulti(ctx, t, next, keys, ev)
+	}
 	ks := m.l.keys.get(key)
 	if done, err := m.decideInProcess(ctx, t, next, ks, &ev); done {
 		return err
@@ -470,7 +486,13 @@ func (m *middleware) run(ctx context.Context, t *asynq.Task, next asynq.Handler,
 			// could not decide): Used takes all it says.
 			cost = taskCost{}
 		}
-		ctx = context.WithValue(ctx, chargeKey{}, &taskCharge{l: m.l, ks: ks, key: ev.Key, tenant: ev.Tenant, cost: cost, left: ev.left, at: ev.at, gen: ev.gen})
+		tc := &taskCharge{l: m.l, ks: ks, key: ev.Key, tenant: ev.Tenant, cost: cost, left: ev.left, at: ev.at, gen: ev.gen}
+		for _, p := range ev.parts {
+			if p.key != ev.Key {
+				tc.also = append(tc.also, &taskCharge{l: m.l, ks: m.l.keys.get(p.key), key: p.key, tenant: ev.Tenant, cost: cost, left: -1, at: p.at, gen: p.gen})
+			}
+		}
+		ctx = context.WithValue(ctx, chargeKey{}, tc)
 	}
 	herr := next.ProcessTask(ctx, t)
 	var rl *RateLimitedError
@@ -481,6 +503,16 @@ func (m *middleware) run(ctx context.Context, t *asynq.Task, next asynq.Handler,
 		return m.waitTaskOnly(ctx, t, ks, ev, rl)
 	}
 	key := ev.Key
+	if rl.Key != "" && rl.Key != key {
+		if slices.Contains(ev.keys, rl.Key) {
+			// A task of several keys: the handler named the key whose
+			// limit the provider enforced.
+			key, ks = rl.Key, m.l.keys.get(rl.Key)
+		} else {
+			o.logger.Warn("throttle: RateLimitedError names a key the task does not have; suspending the task's first key",
+				"key", key, "named", rl.Key, "task_id", ev.TaskID, "task_keys", ev.keys)
+		}
+	}
 	ks.lease.drop() // the provider disagrees: lease no more tokens
 	ks.forgetNoLimits()
 	// The provider said "too many requests": stop the whole fleet.
@@ -511,8 +543,8 @@ func (m *middleware) run(ctx context.Context, t *asynq.Task, next asynq.Handler,
 	}
 	// This process stops at once, even when Redis could not be told.
 	ks.cacheSuspension(m.now(), left, err != nil)
-	cost := ev.cost.orOne()
-	ev = Event{Key: key, TaskID: ev.TaskID, TaskType: ev.TaskType, Tenant: ev.Tenant}
+	cost, keys := ev.cost.orOne(), ev.keys
+	ev = Event{Key: key, TaskID: ev.TaskID, TaskType: ev.TaskType, Tenant: ev.Tenant, keys: keys}
 	if rl.spendCap != "" {
 		ev.Err = rl // a Suspended event that says why: a spend cap, not a rate limit
 	}
@@ -523,9 +555,17 @@ func (m *middleware) run(ctx context.Context, t *asynq.Task, next asynq.Handler,
 		// the task: that admission is given back, the task deferred anyway
 		// (the provider refused its call).
 		id, _ := asynq.GetTaskID(ctx)
-		rd, derr := m.decide(ctx, key, t, id, 0, cost)
+		var rd Decision
+		var derr error
+		if keys != nil {
+			rd, derr = m.decideMultiTask(ctx, keys, t, id, cost, false)
+		} else {
+			rd, derr = m.decide(ctx, key, t, id, 0, cost)
+		}
 		switch {
 		case derr != nil:
+		case rd.Allowed && keys != nil:
+			m.giveBackMulti(ctx, rd, cost, ev.Tenant)
 		case rd.Allowed:
 			m.giveBack(ctx, key, rd, cost, ev.Tenant)
 		case rd.Reason == RefusedBySuspension:
@@ -584,7 +624,7 @@ func (m *middleware) decideAs(ctx context.Context, key string, t *asynq.Task, id
 // suspension turns out to have ended early (Resume).
 func (m *middleware) deferDecision(ctx context.Context, t *asynq.Task, ks *keyState, d Decision, ev Event, out Outcome) error {
 	delay := m.deferDelay(d)
-	ev.Outcome, ev.Reason, ev.Delay, ev.Reserved = out, d.Reason, delay, d.reserved
+	ev.Outcome, ev.Reason, ev.Tier, ev.Delay, ev.Reserved = out, d.Reason, d.Tier, delay, d.reserved
 	m.l.o.logger.Debug("throttle: task deferred", "key", ev.Key, "task_id", ev.TaskID, "reason", d.Reason, "retry_in", delay, "reserved", d.reserved)
 	copied, waitingAs, err := m.deferTask(ctx, t, ev.Key, delay, d.Reason.String())
 	ev.Copied = copied

@@ -127,7 +127,7 @@ func Observe(ctx context.Context, resp *http.Response) error {
 		readDialect(&q, resp, read)
 	}
 	if ok && !li.SpendCap && !q.TaskOnly {
-		tc.l.observe(ctx, tc, q, li, now)
+		tc.l.observe(ctx, tc.observedFor(ctx, q, li), q, li, now)
 	}
 	return fromResponse(q, li, resp.StatusCode)
 }

@@ -26,6 +26,15 @@ type RateLimitedError struct {
 	// &throttle.RateLimitedError{RetryAfter: d, TaskOnly: true}; Observe
 	// marks the ones it knows.
 	TaskOnly bool
+	// Key names which of the task's keys the provider's limit is, for a
+	// task of several keys (Key("slack:T0123:chat.postMessage",
+	// "slack:T0123", "slack")): the middleware suspends that key, e.g.
+	// &throttle.RateLimitedError{RetryAfter: d, Key: "slack"} when the
+	// app's limit answered. "" (the default, and what RateLimited and
+	// Observe return) suspends the task's first key, the most specific.
+	// A name that is not one of the task's keys suspends the first, with a
+	// warning.
+	Key string
 
 	spendCap   string // the provider's reason when it is a spend cap, not a rate limit (Observe)
 	allocation bool   // an allocation used up (a daily one): no adaptive cut (Observe)

@@ -3,6 +3,7 @@ package throttle
 import (
 	"fmt"
 	"strconv"
+	"strings"
 
 	"github.com/hibiken/asynq"
 
@@ -17,8 +18,9 @@ import (
 // reads and writes are listed in docs/how-it-works.md.
 const HeaderKey = "throttle-key"
 
-// keyOption is the asynq.Option returned by Key.
-type keyOption string
+// keyOption is the asynq.Option returned by Key: the task's key names,
+// the most specific first.
+type keyOption []string
 
 // costOption is the asynq.Option returned by Cost.
 type costOption int
@@ -35,10 +37,22 @@ const (
 	optionTypeTenant asynq.OptionType = 1<<20 + 2
 )
 
-// String, Type and Value make Key an asynq.Option.
-func (k keyOption) String() string         { return fmt.Sprintf("throttle.Key(%q)", string(k)) }
+// String, Type and Value make Key an asynq.Option. Value is the first
+// name (the task's key, as before Key took several).
+func (k keyOption) String() string {
+	q := make([]string, len(k))
+	for i, n := range k {
+		q[i] = strconv.Quote(n)
+	}
+	return "throttle.Key(" + strings.Join(q, ", ") + ")"
+}
 func (k keyOption) Type() asynq.OptionType { return optionTypeKey }
-func (k keyOption) Value() interface{}     { return string(k) }
+func (k keyOption) Value() interface{} {
+	if len(k) == 0 {
+		return ""
+	}
+	return k[0]
+}
 
 // String, Type and Value make Cost an asynq.Option.
 func (c costOption) String() string         { return fmt.Sprintf("throttle.Cost(%d)", int(c)) }
@@ -77,11 +91,29 @@ func Cost(n int) asynq.Option { return costOption(n) }
 
 // Key names the limiter key a task is throttled under, e.g. Key("slack").
 //
-// Pass it to NewTask, which stores it in the task's headers. asynq drops
-// options it does not know: a Key passed straight to asynq.Client.Enqueue
-// or asynq.NewTask vanishes without an error and the task is throttled by its
-// type prefix instead (see WithKeyFunc).
-func Key(name string) asynq.Option { return keyOption(name) }
+// A task may name up to 4 keys, the most specific first, for a provider's
+// stacked limits: Key("slack:T0123:chat.postMessage", "slack:T0123",
+// "slack") runs the task only when every key admits it, in one atomic
+// decision that takes its cost from every tier of every key or from none
+// (tiers, windows, InFlight slots, Uses). A suspension of any key defers
+// it until the latest one ends; refused, it reserves one run time that
+// every key admits, held in each. RateLimited suspends the first key, the
+// most specific, unless the handler names another (RateLimitedError.Key);
+// Observe learns into the key whose tier matches the response's quota (the
+// first when none does); a leased token is never used for a task of
+// several keys. On Redis Cluster the keys of a task must be of one family
+// ("{slack}:T0123", "{slack}:app": one hash slot, see ValidateKey); NewTask
+// accepts others, and every decision of such a task fails with an error
+// that says so (the middleware's failure policy then applies). Tenants' fair
+// order is not kept on the keys of such a task yet: each key's tiers
+// decide it. See docs/limits.md.
+//
+// Pass it to NewTask, which stores it in the task's headers (the first
+// name in HeaderKey, the others in "throttle-key-2" to "throttle-key-4").
+// asynq drops options it does not know: a Key passed straight to
+// asynq.Client.Enqueue or asynq.NewTask vanishes without an error and the
+// task is throttled by its type prefix instead (see WithKeyFunc).
+func Key(names ...string) asynq.Option { return keyOption(names) }
 
 // NewTask returns an asynq task whose headers carry the Key, Cost, Uses and
 // Tenant among opts; all other options are kept on the task as
@@ -109,10 +141,14 @@ func taskHeaders(opts []asynq.Option) (headers map[string]string, rest []asynq.O
 			if _, dup := headers[HeaderKey]; dup {
 				return nil, nil, fmt.Errorf("%v: a second Key (the first was %q)", o, headers[HeaderKey])
 			}
-			if err := ValidateKey(string(o)); err != nil {
-				return nil, nil, fmt.Errorf("Key: %w", err)
+			if len(o) == 1 {
+				if err := ValidateKey(o[0]); err != nil {
+					return nil, nil, fmt.Errorf("Key: %w", err)
+				}
 			}
-			headers[HeaderKey] = string(o)
+			if err := keyspace.SetKeys(headers, o); err != nil {
+				return nil, nil, fmt.Errorf("throttle.Key: %w", err)
+			}
 		case costOption:
 			if _, dup := headers[keyspace.Cost]; dup {
 				return nil, nil, fmt.Errorf("%v: a second Cost", o)

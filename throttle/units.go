@@ -202,10 +202,12 @@ func Used(ctx context.Context, unit string, n int) error {
 	if n < 0 || n > maxBurst {
 		return fmt.Errorf("throttle: key %q: Used(%q, %d): the count must be from 0 to %d", tc.key, unit, n, maxBurst)
 	}
-	ids := tc.settle(ctx, unit, n)
-	if len(ids) > 0 {
-		// (outside the lock: other settlements of the task need not wait)
-		tc.l.forward(ctx, tc.key, ids)
+	for _, c := range append([]*taskCharge{tc}, tc.also...) {
+		ids := c.settle(ctx, unit, n)
+		if len(ids) > 0 {
+			// (outside the lock: other settlements of the task need not wait)
+			c.l.forward(ctx, c.key, ids)
+		}
 	}
 	return nil
 }

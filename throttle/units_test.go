@@ -96,9 +96,9 @@ func TestTakeTakesUnits(t *testing.T) {
 	_, err = r.lim.Take(r.ctx, "llm", throttle.Uses("tokens", 30001))
 	require.ErrorIs(t, err, throttle.ErrCostTooHigh)
 	assert.Contains(t, err.Error(), "30001 tokens")
-	_, err = r.lim.Take(r.ctx, "llm", throttle.Key("other"))
-	require.Error(t, err, "Key is not Take's")
-	assert.Contains(t, err.Error(), "Take takes Cost, Uses and Tenant only")
+	_, err = r.lim.Take(r.ctx, "llm", asynq.ProcessIn(time.Second))
+	require.Error(t, err, "an asynq option is not Take's")
+	assert.Contains(t, err.Error(), "Take takes Cost, Uses, Tenant and Key (further keys) only")
 }
 
 // A handler settles each unit with Used: a generous estimate is given back

@@ -24,13 +24,17 @@ import (
 
 // whyView is the answer of `why`, as one sentence or JSON.
 type whyView struct {
-	TaskID    string `json:"task_id"`
-	Queue     string `json:"queue"`
-	Type      string `json:"type"`
-	State     string `json:"state"`
-	Key       string `json:"key,omitempty"`
-	Throttled bool   `json:"throttled"`
-	Reason    string `json:"reason"` // see the Reason* constants
+	TaskID string `json:"task_id"`
+	Queue  string `json:"queue"`
+	Type   string `json:"type"`
+	State  string `json:"state"`
+	Key    string `json:"key,omitempty"`
+	// Keys are all the task's keys, the first its key, when it has more
+	// than one (throttle.Key with several names); Key is then the one
+	// that makes it wait.
+	Keys      []string `json:"keys,omitempty"`
+	Throttled bool     `json:"throttled"`
+	Reason    string   `json:"reason"` // see the Reason* constants
 	// DeferredFor is why the middleware last deferred the task, as it
 	// recorded it ("tier", "in flight", "suspended", ...); absent when it
 	// was not deferred.
@@ -160,12 +164,21 @@ func (a *app) explain(ctx context.Context, lim *throttle.Limiter, info *asynq.Ta
 	if key == "" {
 		return e.withoutKey()
 	}
+	more, err := keyspace.KeysOfTask(asynq.NewTaskWithHeaders(info.Type, nil, info.Headers), key)
+	if err != nil {
+		return e.say(reasonInvalidKey, "%s cannot be throttled: %v; the middleware fails it when it runs.", e.task, err)
+	}
 	e.tenant, e.hasTenant = tenantOfTask(info.Headers)
 	if err := throttle.ValidateKey(e.tenant); e.hasTenant && err != nil {
 		return e.say(reasonInvalidKey, "%s cannot be throttled: header %s: %v; the middleware fails it when it runs.", e.task, keyspace.Tenant, err)
 	}
 	if e.uses, err = usesOf(info); err != nil {
 		return e.say(reasonInvalidKey, "%s cannot be throttled: %v; the middleware fails it when it runs.", e.task, err)
+	}
+	if more != nil {
+		e.v.Keys = append([]string{key}, more...)
+		key = a.waitingKey(ctx, lim, e, e.v.Keys)
+		e.v.Key, e.key = key, key
 	}
 	st, err := lim.Inspect(ctx, key)
 	var cfg *throttle.ConfigError
@@ -185,7 +198,58 @@ func (a *app) explain(ctx context.Context, lim *throttle.Limiter, info *asynq.Ta
 	if err != nil {
 		return v, err
 	}
+	if len(e.v.Keys) > 1 {
+		v.Sentence += fmt.Sprintf(" (A task of keys %s, decided all or nothing: key %q is the one it waits on.)", quoteAll(e.v.Keys), key)
+	}
 	return e.withTenant(v), nil
+}
+
+// waitingKey picks, among a task's keys, the one that makes it wait: the
+// key suspended longest, else the first whose limits refuse it now, else
+// the first that booked its reserved run time in its schedule, else its
+// first key. A key that cannot be read is passed over.
+func (a *app) waitingKey(ctx context.Context, lim *throttle.Limiter, e *explanation, keys []string) string {
+	resvID := e.info.ID
+	if origin := e.info.Headers[keyspace.Origin]; origin != "" {
+		resvID = origin
+	}
+	suspended, longest, blocked, booked := "", time.Duration(0), "", ""
+	e.v.Cost = costOf(e.info) // (need reads it; withStatus sets it again)
+	for _, k := range keys {
+		st, err := lim.Inspect(ctx, k)
+		if err != nil {
+			continue
+		}
+		if st.SuspendedFor > longest {
+			suspended, longest = k, st.SuspendedFor
+		}
+		if blocked == "" && st.Limits != nil && blocking(st, e.need) > 0 {
+			blocked = k
+		}
+		if booked == "" {
+			if _, ok, err := a.reservation(ctx, k, resvID); err == nil && ok {
+				booked = k
+			}
+		}
+	}
+	for _, k := range []string{suspended, blocked, booked} {
+		if k != "" {
+			return k
+		}
+	}
+	return keys[0]
+}
+
+// quoteAll quotes names for a sentence: "a", "b" and "c".
+func quoteAll(names []string) string {
+	q := make([]string, len(names))
+	for i, n := range names {
+		q[i] = strconv.Quote(n)
+	}
+	if len(q) <= 1 {
+		return strings.Join(q, "")
+	}
+	return strings.Join(q[:len(q)-1], ", ") + " and " + q[len(q)-1]
 }
 
 // explanation is what explain has found out about a task so far.

@@ -7,6 +7,8 @@ package keyspace
 import (
 	"errors"
 	"fmt"
+	"slices"
+	"strconv"
 	"strings"
 	"unicode"
 	"unicode/utf8"
@@ -52,12 +54,97 @@ const (
 	Uses = "throttle-uses"
 )
 
+// MaxKeys is how many limiter keys one task may name (throttle.Key).
+const MaxKeys = lua.MaxKeys
+
+// KeyHeader is the header of a task's key at position i (1-based): Key
+// for the first, "throttle-key-2" to "throttle-key-4" for the others.
+func KeyHeader(i int) string {
+	if i <= 1 {
+		return Key
+	}
+	if i <= MaxKeys+1 {
+		return keyHeaders[i-2]
+	}
+	return Key + "-" + strconv.Itoa(i)
+}
+
+// keyHeaders are the headers of keys 2 on (and one past the last, which
+// KeysOfTask refuses): a lookup for every task allocates no name.
+var keyHeaders = func() []string {
+	h := make([]string, MaxKeys)
+	for i := range h {
+		h[i] = Key + "-" + strconv.Itoa(i+2)
+	}
+	return h
+}()
+
+// SetKeys stores a task's key names in headers, after checking them: 1 to
+// MaxKeys valid names, none twice. An error names the position of the
+// name at fault ("name 2: ...").
+func SetKeys(headers map[string]string, names []string) error {
+	switch {
+	case len(names) == 0:
+		return fmt.Errorf("no name given: %w", ErrInvalidKey)
+	case len(names) > MaxKeys:
+		return fmt.Errorf("%d names: at most %d: %w", len(names), MaxKeys, ErrInvalidKey)
+	}
+	for i, n := range names {
+		if err := Validate(n); err != nil {
+			return fmt.Errorf("name %d: %w", i+1, err)
+		}
+		for j := range i {
+			if names[j] == n {
+				return fmt.Errorf("name %d %s: the same as name %d: %w", i+1, Quote(n), j+1, ErrInvalidKey)
+			}
+		}
+	}
+	for i, n := range names {
+		headers[KeyHeader(i+1)] = n
+	}
+	return nil
+}
+
+// KeysOfTask returns the further keys of a task (its headers
+// "throttle-key-2" on, in order), after its key, which KeyOfTask returns.
+// None is nil (a task of one key, the common case, allocates nothing). An
+// invalid name, a gap, a duplicate or further keys without a key in Key
+// is an error wrapping ErrInvalidKey (the enqueuer's bug).
+func KeysOfTask(t *asynq.Task, key string) ([]string, error) {
+	h := t.Headers()
+	if _, ok := h[KeyHeader(2)]; !ok {
+		return nil, nil
+	}
+	if _, ok := h[Key]; !ok {
+		return nil, fmt.Errorf("%w: task type %q: header %s without %s", ErrInvalidKey, t.Type(), KeyHeader(2), Key)
+	}
+	var more []string
+	for i := 2; i <= MaxKeys; i++ {
+		n, ok := h[KeyHeader(i)]
+		if !ok {
+			break
+		}
+		if err := Validate(n); err != nil {
+			return nil, fmt.Errorf("throttle: task type %q: header %s: %w", t.Type(), KeyHeader(i), err)
+		}
+		if n == key || slices.Contains(more, n) {
+			return nil, fmt.Errorf("%w: task type %q: header %s: %s named twice", ErrInvalidKey, t.Type(), KeyHeader(i), Quote(n))
+		}
+		more = append(more, n)
+	}
+	if _, ok := h[KeyHeader(MaxKeys+1)]; ok {
+		return nil, fmt.Errorf("%w: task type %q: header %s: at most %d keys", ErrInvalidKey, t.Type(), KeyHeader(MaxKeys+1), MaxKeys)
+	}
+	return more, nil
+}
+
 // ErrInvalidKey is returned for a key name that Validate refuses.
 var ErrInvalidKey = errors.New("throttle: invalid key")
 
 // Validate reports whether name can be used as a limiter key: non-empty, at
-// most MaxKeyLen bytes of valid UTF-8, printable, without '{' or '}' (which
-// would break the Redis Cluster hash tag). The error wraps ErrInvalidKey.
+// most MaxKeyLen bytes of valid UTF-8, printable, without '{' or '}' but in
+// a family tag at its start, followed by more: "{slack}:T0123" is of the
+// family "slack" (see Family). The error wraps ErrInvalidKey.
 func Validate(name string) error {
 	bad := func(why string) error { return fmt.Errorf("%w: %s: %s", ErrInvalidKey, Quote(name), why) }
 	switch {
@@ -68,15 +155,46 @@ func Validate(name string) error {
 	case !utf8.ValidString(name):
 		return bad("is not valid UTF-8")
 	}
-	for _, r := range name {
-		if r == '{' || r == '}' {
-			return bad("must not contain '{' or '}'")
+	rest := name
+	if strings.HasPrefix(name, "{") {
+		end := strings.IndexByte(name, '}')
+		if end < 0 {
+			return bad("opens a family tag with '{' but never closes it with '}'")
 		}
+		if end == 1 || strings.IndexByte(name[1:end], '{') >= 0 {
+			return bad("a family tag is one or more characters between '{' and '}', at the start: {slack}:T0123")
+		}
+		rest = name[end+1:]
+		if rest == "" {
+			// "{other}" and "{none}" are metrics labels no key can take.
+			return bad("a family tag needs the rest of the name after it: {slack}:app")
+		}
+	}
+	for _, r := range name {
 		if !unicode.IsPrint(r) {
 			return bad(fmt.Sprintf("contains the unprintable character %U", r))
 		}
 	}
+	if strings.ContainsAny(rest, "{}") {
+		return bad("must not contain '{' or '}' but in a family tag at its start ({slack}:T0123)")
+	}
 	return nil
+}
+
+// Family returns the family tag a valid name starts with ("slack" for
+// "{slack}:T0123"), or "" when it has none. On a Redis Cluster every Redis
+// key of the keys of one family is in one slot (RedisKeys), so one script
+// can decide for several of them; keys without a family each have a slot
+// of their own.
+func Family(name string) string {
+	if !strings.HasPrefix(name, "{") {
+		return ""
+	}
+	end := strings.IndexByte(name, '}')
+	if end < 0 {
+		return ""
+	}
+	return name[1:end]
 }
 
 // Quote quotes a key name for an error: at most 64 bytes of it, and its
@@ -90,7 +208,9 @@ func Quote(name string) string {
 }
 
 // RedisKeys derives every Redis key of one limiter key; all share the hash
-// tag {name}, so a Redis Cluster keeps them in one slot.
+// tag {name}, so a Redis Cluster keeps them in one slot. For a name with a
+// family tag the hash tag Redis reads is "{family" ("prefix:{{slack}:T0123}:b":
+// the tag ends at the first '}'), the same for every key of the family.
 func RedisKeys(prefix, name string) (lua.Keys, error) {
 	if err := Validate(name); err != nil {
 		return lua.Keys{}, err
@@ -139,8 +259,13 @@ func NameOf(prefix, redisKey string) (string, bool) {
 	if !ok {
 		return "", false
 	}
-	name, suffix, ok := strings.Cut(rest, "}")
-	if !ok || !strings.HasPrefix(suffix, ":") || Validate(name) != nil {
+	// The last "}:": a name's family tag has a '}' of its own.
+	i := strings.LastIndex(rest, "}:")
+	if i < 0 {
+		return "", false
+	}
+	name := rest[:i]
+	if Validate(name) != nil {
 		return "", false
 	}
 	return name, true

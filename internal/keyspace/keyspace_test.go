@@ -2,6 +2,7 @@ package keyspace
 
 import (
 	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/hibiken/asynq"
@@ -28,12 +29,14 @@ func TestAllCoversTheLayout(t *testing.T) {
 // else under the prefix does.
 func TestNameOfParsesRedisKeysBack(t *testing.T) {
 	for _, prefix := range []string{"throttle", "a:b", "x*?[y]\\"} {
-		k, err := RedisKeys(prefix, "slack api")
-		require.NoError(t, err)
-		for _, rk := range All(k) {
-			name, ok := NameOf(prefix, rk)
-			assert.True(t, ok, rk)
-			assert.Equal(t, "slack api", name, rk)
+		for _, want := range []string{"slack api", "{slack}:T0123", "{slack}app"} {
+			k, err := RedisKeys(prefix, want)
+			require.NoError(t, err)
+			for _, rk := range All(k) {
+				name, ok := NameOf(prefix, rk)
+				assert.True(t, ok, rk)
+				assert.Equal(t, want, name, rk)
+			}
 		}
 	}
 	for _, tc := range []struct{ prefix, key string }{
@@ -43,6 +46,8 @@ func TestNameOfParsesRedisKeysBack(t *testing.T) {
 		{"throttle", "throttle:slack:cfg"},
 		{"throttle", "asynq:{default}:pending"},
 		{"a", "a:b:{slack}:cfg"},
+		{"throttle", "throttle:{{slack}}:b"},
+		{"throttle", "throttle:{{slack}:x}y}:b"},
 	} {
 		_, ok := NameOf(tc.prefix, tc.key)
 		assert.False(t, ok, "%q under prefix %q", tc.key, tc.prefix)
@@ -84,5 +89,52 @@ func TestKeyOfTaskPicksHeaderThenFunctionThenPrefix(t *testing.T) {
 		} else {
 			assert.NoError(t, err, tc.name)
 		}
+	}
+}
+
+// A family tag puts every key of the family in one Redis Cluster slot: the
+// hash tag Redis reads of each Redis key is "{family", whatever follows.
+func TestFamilyKeysShareTheirHashTag(t *testing.T) {
+	assert.Equal(t, "slack", Family("{slack}:T0123"))
+	assert.Equal(t, "", Family("slack:T0123"))
+	tagOf := func(k string) string { // Redis's rule: first '{' to the first '}' after it
+		i := strings.IndexByte(k, '{')
+		j := strings.IndexByte(k[i+1:], '}')
+		return k[i+1 : i+1+j]
+	}
+	for _, name := range []string{"{slack}:T0123:chat.postMessage", "{slack}:T0123", "{slack}:app"} {
+		k, err := RedisKeys("throttle", name)
+		require.NoError(t, err)
+		for _, rk := range All(k) {
+			assert.Equal(t, "{slack", tagOf(rk), rk)
+		}
+	}
+	k, err := RedisKeys("throttle", "slack")
+	require.NoError(t, err)
+	assert.Equal(t, "slack", tagOf(k.Bucket), "a name without a family keeps its own tag (and its state where it was)")
+}
+
+func TestSetKeysAndKeysOfTaskRoundTrip(t *testing.T) {
+	h := map[string]string{}
+	require.NoError(t, SetKeys(h, []string{"a:b:c", "a:b", "a"}))
+	assert.Equal(t, map[string]string{Key: "a:b:c", "throttle-key-2": "a:b", "throttle-key-3": "a"}, h)
+	task := asynq.NewTaskWithHeaders("x", nil, h)
+	more, err := KeysOfTask(task, "a:b:c")
+	require.NoError(t, err)
+	assert.Equal(t, []string{"a:b", "a"}, more)
+
+	one := asynq.NewTaskWithHeaders("x", nil, map[string]string{Key: "a"})
+	more, err = KeysOfTask(one, "a")
+	require.NoError(t, err)
+	assert.Nil(t, more, "one key: none more")
+	assert.Zero(t, testing.AllocsPerRun(100, func() { _, _ = KeysOfTask(one, "a") }), "a task of one key allocates nothing")
+
+	for name, hs := range map[string]map[string]string{
+		"no first key": {"throttle-key-2": "b"},
+		"duplicate":    {Key: "a", "throttle-key-2": "b", "throttle-key-3": "b"},
+		"five":         {Key: "a", "throttle-key-2": "b", "throttle-key-3": "c", "throttle-key-4": "d", "throttle-key-5": "e"},
+	} {
+		_, err := KeysOfTask(asynq.NewTaskWithHeaders("x", nil, hs), hs[Key])
+		assert.ErrorIs(t, err, ErrInvalidKey, "%s", name)
 	}
 }

@@ -275,3 +275,128 @@ func ParseDecide(s string) (DecideReply, error) {
 	}
 	return r, nil
 }
+
+// MaxKeys is how many limiter keys one task may name (multi.lua's
+// MULTI_MAX).
+const MaxKeys = 4
+
+// MultiReply is the outcome of one decision across several keys.
+type MultiReply struct {
+	// DecideReply is the decision as a whole: allowed when every key
+	// admitted the caller; otherwise the reply of the key that decided
+	// (Key), whose RetryAfter and Reserved every key shares. Remaining is
+	// the least of the keys'; Slot is the first key's (each key's slot is
+	// in Keys).
+	DecideReply
+	// Key is the position (0-based) of the key that decided a refusal or
+	// an error; -1 when every key admitted the caller.
+	Key int
+	// Keys is each key's reply, in the order of the keys (nil when one
+	// reply stands for all: an error, a cost too high, a booking of an ID
+	// in use). A key that admitted the caller while another refused has
+	// Status StatusDenied and RefusedBy ""; a key without limits has
+	// StatusNoLimits (it limits nothing).
+	Keys []DecideReply
+}
+
+// DecideMulti runs multi.lua: one decision for one caller across ks (2 to
+// MaxKeys keys; each of its own slot on a Redis Cluster, so a single Redis
+// or Sentinel only for now), all or nothing. a.Lease and a.Fair are not
+// used: a caller of several keys takes no lease and is decided outside
+// tenants' order.
+//
+//	KEYS   four per key, in the order of ks: bucket hash, reservations,
+//	       slots in flight, configuration
+//	ARGV[1] the options, as Decide's (FormatOptions)
+//	ARGV[2] task ID ("" = no reservation)
+//	ARGV[3] cost, as Decide's ("1,tokens=1200")
+//
+// Reply: "k;reply" where reply stands for every key (an error, "-3|..." a
+// cost too high for key k, "0|...|booked|..."), or "k;r1;...;rn": each
+// key's decision in Decide's format, k the position (1-based) of the key
+// that decided a refusal, 0 when every key admitted the caller. Every
+// key's refusal carries the same retry and reserved instant; by is ""
+// for a key that admitted. A key without limits replies "-2".
+func DecideMulti(ctx context.Context, r *Runner, ks []Keys, a DecideArgs) (MultiReply, error) {
+	if len(ks) < 1 || len(ks) > MaxKeys {
+		return MultiReply{}, errBadReply("decide_multi", len(ks))
+	}
+	a.Lease, a.Fair = 0, false
+	verb, id := decideMultiScript.Head(r.Mode())
+	args := make([]any, 0, 3+4*len(ks)+3)
+	args = append(args, verb, id, 4*len(ks))
+	for _, k := range ks {
+		args = append(args, k.Bucket, k.Reservations, k.Slots, k.Config)
+	}
+	cost := strconv.Itoa(max(a.Cost, 1))
+	if a.Units != "" {
+		cost += "," + a.Units
+	}
+	args = append(args, FormatOptions(a), a.TaskID, cost)
+	s, err := r.Do(ctx, decideMultiScript, args)
+	if err != nil {
+		return MultiReply{}, err
+	}
+	return ParseMulti(s, len(ks))
+}
+
+// ParseMulti reads a decide_multi reply for n keys.
+func ParseMulti(s string, n int) (MultiReply, error) {
+	head, rest := NextReply(s)
+	k, err := strconv.Atoi(head)
+	if err != nil || k < 0 || k > n || rest == "" {
+		return MultiReply{}, errBadReply("decide_multi", s)
+	}
+	m := MultiReply{Key: k - 1}
+	if strings.Count(rest, ";") == 0 && n > 1 {
+		// One reply for every key.
+		d, err := ParseDecide(rest)
+		if err != nil || k == 0 {
+			return MultiReply{}, errBadReply("decide_multi", s)
+		}
+		m.DecideReply = d
+		return m, nil
+	}
+	m.Keys = make([]DecideReply, 0, n)
+	limited := false
+	for rest != "" {
+		var one string
+		one, rest = NextReply(rest)
+		d, err := ParseDecide(one)
+		if err != nil {
+			return MultiReply{}, errBadReply("decide_multi", s)
+		}
+		m.Keys = append(m.Keys, d)
+	}
+	if len(m.Keys) != n {
+		return MultiReply{}, errBadReply("decide_multi", s)
+	}
+	m.Remaining = -1
+	for i, d := range m.Keys {
+		switch d.Status {
+		case StatusNoLimits:
+			continue
+		case StatusAllowed, StatusDenied:
+		default:
+			return MultiReply{}, errBadReply("decide_multi", s)
+		}
+		if k == 0 && d.Status != StatusAllowed || k > 0 && i == k-1 && d.Status != StatusDenied {
+			return MultiReply{}, errBadReply("decide_multi", s)
+		}
+		if !limited {
+			limited = true
+			m.DecideReply = d
+			m.Remaining = d.Remaining
+		}
+		if i == k-1 {
+			rem := m.Remaining
+			m.DecideReply = d
+			m.Remaining = rem
+		}
+		m.Remaining = min(m.Remaining, d.Remaining)
+	}
+	if !limited {
+		m.DecideReply = DecideReply{Status: StatusNoLimits}
+	}
+	return m, nil
+}

@@ -42,6 +42,8 @@ var (
 	fairSrc string
 	//go:embed run.lua
 	runSrc string
+	//go:embed multi.lua
+	multiSrc string
 	//go:embed setlimits.lua
 	setLimitsSrc string
 	//go:embed setweights.lua
@@ -71,16 +73,19 @@ var (
 type Script struct {
 	name string // function name in the library, unique to this version
 	top  string // its own helpers, at the library's top level ("" none)
-	body string // the function's body
-	src  string // helpers + top + body, for EVAL
-	sha  string // SHA1 of src, for EVALSHA
+	// after is a script whose top this one's starts with: the library
+	// defines that part once, with after.
+	after *Script
+	body  string // the function's body
+	src   string // helpers + top + body, for EVAL
+	sha   string // SHA1 of src, for EVALSHA
 }
 
 // version identifies this build of the scripts. Function names carry it, so
 // processes of different versions (a rolling upgrade) each call their own.
 var version = func() string {
 	h := sha1.New()
-	for _, s := range []string{libSrc, windowSrc, decideSrc, fairSrc, runSrc, setWeightsSrc, setLimitsSrc, suspendSrc, resumeSrc, inspectSrc, adjustSrc, releaseSrc, extendSrc, observeSrc, unbookSrc, unindexSrc} {
+	for _, s := range []string{libSrc, windowSrc, decideSrc, fairSrc, runSrc, multiSrc, setWeightsSrc, setLimitsSrc, suspendSrc, resumeSrc, inspectSrc, adjustSrc, releaseSrc, extendSrc, observeSrc, unbookSrc, unindexSrc} {
 		h.Write([]byte(s))
 		h.Write([]byte{0})
 	}
@@ -102,22 +107,34 @@ func newScript(name, top, body string) *Script {
 	return &Script{name: "asynq_throttle_" + name + "_" + version, top: top, body: body, src: src, sha: hex.EncodeToString(sum[:])}
 }
 
+// newScriptAfter makes a script whose own functions (top) follow those of
+// script after, which the library defines once.
+func newScriptAfter(after *Script, name, top, body string) *Script {
+	s := newScript(name, after.top+"\n"+top, body)
+	s.after = after
+	return s
+}
+
 var (
 	// decide.lua, fair.lua and run.lua define decide_run and the functions
 	// it calls.
-	decideScript     = newScript("decide", decideSrc+"\n"+fairSrc+"\n"+runSrc, "return decide_run(KEYS, ARGV)")
-	setWeightsScript = newScript("setweights", "", setWeightsSrc)
-	setLimitsScript  = newScript("setlimits", "", setLimitsSrc)
-	suspendScript    = newScript("suspend", "", suspendSrc)
-	resumeScript     = newScript("resume", "", resumeSrc)
-	inspectScript    = newScript("inspect", inspectSrc, "return inspect_keys(KEYS, ARGV)")
-	adjustScript     = newScript("adjust", "", adjustSrc)
-	releaseScript    = newScript("release", "", releaseSrc)
-	extendScript     = newScript("extend", "", extendSrc)
-	observeScript    = newScript("observe", "", observeSrc)
-	unbookScript     = newScript("unbook", "", unbookSrc)
-	unindexScript    = newScript("unindex", "", unindexSrc)
-	allScripts       = []*Script{decideScript, setWeightsScript, setLimitsScript, suspendScript, resumeScript, inspectScript,
+	decideScript = newScript("decide", decideSrc+"\n"+fairSrc+"\n"+runSrc, "return decide_run(KEYS, ARGV)")
+	// multi.lua defines decide_multi on decide.lua's functions: in the
+	// library it follows them; for EVAL its source holds them too. The
+	// one-key script is left as it was.
+	decideMultiScript = newScriptAfter(decideScript, "decide_multi", multiSrc, "return decide_multi(KEYS, ARGV)")
+	setWeightsScript  = newScript("setweights", "", setWeightsSrc)
+	setLimitsScript   = newScript("setlimits", "", setLimitsSrc)
+	suspendScript     = newScript("suspend", "", suspendSrc)
+	resumeScript      = newScript("resume", "", resumeSrc)
+	inspectScript     = newScript("inspect", inspectSrc, "return inspect_keys(KEYS, ARGV)")
+	adjustScript      = newScript("adjust", "", adjustSrc)
+	releaseScript     = newScript("release", "", releaseSrc)
+	extendScript      = newScript("extend", "", extendSrc)
+	observeScript     = newScript("observe", "", observeSrc)
+	unbookScript      = newScript("unbook", "", unbookSrc)
+	unindexScript     = newScript("unindex", "", unindexSrc)
+	allScripts        = []*Script{decideScript, decideMultiScript, setWeightsScript, setLimitsScript, suspendScript, resumeScript, inspectScript,
 		adjustScript, releaseScript, extendScript, observeScript, unbookScript, unindexScript}
 )
 
@@ -127,8 +144,12 @@ var library = func() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "#!lua name=%s\n%s\n", LibraryName, helpers)
 	for _, s := range allScripts {
-		if s.top != "" {
-			fmt.Fprintf(&b, "%s\n", s.top)
+		top := s.top
+		if s.after != nil {
+			top = top[len(s.after.top):]
+		}
+		if top != "" {
+			fmt.Fprintf(&b, "%s\n", top)
 		}
 	}
 	for _, s := range allScripts {
@@ -230,7 +251,7 @@ func (r *Runner) Recover(ctx context.Context, s *Script, args []any, err error) 
 		}
 		return true
 	case IsNoFunctions(err):
-		if !isNoPerm(err) || s == decideScript {
+		if !isNoPerm(err) || s == decideScript || s == decideMultiScript {
 			r.mode.Store(int32(ModeEval))
 		}
 		args[0], args[1] = s.Head(ModeEval)

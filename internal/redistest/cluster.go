@@ -3,7 +3,9 @@ package redistest
 import (
 	"context"
 	"fmt"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -59,17 +61,67 @@ func startCluster(t testing.TB, replicas int) *Cluster {
 	ctx, cancel := context.WithTimeout(context.Background(), clusterReadyTimeout)
 	defer cancel()
 
+	if err := c.join(ctx, replicas); err != nil {
+		t.Fatalf("redistest: %v", err)
+	}
+	return c
+}
+
+// join joins the started nodes into a cluster with redis-cli --cluster
+// create and waits until every node reports it ready.
+func (c *Cluster) join(ctx context.Context, replicas int) error {
 	args := append([]string{"--cluster", "create"}, c.Addrs...)
 	args = append(args, "--cluster-replicas", strconv.Itoa(replicas), "--cluster-yes")
 	out, err := exec.CommandContext(ctx, "redis-cli", args...).CombinedOutput()
 	if err != nil {
-		t.Fatalf("redistest: redis-cli %s: %v\n%s\n%s", strings.Join(args, " "), err, out, c.logTails())
+		return fmt.Errorf("redis-cli %s: %v\n%s\n%s", strings.Join(args, " "), err, out, c.logTails())
 	}
-
 	if err := c.waitReady(ctx); err != nil {
-		t.Fatalf("redistest: cluster %v not ready: %v\nredis-cli output:\n%s\n%s", c.Addrs, err, out, c.logTails())
+		return fmt.Errorf("cluster %v not ready: %v\nredis-cli output:\n%s\n%s", c.Addrs, err, out, c.logTails())
 	}
-	return c
+	return nil
+}
+
+// LaunchCluster starts a 3-master Cluster as StartCluster does, for
+// programs that are not tests (the bench harness): each node's files go in
+// a directory of its own under dir, which the caller removes after Stop.
+// The error names what went wrong and includes the nodes' logs.
+func LaunchCluster(dir string) (*Cluster, error) {
+	for _, bin := range []string{"redis-server", "redis-cli"} {
+		if _, err := exec.LookPath(bin); err != nil {
+			return nil, fmt.Errorf("%s not on PATH: %w", bin, err)
+		}
+	}
+	c := &Cluster{}
+	for i := range clusterMasters {
+		nodeDir := filepath.Join(dir, "node"+strconv.Itoa(i))
+		if err := os.MkdirAll(nodeDir, 0o755); err != nil {
+			c.Stop()
+			return nil, err
+		}
+		n, err := launchIn(nodeDir, clusterNode, freeClusterPort, nil)
+		if err != nil {
+			c.Stop()
+			return nil, err
+		}
+		c.nodes = append(c.nodes, n)
+		c.Addrs = append(c.Addrs, n.Addr)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), clusterReadyTimeout)
+	defer cancel()
+	if err := c.join(ctx, 0); err != nil {
+		c.Stop()
+		return nil, err
+	}
+	return c, nil
+}
+
+// Stop kills every node of a Cluster from LaunchCluster (StartCluster's
+// nodes are killed on t.Cleanup) and waits for them to exit.
+func (c *Cluster) Stop() {
+	for _, n := range c.nodes {
+		n.Stop()
+	}
 }
 
 // Client returns a new cluster client for the cluster that is closed on

@@ -220,6 +220,46 @@ func TestLaunchRunsAServerUntilStop(t *testing.T) {
 	}
 }
 
+func TestLaunchClusterRunsThreeMastersUntilStop(t *testing.T) {
+	t.Parallel()
+	redistest.Require(t)
+	c, err := redistest.LaunchCluster(t.TempDir())
+	if err != nil {
+		t.Fatalf("LaunchCluster: %v", err)
+	}
+	defer c.Stop()
+	if len(c.Addrs) != 3 {
+		t.Fatalf("Addrs = %v, want 3 masters", c.Addrs)
+	}
+	ctx := context.Background()
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs, MaxRetries: -1, DialTimeout: 250 * time.Millisecond})
+	defer cc.Close()
+	masters := map[string]bool{}
+	for i := range 30 {
+		key := fmt.Sprintf("k%d", i)
+		if err := cc.Set(ctx, key, "v", 0).Err(); err != nil {
+			t.Fatalf("SET %s: %v", key, err)
+		}
+		node, err := cc.MasterForKey(ctx, key)
+		if err != nil {
+			t.Fatalf("MasterForKey %s: %v", key, err)
+		}
+		masters[node.Options().Addr] = true
+	}
+	if len(masters) != 3 {
+		t.Fatalf("30 keys on masters %v, want all 3 serving slots", masters)
+	}
+	c.Stop()
+	for _, addr := range c.Addrs {
+		n := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialTimeout: 250 * time.Millisecond})
+		err := n.Ping(ctx).Err()
+		_ = n.Close()
+		if err == nil {
+			t.Fatalf("node %s still answers after Stop", addr)
+		}
+	}
+}
+
 // A persistent server killed with SIGKILL comes back on the same address
 // with every acknowledged write.
 func TestPersistentServerKeepsWritesAcrossAKill(t *testing.T) {

@@ -1,0 +1,44 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/asynq-throttle/asynq-throttle/internal/redistest"
+	"github.com/asynq-throttle/asynq-throttle/throttle"
+)
+
+// why on a task of several keys (issue 30) names the key it waits on: its
+// second key here, whose hour is used up, while its first has room.
+func TestWhyNamesTheKeyATaskOfSeveralKeysWaitsOn(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	lim := throttle.NewLimiter(rdb)
+	client := asynq.NewClientFromRedisClient(rdb)
+	t.Cleanup(func() { client.Close() })
+	require.NoError(t, lim.SetLimits(ctx, "slack:T1", throttle.PerMinute(50)))
+	require.NoError(t, lim.SetLimits(ctx, "slack", throttle.PerHour(2)))
+	for range 2 {
+		d, err := lim.Take(ctx, "slack")
+		require.NoError(t, err)
+		require.True(t, d.Allowed)
+	}
+	_, err := client.Enqueue(mustTask(t, "slack:post", nil, throttle.Key("slack:T1", "slack")), asynq.TaskID("t-two"), asynq.ProcessIn(time.Minute))
+	require.NoError(t, err)
+	r := cli(t, "redis://"+srv.Addr, "why", "t-two", "-o", "json")
+	require.Equal(t, 0, r.code, r.stderr)
+	var v whyView
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &v))
+	assert.Equal(t, "slack", v.Key, v.Sentence)
+	assert.Equal(t, []string{"slack:T1", "slack"}, v.Keys)
+	assert.Equal(t, reasonTier, v.Reason, v.Sentence)
+	assert.Equal(t, 1, v.Tier)
+	assert.Contains(t, v.Sentence, `(A task of keys "slack:T1" and "slack", decided all or nothing: key "slack" is the one it waits on.)`)
+}

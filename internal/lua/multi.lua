@@ -1,0 +1,461 @@
+-- multi.lua: one decision across several keys (issue 30), part of the
+-- decide function's library (after decide.lua, fair.lua and run.lua, whose
+-- functions it uses). decide.go's DecideMulti states its keys, arguments
+-- and reply. A task of one key never comes here: decide_run decides it,
+-- unchanged.
+--
+-- A task may name up to MULTI_MAX keys ("slack:T0123:chat.postMessage",
+-- "slack:T0123", "slack"): one caller, decided in one run, on one clock.
+-- Each key's state is built in memory as the one-key path builds it
+-- (run_state); then:
+--   1. a cost one key can never hold is refused for good, naming the key;
+--   2. a booking under an ID that holds a reservation in any key changes
+--      nothing;
+--   3. a holder (its reservation looked up in every key whose queue is
+--      open) not due yet in some key waits for its latest instant; paced
+--      in every key, one due is admitted at the first instant every key
+--      admits it within the granule;
+--   4. otherwise it takes its cost from every tier of every key, all or
+--      none: nothing is written to any key unless every key admits
+--      (no counter pollution);
+--   5. refused, the refusal that lasts longest decides: a suspension of
+--      any key defers to the latest suspension end; a key refusing only
+--      for its slots in flight sends the caller back when one is expected
+--      free, without a reservation; otherwise, with a horizon and a task
+--      ID, the caller reserves ONE instant that every key admits (the
+--      latest of each key's earliest instant, asked again of each key
+--      until they agree) and holds it in the reservations of every key.
+-- A key's schedule (GCRA: it books in order, and cannot fill a hole before
+-- its last booking) is booked only where the instant follows the key's
+-- own first free instant closely (the key that made the caller wait, and
+-- any as busy). Booked in a key that could run callers sooner, the
+-- instant would hold every fresh caller of that key behind it: a 429 on
+-- one workspace key would stop every workspace of the app key. There the
+-- caller holds the instant as a "hold" ('~' .. task ID in the key's
+-- reservations, the same instant): found when it comes back, it is not
+-- sent behind that key's queue, and the key's tiers decide; the key's
+-- schedule and windows are not changed.
+-- The reply names the key that decided (its position, 1-based) and each
+-- key's outcome.
+--
+-- Not yet here (issue 30, later): tenants' fair order. On a key whose
+-- tenants are active, a caller of several keys is decided on the key's
+-- tiers alone (the bound holds; its turn among the tenants is not kept),
+-- and the key stays marked as shared by tenants. Leases are never given
+-- to a caller of several keys.
+
+local decide_multi
+do
+  local MULTI_MAX = 4      -- keys per task at most
+  local MULTI_STRIDE = 4   -- KEYS per key: bucket, reservations, slots, configuration
+  -- us an instant may lie past a key's own first free instant and still be
+  -- booked in its schedule (at least a granule)
+  local SOFT_GAP = 1000
+
+  -- A Limiter sends a few distinct options: the multi-key copy of each (no
+  -- lease) is made once, and kept as read_options keeps its own.
+  local mopts, n_mopts = {}, 0
+  local function multi_options(s)
+    local m = mopts[s]
+    if m then return m end
+    local o = read_options(s)
+    m = {}
+    for k, v in pairs(o) do m[k] = v end
+    m.lease = 0
+    if n_mopts >= 64 then mopts, n_mopts = {}, 0 end
+    mopts[s] = m
+    n_mopts = n_mopts + 1
+    return m
+  end
+
+  -- key_read reads key j (KEYS from base + 1) as decide_run reads one
+  -- key, up to run_state: its limits, suspension, buckets and M. It
+  -- returns nil and the reply every caller of the key gets when it cannot
+  -- decide (no limits, bad limits, suspended without limits).
+  local function key_read(KEYS, base, o, now)
+    local ks = {KEYS[base + 1], KEYS[base + 2], KEYS[base + 3], KEYS[base + 4]}
+    local h = redis.call('HMGET', ks[1], unpack(HM_FIELDS))
+    if not h[1] and not h[D_AT] then
+      local _, any = restore_config(ks[1], ks[4])
+      if any then h = redis.call('HMGET', ks[1], unpack(HM_FIELDS)) end
+    end
+    local spec, L, until_ = read_limits(o, h, now)
+    if not spec then return nil, L end
+    local ts, x, vnext, stored = read_T(h[2], now, nil)
+    local tenants = vnext < 0
+    if tenants then vnext = 0 end
+    if vnext > now + o.horizon + MAX_SKEW then vnext = 0 end
+    local owed = bucket_owed(stored, ts, spec.tiers, now, o.headroom, nil)
+    local M = nil
+    if spec.units then
+      M = read_M(h[6] or nil, spec.tiers)
+      local changed = false
+      for i, t in ipairs(spec.tiers) do
+        if t.kind == 'b' and t.unit and sample_M(M, i, owed[i], now, true) then changed = true end
+      end
+      if not changed then M = nil end
+    end
+    return {ks = ks, h = h, spec = spec, L = L, until_ = until_, x = x, vnext = vnext, owed = owed, M = M, tenants = tenants}
+  end
+
+  -- key_state makes the run state of a key key_read read (run_state).
+  local function key_state(kr, o, now)
+    local r = run_state(kr.ks, o, now, kr.L, kr.h, kr.spec, kr.until_, kr.owed, kr.x, kr.vnext)
+    r.M = kr.M
+    -- (tenants active: the mark stays, see the top of this file)
+    if kr.tenants then r.q_override = -1 end
+    return r
+  end
+
+  -- fits_now says whether key kr admits cost c now on the one-key path's
+  -- common case (take_now's rules): buckets alone, no suspension, no
+  -- queue, no booking, every bucket with c and room for the headroom.
+  local function fits_now(kr, c, o, now)
+    local spec = kr.spec
+    if (kr.until_ and kr.until_ > now) or spec.windows or spec.inflight or kr.vnext > now or o.book or kr.tenants then
+      return false
+    end
+    local headroom, owed = o.headroom, kr.owed
+    for i, t in ipairs(spec.tiers) do
+      local ci = cv(c, i)
+      if ci > 0 and owed[i] + headroom * t.rate - (t.burst - ci) * t.p > 0 then return false end
+    end
+    return true
+  end
+
+  -- hold_at holds the caller's reservation for at in key r: reserve's
+  -- tail (decide.lua), written out so that the one-key path stays as it
+  -- is.
+  local function hold_at(r, id, at)
+    local now, o = r.now, r.o
+    local refresh = not r.queue_open or r.resv_removed
+    if now - r.sw >= SWEEP_EVERY then
+      redis.call('ZREMRANGEBYSCORE', r.resv_key, '-inf', '(' .. fmt(now - o.lapse))
+      r.sw, refresh = now, true
+    end
+    redis.call('ZADD', r.resv_key, at, id)
+    if not refresh and redis.call('ZCARD', r.resv_key) == 1 then refresh = true end
+    if refresh then
+      extend_to(r.resv_key, r.vnext - now + o.lapse + o.horizon + SWEEP_EVERY)
+    end
+  end
+
+  -- soft_of returns the caller's hold of an instant in key r (see the top
+  -- of this file), or nil; one lapsed is dropped.
+  local function soft_of(r, id)
+    local at = finite(redis.call('ZSCORE', r.resv_key, '~' .. id))
+    if at and at < r.now - r.o.lapse then
+      redis.call('ZREM', r.resv_key, '~' .. id)
+      return nil
+    end
+    return at
+  end
+
+  -- hold_soft holds instant at for the caller in key r without booking
+  -- the key's schedule.
+  local function hold_soft(r, id, at)
+    redis.call('ZADD', r.resv_key, at, '~' .. id)
+    extend_to(r.resv_key, at - r.now + r.o.lapse + SWEEP_EVERY)
+  end
+
+  -- restore_windows counts the caller's booked reservations in the
+  -- windows again (they left them while it was decided).
+  local function restore_windows(rs, resv, soft, c)
+    for k, r in ipairs(rs) do
+      if resv[k] and not soft[k] then reserve_windows(r, resv[k], c[k], 1) end
+    end
+  end
+
+  -- drop_resv gives up the caller's reservations (booked again beyond the
+  -- horizon, or no instant found).
+  local function drop_resv(rs, resv, soft, id)
+    for k, r in ipairs(rs) do
+      if resv[k] then
+        redis.call('ZREM', r.resv_key, soft[k] and '~' .. id or id)
+        r.resv_removed = true
+      end
+    end
+  end
+
+  -- all_denied makes every key's refusal: retry after retry (us), each
+  -- key's reason (by[k], '' for a key that admitted), the reserved instant
+  -- (0 none).
+  local function all_denied(rs, retry, by, at)
+    local out = {}
+    for k, r in ipairs(rs) do out[k] = denied(r, retry, by[k] or '', at) end
+    return out
+  end
+
+  -- common_turn returns the first instant at or after at at which every
+  -- key admits the caller as a holder (short), and whether they agreed
+  -- within the bounded rounds.
+  local function common_turn(rs, c, at, holder)
+    for _ = 1, 3 * #rs do
+      local moved = false
+      for k, r in ipairs(rs) do
+        local tier, wait = short(r, c[k], at, holder[k])
+        if tier ~= 0 then at, moved = at + wait, true end
+      end
+      if not moved then return at, true end
+    end
+    return at, false
+  end
+
+  -- common_fit returns the first instant at or after s that every key's
+  -- schedule admits the caller at (earliest_fit, asked of each key again
+  -- until none moves it), and whether they agreed.
+  local function common_fit(rs, c, s)
+    for _ = 1, 2 * #rs + 2 do
+      local moved = false
+      for k, r in ipairs(rs) do
+        local a = earliest_fit(r, c[k], s)
+        if a > s + SLACK then s, moved = a, true end
+      end
+      if not moved then return math.ceil(s), true end
+    end
+    return math.ceil(s), false
+  end
+
+  -- admit_all admits the caller in every key at at, taking up its
+  -- reservations and holds.
+  local function admit_all(rs, resv, soft, holder, id, c, at)
+    local out = {}
+    for k, r in ipairs(rs) do
+      -- (a hold in a key whose queue had closed was not looked up)
+      if soft[k] or (holder and not resv[k]) then redis.call('ZREM', r.resv_key, '~' .. id) end
+      out[k] = admit(r, not soft[k] and resv[k] or nil, id, c[k], at)
+    end
+    return out
+  end
+
+  -- multi_one decides for caller id (cost argument raw) over the keys rs
+  -- (their positions pos). It returns the position of the key that
+  -- decided (0: admitted), and either every key's reply (a table) or one
+  -- reply for all.
+  local function multi_one(rs, pos, id, raw)
+    local o, now, n = rs[1].o, rs[1].now, #rs
+    local c, resv = {}, {}
+    for k, r in ipairs(rs) do
+      c[k] = cost_vec(raw, r.spec)
+      local refused = cost_refused(r, c[k])
+      if refused then return pos[k], refused end
+    end
+    if o.book and id ~= '' then
+      for k, r in ipairs(rs) do
+        local held = finite(redis.call('ZSCORE', r.resv_key, id))
+        if held and held >= now - o.lapse then return pos[k], string.format('0|0|0|booked|0|0|%d', r.gen) end
+      end
+    end
+    -- The caller's reservations; its reserved calls leave the windows
+    -- while it is decided, and go back where it ends up.
+    local holder, soft = false, {}
+    if not o.book and id ~= '' then
+      for k, r in ipairs(rs) do
+        if r.queue_open then
+          resv[k] = reservation_of(r, id)
+          if resv[k] then
+            reserve_windows(r, resv[k], c[k], -1)
+          else
+            resv[k] = soft_of(r, id)
+            soft[k] = resv[k] ~= nil
+          end
+          if resv[k] then holder = true end
+        end
+      end
+    end
+    local susp = nil
+    for _, r in ipairs(rs) do
+      if r.suspended and (not susp or r.until_ > susp) then susp = r.until_ end
+    end
+    local queued, no_slot = {}, {}
+    for k, r in ipairs(rs) do
+      queued[k] = resv[k] == nil and r.vnext > now
+      no_slot[k] = r.slot_n ~= nil and r.held >= r.slot_n and not o.book
+    end
+
+    if holder and not susp then
+      -- Not due yet in a key: wait for the latest instant held.
+      local latest, lk, limit, due = 0, 1, math.huge, true
+      for k, r in ipairs(rs) do
+        local early = o.granule
+        if r.paced then early = early + PACE_EARLY else limit = 0 end
+        if resv[k] then
+          if now < resv[k] - early then due = false end
+          if resv[k] > latest then latest, lk = resv[k], k end
+          if early < limit then limit = early end
+        end
+      end
+      if not due then
+        restore_windows(rs, resv, soft, c)
+        local by = {}
+        by[lk] = 'reserved'
+        return pos[lk], all_denied(rs, latest - now, by, latest)
+      end
+      -- Paced in every key: admitted at the first instant every key
+      -- admits it, within the granule (holder_turn's rule).
+      if limit > 0 then
+        local free = true
+        for k in ipairs(rs) do
+          if queued[k] or (rs[k].slot_n and rs[k].held >= rs[k].slot_n) then free = false end
+        end
+        if free then
+          local hold = {}
+          for k in ipairs(rs) do hold[k] = resv[k] ~= nil end
+          local at, agreed = common_turn(rs, c, now, hold)
+          if agreed and at - now <= limit then return 0, admit_all(rs, resv, soft, holder, id, c, math.ceil(at)) end
+        end
+      end
+    end
+
+    -- Take from every tier of every key, or from none.
+    local tiers, waits, ok = {}, {}, not susp and not o.book
+    for k, r in ipairs(rs) do
+      tiers[k], waits[k] = short(r, c[k], now, resv[k] ~= nil and now >= resv[k])
+      if tiers[k] ~= 0 or queued[k] or no_slot[k] then ok = false end
+    end
+    if ok then return 0, admit_all(rs, resv, soft, holder, id, c, now) end
+
+    -- Refused: each key's reason and earliest instant; the latest decides.
+    local by, earl, slot_only, could_run = {}, {}, false, true
+    for k, r in ipairs(rs) do
+      local e, b = now + waits[k], nil
+      if r.suspended then
+        b = 'suspended'
+        if r.until_ > e then e = r.until_ end
+      elseif tiers[k] > 0 then
+        b = 'tier:' .. tiers[k]
+      elseif no_slot[k] and not queued[k] then
+        b, slot_only = 'inflight', true
+        e = math.max(slot_wait(r), now + 1000)
+      elseif queued[k] or o.book then
+        b = 'queue'
+      end
+      -- (a key whose slots are all held cannot run it now, whatever the
+      -- schedule says: decide_one's could_run)
+      if (b and b ~= 'queue') or no_slot[k] then could_run = false end
+      by[k], earl[k] = b, e
+    end
+    local dk, earliest = 0, now
+    for k in ipairs(rs) do
+      if by[k] and (dk == 0 or earl[k] > earliest) then dk, earliest = k, earl[k] end
+    end
+    if slot_only then
+      -- A slot frees when its holder ends, not on a schedule: no
+      -- reservation is made (one held is kept).
+      restore_windows(rs, resv, soft, c)
+      local held = 0
+      for k in ipairs(rs) do
+        if resv[k] and resv[k] > held then held = resv[k] end
+      end
+      return pos[dk], all_denied(rs, earliest - now, by, held)
+    end
+    if o.horizon <= 0 or id == '' then
+      for k, r in ipairs(rs) do
+        if queued[k] and r.vnext > earliest then
+          dk, earliest = k, r.vnext
+          if not r.suspended then by[k] = 'queue' end
+        end
+      end
+      return pos[dk], all_denied(rs, earliest - now, by, 0)
+    end
+
+    -- Reserve one instant every key admits, held in every key.
+    if holder then
+      local keep, R = true, 0
+      for k in ipairs(rs) do
+        if not resv[k] then keep = false elseif resv[k] > R then R = resv[k] end
+      end
+      if keep and R >= earliest then
+        restore_windows(rs, resv, soft, c)
+        return pos[dk], all_denied(rs, R - now, by, R)
+      end
+    end
+    for _, r in ipairs(rs) do load_schedule(r) end
+    -- Each key's own first free instant, before they agree.
+    local own = {}
+    for k, r in ipairs(rs) do own[k] = earliest_fit(r, c[k], earl[k]) end
+    local at, agreed = common_fit(rs, c, earliest)
+    if not agreed or at - now > o.horizon then
+      -- Beyond the horizon (or no instant every key agrees on): come back
+      -- when one can be reserved.
+      drop_resv(rs, resv, soft, id)
+      local retry = at - now
+      if agreed then retry = at - o.horizon - now end
+      return pos[dk], all_denied(rs, retry, by, 0)
+    end
+    if at <= now and could_run and not susp and not o.book then
+      -- (every key's own instant is now: each schedule counts the call)
+      for k, r in ipairs(rs) do
+        book_schedule(r, c[k], at)
+        reserve_windows(r, at, c[k], -1)
+      end
+      return 0, admit_all(rs, resv, soft, holder, id, c, now)
+    end
+    -- Booked where the instant leaves no hole before it; held elsewhere.
+    for k, r in ipairs(rs) do
+      local gap = math.max(o.granule, SOFT_GAP)
+      if at - own[k] <= gap then
+        if soft[k] then redis.call('ZREM', r.resv_key, '~' .. id) end
+        book_schedule(r, c[k], at)
+        hold_at(r, id, at)
+      else
+        if resv[k] and not soft[k] then
+          redis.call('ZREM', r.resv_key, id)
+          r.resv_removed = true
+        end
+        hold_soft(r, id, at)
+      end
+    end
+    return pos[dk], all_denied(rs, math.max(at - now, 0), by, at)
+  end
+
+  -- decide_multi is the function: KEYS in groups of MULTI_STRIDE, one per
+  -- key; ARGV[1] the options, ARGV[2] the task ID, ARGV[3] the cost.
+  decide_multi = function(KEYS, ARGV)
+    local nk = math.floor(#KEYS / MULTI_STRIDE)
+    if nk < 1 or nk > MULTI_MAX or #KEYS ~= nk * MULTI_STRIDE then
+      error('decide_multi: ' .. #KEYS .. ' keys: want ' .. MULTI_STRIDE .. ' per limiter key, 1 to ' .. MULTI_MAX .. ' of them')
+    end
+    local o = multi_options(ARGV[1])
+    local id, raw = ARGV[2] or '', ARGV[3] or '1'
+    local now = now_us()
+    local krs, pos, out = {}, {}, {}
+    for j = 1, nk do
+      local kr, reply = key_read(KEYS, MULTI_STRIDE * (j - 1), o, now)
+      if kr then
+        local i = #krs + 1
+        krs[i], pos[i] = kr, j
+      elseif reply == '-2' then
+        out[j] = '-2' -- (a key without limits limits nothing)
+      else
+        return j .. ';' .. reply
+      end
+    end
+    if #krs == 0 then return '0;' .. table.concat(out, ';') end
+    -- The common case: every key admits the caller now on buckets alone
+    -- (take_now's rules): each takes it as the one-key path does, without
+    -- the general state.
+    local c, all = {}, true
+    for i, kr in ipairs(krs) do
+      c[i] = cost_vec(raw, kr.spec)
+      if all and not fits_now(kr, c[i], o, now) then all = false end
+    end
+    if all then
+      for i, kr in ipairs(krs) do
+        local reply = take_now(kr.ks[1], kr.ks[4], o, now, kr.L, kr.h[2] ~= false, kr.spec, kr.owed, kr.x, c[i], kr.M)
+        if not reply then error('decide_multi: key ' .. pos[i] .. ' refused what it admitted') end
+        out[pos[i]] = reply
+      end
+      return '0;' .. table.concat(out, ';')
+    end
+    local rs = {}
+    for i, kr in ipairs(krs) do rs[i] = key_state(kr, o, now) end
+    local k, replies = multi_one(rs, pos, id, raw)
+    if type(replies) == 'string' then
+      return k .. ';' .. replies
+    end
+    for _, r in ipairs(rs) do write_back(r) end
+    for i, r in ipairs(replies) do out[pos[i]] = r end
+    return k .. ';' .. table.concat(out, ';')
+  end
+end
