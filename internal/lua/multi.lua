@@ -12,7 +12,9 @@
 --   2. a booking under an ID that holds a reservation in any key changes
 --      nothing;
 --   3. a holder (its reservation looked up in every key whose queue is
---      open) not due yet in some key waits for its latest instant; paced
+--      open) not due yet in some key waits for its latest instant (holds
+--      alone, their booking dropped by a Resume or SetLimits, are given
+--      up: it is a fresh caller); paced
 --      in every key, one due is admitted at the first instant every key
 --      admits it within the granule;
 --   4. otherwise it takes its cost from every tier of every key, all or
@@ -177,6 +179,31 @@ do
     end
   end
 
+  -- drop_orphan_holds gives up the caller's holds when it has no booking
+  -- in any key and is not due in some key: the booking they stood beside
+  -- is gone (a Resume or SetLimits of the key that booked it dropped that
+  -- key's queue, and brought the task back to be decided now), and a hold
+  -- alone must not make the caller wait for the old instant. It is then a
+  -- fresh caller. (Due in every key, its holds stand: the tiers decide.)
+  local function drop_orphan_holds(rs, resv, soft, id)
+    local due = true
+    for k, r in ipairs(rs) do
+      if resv[k] then
+        if not soft[k] then return end
+        local early = r.o.granule
+        if r.paced then early = early + PACE_EARLY end
+        if r.now < resv[k] - early then due = false end
+      end
+    end
+    if due then return end
+    for k, r in ipairs(rs) do
+      if soft[k] then
+        redis.call('ZREM', r.resv_key, '~' .. id)
+        resv[k], soft[k] = nil, false
+      end
+    end
+  end
+
   -- all_denied makes every key's refusal: retry after retry (us), each
   -- key's reason (by[k], '' for a key that admitted), the reserved instant
   -- (0 none).
@@ -262,6 +289,8 @@ do
           if resv[k] then holder = true end
         end
       end
+      if holder then drop_orphan_holds(rs, resv, soft, id) end
+      holder = next(resv) ~= nil
     end
     local susp = nil
     for _, r in ipairs(rs) do
