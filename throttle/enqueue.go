@@ -101,7 +101,7 @@ func (l *Limiter) Enqueue(ctx context.Context, client *asynq.Client, task *asynq
 			keys = []string{key}
 		}
 		for _, k := range keys {
-			// (a hold that booked nothing, '~' and the ID, lapses)
+			// (the booking, or the hold '~' and the ID, in every key)
 			l.release(ctx, k, id, tenant, cost)
 		}
 		return nil, err

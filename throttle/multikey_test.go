@@ -303,3 +303,30 @@ func TestSeveralKeysAreRefusedOnACluster(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, 9, d.Remaining, "ws untouched by the refused call")
 }
+
+// Limiter.Enqueue of a task of several keys that asynq refuses (a
+// duplicate) gives up what its booking wrote in every key: the booking
+// in the key that made it wait, and the hold ("~ID") in the others.
+func TestEnqueueOfARefusedTaskOfSeveralKeysLeavesNoHold(t *testing.T) {
+	redistest.Require(t)
+	ctx := context.Background()
+	rdb := redistest.Start(t).Client(t)
+	lim := throttle.NewLimiter(rdb, quietLog)
+	require.NoError(t, lim.SetLimits(ctx, "a", throttle.PerSecond(100)))
+	require.NoError(t, lim.SetLimits(ctx, "b", throttle.PerSecond(100)))
+	require.NoError(t, lim.Suspend(ctx, "b", time.Minute))
+	client := asynq.NewClientFromRedisClient(rdb)
+	task := newTask(t, "sync", []byte("x"), throttle.Key("a", "b"))
+	_, err := lim.Enqueue(ctx, client, task, asynq.Unique(time.Hour), asynq.TaskID("first"))
+	require.NoError(t, err)
+	_, err = lim.Enqueue(ctx, client, task, asynq.Unique(time.Hour), asynq.TaskID("dup"))
+	require.ErrorIs(t, err, asynq.ErrDuplicateTask)
+	held := map[string][]string{}
+	for _, k := range []string{"a", "b"} {
+		members, err := rdb.ZRange(ctx, redisKey(k, "r"), 0, -1).Result()
+		require.NoError(t, err)
+		held[k] = members
+	}
+	assert.Equal(t, map[string][]string{"a": {"~first"}, "b": {"first"}}, held,
+		"the first task's booking (b, whose suspension it waits for) and hold (a) stay; the duplicate's are gone")
+}

@@ -307,7 +307,8 @@ func Release(ctx context.Context, r *Runner, k Keys, holds ...string) (int64, er
 
 // Unbook runs unbook.lua: the booking of task id (a reservation that
 // Limiter.Enqueue made for a task asynq then refused) is given up, and what
-// it wrote undone: the reservation, its start tag and its tenant's work on
+// it wrote undone: the reservation or its hold ("~" + id, a task of
+// several keys), its start tag and its tenant's work on
 // a key tenants share, else the buckets' schedule when it was the last
 // booking and the calls it reserved in each window.
 //
@@ -316,7 +317,7 @@ func Release(ctx context.Context, r *Runner, k Keys, holds ...string) (int64, er
 //	ARGV[1] task ID  ARGV[2] tenant ("" the default)  ARGV[3] its cost (as decide takes it)
 //	ARGV[4] default limits ("" = none)
 //
-// Reply: 1 when the booking was there, else 0.
+// Reply: 1 when the booking (or a hold) was there, else 0.
 func Unbook(ctx context.Context, r *Runner, k Keys, id, tenant string, cost any, defaults []Tier) (bool, error) {
 	v, err := r.Run(ctx, unbookScript, []string{k.Bucket, k.Reservations, k.Tenants, k.Tags, k.Config}, id, tenant, cost, FormatTiers(defaults))
 	if err != nil {

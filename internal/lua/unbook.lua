@@ -3,7 +3,9 @@
 -- asynq refused the task (a duplicate of a unique task, an ID in use, a
 -- Redis error), so that work will never come. What the booking wrote is
 -- undone, so that nobody waits behind it:
---   - the reservation;
+--   - the reservation, and a hold of its instant ('~' .. ID: a task of
+--     several keys holds in a key the instant booked in another, see
+--     multi.lua);
 --   - on a key tenants share (fair.lua), its start tag, and the work it
 --     added to its tenant's finish tag (a tenant's next tasks were tagged
 --     behind work that never ran: after enough duplicates, its tasks on an
@@ -11,12 +13,13 @@
 --   - otherwise, the buckets' schedule when the booking was the last one
 --     (a later booking keeps its place: the schedule then stays a little
 --     late, never early), and the calls it reserved in each window.
--- Reply: 1 when the booking was there, else 0.
+-- Reply: 1 when the booking (or a hold) was there, else 0.
 local key, resv_key, akey, tkey, kc = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local id, tenant, cost_raw, defaults = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local now = now_us()
+local held = redis.call('ZREM', resv_key, '~' .. id)
 local at = finite(redis.call('ZSCORE', resv_key, id))
-if not at then return 0 end
+if not at then return held end
 redis.call('ZREM', resv_key, id)
 -- (a hash that expired meanwhile holds nothing the booking wrote: it is
 -- not made anew, with no lifetime)
