@@ -97,6 +97,7 @@ type Decision struct {
 	at         time.Time     // when allowed: the instant admitted at (Redis clock), for refunds
 	booked     bool          // a booking refused: the ID holds a reservation already
 	parts      []keyPart     // a call of several keys admitted: what each key holds (multikey.go)
+	waitsFor   string        // a call of several keys admitted ahead (wait): the key whose turn it waits for
 }
 
 // Take takes one call's worth from every tier of key's limits, or nothing.

@@ -122,6 +122,9 @@ func (l *Limiter) decideMulti(ctx context.Context, keys []string, v variant, id 
 		d.Key = name
 		return d, nil
 	}
+	if r.Key >= 0 {
+		d.waitsFor = name
+	}
 	for i, k := range keys {
 		if kr := r.Keys[i]; kr.Status == lua.StatusAllowed {
 			d.parts = append(d.parts, keyPart{key: k, slot: kr.Slot, at: kr.At, gen: kr.Generation})
@@ -183,8 +186,14 @@ func (m *middleware) processMulti(ctx context.Context, t *asynq.Task, next asynq
 		return m.deferDecision(ctx, t, m.l.keys.get(d.Key), d, ev, Deferred)
 	}
 	if err == nil && m.tooFarAhead(ctx, d.wait) {
+		// (named as a refusal is: the key whose turn it waits for)
 		m.giveBackMulti(ctx, d, ev.cost, ev.Tenant)
-		return m.deferDecision(ctx, t, ks, Decision{RetryAfter: d.wait, Reason: RefusedByQueue}, ev, Deferred)
+		by := keys[0]
+		if d.waitsFor != "" {
+			by = d.waitsFor
+		}
+		ev.Key = by
+		return m.deferDecision(ctx, t, m.l.keys.get(by), Decision{RetryAfter: d.wait, Reason: RefusedByQueue, Key: by}, ev, Deferred)
 	}
 	if err == nil {
 		for _, p := range d.parts {

@@ -330,3 +330,54 @@ func TestEnqueueOfARefusedTaskOfSeveralKeysLeavesNoHold(t *testing.T) {
 	assert.Equal(t, map[string][]string{"a": {"~first"}, "b": {"first"}}, held,
 		"the first task's booking (b, whose suspension it waits for) and hold (a) stay; the duplicate's are gone")
 }
+
+// A task of several keys admitted at an instant ahead (paced: a holder of
+// a reservation comes back a moment before it) that cannot wait that long
+// in its worker (its deadline is near) is deferred to the instant: the
+// deferral names the key whose turn it waits for (here the second), as a
+// refusal does, not the task's first key.
+func TestDeferralToAPacedInstantNamesTheKeyItWaitsFor(t *testing.T) {
+	redistest.Require(t)
+	ctx := context.Background()
+	rdb := redistest.Start(t).Client(t)
+	lim := throttle.NewLimiter(rdb, quietLog, throttle.WithPacing(true))
+	require.NoError(t, lim.SetLimits(ctx, "a", throttle.PerSecond(100).WithBurst(5)))
+	require.NoError(t, lim.SetLimits(ctx, "b", throttle.PerSecond(1).WithBurst(1)))
+	var mu sync.Mutex
+	var events []throttle.Event
+	lim.OnEvent(func(e throttle.Event) {
+		mu.Lock()
+		defer mu.Unlock()
+		events = append(events, e)
+	})
+	h := lim.Middleware()(asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
+		t.Error("the handler ran")
+		return nil
+	}))
+	headers := newTask(t, "sync", nil, throttle.Key("a", "b")).Headers()
+	headers["throttle-origin"] = "X" // (the task's ID, outside a server)
+	task := asynq.NewTaskWithHeaders("sync", nil, headers)
+
+	d, err := lim.Take(ctx, "b")
+	require.NoError(t, err)
+	require.True(t, d.Allowed)
+	_ = h.ProcessTask(ctx, task) // refused by b: X reserves b's next token, about 1 s ahead
+	// Back at once, within its granule: admitted at b's instant, about 1 s
+	// ahead, more than half of what its deadline leaves.
+	dctx, cancel := context.WithTimeout(ctx, 1500*time.Millisecond)
+	defer cancel()
+	_ = h.ProcessTask(dctx, task)
+
+	mu.Lock()
+	defer mu.Unlock()
+	require.Len(t, events, 2, "%+v", events)
+	assert.Equal(t, throttle.Deferred, events[0].Outcome, "%+v", events[0])
+	assert.True(t, events[0].Reserved, "%+v", events[0])
+	assert.Equal(t, "b", events[0].Key, "refused by b")
+	last := events[1]
+	assert.Equal(t, throttle.Deferred, last.Outcome, "%+v", last)
+	assert.Equal(t, throttle.RefusedByQueue, last.Reason, "deferred to its paced instant: %+v", last)
+	assert.Equal(t, "b", last.Key, "b's turn is what it waits for")
+	assert.Zero(t, last.Tier)
+	assert.Greater(t, last.Delay, time.Duration(0))
+}

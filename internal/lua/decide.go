@@ -289,7 +289,8 @@ type MultiReply struct {
 	// in Keys).
 	DecideReply
 	// Key is the position (0-based) of the key that decided a refusal or
-	// an error; -1 when every key admitted the caller.
+	// an error; when every key admitted the caller, -1, or for a holder
+	// admitted at an instant ahead (Wait), the key whose turn it waits for.
 	Key int
 	// Keys is each key's reply, in the order of the keys (nil when one
 	// reply stands for all: an error, a cost too high, a booking of an ID
@@ -314,7 +315,9 @@ type MultiReply struct {
 // Reply: "k;reply" where reply stands for every key (an error, "-3|..." a
 // cost too high for key k, "0|...|booked|..."), or "k;r1;...;rn": each
 // key's decision in Decide's format, k the position (1-based) of the key
-// that decided a refusal, 0 when every key admitted the caller. Every
+// that decided a refusal, 0 when every key admitted the caller (or, when
+// every key admitted it at an instant ahead, the key whose turn it waits
+// for). Every
 // key's refusal carries the same retry and reserved instant; by is ""
 // for a key that admitted. A key without limits replies "-2".
 func DecideMulti(ctx context.Context, r *Runner, ks []Keys, a DecideArgs) (MultiReply, error) {
@@ -372,6 +375,8 @@ func ParseMulti(s string, n int) (MultiReply, error) {
 		return MultiReply{}, errBadReply("decide_multi", s)
 	}
 	m.Remaining = -1
+	// (admitted ahead: k names the key whose turn the caller waits for)
+	admitted := k == 0 || m.Keys[k-1].Status == StatusAllowed && m.Keys[k-1].Wait > 0
 	for i, d := range m.Keys {
 		switch d.Status {
 		case StatusNoLimits:
@@ -380,7 +385,7 @@ func ParseMulti(s string, n int) (MultiReply, error) {
 		default:
 			return MultiReply{}, errBadReply("decide_multi", s)
 		}
-		if k == 0 && d.Status != StatusAllowed || k > 0 && i == k-1 && d.Status != StatusDenied {
+		if admitted && d.Status != StatusAllowed || !admitted && i == k-1 && d.Status != StatusDenied {
 			return MultiReply{}, errBadReply("decide_multi", s)
 		}
 		if !limited {

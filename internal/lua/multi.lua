@@ -37,8 +37,9 @@
 -- reservations, the same instant): found when it comes back, it is not
 -- sent behind that key's queue, and the key's tiers decide; the key's
 -- schedule and windows are not changed.
--- The reply names the key that decided (its position, 1-based) and each
--- key's outcome.
+-- The reply names the key that decided (its position, 1-based; for a
+-- holder admitted at an instant ahead, the key whose turn it waits for)
+-- and each key's outcome.
 --
 -- Not yet here (issue 30, later): tenants' fair order. On a key whose
 -- tenants are active, a caller of several keys is decided on the key's
@@ -214,18 +215,19 @@ do
   end
 
   -- common_turn returns the first instant at or after at at which every
-  -- key admits the caller as a holder (short), and whether they agreed
-  -- within the bounded rounds.
+  -- key admits the caller as a holder (short), whether they agreed within
+  -- the bounded rounds, and the key that last moved the instant (0 none).
   local function common_turn(rs, c, at, holder)
+    local by = 0
     for _ = 1, 3 * #rs do
       local moved = false
       for k, r in ipairs(rs) do
         local tier, wait = short(r, c[k], at, holder[k])
-        if tier ~= 0 then at, moved = at + wait, true end
+        if tier ~= 0 then at, moved, by = at + wait, true, k end
       end
-      if not moved then return at, true end
+      if not moved then return at, true, by end
     end
-    return at, false
+    return at, false, by
   end
 
   -- common_fit returns the first instant at or after s that every key's
@@ -330,8 +332,13 @@ do
         if free then
           local hold = {}
           for k in ipairs(rs) do hold[k] = resv[k] ~= nil end
-          local at, agreed = common_turn(rs, c, now, hold)
-          if agreed and at - now <= limit then return 0, admit_all(rs, resv, soft, holder, id, c, math.ceil(at)) end
+          local at, agreed, by = common_turn(rs, c, now, hold)
+          if agreed and at - now <= limit then
+            -- (admitted ahead: the reply names the key whose turn it waits for)
+            local dk = 0
+            if by > 0 and math.ceil(at) > now then dk = pos[by] end
+            return dk, admit_all(rs, resv, soft, holder, id, c, math.ceil(at))
+          end
         end
       end
     end
