@@ -499,19 +499,20 @@ func (m *middleware) run(ctx context.Context, t *asynq.Task, next asynq.Handler,
 	if ks == nil || !errors.As(herr, &rl) {
 		return herr
 	}
-	if rl.TaskOnly {
-		return m.waitTaskOnly(ctx, t, ks, ev, rl)
-	}
 	key := ev.Key
 	if rl.Key != "" && rl.Key != key {
 		if slices.Contains(ev.keys, rl.Key) {
 			// A task of several keys: the handler named the key whose
 			// limit the provider enforced.
 			key, ks = rl.Key, m.l.keys.get(rl.Key)
-		} else {
+		} else if !rl.TaskOnly {
 			o.logger.Warn("throttle: RateLimitedError names a key the task does not have; suspending the task's first key",
 				"key", key, "named", rl.Key, "task_id", ev.TaskID, "task_keys", ev.keys)
 		}
+	}
+	if rl.TaskOnly {
+		ev.Key = key // (a task of several keys: the key named)
+		return m.waitTaskOnly(ctx, t, ks, ev, rl)
 	}
 	ks.lease.drop() // the provider disagrees: lease no more tokens
 	ks.forgetNoLimits()

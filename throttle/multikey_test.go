@@ -381,3 +381,35 @@ func TestDeferralToAPacedInstantNamesTheKeyItWaitsFor(t *testing.T) {
 	assert.Zero(t, last.Tier)
 	assert.Greater(t, last.Delay, time.Duration(0))
 }
+
+// A provider's wait for the task alone (TaskOnly) that names one of the
+// task's keys is reported on that key: the Deferred event names it.
+func TestTaskOnlyWaitNamesTheKeyTheHandlerNamed(t *testing.T) {
+	redistest.Require(t)
+	ctx := context.Background()
+	lim := throttle.NewLimiter(redistest.Start(t).Client(t), quietLog)
+	require.NoError(t, lim.SetLimits(ctx, "ws", throttle.PerSecond(10)))
+	require.NoError(t, lim.SetLimits(ctx, "app", throttle.PerSecond(10)))
+	var mu sync.Mutex
+	var events []throttle.Event
+	lim.OnEvent(func(e throttle.Event) {
+		mu.Lock()
+		defer mu.Unlock()
+		events = append(events, e)
+	})
+	task := newTask(t, "ws:sync", nil, throttle.Key("ws", "app"))
+	_ = lim.Middleware()(asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
+		return &throttle.RateLimitedError{RetryAfter: 10 * time.Second, TaskOnly: true, Key: "app"}
+	})).ProcessTask(ctx, task)
+	mu.Lock()
+	defer mu.Unlock()
+	require.Len(t, events, 2, "%+v", events)
+	assert.Equal(t, throttle.Deferred, events[1].Outcome, "%+v", events[1])
+	assert.Equal(t, throttle.RefusedByProvider, events[1].Reason)
+	assert.Equal(t, "app", events[1].Key, "the key the handler named")
+	for _, k := range []string{"ws", "app"} {
+		st, err := lim.Inspect(ctx, k)
+		require.NoError(t, err)
+		assert.Zero(t, st.SuspendedFor, "%s not suspended: the wait is the task's alone", k)
+	}
+}

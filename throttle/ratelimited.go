@@ -33,7 +33,8 @@ type RateLimitedError struct {
 	// app's limit answered. "" (the default, and what RateLimited and
 	// Observe return) suspends the task's first key, the most specific.
 	// A name that is not one of the task's keys suspends the first, with a
-	// warning.
+	// warning. With TaskOnly nothing is suspended: the task's deferral is
+	// reported on the key named (Event.Key).
 	Key string
 
 	spendCap   string // the provider's reason when it is a spend cap, not a rate limit (Observe)
