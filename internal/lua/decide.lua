@@ -578,6 +578,33 @@ local function book_schedule(r, c, at)
   r.scheduled = true
 end
 
+-- hold_resv holds the caller's reservation for at in key r's reservations
+-- (reserve's, and multi.lua's for a task of several keys where its
+-- instant is booked), and keeps the set alive.
+local function hold_resv(r, id, at)
+  local now, o = r.now, r.o
+  -- (a set this run emptied is made anew by the ZADD below, with no TTL)
+  local refresh = not r.queue_open or r.resv_removed
+  if now - r.sw >= SWEEP_EVERY then
+    -- Reservations whose task never came back lapse; they are swept at
+    -- most once a second (each sweep is a command), and found lapsed by
+    -- their holder's lookup meanwhile.
+    redis.call('ZREMRANGEBYSCORE', r.resv_key, '-inf', '(' .. fmt(now - o.lapse))
+    r.sw, refresh = now, true
+  end
+  redis.call('ZADD', r.resv_key, at, id)
+  -- (a set emptied meanwhile, by another run's admission of its last
+  -- holder, is made anew by the ZADD, with no TTL: one member tells)
+  if not refresh and redis.call('ZCARD', r.resv_key) == 1 then refresh = true end
+  if refresh then
+    -- The reservations live until the last one lapses. Set when a queue
+    -- opens (the set may be new) and at most once a second while it is
+    -- open, for every booking the next second may make (up to the
+    -- horizon ahead): not a PEXPIRE per booking.
+    extend_to(r.resv_key, r.vnext - now + o.lapse + o.horizon + SWEEP_EVERY)
+  end
+end
+
 -- reserve gives the caller (refused by, and free no earlier than earliest)
 -- the earliest instant within the horizon that every tier admits it at,
 -- and returns the reply. could_run: nothing but the queue or a suspension
@@ -605,26 +632,7 @@ local function reserve(r, id, c, resv, earliest, by, could_run)
     reserve_windows(r, at, c, -1)
     return admit(r, resv, id, c, now)
   end
-  -- (a set this run emptied is made anew by the ZADD below, with no TTL)
-  local refresh = not r.queue_open or r.resv_removed
-  if now - r.sw >= SWEEP_EVERY then
-    -- Reservations whose task never came back lapse; they are swept at
-    -- most once a second (each sweep is a command), and found lapsed by
-    -- their holder's lookup meanwhile.
-    redis.call('ZREMRANGEBYSCORE', r.resv_key, '-inf', '(' .. fmt(now - o.lapse))
-    r.sw, refresh = now, true
-  end
-  redis.call('ZADD', r.resv_key, at, id)
-  -- (a set emptied meanwhile, by another run's admission of its last
-  -- holder, is made anew by the ZADD, with no TTL: one member tells)
-  if not refresh and redis.call('ZCARD', r.resv_key) == 1 then refresh = true end
-  if refresh then
-    -- The reservations live until the last one lapses. Set when a queue
-    -- opens (the set may be new) and at most once a second while it is
-    -- open, for every booking the next second may make (up to the
-    -- horizon ahead): not a PEXPIRE per booking.
-    extend_to(r.resv_key, r.vnext - now + o.lapse + o.horizon + SWEEP_EVERY)
-  end
+  hold_resv(r, id, at)
   return denied(r, math.max(at - now, 0), by, at)
 end
 

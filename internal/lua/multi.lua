@@ -126,23 +126,6 @@ do
     return true
   end
 
-  -- hold_at holds the caller's reservation for at in key r: reserve's
-  -- tail (decide.lua), written out so that the one-key path stays as it
-  -- is.
-  local function hold_at(r, id, at)
-    local now, o = r.now, r.o
-    local refresh = not r.queue_open or r.resv_removed
-    if now - r.sw >= SWEEP_EVERY then
-      redis.call('ZREMRANGEBYSCORE', r.resv_key, '-inf', '(' .. fmt(now - o.lapse))
-      r.sw, refresh = now, true
-    end
-    redis.call('ZADD', r.resv_key, at, id)
-    if not refresh and redis.call('ZCARD', r.resv_key) == 1 then refresh = true end
-    if refresh then
-      extend_to(r.resv_key, r.vnext - now + o.lapse + o.horizon + SWEEP_EVERY)
-    end
-  end
-
   -- soft_of returns the caller's hold of an instant in key r (see the top
   -- of this file), or nil; one lapsed is dropped.
   local function soft_of(r, id)
@@ -433,7 +416,7 @@ do
       if at - own[k] <= gap then
         if soft[k] then redis.call('ZREM', r.resv_key, '~' .. id) end
         book_schedule(r, c[k], at)
-        hold_at(r, id, at)
+        hold_resv(r, id, at)
       else
         if resv[k] and not soft[k] then
           redis.call('ZREM', r.resv_key, id)
