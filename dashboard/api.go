@@ -46,6 +46,11 @@ type keyView struct {
 	Error       string            `json:"error,omitempty"`
 	Decisions   map[string]uint64 `json:"decisions,omitempty"` // cumulative, by outcome
 	RateLimited uint64            `json:"rate_limited"`
+	// Waits are the deferrals this key decided (for a task of several
+	// keys, the key that made it wait), cumulative, by what made the task
+	// wait: "tier N" (the key's Nth limit, as in Limits), "suspended",
+	// "queued", "reserved", "in flight", "provider".
+	Waits map[string]uint64 `json:"waits,omitempty"`
 }
 
 // tenantView is one tenant of a key (throttle.TenantStatus).
@@ -115,6 +120,9 @@ func (d *dashboard) keys(w http.ResponseWriter, r *http.Request) {
 		kv := newKeyView(s.Key, s.Status, s.Err)
 		if c, ok := counts[s.Key]; ok {
 			kv.Decisions, kv.RateLimited = c.decisions, c.rateLimited
+			if len(c.waits) > 0 {
+				kv.Waits = c.waits
+			}
 		}
 		v.Keys = append(v.Keys, kv)
 	}

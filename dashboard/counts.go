@@ -1,6 +1,8 @@
 package dashboard
 
 import (
+	"maps"
+	"strconv"
 	"sync"
 
 	"github.com/asynq-throttle/asynq-throttle/throttle"
@@ -20,6 +22,17 @@ type counts struct {
 type keyCounts struct {
 	decisions   map[string]uint64 // by outcome
 	rateLimited uint64
+	waits       map[string]uint64 // deferrals this key decided, by what made the task wait (waitOf)
+}
+
+// waitOf names what made a deferred task wait on the key its event names
+// (for a task of several keys, the key that decided): "tier N" for the
+// key's Nth limit, else the reason ("suspended", "queued", ...).
+func waitOf(ev throttle.Event) string {
+	if ev.Reason == throttle.RefusedByTier && ev.Tier > 0 {
+		return "tier " + strconv.Itoa(ev.Tier)
+	}
+	return ev.Reason.String()
 }
 
 // add counts one event (Limiter.OnEvent).
@@ -34,10 +47,13 @@ func (c *counts) add(ev throttle.Event) {
 		if len(c.keys) >= maxCountedKeys {
 			return
 		}
-		k = &keyCounts{decisions: map[string]uint64{}}
+		k = &keyCounts{decisions: map[string]uint64{}, waits: map[string]uint64{}}
 		c.keys[ev.Key] = k
 	}
 	k.decisions[ev.Outcome.String()]++
+	if ev.Outcome == throttle.Deferred {
+		k.waits[waitOf(ev)]++
+	}
 	if ev.Outcome == throttle.Suspended {
 		k.rateLimited++
 	}
@@ -52,11 +68,7 @@ func (c *counts) snapshot() map[string]keyCounts {
 	}
 	out := make(map[string]keyCounts, len(c.keys))
 	for key, k := range c.keys {
-		d := make(map[string]uint64, len(k.decisions))
-		for o, n := range k.decisions {
-			d[o] = n
-		}
-		out[key] = keyCounts{decisions: d, rateLimited: k.rateLimited}
+		out[key] = keyCounts{decisions: maps.Clone(k.decisions), rateLimited: k.rateLimited, waits: maps.Clone(k.waits)}
 	}
 	return out
 }

@@ -3,7 +3,8 @@
 // tokens, a window's calls left, the slots in flight; the limits'
 // generation, suspension with a countdown, the reservation backlog as a
 // forecast, the tenants sharing it with their weights, shares of its rate,
-// backlogs and work admitted, decisions per second and 429s) with actions
+// backlogs and work admitted, decisions per second, 429s, and what the key
+// made tasks wait for: which of its limits, or its suspension) with actions
 // to suspend, resume and change limits (in the CLI's form, units and all:
 // 500/m 30000/m:tokens) behind a read-only switch that is on by default.
 // Everything it serves is embedded: no CDN, no network fetch. It answers

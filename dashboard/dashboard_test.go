@@ -571,3 +571,46 @@ func (s *safeBuffer) String() string {
 	defer s.mu.Unlock()
 	return s.b.String()
 }
+
+// A task of several keys that its second key made wait is shown on that
+// key, with the limit that made it wait (its tier); its first key, which
+// admitted it, shows no wait.
+func TestAPIKeysNamesTheKeyAndTierThatMadeTasksWait(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Start(t).Client(t)
+	lim := throttle.NewLimiter(rdb, throttle.WithLogger(slog.New(slog.DiscardHandler)))
+	require.NoError(t, lim.SetLimits(ctx, "ws", throttle.PerSecond(10)))
+	require.NoError(t, lim.SetLimits(ctx, "app", throttle.PerSecond(100), throttle.PerHour(1)))
+	srv := mount(t, dashboard.New(lim))
+	task, err := throttle.NewTask("ws:sync", nil, throttle.Key("ws", "app"))
+	require.NoError(t, err)
+	h := lim.Middleware()(asynq.HandlerFunc(func(context.Context, *asynq.Task) error { return nil }))
+	require.NoError(t, h.ProcessTask(ctx, task), "ran")
+	_ = h.ProcessTask(ctx, task) // deferred: app's 1 an hour (outside a server, by a copy)
+
+	code, _, body := get(t, srv.URL+"/throttle/api/keys")
+	require.Equal(t, http.StatusOK, code, body)
+	var v struct {
+		Keys []struct {
+			Key       string            `json:"key"`
+			Decisions map[string]uint64 `json:"decisions"`
+			Waits     map[string]uint64 `json:"waits"`
+			Limits    []struct {
+				Limit string `json:"limit"`
+			} `json:"limits"`
+		} `json:"keys"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(body), &v))
+	byKey := map[string]int{}
+	for i, k := range v.Keys {
+		byKey[k.Key] = i
+	}
+	require.Contains(t, byKey, "app", body)
+	require.Contains(t, byKey, "ws", body)
+	app, ws := v.Keys[byKey["app"]], v.Keys[byKey["ws"]]
+	assert.Equal(t, map[string]uint64{"tier 2": 1}, app.Waits, "app's second limit made the task wait: %s", body)
+	assert.Equal(t, "1/h", app.Limits[1].Limit, "tier 2 as the page names it")
+	assert.Equal(t, uint64(1), app.Decisions["deferred"])
+	assert.Empty(t, ws.Waits, "ws made nothing wait")
+	assert.Equal(t, map[string]uint64{"ran": 1}, ws.Decisions, "the run counts on the task's first key")
+}

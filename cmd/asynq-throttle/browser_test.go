@@ -403,3 +403,27 @@ func TestDashboardShowsAFleetDraining(t *testing.T) {
 		func(n float64) bool { return n >= history }, "slack's sparkline has a few seconds of history")
 	writeScreenshot(t, ctx)
 }
+
+// A task of several keys that its second key made wait: the page shows the
+// wait on that key's card, naming the limit (tier) that made it wait; the
+// first key's card shows none.
+func TestBrowserNamesTheKeyAndTierThatMadeATaskWait(t *testing.T) {
+	ctx := chromium(t)
+	srv := redistest.Start(t)
+	lim := throttle.NewLimiter(srv.Client(t), throttle.WithLogger(slog.New(slog.DiscardHandler)))
+	bg := context.Background()
+	require.NoError(t, lim.SetLimits(bg, "ws", throttle.PerSecond(10)))
+	require.NoError(t, lim.SetLimits(bg, "app", throttle.PerSecond(100), throttle.PerHour(1)))
+	web := http.NewServeMux()
+	web.Handle("/throttle/", http.StripPrefix("/throttle", dashboard.New(lim)))
+	hs := httptest.NewServer(web)
+	t.Cleanup(hs.Close)
+	h := lim.Middleware()(asynq.HandlerFunc(func(context.Context, *asynq.Task) error { return nil }))
+	task := mustTask(t, "ws:sync", nil, throttle.Key("ws", "app"))
+	require.NoError(t, h.ProcessTask(bg, task), "ran")
+	_ = h.ProcessTask(bg, task) // deferred by app's 1 an hour (outside a server, by a copy)
+
+	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(hs.URL+"/throttle/")))
+	eventually(t, ctx, cardText("app", ".waits"), func(s string) bool { return s == "tier 2 (1/h) 1" }, "app's card names its limit that made the task wait")
+	assert.Equal(t, "none", js[string](t, ctx, cardText("ws", ".waits")), "ws made nothing wait")
+}

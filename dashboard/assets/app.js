@@ -81,6 +81,11 @@
       c.rates.classList.add('rates');
       c.r429 = row('429s seen');
       c.r429.classList.add('r429');
+      // What this key made tasks wait for: for a task of several keys, the
+      // key that decided counts it (not the task's first key).
+      c.waits = row('made tasks wait');
+      c.waits.classList.add('waits');
+      c.waits.title = 'deferrals this key decided, by what made the task wait: which of its limits (tier), or its suspension, queue, slots';
       c.spark = document.createElementNS(svgNS, 'svg');
       c.spark.setAttribute('class', 'spark');
       c.spark.setAttribute('viewBox', '0 0 100 30');
@@ -301,6 +306,7 @@
       c.rates.append(s);
     }
     c.r429.textContent = String(k.rate_limited || 0);
+    waits(c, k);
     // The history fills the width; one point per poll, newest on the right.
     const peak = Math.max(1, ...c.hist.map((h) => Math.max(h.ran, h.deferred)));
     const step = 100 / Math.max(1, c.hist.length - 1);
@@ -309,6 +315,27 @@
     }
     const span = Math.round(c.hist.length * pollMS / 1000);
     c.sparkNote.textContent = c.hist.length > 1 ? 'last ' + span + ' s · peak ' + fmtRate(peak) + '/s · green ran, amber deferred' : '';
+  }
+
+  // waits names what this key made tasks wait for, most first: "tier 2
+  // (1/h) 3 · suspended 1" (a tier with its limit as the limits show it).
+  function waits(c, k) {
+    const w = Object.entries(k.waits || {}).sort((a, b) => b[1] - a[1] || (a[0] < b[0] ? -1 : 1));
+    c.waits.textContent = '';
+    if (!w.length) {
+      c.waits.textContent = 'none';
+      return;
+    }
+    for (const [why, n] of w) {
+      let label = why;
+      const m = /^tier (\d+)$/.exec(why);
+      const lim = m && (k.limits || [])[Number(m[1]) - 1];
+      if (lim) label += ' (' + lim.limit + ')';
+      const s = el('span', 'wait');
+      s.dataset.why = why;
+      s.append(label + ' ', el('b', '', String(n)));
+      c.waits.append(s);
+    }
   }
 
   function render(s, at) {
