@@ -62,6 +62,41 @@ func TestE2ERefundsBringBookedTasksForward(t *testing.T) {
 	assert.GreaterOrEqual(t, early, 5, "tasks brought forward by the refunds")
 }
 
+// A refund brings forward tasks of several keys booked in the key that
+// refunded, their SECOND key (the first, a workspace's, is generous; the
+// app's tokens make them wait): the same drain as above, every task
+// Key("ws", "llm").
+func TestE2ERefundsBringTasksBookedInTheirSecondKeyForward(t *testing.T) {
+	t.Parallel()
+	f := startFleet(t, fleetConfig{servers: 2, handler: func(ctx context.Context, _ *asynq.Task) error {
+		return throttle.Used(ctx, "tokens", 50)
+	}})
+	f.setLimits("ws", throttle.PerSecond(1000))
+	f.setLimits("llm", throttle.PerSecond(100), throttle.PerSecond(500).WithBurst(1000).In("tokens"))
+	lim := throttle.NewLimiter(f.rdb, throttle.WithLogger(quiet))
+	ctx := context.Background()
+	const n = 30
+	bookedFor := map[string]time.Time{}
+	for i := range n {
+		job := fmt.Sprintf("job-%d", i)
+		info, err := lim.Enqueue(ctx, f.client, newTask(t, "sync:llm", []byte(job), throttle.Key("ws", "llm"), throttle.Uses("tokens", 200)))
+		require.NoError(t, err)
+		f.jobOfID.Store(info.ID, job)
+		bookedFor[job] = info.NextProcessAt
+	}
+	f.waitDone(n, 20*time.Second)
+	f.audit(n)
+	early := 0
+	f.rec.mu.Lock()
+	for job, runs := range f.rec.runs {
+		if runs[0].Before(bookedFor[job].Add(-time.Second)) {
+			early++
+		}
+	}
+	f.rec.mu.Unlock()
+	assert.GreaterOrEqual(t, early, 5, "tasks brought forward by the refunds in llm, their second key")
+}
+
 // A refund brings forward only the task that booked the reservation: a
 // task deleted from asynq and enqueued again under its ID for an hour
 // later (asynq's way to reschedule) leaves its booking in the queue until

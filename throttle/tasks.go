@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -244,10 +245,23 @@ func (l *Limiter) forward(ctx context.Context, key string, fw []lua.Forwarded) {
 		if !ok || info.NextProcessAt.Sub(at).Abs() > forwardSlack {
 			return false
 		}
-		k, err := l.o.keyOf(asynq.NewTaskWithHeaders(info.Type, info.Payload, info.Headers))
-		return err == nil && k == key
+		return l.o.hasKey(asynq.NewTaskWithHeaders(info.Type, info.Payload, info.Headers), key)
 	})
 	l.o.logger.Debug("throttle: a refund brought booked tasks forward", "key", key, "queue", queue, "brought", n, "of", len(fw))
+}
+
+// hasKey reports whether task t is throttled by key: its key, or one of
+// the keys of a task of several keys (booked in its second key, say).
+func (o *options) hasKey(t *asynq.Task, key string) bool {
+	k, err := o.keyOf(t)
+	if err != nil || k == "" {
+		return false
+	}
+	if k == key {
+		return true
+	}
+	keys, err := keysOfTask(t, k)
+	return err == nil && slices.Contains(keys, key)
 }
 
 // forwardSlack is how far from its reservation's instant a task brought
