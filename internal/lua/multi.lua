@@ -12,9 +12,10 @@
 --   2. a booking under an ID that holds a reservation in any key changes
 --      nothing;
 --   3. a holder (its reservation looked up in every key whose queue is
---      open) not due yet in some key waits for its latest instant (holds
---      alone, their booking dropped by a Resume or SetLimits, are given
---      up: it is a fresh caller); paced
+--      open) not due yet in some key waits for its latest instant (a hold
+--      counts no later than the caller's booking, which a refund may have
+--      brought forward; holds alone, their booking dropped by a Resume or
+--      SetLimits, are given up: it is a fresh caller); paced
 --      in every key, one due is admitted at the first instant every key
 --      admits it within the granule;
 --   4. otherwise it takes its cost from every tier of every key, all or
@@ -163,17 +164,29 @@ do
     end
   end
 
-  -- drop_orphan_holds gives up the caller's holds when it has no booking
-  -- in any key and is not due in some key: the booking they stood beside
-  -- is gone (a Resume or SetLimits of the key that booked it dropped that
-  -- key's queue, and brought the task back to be decided now), and a hold
-  -- alone must not make the caller wait for the old instant. It is then a
-  -- fresh caller. (Due in every key, its holds stand: the tiers decide.)
-  local function drop_orphan_holds(rs, resv, soft, id)
+  -- fit_holds makes the caller's holds ('~' .. ID) wait for no more
+  -- than its bookings: a hold stands beside the instant booked in another
+  -- key, and never lies past it but when that booking moved or went.
+  -- Brought forward (a refund), a hold past it counts at the booking's
+  -- instant (the hold still keeps its key's queue from it). Gone (a Resume
+  -- or SetLimits of the key that booked it dropped that key's queue, and
+  -- brought the task back to be decided now), holds not due yet are given
+  -- up: it is a fresh caller. (Due in every key, its holds stand: the
+  -- tiers decide.)
+  local function fit_holds(rs, resv, soft, id)
+    local booked = nil
+    for k in ipairs(rs) do
+      if resv[k] and not soft[k] and (not booked or resv[k] > booked) then booked = resv[k] end
+    end
+    if booked then
+      for k in ipairs(rs) do
+        if soft[k] and resv[k] > booked then resv[k] = booked end
+      end
+      return
+    end
     local due = true
     for k, r in ipairs(rs) do
       if resv[k] then
-        if not soft[k] then return end
         local early = r.o.granule
         if r.paced then early = early + PACE_EARLY end
         if r.now < resv[k] - early then due = false end
@@ -274,7 +287,7 @@ do
           if resv[k] then holder = true end
         end
       end
-      if holder then drop_orphan_holds(rs, resv, soft, id) end
+      if holder then fit_holds(rs, resv, soft, id) end
       holder = next(resv) ~= nil
     end
     local susp = nil

@@ -554,3 +554,37 @@ func TestMultiBookingHoldsOneInstantAndRefusesAnIDInUse(t *testing.T) {
 		}
 	})
 }
+
+// A refund brought a holder's booking forward (adjust.lua moves it to
+// now): its hold in another key, still at the old instant, does not make
+// it wait; that key's tiers decide, and its queue does not hold it back.
+func TestMultiHoldPastABookingBroughtForwardDoesNotWait(t *testing.T) {
+	e := newMultiEnv(t, false)
+	e.limits(0, bucket(10, 1000, 1))
+	e.limits(1, bucket(10, 1000, 1))
+	resv := DecideArgs{Horizon: time.Minute, Lapse: time.Minute}
+	// a's queue: 7 bookings to 0.7 s; b's: 10, to 1.0 s.
+	for i, n := range []int{7, 10} {
+		require.Equal(t, StatusAllowed, e.one(i, DecideArgs{}).Status)
+		for j := range n {
+			a := resv
+			a.TaskID = fmt.Sprintf("q%d-%d", i, j)
+			require.Equal(t, StatusDenied, e.one(i, a).Status)
+		}
+	}
+	x := resv
+	x.TaskID = "X"
+	r := e.multi(x)
+	require.Equal(t, StatusDenied, r.Status, "%+v", r)
+	at := testEpoch().Add(1100 * time.Millisecond).UnixMicro()
+	require.Equal(t, at, e.booked(1, "X"), "booked in b, behind its queue")
+	require.Equal(t, at, e.booked(0, "~X"), "held in a, whose own turn is earlier")
+
+	e.at(500 * time.Millisecond)
+	now := float64(testEpoch().Add(500 * time.Millisecond).UnixMicro())
+	require.NoError(t, e.rdb.ZAddXX(e.ctx, e.ks[1].Reservations, redis.Z{Score: now, Member: "X"}).Err(), "a refund brings X forward in b")
+	got := e.multi(x)
+	assert.Equal(t, StatusAllowed, got.Status, "admitted now, not kept for its hold's old instant: %+v", got)
+	assert.Zero(t, e.reserved(0, "X"), "the hold left a")
+	assert.Zero(t, e.reserved(1, "X"), "the booking left b")
+}
