@@ -90,15 +90,30 @@ local function bring_forward(resv_key, tiers, was, owed, gave, estimate, V, B, n
   local n = math.floor(credit / worth)
   if n > MAX_FORWARD then n = MAX_FORWARD end
   if n > 0 then
-    local found = redis.call('ZREVRANGEBYSCORE', resv_key, '+inf', '(' .. fmt(now + FORWARD_AFTER), 'WITHSCORES', 'LIMIT', 0, n)
-    for j = 1, #found, 2 do
-      redis.call('ZADD', resv_key, 'XX', now, found[j])
-      out[#out + 1] = found[j]
-      out[#out + 1] = found[j + 1]
+    -- A hold ('~' .. ID: a task of several keys holding here the instant
+    -- booked in another key, multi.lua) is not a booking of this key's
+    -- schedule: it is skipped, and the credit goes to bookings (looked
+    -- for past at most a few pages of holds).
+    local got, skipped = 0, 0
+    for _ = 1, 4 do
+      if got >= n then break end
+      local want = n - got
+      local found = redis.call('ZREVRANGEBYSCORE', resv_key, '+inf', '(' .. fmt(now + FORWARD_AFTER), 'WITHSCORES', 'LIMIT', skipped, want)
+      for j = 1, #found, 2 do
+        if string.byte(found[j], 1) == 126 then -- ('~')
+          skipped = skipped + 1
+        else
+          redis.call('ZADD', resv_key, 'XX', now, found[j])
+          out[#out + 1] = found[j]
+          out[#out + 1] = found[j + 1]
+          got = got + 1
+        end
+      end
+      if #found / 2 < want then break end -- (none further ahead)
     end
     -- (credit nothing far enough ahead could take is not kept; credit
     -- beyond MAX_FORWARD's worth is not either)
-    if #found / 2 < n then
+    if got < n then
       credit = 0
     else
       credit = math.min(credit - n * worth, MAX_FORWARD * worth)

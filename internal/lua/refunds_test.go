@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -265,5 +266,42 @@ func TestARefundIsNotGivenFromAHolderCountedAhead(t *testing.T) {
 			e.at(1101 * time.Millisecond)
 			assert.InDelta(t, 1.0, e.tokensLeft(), 1e-6, "1 ms after H's instant: H's 1,000 left the bucket empty, whatever C cost")
 		})
+	}
+}
+
+// A hold ("~" + ID: a task of several keys holding here the instant
+// booked in another key) is not a booking of this key: a refund brings
+// the latest booking forward, not a hold further ahead.
+func TestARefundBringsABookingForwardNotAHold(t *testing.T) {
+	e := newEnv(t)
+	e.setLimits(Tier{Rate: 1000, PerMS: 1000, Burst: 1000}, Tier{Rate: 1000, PerMS: 1000, Burst: 2000, Unit: "tokens"})
+	var c DecideReply
+	for i, n := range []int{1000, 200, 200, 200, 200, 200} {
+		r := e.decide(DecideArgs{Units: fmt.Sprintf("tokens=%d", n)})
+		require.Equal(t, StatusAllowed, r.Status)
+		if i == 1 {
+			c = r
+		}
+	}
+	for i := range 10 {
+		r := e.decide(DecideArgs{Horizon: time.Minute, Lapse: time.Minute, Granule: time.Second, Book: true, TaskID: fmt.Sprintf("r%d", i), Units: "tokens=200"})
+		require.Equal(t, StatusDenied, r.Status)
+	}
+	// Two holds past every booking.
+	for i, at := range []time.Duration{5 * time.Second, 6 * time.Second} {
+		require.NoError(t, e.rdb.ZAdd(e.ctx, e.k.Reservations, redis.Z{Score: float64(testEpoch().Add(at).UnixMicro()), Member: fmt.Sprintf("~h%d", i)}).Err())
+	}
+	e.at(100 * time.Millisecond)
+	fw, err := Settle(e.ctx, e.run, e.k, -200, Call{At: c.At, Charged: 200, Generation: c.Generation, Unit: "tokens", Forward: true}, nil)
+	require.NoError(t, err)
+	var ids []string
+	for _, f := range fw {
+		ids = append(ids, f.ID)
+	}
+	assert.Equal(t, []string{"r9"}, ids, "the latest booking, past the holds")
+	for _, h := range []string{"~h0", "~h1"} {
+		s, err := e.rdb.ZScore(e.ctx, e.k.Reservations, h).Result()
+		require.NoError(t, err)
+		assert.Greater(t, s, float64(testEpoch().Add(4*time.Second).UnixMicro()), "%s stays where it was", h)
 	}
 }
