@@ -263,6 +263,24 @@ do
         end
       end
     end
+    if holder then
+      -- Holds alone, none due: the booking they kept the instant of is
+      -- gone (Resume dropped it with the suspension it waited for), and
+      -- they wait for nothing. Dropped; the caller is decided afresh.
+      local booked, due = false, false
+      for k, r in ipairs(rs) do
+        if resv[k] then
+          local early = o.granule
+          if r.paced then early = early + PACE_EARLY end
+          if not soft[k] then booked = true end
+          if now >= resv[k] - early then due = true end
+        end
+      end
+      if not booked and not due then
+        drop_resv(rs, resv, soft, id)
+        resv, soft, holder = {}, {}, false
+      end
+    end
     local susp = nil
     for _, r in ipairs(rs) do
       if r.suspended and (not susp or r.until_ > susp) then susp = r.until_ end
