@@ -48,6 +48,7 @@
 local FORWARD_AFTER = 1.5e6 -- us: reservations nearer come back by themselves soon (asynq holds a task until the whole second before its instant: throttle's forwardSoonest)
 local MAX_FORWARD = 16     -- reservations brought forward by one settlement at most (the rest of the credit waits for the next)
 local MEAN_WEIGHT = 0.25   -- weight of a settling call's estimate in the key's mean
+local HOLDS_SEEN = 32      -- holds of tasks of several keys skipped among the latest reservations at most
 
 -- bring_forward moves the schedule back by what each bucket gave back
 -- (gave, of owed before: was; owed for the buckets of other units), adds
@@ -90,15 +91,22 @@ local function bring_forward(resv_key, tiers, was, owed, gave, estimate, V, B, n
   local n = math.floor(credit / worth)
   if n > MAX_FORWARD then n = MAX_FORWARD end
   if n > 0 then
-    local found = redis.call('ZREVRANGEBYSCORE', resv_key, '+inf', '(' .. fmt(now + FORWARD_AFTER), 'WITHSCORES', 'LIMIT', 0, n)
+    -- (a task of several keys holds an instant it did not book here as
+    -- '~' .. its ID, multi.lua's hold: no reservation of this schedule,
+    -- and no task of that ID to run; skipped, among HOLDS_SEEN at most)
+    local found = redis.call('ZREVRANGEBYSCORE', resv_key, '+inf', '(' .. fmt(now + FORWARD_AFTER), 'WITHSCORES', 'LIMIT', 0, n + HOLDS_SEEN)
+    local moved = 0
     for j = 1, #found, 2 do
-      redis.call('ZADD', resv_key, 'XX', now, found[j])
-      out[#out + 1] = found[j]
-      out[#out + 1] = found[j + 1]
+      if moved < n and string.sub(found[j], 1, 1) ~= '~' then
+        redis.call('ZADD', resv_key, 'XX', now, found[j])
+        out[#out + 1] = found[j]
+        out[#out + 1] = found[j + 1]
+        moved = moved + 1
+      end
     end
     -- (credit nothing far enough ahead could take is not kept; credit
     -- beyond MAX_FORWARD's worth is not either)
-    if #found / 2 < n then
+    if moved < n then
       credit = 0
     else
       credit = math.min(credit - n * worth, MAX_FORWARD * worth)
