@@ -273,12 +273,18 @@ func (r *mkRig) advance(d time.Duration) {
 }
 
 func TestPropertyMultiKey(t *testing.T) {
-	mr := miniredis.RunT(t)
-	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
-	t.Cleanup(func() { _ = rdb.Close() })
 	// (60 runs in CI, about 20 s: each takes about 0.3 s of scripts in
 	// miniredis; -rapid.checks=2000 for a soak)
 	defer withChecks(60)()
+	checkMultiKey(t)
+}
+
+// checkMultiKey checks the property (rapid.Check) on a miniredis of its
+// own.
+func checkMultiKey(t *testing.T) {
+	mr := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	t.Cleanup(func() { _ = rdb.Close() })
 	rapid.Check(t, func(t *rapid.T) {
 		mr.FlushAll()
 		mr.SetTime(epoch())
