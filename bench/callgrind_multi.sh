@@ -66,11 +66,11 @@ cli -x FUNCTION LOAD REPLACE <"$work/new.lua" >/dev/null
 cli -x FUNCTION LOAD REPLACE <"$work/floors.lua" >/dev/null
 
 # KEYS (internal/lua/decide.go): bucket, reservations, slots, configuration
-# per key. ARGV: the options "granule horizon lapse lease headroom flags
+# per key (decide_multi: then active tenants and start tags). ARGV: the options "granule horizon lapse lease headroom flags
 # slot_expiry|defaults", then the task ID and cost (decide_multi always
 # takes both; the one-key function takes none for a Take).
 k1=(4 't:{a}:b' 't:{a}:r' 't:{a}:f' 't:{a}:c')
-k2=(8 't:{a}:b' 't:{a}:r' 't:{a}:f' 't:{a}:c' 't:{b}:b' 't:{b}:r' 't:{b}:f' 't:{b}:c')
+k2=(12 't:{a}:b' 't:{a}:r' 't:{a}:f' 't:{a}:c' 't:{a}:a' 't:{a}:t' 't:{b}:b' 't:{b}:r' 't:{b}:f' 't:{b}:c' 't:{b}:a' 't:{b}:t')
 take='0 0 300000000 0 0 0 30000000|'
 mw='1000000 60000000 300000000 0 20000 2 30000000|'
 limits() {

@@ -9,7 +9,7 @@ import (
 // key), decided as the middleware decides a task of several keys; pace as
 // WithPacing.
 func ReserveKeys(l *Limiter, ctx context.Context, keys []string, id string, horizon, granule time.Duration, pace bool) (Decision, error) {
-	return l.decideMulti(ctx, keys, variant{horizon: horizon, granule: granule, pace: pace}, id, taskCost{n: 1})
+	return ReserveKeysAs(l, ctx, keys, id, "", horizon, granule, pace)
 }
 
 // TookFrom lists the keys an admitted decision of several keys took from.
