@@ -403,7 +403,7 @@ do
     for k, r in ipairs(rs) do
       local e, b, p = now + waits[k], nil, fp[k]
       local turn = false -- (its tenant's turn is not due on this key)
-      if p then
+      if p and (o.book or not p.due) then
         -- At its tenant's turn (as decide_fair: not due, when the work
         -- booked before it is served), when the tiers allow then.
         local from = math.max(now, p.t_f)
@@ -413,6 +413,9 @@ do
         end
         local tr, wt = short(r, c[k], from, not p.fresh)
         tiers[k], e = tr, from + wt
+      elseif p and e < p.t_f then
+        -- (due, refused by a tier now: fair_run_due's wait)
+        e = p.t_f
       end
       if r.suspended then
         b = 'suspended'
