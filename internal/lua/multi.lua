@@ -38,11 +38,25 @@
 -- The reply names the key that decided (its position, 1-based) and each
 -- key's outcome.
 --
--- Not yet here (issue 30, later): tenants' fair order. On a key whose
--- tenants are active, a caller of several keys is decided on the key's
--- tiers alone (the bound holds; its turn among the tenants is not kept),
--- and the key stays marked as shared by tenants. Leases are never given
--- to a caller of several keys.
+-- Tenants (fair.lua): on a key where the caller names a tenant (ARGV[4],
+-- flag 8), or whose tenants are active (the default tenant then), the key
+-- is decided in tenants' order, as decide_fair_run decides it for a caller
+-- of that key alone: its clock brought to now, the caller's place among
+-- its tenants (fair_place: its start tag, due at fair_when within
+-- fair_ahead). Such a key has no schedule (its queue is its tenants'
+-- tags): the caller is admitted only when every such key is due and every
+-- tier of every key admits it, and counted then in each such key's fair
+-- state (fair_admit: fair_run_due's accounting); refused, each such key's
+-- earliest instant is its tenant's turn (fair_booked when not due) and
+-- its tiers' then, and the one instant every key admits is booked there
+-- by fair_reserve (the start tag, the tenant's finish tag moved on: the
+-- records unbook.lua, resume.lua, setlimits.lua and adjust.lua undo or
+-- drop), never held. A holder's booking dropped beyond the horizon gives
+-- its tag and work back (fair_drop, unbook's rule). A refusal that books
+-- nothing changes nothing of a key's fair state but its clock. Not kept
+-- from the one-key path: a late holder's extra granule, and a holder
+-- yielding its turn to a late one (fair_yields), both ties within a
+-- granule. Leases are never given to a caller of several keys.
 
 local decide_multi
 do
@@ -444,7 +458,15 @@ do
       -- reservation is made (one held is kept).
       restore_windows(rs, resv, soft, c)
       local held = 0
-      for k in ipairs(rs) do
+      for k, r in ipairs(rs) do
+        if fp[k] and resv[k] and resv[k] < now then
+          -- (its booking on a key its tenants share is expected from now
+          -- on, as decide_fair keeps a holder waiting for a slot: left at
+          -- its instant, its tag was dropped as one of a task that never
+          -- comes back)
+          redis.call('ZADD', r.resv_key, 'XX', now, id)
+          resv[k] = now
+        end
         if resv[k] and resv[k] > held then held = resv[k] end
       end
       return pos[dk], all_denied(rs, earliest - now, by, held)
