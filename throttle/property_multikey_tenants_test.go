@@ -90,6 +90,9 @@ func TestPropertyMultiKeyTenants(t *testing.T) {
 		if rapid.Bool().Draw(t, "granule") {
 			m.granule = time.Second
 		}
+		if rapid.Bool().Draw(t, "inflight") {
+			m.slots = rapid.IntRange(1, 3).Draw(t, "slots")
+		}
 		if rapid.Bool().Draw(t, "window") {
 			m.window = rapid.IntRange(2, 10).Draw(t, "window calls")
 		}
