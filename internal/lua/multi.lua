@@ -463,9 +463,13 @@ do
           -- (its booking on a key its tenants share is expected from now
           -- on, as decide_fair keeps a holder waiting for a slot: left at
           -- its instant, its tag was dropped as one of a task that never
-          -- comes back)
+          -- comes back; and its tag is kept, which this run's clock may
+          -- have dropped so, its work still in its tenant's finish tag)
           redis.call('ZADD', r.resv_key, 'XX', now, id)
           resv[k] = now
+          local p, trec = fp[k], tenant_of(r, tenant)
+          r.stag_set[#r.stag_set + 1] = fmt(p.S - (trec and trec.shift or 0))
+          r.stag_set[#r.stag_set + 1] = id
         end
         if resv[k] and resv[k] > held then held = resv[k] end
       end
