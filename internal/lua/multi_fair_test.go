@@ -174,3 +174,42 @@ func TestMultiFairBookingIsUndoneByUnbook(t *testing.T) {
 	second := book("t2")
 	assert.Equal(t, first.Reserved, second.Reserved, "t's next task takes the place t1 gave up")
 }
+
+// A holder whose one instant lies beyond the horizon now (another key of
+// the task suspended longer) gives up its reservations, and on a key its
+// tenants share its start tag and the work it added to its tenant's
+// finish tag: back later, it is booked as a fresh task at the place it
+// left, not behind its own work.
+func TestMultiFairBookingDroppedBeyondTheHorizonIsGivenBack(t *testing.T) {
+	e := newMultiEnv(t, false)
+	e.limits(0, bucket(100, 1000, 100))
+	e.limits(1, bucket(1, 1000, 1))
+	a := func(id string) DecideArgs {
+		x := multiFairArgs("t", id)
+		x.Horizon = 10 * time.Second
+		return x
+	}
+	e.multi(a("t0"), 0, 1) // (b's token)
+	r := e.multi(a("t1"), 0, 1)
+	require.Equal(t, StatusDenied, r.Status, "%+v", r)
+	rec, err := e.rdb.HGet(e.ctx, e.ks[1].Bucket, "t:t").Result()
+	require.NoError(t, err, "t is active on b")
+	r = e.multi(a("t2"), 0, 1)
+	require.Equal(t, StatusDenied, r.Status, "%+v", r)
+	require.False(t, r.Reserved.IsZero(), "t2 holds an instant: %+v", r)
+	_, err = e.rdb.ZScore(e.ctx, e.ks[1].Tags, "t2").Result()
+	require.NoError(t, err, "t2's start tag on b")
+	_, err = Suspend(e.ctx, e.run, e.ks[0], time.Minute, time.Hour)
+	require.NoError(t, err)
+	e.at(r.Reserved.Sub(testEpoch()))
+	r = e.multi(a("t2"), 0, 1)
+	require.Equal(t, StatusDenied, r.Status, "%+v", r)
+	assert.True(t, r.Reserved.IsZero(), "beyond the horizon: no instant held: %+v", r)
+	_, err = e.rdb.ZScore(e.ctx, e.ks[1].Tags, "t2").Result()
+	assert.Error(t, err, "no start tag of t2 left on b")
+	_, err = e.rdb.ZScore(e.ctx, e.ks[1].Reservations, "t2").Result()
+	assert.Error(t, err, "no reservation of t2 left on b")
+	after, err := e.rdb.HGet(e.ctx, e.ks[1].Bucket, "t:t").Result()
+	require.NoError(t, err)
+	assert.Equal(t, rec, after, "t's finish tag on b is back where t1 left it")
+}
