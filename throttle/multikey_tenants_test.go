@@ -113,3 +113,38 @@ func TestReserveOfSeveralKeysKeepsTenantsTurns(t *testing.T) {
 	at := throttle.ReservedAt(d)
 	assert.Less(t, time.Until(at), time.Second, "light's task waits for its turn on app (about 0.2 s), not behind heavy's backlog until %v", last)
 }
+
+// Through the middleware: a task of several keys with a Tenant, run while
+// the app key's tenants are active (a heavy tenant's backlog booked
+// there), is admitted at its tenant's turn and counted in the app key's
+// fair state: its tenant becomes active there, its work counted as a task
+// of the app key alone would be.
+func TestMiddlewareCountsATaskOfSeveralKeysInItsTenantsShare(t *testing.T) {
+	redistest.Require(t)
+	ctx := context.Background()
+	rdb := redistest.Start(t).Client(t)
+	lim := throttle.NewLimiter(rdb, quietLog, throttle.WithHeadroom(0))
+	require.NoError(t, lim.SetLimits(ctx, "ws1", throttle.PerSecond(100)))
+	require.NoError(t, lim.SetLimits(ctx, "ws2", throttle.PerSecond(100)))
+	require.NoError(t, lim.SetLimits(ctx, "app", throttle.PerSecond(10).WithBurst(1)))
+	client := asynq.NewClientFromRedisClient(rdb)
+	for i := range 10 {
+		_, err := lim.Enqueue(ctx, client, newTask(t, "sync", []byte(fmt.Sprint("h", i)),
+			throttle.Key("ws1", "app"), throttle.Tenant("heavy")))
+		require.NoError(t, err)
+	}
+	ran := 0
+	h := lim.Middleware()(asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
+		ran++
+		return nil
+	}))
+	task := newTask(t, "sync", nil, throttle.Key("ws2", "app"), throttle.Tenant("light"))
+	require.NoError(t, h.ProcessTask(ctx, task))
+	require.Equal(t, 1, ran, "light's task runs at its turn: app's token was not booked by heavy's backlog")
+	_, err := rdb.HGet(ctx, "throttle:{app}:b", "t:light").Result()
+	assert.NoError(t, err, "light's run is counted in app's fair state")
+	_, err = rdb.ZScore(ctx, "throttle:{app}:a", "light").Result()
+	assert.NoError(t, err, "light is active on app")
+	_, err = rdb.HGet(ctx, "throttle:{ws2}:b", "t:light").Result()
+	assert.ErrorIs(t, err, redis.Nil, "ws2 had room and no tenant waiting: nothing to count there (as a task of ws2 alone)")
+}

@@ -290,7 +290,13 @@ do
     for k, r in ipairs(rs) do
       -- (a hold in a key whose queue had closed was not looked up)
       if soft[k] or (holder and not resv[k]) then redis.call('ZREM', r.resv_key, '~' .. id) end
-      if fp[k] then
+      if fp[k] and r.idle_fit then
+        -- (no tenant active, and its buckets admit the caller now: taken
+        -- as take_now takes a caller of that key alone, outside the
+        -- tenants' order; a tag it holds means nothing while none is)
+        if not fp[k].fresh then r.stag_del[#r.stag_del + 1] = id end
+        out[k] = admit(r, fp[k].resv, id, c[k], at)
+      elseif fp[k] then
         out[k] = fair_admit(r, fp[k], at)
       else
         out[k] = admit(r, not soft[k] and resv[k] or nil, id, c[k], at)
@@ -590,6 +596,10 @@ do
       -- a key of slots alone has no rate to share.
       local fair = (o.fair or kr.tenants) and #kr.spec.tiers > 0
       rs[i] = key_state(kr, o, now, fair, id, tenant)
+      -- (a key whose tenants are not active and whose buckets admit the
+      -- caller now admits it as the one-key path's take_now does, without
+      -- making its tenant active: fair order only once a key refuses)
+      if fair and not kr.tenants then rs[i].idle_fit = fits_now(kr, c[i], o, now) end
     end
     local k, replies = multi_one(rs, pos, id, raw, tenant)
     if type(replies) == 'string' then
