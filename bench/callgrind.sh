@@ -141,12 +141,13 @@ book=('1000000 1000000000000 300000000 0 20000 3 30000000|' 'id:__rand_int__' 1)
 fkeys=(6 't:{c}:b' 't:{c}:r' 't:{c}:f' 't:{c}:c' 't:{c}:a' 't:{c}:t')
 fmw=('1000000 60000000 300000000 0 20000 10 30000000|' 'id:__rand_int__' 1 'acme')
 fresv=('1000000 1000000000000 300000000 0 20000 10 30000000|' 'id:__rand_int__' 1 'acme')
-# Several keys (issue 30, decide.go's DecideMulti): four KEYS per key as
-# above, in the task's order, then ARGV the options (as one key's, lease
-# always 0), the task ID ("" for Take) and the cost, always sent (checked
-# with MONITOR against Limiter.Take(ctx, "c", throttle.Key("d")) on Redis
-# 7.0: 8 KEYS, "0 0 300000000 0 0 0 30000000|", "", "1").
-mkeys=(8 't:{c}:b' 't:{c}:r' 't:{c}:f' 't:{c}:c' 't:{d}:b' 't:{d}:r' 't:{d}:f' 't:{d}:c')
+# Several keys (issue 30, decide.go's DecideMulti): six KEYS per key as
+# above (with the tenants' two), in the task's order, then ARGV the options
+# (as one key's, lease always 0), the task ID ("" for Take) and the cost,
+# always sent, and the tenant when the task has one (checked with MONITOR
+# against Limiter.Take(ctx, "c", throttle.Key("d")) on Redis 7.0 before the
+# tenants' keys: 8 KEYS, "0 0 300000000 0 0 0 30000000|", "", "1").
+mkeys=(12 't:{c}:b' 't:{c}:r' 't:{c}:f' 't:{c}:c' 't:{c}:a' 't:{c}:t' 't:{d}:b' 't:{d}:r' 't:{d}:f' 't:{d}:c' 't:{d}:a' 't:{d}:t')
 mtake=("${take[0]}" '' 1)
 mmw=("${mw[@]}")
 mresv=("${resv[@]}")

@@ -132,7 +132,7 @@ func (l *Limiter) Take(ctx context.Context, key string, opts ...asynq.Option) (D
 		if err != nil {
 			return Decision{}, fmt.Errorf("throttle: key %q: Take: throttle.Key: %w", key, err)
 		}
-		return l.decideMulti(ctx, keys, variant{}, "", cost)
+		return l.decideMulti(ctx, keys, variant{}, "", cost, tenant)
 	}
 	return l.decide(ctx, key, variant{}, "", cost, tenant)
 }

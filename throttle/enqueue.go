@@ -77,7 +77,7 @@ func (l *Limiter) Enqueue(ctx context.Context, client *asynq.Client, task *asynq
 	v := variant{horizon: l.o.horizon, granule: granule, headroom: l.o.headroom, pace: l.o.pacing, book: true}
 	var d Decision
 	if keys != nil {
-		d, err = l.decideMulti(ctx, keys, v, id, cost)
+		d, err = l.decideMulti(ctx, keys, v, id, cost, tenant)
 	} else {
 		d, err = l.decide(ctx, key, v, id, cost, tenant)
 	}

@@ -11,7 +11,7 @@ import (
 // key), decided as the middleware decides a task of several keys; pace as
 // WithPacing.
 func ReserveKeys(l *Limiter, ctx context.Context, keys []string, id string, horizon, granule time.Duration, pace bool) (Decision, error) {
-	return l.decideMulti(ctx, keys, variant{horizon: horizon, granule: granule, pace: pace}, id, taskCost{n: 1})
+	return ReserveKeysAs(l, ctx, keys, id, "", horizon, granule, pace)
 }
 
 // TookFrom lists the keys an admitted decision of several keys took from.
@@ -23,10 +23,10 @@ func TookFrom(d Decision) []string {
 	return keys
 }
 
-// ReserveKeysUses is ReserveKeys for a call of one request that uses uses
-// ("tokens=40", "" none) besides.
-func ReserveKeysUses(l *Limiter, ctx context.Context, keys []string, id, uses string, horizon, granule time.Duration, pace bool) (Decision, error) {
-	return l.decideMulti(ctx, keys, variant{horizon: horizon, granule: granule, pace: pace}, id, taskCost{n: 1, units: uses})
+// ReserveKeysUses is ReserveKeysAs for a call of one request that uses
+// uses ("tokens=40", "" none) besides.
+func ReserveKeysUses(l *Limiter, ctx context.Context, keys []string, id, tenant, uses string, horizon, granule time.Duration, pace bool) (Decision, error) {
+	return l.decideMulti(ctx, keys, variant{horizon: horizon, granule: granule, pace: pace}, id, taskCost{n: 1, units: uses}, tenant)
 }
 
 // chargeOf is the charge the handler of a task of keys (its key first; one

@@ -76,10 +76,12 @@ func moreKeys(key string, more []string) ([]string, error) {
 	return names, nil
 }
 
-// decideMulti decides one call of cost across keys (2 to MaxKeys, the
-// call's key first), all or nothing. A refusal names the key that made
-// the call wait (Decision.Key).
-func (l *Limiter) decideMulti(ctx context.Context, keys []string, v variant, id string, cost taskCost) (Decision, error) {
+// decideMulti decides one call of cost and tenant ("" the default) across
+// keys (2 to MaxKeys, the call's key first), all or nothing. On each key
+// where the call names a tenant, or whose tenants are active, it waits for
+// its tenant's turn there (fair.lua), as a call of that key alone would. A
+// refusal names the key that made the call wait (Decision.Key).
+func (l *Limiter) decideMulti(ctx context.Context, keys []string, v variant, id string, cost taskCost, tenant string) (Decision, error) {
 	if err := ctx.Err(); err != nil {
 		return Decision{}, fmt.Errorf("throttle: keys %q: decide: %w", keys, err)
 	}
@@ -98,7 +100,7 @@ func (l *Limiter) decideMulti(ctx context.Context, keys []string, v variant, id 
 	}
 	a := lua.DecideArgs{TaskID: id, Granule: v.granule, Horizon: v.horizon, Lapse: l.o.lapse,
 		Defaults: l.o.defaultTiers, Headroom: v.headroom, Book: v.book, Pace: v.pace, Probe: v.probe,
-		SlotExpiry: l.o.slotExpiry, Cost: cost.orOne().n, Units: cost.units}
+		SlotExpiry: l.o.slotExpiry, Cost: cost.orOne().n, Units: cost.units, Tenant: tenant}
 	r, err := bounded(l, ctx, func(ctx context.Context) (lua.MultiReply, error) {
 		return lua.DecideMulti(ctx, l.runner, rks, a)
 	})
@@ -222,7 +224,8 @@ func (m *middleware) decideMultiTask(ctx context.Context, keys []string, t *asyn
 	} else {
 		id = ""
 	}
-	return m.l.decideMulti(ctx, keys, v, id, cost)
+	tenant, _ := tenantOf(t) // (validated by process)
+	return m.l.decideMulti(ctx, keys, v, id, cost, tenant)
 }
 
 // keysOfTask returns every key of task t, its key first, when it names

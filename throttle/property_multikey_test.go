@@ -37,9 +37,10 @@ import (
 )
 
 type mkTask struct {
-	id   string
-	keys []string
-	due  time.Time
+	id     string
+	keys   []string
+	due    time.Time
+	tenant string // "" the default tenant (property_multikey_tenants_test.go)
 	// tokens it says it uses (0 none) and its handler settles (-1 none),
 	// the key and reason of its last refusal, and Resume's mark
 	// (property_multikey_units_test.go)
@@ -124,10 +125,10 @@ func (m *mkModel) decide(t *rapid.T, tk *mkTask) {
 	var d throttle.Decision
 	var err error
 	if len(tk.keys) == 1 {
-		d, err = throttle.ReserveUses(m.r.lim, m.r.ctx, tk.keys[0], tk.id, "", tk.uses(), m.horizon, m.granule)
+		d, err = m.reserveOne(tk)
 	} else {
 		before := m.tokens(t)
-		d, err = throttle.ReserveKeysUses(m.r.lim, m.r.ctx, tk.keys, tk.id, tk.uses(), m.horizon, m.granule, m.granule > 0)
+		d, err = m.reserveKeys(t, tk)
 		if err == nil && !d.Allowed {
 			if after := m.tokens(t); fmt.Sprint(after) != fmt.Sprint(before) {
 				t.Fatalf("%s %v refused (%+v) but a key's tokens changed: %v -> %v", tk.id, tk.keys, d, before, after)

@@ -302,15 +302,18 @@ type MultiReply struct {
 
 // DecideMulti runs multi.lua: one decision for one caller across ks (2 to
 // MaxKeys keys; each of its own slot on a Redis Cluster, so a single Redis
-// or Sentinel only for now), all or nothing. a.Lease and a.Fair are not
-// used: a caller of several keys takes no lease and is decided outside
-// tenants' order.
+// or Sentinel only for now), all or nothing. a.Lease is not used: a
+// caller of several keys takes no lease. a.Fair is set from a.Tenant: on
+// each key where the caller names a tenant, or where the key's tenants are
+// active (the default tenant then), it waits for its tenant's turn and is
+// counted in the key's fair state (fair.lua).
 //
-//	KEYS   four per key, in the order of ks: bucket hash, reservations,
-//	       slots in flight, configuration
+//	KEYS   six per key, in the order of ks: bucket hash, reservations,
+//	       slots in flight, configuration, active tenants, start tags
 //	ARGV[1] the options, as Decide's (FormatOptions)
 //	ARGV[2] task ID ("" = no reservation)
 //	ARGV[3] cost, as Decide's ("1,tokens=1200")
+//	ARGV[4] tenant ("" the default tenant)
 //
 // Reply: "k;reply" where reply stands for every key (an error, "-3|..." a
 // cost too high for key k, "0|...|booked|..."), or "k;r1;...;rn": each
@@ -324,18 +327,21 @@ func DecideMulti(ctx context.Context, r *Runner, ks []Keys, a DecideArgs) (Multi
 	if len(ks) < 1 || len(ks) > MaxKeys {
 		return MultiReply{}, errBadReply("decide_multi", len(ks))
 	}
-	a.Lease, a.Fair = 0, false
+	a.Lease, a.Fair = 0, a.Tenant != ""
 	verb, id := decideMultiScript.Head(r.Mode())
-	args := make([]any, 0, 3+4*len(ks)+3)
-	args = append(args, verb, id, 4*len(ks))
+	args := make([]any, 0, 3+6*len(ks)+4)
+	args = append(args, verb, id, 6*len(ks))
 	for _, k := range ks {
-		args = append(args, k.Bucket, k.Reservations, k.Slots, k.Config)
+		args = append(args, k.Bucket, k.Reservations, k.Slots, k.Config, k.Tenants, k.Tags)
 	}
 	cost := strconv.Itoa(max(a.Cost, 1))
 	if a.Units != "" {
 		cost += "," + a.Units
 	}
 	args = append(args, FormatOptions(a), a.TaskID, cost)
+	if a.Tenant != "" {
+		args = append(args, a.Tenant)
+	}
 	s, err := r.Do(ctx, decideMultiScript, args)
 	if err != nil {
 		return MultiReply{}, err

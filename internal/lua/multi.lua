@@ -42,16 +42,30 @@
 -- holder admitted at an instant ahead, the key whose turn it waits for)
 -- and each key's outcome.
 --
--- Not yet here (issue 30, later): tenants' fair order. On a key whose
--- tenants are active, a caller of several keys is decided on the key's
--- tiers alone (the bound holds; its turn among the tenants is not kept),
--- and the key stays marked as shared by tenants. Leases are never given
--- to a caller of several keys.
+-- Tenants (fair.lua): on a key where the caller names a tenant (ARGV[4],
+-- flag 8), or whose tenants are active (the default tenant then), the key
+-- is decided in tenants' order, as decide_fair_run decides it for a caller
+-- of that key alone: its clock brought to now, the caller's place among
+-- its tenants (fair_place: its start tag, due at fair_when within
+-- fair_ahead). Such a key has no schedule (its queue is its tenants'
+-- tags): the caller is admitted only when every such key is due and every
+-- tier of every key admits it, and counted then in each such key's fair
+-- state (fair_admit: fair_run_due's accounting); refused, each such key's
+-- earliest instant is its tenant's turn (fair_booked when not due) and
+-- its tiers' then, and the one instant every key admits is booked there
+-- by fair_reserve (the start tag, the tenant's finish tag moved on: the
+-- records unbook.lua, resume.lua, setlimits.lua and adjust.lua undo or
+-- drop), never held. A holder's booking dropped beyond the horizon gives
+-- its tag and work back (fair_drop, unbook's rule). A refusal that books
+-- nothing changes nothing of a key's fair state but its clock. Not kept
+-- from the one-key path: a late holder's extra granule, and a holder
+-- yielding its turn to a late one (fair_yields), both ties within a
+-- granule. Leases are never given to a caller of several keys.
 
 local decide_multi
 do
   local MULTI_MAX = 4      -- keys per task at most
-  local MULTI_STRIDE = 4   -- KEYS per key: bucket, reservations, slots, configuration
+  local MULTI_STRIDE = 6   -- KEYS per key: bucket, reservations, slots, configuration, tenants, tags
   -- us an instant may lie past a key's own first free instant and still be
   -- booked in its schedule (at least a granule)
   local SOFT_GAP = 1000
@@ -77,7 +91,7 @@ do
   -- returns nil and the reply every caller of the key gets when it cannot
   -- decide (no limits, bad limits, suspended without limits).
   local function key_read(KEYS, base, o, now)
-    local ks = {KEYS[base + 1], KEYS[base + 2], KEYS[base + 3], KEYS[base + 4]}
+    local ks = {KEYS[base + 1], KEYS[base + 2], KEYS[base + 3], KEYS[base + 4], KEYS[base + 5], KEYS[base + 6]}
     local h = redis.call('HMGET', ks[1], unpack(HM_FIELDS))
     if not h[1] and not h[D_AT] then
       local _, any = restore_config(ks[1], ks[4])
@@ -103,11 +117,29 @@ do
   end
 
   -- key_state makes the run state of a key key_read read (run_state).
-  local function key_state(kr, o, now)
+  -- fair: the caller is decided in the order of the key's tenants, as
+  -- tenant (decide_fair_run's state: the clock brought to now, the
+  -- caller's start tag and its tenant's record and weight).
+  local function key_state(kr, o, now, fair, id, tenant)
     local r = run_state(kr.ks, o, now, kr.L, kr.h, kr.spec, kr.until_, kr.owed, kr.x, kr.vnext)
     r.M = kr.M
-    -- (tenants active: the mark stays, see the top of this file)
-    if kr.tenants then r.q_override = -1 end
+    if not fair then
+      -- (tenants active on a key of slots alone: the mark stays)
+      if kr.tenants then r.q_override = -1 end
+      return r
+    end
+    local f = redis.call('HMGET', r.key, 'G', 'Y', 't:' .. tenant, 'w:' .. tenant)
+    fair_state(r, kr.ks, {G = f[1] or nil})
+    r.fair, r.yielded = true, f[2] or nil
+    r.taken, r.write_extra = true, fair_write
+    r.vnext, r.queue_open = 0, false
+    if id ~= '' then
+      local s = finite(redis.call('ZSCORE', r.tkey, id))
+      if s then r.stags[id] = s end
+    end
+    tenant_of(r, tenant, f[3] or nil)
+    fair_clock(r)
+    r.fair_w = weight_of(f[4])
     return r
   end
 
@@ -147,19 +179,54 @@ do
 
   -- restore_windows counts the caller's booked reservations in the
   -- windows again (they left them while it was decided).
+  -- (A key's tenants' reservations are not counted in its windows:
+  -- fair_reserve's rule.)
   local function restore_windows(rs, resv, soft, c)
     for k, r in ipairs(rs) do
-      if resv[k] and not soft[k] then reserve_windows(r, resv[k], c[k], 1) end
+      if resv[k] and not soft[k] and not r.fair then reserve_windows(r, resv[k], c[k], 1) end
+    end
+  end
+
+  -- fair_admit admits caller p (fair_place's) in key r at at, counted in
+  -- the key's fair state as fair_run_due counts a caller of one key: its
+  -- tenant's finish tag, the clock a tenant alone runs ahead of, its tag
+  -- taken out.
+  local function fair_admit(r, p, at)
+    local S = p.S
+    local _, trec = fair_book(r, p.tenant, p.w, p.u, S)
+    trec.units = trec.units + p.u
+    if p.fresh and S > r.g.V and trec.w >= r.g.W then r.g.V = S end
+    if S > r.g.Vs then r.g.Vs = S end
+    if not p.fresh then r.stag_del[#r.stag_del + 1] = p.id end
+    return admit(r, p.resv, p.id, p.c, math.ceil(at))
+  end
+
+  -- fair_drop gives up holder p's booking in key r (its reservation
+  -- dropped): its tag, and the work it added to its tenant's finish tag,
+  -- as unbook.lua does. Kept, the task came back as a fresh one and was
+  -- tagged behind its own work.
+  local function fair_drop(r, p)
+    r.stag_del[#r.stag_del + 1] = p.id
+    local rec = tenant_of(r, p.tenant)
+    if not rec then return end
+    local F = math.max(rec.F - p.u / rec.w, p.S)
+    if F < rec.F then
+      rec.F = F
+      r.fair_dirty[p.tenant] = true
+      if F < r.g.Fmin then r.g.Fmin = F end
+      -- (the set's scores may be low, never high: fair_expire)
+      redis.call('ZADD', r.akey, fmt(F), p.tenant)
     end
   end
 
   -- drop_resv gives up the caller's reservations (booked again beyond the
   -- horizon, or no instant found).
-  local function drop_resv(rs, resv, soft, id)
+  local function drop_resv(rs, resv, soft, id, fp)
     for k, r in ipairs(rs) do
       if resv[k] then
         redis.call('ZREM', r.resv_key, soft[k] and '~' .. id or id)
         r.resv_removed = true
+        if fp[k] then fair_drop(r, fp[k]) end
       end
     end
   end
@@ -243,12 +310,22 @@ do
 
   -- admit_all admits the caller in every key at at, taking up its
   -- reservations and holds.
-  local function admit_all(rs, resv, soft, holder, id, c, at)
+  local function admit_all(rs, resv, soft, holder, id, c, at, fp)
     local out = {}
     for k, r in ipairs(rs) do
       -- (a hold in a key whose queue had closed was not looked up)
       if soft[k] or (holder and not resv[k]) then redis.call('ZREM', r.resv_key, '~' .. id) end
-      out[k] = admit(r, not soft[k] and resv[k] or nil, id, c[k], at)
+      if fp[k] and r.idle_fit then
+        -- (no tenant active, and its buckets admit the caller now: taken
+        -- as take_now takes a caller of that key alone, outside the
+        -- tenants' order; a tag it holds means nothing while none is)
+        if not fp[k].fresh then r.stag_del[#r.stag_del + 1] = id end
+        out[k] = admit(r, fp[k].resv, id, c[k], at)
+      elseif fp[k] then
+        out[k] = fair_admit(r, fp[k], at)
+      else
+        out[k] = admit(r, not soft[k] and resv[k] or nil, id, c[k], at)
+      end
     end
     return out
   end
@@ -257,7 +334,7 @@ do
   -- (their positions pos). It returns the position of the key that
   -- decided (0: admitted), and either every key's reply (a table) or one
   -- reply for all.
-  local function multi_one(rs, pos, id, raw)
+  local function multi_one(rs, pos, id, raw, tenant)
     local o, now, n = rs[1].o, rs[1].now, #rs
     local c, resv = {}, {}
     for k, r in ipairs(rs) do
@@ -271,12 +348,30 @@ do
         if held and held >= now - o.lapse then return pos[k], string.format('0|0|0|booked|0|0|%d', r.gen) end
       end
     end
+    -- On a key its tenants share, the caller's place among them
+    -- (fair_place): its start tag, and whether its tenant's turn is due
+    -- (fair_when, within fair_ahead).
+    local fp = {}
+    for k, r in ipairs(rs) do
+      if r.fair then
+        local p, reply = fair_place(r, id, c[k], tenant, r.fair_w)
+        if not p then return pos[k], reply end
+        p.ahead = fair_ahead(r, c[k], p.fresh)
+        p.t_f = fair_when(r, p.S, p.W)
+        p.due = p.t_f - now <= p.ahead
+        fp[k] = p
+      end
+    end
     -- The caller's reservations; its reserved calls leave the windows
-    -- while it is decided, and go back where it ends up.
+    -- while it is decided, and go back where it ends up. (On a key its
+    -- tenants share, a reservation with a start tag: fair_place's.)
     local holder, soft = false, {}
     if not o.book and id ~= '' then
       for k, r in ipairs(rs) do
-        if r.queue_open then
+        if fp[k] then
+          resv[k] = fp[k].resv
+          if resv[k] then holder = true end
+        elseif r.queue_open then
           resv[k] = reservation_of(r, id)
           if resv[k] then
             reserve_windows(r, resv[k], c[k], -1)
@@ -324,6 +419,7 @@ do
         local free = true
         for k in ipairs(rs) do
           if queued[k] or (rs[k].slot_n and rs[k].held >= rs[k].slot_n) then free = false end
+          if fp[k] and not fp[k].due then free = false end
         end
         if free then
           local hold = {}
@@ -333,7 +429,7 @@ do
             -- (admitted ahead: the reply names the key whose turn it waits for)
             local dk = 0
             if by > 0 and math.ceil(at) > now then dk = pos[by] end
-            return dk, admit_all(rs, resv, soft, holder, id, c, math.ceil(at))
+            return dk, admit_all(rs, resv, soft, holder, id, c, math.ceil(at), fp)
           end
         end
       end
@@ -342,18 +438,42 @@ do
     -- Take from every tier of every key, or from none.
     local tiers, waits, ok = {}, {}, not susp and not o.book
     for k, r in ipairs(rs) do
-      tiers[k], waits[k] = short(r, c[k], now, resv[k] ~= nil and now >= resv[k])
+      local p = fp[k]
+      if p then
+        -- (its tenant's turn: a holder at its tag, as fair_run_due)
+        tiers[k], waits[k] = short(r, c[k], now, not p.fresh)
+        if not p.due then ok = false end
+      else
+        tiers[k], waits[k] = short(r, c[k], now, resv[k] ~= nil and now >= resv[k])
+      end
       if tiers[k] ~= 0 or queued[k] or no_slot[k] then ok = false end
     end
-    if ok then return 0, admit_all(rs, resv, soft, holder, id, c, now) end
+    if ok then return 0, admit_all(rs, resv, soft, holder, id, c, now, fp) end
 
     -- Refused: each key's reason and earliest instant; the latest decides.
     local by, earl, slot_only, could_run = {}, {}, false, true
     for k, r in ipairs(rs) do
-      local e, b = now + waits[k], nil
+      local e, b, p = now + waits[k], nil, fp[k]
+      local turn = false -- (its tenant's turn is not due on this key)
+      if p and (o.book or not p.due) then
+        -- At its tenant's turn (as decide_fair: not due, when the work
+        -- booked before it is served), when the tiers allow then.
+        local from = math.max(now, p.t_f)
+        if not p.due then
+          from = math.max(now, fair_booked(r, p.S, p.W, tenant, p.t_f, p.rec and p.rec.w or p.w))
+          turn = true
+        end
+        local tr, wt = short(r, c[k], from, not p.fresh)
+        tiers[k], e = tr, from + wt
+      elseif p and e < p.t_f then
+        -- (due, refused by a tier now: fair_run_due's wait)
+        e = p.t_f
+      end
       if r.suspended then
         b = 'suspended'
         if r.until_ > e then e = r.until_ end
+      elseif turn and tiers[k] == 0 then
+        b = 'queue'
       elseif tiers[k] > 0 then
         b = 'tier:' .. tiers[k]
       elseif no_slot[k] and not queued[k] then
@@ -376,7 +496,19 @@ do
       -- reservation is made (one held is kept).
       restore_windows(rs, resv, soft, c)
       local held = 0
-      for k in ipairs(rs) do
+      for k, r in ipairs(rs) do
+        if fp[k] and resv[k] and resv[k] < now then
+          -- (its booking on a key its tenants share is expected from now
+          -- on, as decide_fair keeps a holder waiting for a slot: left at
+          -- its instant, its tag was dropped as one of a task that never
+          -- comes back; and its tag is kept, which this run's clock may
+          -- have dropped so, its work still in its tenant's finish tag)
+          redis.call('ZADD', r.resv_key, 'XX', now, id)
+          resv[k] = now
+          local p, trec = fp[k], tenant_of(r, tenant)
+          r.stag_set[#r.stag_set + 1] = fmt(p.S - (trec and trec.shift or 0))
+          r.stag_set[#r.stag_set + 1] = id
+        end
         if resv[k] and resv[k] > held then held = resv[k] end
       end
       return pos[dk], all_denied(rs, earliest - now, by, held)
@@ -410,7 +542,7 @@ do
     if not agreed or at - now > o.horizon then
       -- Beyond the horizon (or no instant every key agrees on): come back
       -- when one can be reserved.
-      drop_resv(rs, resv, soft, id)
+      drop_resv(rs, resv, soft, id, fp)
       local retry = at - now
       if agreed then retry = at - o.horizon - now end
       return pos[dk], all_denied(rs, retry, by, 0)
@@ -418,15 +550,22 @@ do
     if at <= now and could_run and not susp and not o.book then
       -- (every key's own instant is now: each schedule counts the call)
       for k, r in ipairs(rs) do
-        book_schedule(r, c[k], at)
-        reserve_windows(r, at, c[k], -1)
+        if not fp[k] then
+          book_schedule(r, c[k], at)
+          reserve_windows(r, at, c[k], -1)
+        end
       end
-      return 0, admit_all(rs, resv, soft, holder, id, c, now)
+      return 0, admit_all(rs, resv, soft, holder, id, c, now, fp)
     end
     -- Booked where the instant leaves no hole before it; held elsewhere.
+    -- A key its tenants share books it at the caller's place among them
+    -- (fair_reserve: a fresh caller's tag, its tenant's finish tag moved
+    -- on), with no schedule to leave a hole in.
     for k, r in ipairs(rs) do
       local gap = math.max(o.granule, SOFT_GAP)
-      if at - own[k] <= gap then
+      if fp[k] then
+        fair_reserve(r, fp[k], at, by[k] or '')
+      elseif at - own[k] <= gap then
         if soft[k] then redis.call('ZREM', r.resv_key, '~' .. id) end
         book_schedule(r, c[k], at)
         hold_resv(r, id, at)
@@ -442,14 +581,15 @@ do
   end
 
   -- decide_multi is the function: KEYS in groups of MULTI_STRIDE, one per
-  -- key; ARGV[1] the options, ARGV[2] the task ID, ARGV[3] the cost.
+  -- key; ARGV[1] the options, ARGV[2] the task ID, ARGV[3] the cost,
+  -- ARGV[4] the tenant ('' or none: the default tenant).
   decide_multi = function(KEYS, ARGV)
     local nk = math.floor(#KEYS / MULTI_STRIDE)
     if nk < 1 or nk > MULTI_MAX or #KEYS ~= nk * MULTI_STRIDE then
       error('decide_multi: ' .. #KEYS .. ' keys: want ' .. MULTI_STRIDE .. ' per limiter key, 1 to ' .. MULTI_MAX .. ' of them')
     end
     local o = multi_options(ARGV[1])
-    local id, raw = ARGV[2] or '', ARGV[3] or '1'
+    local id, raw, tenant = ARGV[2] or '', ARGV[3] or '1', ARGV[4] or ''
     local now = now_us()
     local krs, pos, out = {}, {}, {}
     for j = 1, nk do
@@ -481,8 +621,19 @@ do
       return '0;' .. table.concat(out, ';')
     end
     local rs = {}
-    for i, kr in ipairs(krs) do rs[i] = key_state(kr, o, now) end
-    local k, replies = multi_one(rs, pos, id, raw)
+    for i, kr in ipairs(krs) do
+      -- In tenants' order where the one-key path would be: the caller
+      -- says its tenant, or the key's tenants are active (a caller that
+      -- says none is the default tenant, as after the one-key path's -4);
+      -- a key of slots alone has no rate to share.
+      local fair = (o.fair or kr.tenants) and #kr.spec.tiers > 0
+      rs[i] = key_state(kr, o, now, fair, id, tenant)
+      -- (a key whose tenants are not active and whose buckets admit the
+      -- caller now admits it as the one-key path's take_now does, without
+      -- making its tenant active: fair order only once a key refuses)
+      if fair and not kr.tenants then rs[i].idle_fit = fits_now(kr, c[i], o, now) end
+    end
+    local k, replies = multi_one(rs, pos, id, raw, tenant)
     if type(replies) == 'string' then
       return k .. ';' .. replies
     end
