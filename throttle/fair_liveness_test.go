@@ -199,3 +199,37 @@ func TestFairSetWeightsAfterSetLimitsCountsOnlyActiveTenants(t *testing.T) {
 	took := r.drain("crm", r.arrive("crm", "small", "small", 40, 10*time.Millisecond), 40*time.Second)
 	assert.LessOrEqual(t, took, 3*time.Second, "a tenant alone on the idle key took %v for 40 tasks at 20/s", took)
 }
+
+// A task refused while the key is suspended is told its tenant's turn
+// counted from the suspension's end: the fair clock stands still while
+// nothing is served. Counted from the refusal, every turn within the
+// suspension's length was told the suspension's end, and the whole backlog
+// came back at once, was found not due and was deferred again (found while
+// reading a failure of the model's soak, whose tasks, all booked during a
+// suspension, were all told its end). On PerSecond(10), tenants a and b
+// book 20 tasks each during a suspension of 30 s: once it ends they run at
+// 5/s each, the last of each at 3.8 s past the end. Fails before the fix
+// with both told the end.
+func TestFairTurnsBookedDuringASuspensionCountFromItsEnd(t *testing.T) {
+	r := newRig(t, quietLog)
+	r.setLimits("crm", throttle.PerSecond(10))
+	r.suspend("crm", 30*time.Second)
+	end := r.now.Add(30 * time.Second)
+	last := map[string]time.Time{}
+	for i := range 20 {
+		for _, tenant := range []string{"a", "b"} {
+			d, err := throttle.ReserveAs(r.lim, r.ctx, "crm", fmt.Sprintf("%s-%d", tenant, i), tenant, 1, time.Minute, time.Second)
+			require.NoError(t, err)
+			require.False(t, d.Allowed, "admitted while suspended")
+			require.True(t, throttle.Reserved(d), "task %d of %s not booked", i, tenant)
+			at := throttle.ReservedAt(d)
+			assert.False(t, at.Before(end), "task %d of %s told %v, before the suspension's end", i, tenant, at.Sub(end))
+			last[tenant] = at
+		}
+	}
+	for _, tenant := range []string{"a", "b"} {
+		past := last[tenant].Sub(end)
+		assert.True(t, past >= 3*time.Second && past <= 5*time.Second,
+			"the last of %s's 20 tasks (its turn 3.8 s past the suspension's end at 5/s) told %v past it", tenant, past)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"math"
 	"net/http"
 	"os"
 	"os/signal"
@@ -82,14 +83,19 @@ func steadyProviders() []ProviderSpec {
 // limit the docs state, not a fault of the numbers.
 func TestPipelineDoesEveryJobOnceWithoutA429(t *testing.T) {
 	const jobs = 12
+	lag := redistest.StartLagMeter()
 	s := runPipeline(t, Config{Jobs: jobs, Providers: steadyProviders()})
+	worst := lag.End()
 
 	assertEveryJobDoneOnce(t, s, jobs)
 	require.Len(t, s.Providers, len(steadyProviders()))
-	for _, p := range s.Providers {
-		// Our limits match each provider's quota: the fleet never trips it.
-		assert.Zero(t, p.TooMany, "%s: 429s sent by the provider (quota %s, our limit %s)", p.Name, p.Quota, p.Limit)
-		assert.Zero(t, p.Suspended, "%s: suspensions", p.Name)
+	for i, p := range s.Providers {
+		// Our limits match each provider's quota: the fleet never trips it,
+		// but for a call the machine held back past the middleware's
+		// headroom while later ones went on time.
+		late := lagAllowance(steadyProviders()[i], worst)
+		assert.LessOrEqual(t, p.TooMany, late, "%s: 429s sent by the provider (quota %s, our limit %s; %d allowed for the process's worst lag, %v)", p.Name, p.Quota, p.Limit, late, worst)
+		assert.Equal(t, int64(p.TooMany), p.Suspended, "%s: every 429 suspends the key", p.Name)
 	}
 	// The throttle did hold tasks back: 12 jobs are more than slack's burst.
 	assert.Positive(t, s.Providers[0].Deferred, "slack: deferred tasks")
@@ -347,13 +353,15 @@ func TestProcsShareTheLimitsAcrossProcesses(t *testing.T) {
 	srv := redistest.Start(t)
 	url := "redis://" + srv.Addr
 
+	lag := redistest.StartLagMeter()
 	code, stdout, stderr := runCLI(t, "-redis", url, "-procs", "2", "-jobs", "12", "-json")
+	worst := lag.End()
 	require.Equal(t, exitOK, code, "exit status of sync-worker -procs 2; stderr:\n%s", stderr)
 
 	var s Summary
 	require.NoError(t, json.Unmarshal(stdout, &s), "stdout:\n%s", stdout)
 	assertEveryJobDoneOnce(t, s, 12)
-	assertNoStorm(t, s)
+	assertNoStorm(t, s, worst)
 	assert.Positive(t, s.ByWorker["w1"], "jobs done by worker process w1: %v", s.ByWorker)
 	assert.Positive(t, s.ByWorker["w2"], "jobs done by worker process w2: %v", s.ByWorker)
 	// What one process learned from crm's responses is in force for all.
@@ -381,19 +389,36 @@ func TestProcsShareTheLimitsAcrossProcesses(t *testing.T) {
 // quota the provider cuts without notice costs one burst of 429s before
 // Observe learns it"), and what a loaded machine shows when several calls
 // leave before the first answer. At most the difference of the bursts.
-func assertNoStorm(t *testing.T, s Summary) {
+func assertNoStorm(t *testing.T, s Summary, lag time.Duration) {
 	t.Helper()
 	for _, p := range s.Providers {
-		allowed := 0
+		allowed, late := 0, 0
 		for _, spec := range DefaultProviders() {
-			if spec.Name == p.Name && spec.Publish {
-				allowed = burstOf(spec.Limits[0]) - burstOf(spec.Quota[0])
+			if spec.Name == p.Name {
+				late = lagAllowance(spec, lag)
+				if spec.Publish {
+					allowed = burstOf(spec.Limits[0]) - burstOf(spec.Quota[0])
+				}
 			}
 		}
-		assert.LessOrEqual(t, p.OverQuota, max(allowed, 0), "%s: 429s for calls over the quota (quota %s, our limit %s)", p.Name, p.Quota, p.Limit)
+		assert.LessOrEqual(t, p.OverQuota, max(allowed, 0)+late, "%s: 429s for calls over the quota (quota %s, our limit %s; %d allowed for the process's worst lag, %v)", p.Name, p.Quota, p.Limit, late, lag)
 		assert.LessOrEqual(t, p.Shed, 8, "%s: load-shedding 429s (%d of them more than %v after the first)", p.Name, p.LateShed, shedGrace)
 		assert.Equal(t, int64(p.TooMany), p.Suspended, "%s: every 429 suspends the key (429s vs suspensions)", p.Name)
 	}
+}
+
+// lagAllowance is how many calls over spec's quota a run may draw because
+// the machine held this process back for lag: a call the middleware
+// admitted reaches the provider that much later, and bunches with the
+// calls admitted after it (the middleware's 20 ms of headroom covers
+// dispatch on a machine with a CPU to spare). It is the quota's rate times
+// the worst lag beyond the headroom, rounded up: 0 on an idle machine.
+func lagAllowance(spec ProviderSpec, lag time.Duration) int {
+	over := lag - 20*time.Millisecond
+	if over <= 0 {
+		return 0
+	}
+	return int(math.Ceil(ratePerSecond(spec.Quota[0]) * over.Seconds()))
 }
 
 // TestDefaultRunDoesEveryJobOnceWithin80Columns runs the demo as `go run ./examples/sync-worker` does
@@ -402,13 +427,15 @@ func assertNoStorm(t *testing.T, s Summary) {
 // with every job done once, no 429 but the ones Slack chose to send, and
 // every line within 80 columns.
 func TestDefaultRunDoesEveryJobOnceWithin80Columns(t *testing.T) {
+	lag := redistest.StartLagMeter()
 	code, stdout, stderr := runCLI(t, "-redis", "", "-json")
+	worst := lag.End()
 	require.Equal(t, exitOK, code, "exit status of sync-worker -json; stderr:\n%s", stderr)
 	var s Summary
 	require.NoError(t, json.Unmarshal(stdout, &s), "stdout must be the JSON summary alone:\n%s", stdout)
 
 	assertEveryJobDoneOnce(t, s, defaultJobs)
-	assertNoStorm(t, s)
+	assertNoStorm(t, s, worst)
 	require.Equal(t, "slack", s.Providers[0].Name)
 	slack := s.Providers[0]
 	assert.Positive(t, slack.Shed, "slack: load-shedding 429s (it sheds from %v for %v)", shedAt, shedFor)
@@ -631,12 +658,14 @@ func TestDemoRunsOnARedisCluster(t *testing.T) {
 	// The URL of one node: recognised as a cluster, and the whole demo
 	// (asynq, limits, ledger, audit, cleanup) runs on it.
 	url := "redis://" + cluster.Addrs[1]
+	lag := redistest.StartLagMeter()
 	code, stdout, stderr := runCLI(t, "-redis", url, "-jobs", "20", "-json")
+	worst := lag.End()
 	require.Equal(t, exitOK, code, "exit status of sync-worker -redis %s -jobs 20 -json; stderr:\n%s", url, stderr)
 	var s Summary
 	require.NoError(t, json.Unmarshal(stdout, &s), "stdout:\n%s", stdout)
 	assertEveryJobDoneOnce(t, s, 20)
-	assertNoStorm(t, s)
+	assertNoStorm(t, s, worst)
 	assert.Equal(t, "Redis Cluster of node "+url, s.Redis)
 	assert.Positive(t, s.Providers[0].Suspended, "slack sheds load from %v: suspensions on the cluster", shedAt)
 

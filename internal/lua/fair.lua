@@ -287,12 +287,21 @@ local function fair_place(r, id, c, tenant, w)
   return p
 end
 
+-- fair_served returns when the key serves again: now, or the end of the
+-- suspension in force. The clock stands still while the key is suspended
+-- (fair_clock), so a turn counted from now on a suspended key lies the
+-- suspension too early.
+local function fair_served(r)
+  if r.suspended and r.until_ > r.now then return r.until_ end
+  return r.now
+end
+
 -- fair_when returns when V reaches start tag S, W the weights active with
 -- the caller's tenant (self), at the current W: when the task is due.
 local function fair_when(r, S, W)
-  local g = r.g
-  if S <= g.V or W <= 0 then return r.now end
-  return r.now + (S - g.V) * W / r.R
+  local g, from = r.g, fair_served(r)
+  if S <= g.V or W <= 0 then return from end
+  return from + (S - g.V) * W / r.R
 end
 
 -- fair_booked returns the instant a task not due yet is booked at (its
@@ -306,7 +315,7 @@ end
 -- again, once. Tenants past the first FAIR_PROJECT to leave are taken to
 -- stay (later, never earlier than their turn).
 local function fair_booked(r, S, W, self, t, own)
-  local g, now = r.g, r.now
+  local g = r.g
   -- (None to leave: the caller's tenant alone, or none ends before S.)
   if S <= g.V or W - own <= 1e-9 or g.Fmin >= S then return t end
   local m = redis.call('ZRANGEBYSCORE', r.akey, '(' .. fmt(g.V), '(' .. fmt(S), 'LIMIT', 0, FAIR_PROJECT)
@@ -327,7 +336,7 @@ local function fair_booked(r, S, W, self, t, own)
   end
   if #leave == 0 then return t end
   table.sort(leave, function(a, b) return a.F < b.F end)
-  local V, at, R = g.V, now, r.R
+  local V, at, R = g.V, fair_served(r), r.R
   for _, rec in ipairs(leave) do
     if W - rec.w <= 1e-9 then break end
     at = at + (rec.F - V) * W / R
