@@ -211,7 +211,7 @@ func TestEveryExpiryGoesThroughExtendTo(t *testing.T) {
 		require.NoError(t, err)
 		fn := ""
 		for i, line := range strings.Split(string(src), "\n") {
-			if m := regexp.MustCompile(`^local function (\w+)`).FindStringSubmatch(line); m != nil {
+			if m := regexp.MustCompile(`^(?:  )?(?:local )?function (\w+)`).FindStringSubmatch(line); m != nil {
 				fn = m[1]
 			}
 			if expire.MatchString(line) {
