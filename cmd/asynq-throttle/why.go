@@ -199,7 +199,16 @@ func (a *app) explain(ctx context.Context, lim *throttle.Limiter, info *asynq.Ta
 		return v, err
 	}
 	if len(e.v.Keys) > 1 {
-		v.Sentence += fmt.Sprintf(" (A task of keys %s, decided all or nothing: key %q is the one it waits on.)", quoteAll(e.v.Keys), key)
+		waits := fmt.Sprintf("key %q is the one it waits on", key)
+		if e.blocked > 0 && e.blocked <= len(e.st.Limits) {
+			// (a reserved or queued task: the tier of that key with no room
+			// for it now, which its run time waits out)
+			waits += fmt.Sprintf(", its tier %d (%s) without room for it now", e.blocked, formatLimit(e.st.Limits[e.blocked-1]))
+			if v.Tier == 0 {
+				v.Tier = e.blocked
+			}
+		}
+		v.Sentence += fmt.Sprintf(" (A task of keys %s, decided all or nothing: %s.)", quoteAll(e.v.Keys), waits)
 	}
 	return e.withTenant(v), nil
 }
