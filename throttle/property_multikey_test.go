@@ -96,6 +96,7 @@ func (m *mkModel) setLimits(t *rapid.T, key string) {
 	if err := m.r.lim.SetLimits(m.r.ctx, key, limits...); err != nil {
 		t.Fatalf("SetLimits(%q): %v", key, err)
 	}
+	m.forgetAhead(key)
 	m.maxRate[key] = max(m.maxRate[key], float64(rate))
 	m.maxBurst[key] = max(m.maxBurst[key], float64(burst))
 }
