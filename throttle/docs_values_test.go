@@ -150,7 +150,7 @@ func TestLimitDocsStateTheBounds(t *testing.T) {
 		return v
 	}
 	constant := func(name string) float64 {
-		m := regexp.MustCompile(`(?m)^local ` + name + ` = ([0-9e.* ]+)`).FindSubmatch(lib)
+		m := regexp.MustCompile(`(?m)^\s*(?:local )?` + name + ` = ([0-9e.* ]+)`).FindSubmatch(lib)
 		require.NotNil(t, m, "lib.lua has no %s", name)
 		return num(string(m[1]))
 	}
