@@ -200,12 +200,13 @@ func (a *app) explain(ctx context.Context, lim *throttle.Limiter, info *asynq.Ta
 	}
 	if len(e.v.Keys) > 1 {
 		waits := fmt.Sprintf("key %q is the one it waits on", key)
-		if e.blocked > 0 && e.blocked <= len(e.st.Limits) {
+		if tier := slowestBlocking(e.st, e.need); tier > 0 {
 			// (a reserved or queued task: the tier of that key with no room
-			// for it now, which its run time waits out)
-			waits += fmt.Sprintf(", its tier %d (%s) without room for it now", e.blocked, formatLimit(e.st.Limits[e.blocked-1]))
+			// for it now that takes longest to have it, which its run time
+			// waits out)
+			waits += fmt.Sprintf(", its tier %d (%s) without room for it now", tier, formatLimit(e.st.Limits[tier-1]))
 			if v.Tier == 0 {
-				v.Tier = e.blocked
+				v.Tier = tier
 			}
 		}
 		v.Sentence += fmt.Sprintf(" (A task of keys %s, decided all or nothing: %s.)", quoteAll(e.v.Keys), waits)
@@ -583,6 +584,33 @@ func usesOf(info *asynq.TaskInfo) (map[string]int, error) {
 // blocking returns the first limit (1-based) that refuses a task now: a
 // bucket or window without what it needs of the tier (need), or an
 // in-flight limit without a free slot; 0 when none does.
+// slowestBlocking is the tier of st with no room for the task now (need)
+// that takes longest to have it, at its rate in force: the one a task
+// reserved for later waits out (0 none).
+func slowestBlocking(st throttle.Status, need func(throttle.Limit) int) int {
+	best, longest := 0, -1.0
+	for i, l := range st.Limits {
+		if i >= len(st.Tokens) {
+			break
+		}
+		n := need(l)
+		if n <= 0 || st.Tokens[i] >= float64(n) {
+			continue
+		}
+		if i < len(st.InForce) {
+			l = st.InForce[i]
+		}
+		wait := 0.0
+		if l.N > 0 && l.Per > 0 {
+			wait = (float64(n) - st.Tokens[i]) * l.Per.Seconds() / float64(l.N)
+		}
+		if wait > longest {
+			best, longest = i+1, wait
+		}
+	}
+	return best
+}
+
 func blocking(st throttle.Status, need func(throttle.Limit) int) int {
 	for i, l := range st.Limits {
 		if i >= len(st.Tokens) {
