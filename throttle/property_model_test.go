@@ -437,6 +437,16 @@ func replayModel(t *testing.T, sh modelShape, ops ...modelOp) {
 
 // withChecks makes rapid run n checks unless -rapid.checks or
 // RAPID_CHECKS says how many; it returns what restores the flag.
+// racedChecks is n, or a sixth of it (at least 10) under the race
+// detector: the suite's CI run (.ci/run, -race) keeps the package within
+// go test's 10 minutes, and `go test ./...` and the soaks run them all.
+func racedChecks(n int) int {
+	if raceOn {
+		return max(n/6, 10)
+	}
+	return n
+}
+
 func withChecks(n int) (restore func()) {
 	set := false
 	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "rapid.checks" })

@@ -70,6 +70,8 @@ func (m *mkModel) setWeights(t *rapid.T, key string) {
 }
 
 func TestPropertyMultiKeyTenants(t *testing.T) {
+	// (60 runs, about 20 s; 10 under -race; -rapid.checks=N for a soak)
+	defer withChecks(racedChecks(60))()
 	mr := miniredis.RunT(t)
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 	t.Cleanup(func() { _ = rdb.Close() })

@@ -275,9 +275,9 @@ func (r *mkRig) advance(d time.Duration) {
 }
 
 func TestPropertyMultiKey(t *testing.T) {
-	// (60 runs in CI, about 20 s: each takes about 0.3 s of scripts in
-	// miniredis; -rapid.checks=2000 for a soak)
-	defer withChecks(60)()
+	// (60 runs, about 20 s: each takes about 0.3 s of scripts in
+	// miniredis; 10 under -race; -rapid.checks=2000 for a soak)
+	defer withChecks(racedChecks(60))()
 	checkMultiKey(t)
 }
 
