@@ -9,7 +9,6 @@ package throttle_test
 // waiting task of every tenant runs in the drain at the end.
 
 import (
-	"context"
 	"fmt"
 	"slices"
 	"testing"
@@ -78,30 +77,8 @@ func TestPropertyMultiKeyTenants(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		mr.FlushAll()
 		mr.SetTime(epoch())
-		// (gopher-lua on a machine others share: no call's deadline is at stake)
-		r := &mkRig{mr: mr, rdb: rdb, lim: throttle.NewLimiter(rdb, throttle.WithTimeout(10*time.Second)), now: epoch(), ctx: context.Background()}
-		defer r.lim.Close()
-		m := &mkModel{
-			r:        r,
-			horizon:  60 * time.Second,
-			admitted: map[string][]time.Time{},
-			maxRate:  map[string]float64{},
-			maxBurst: map[string]float64{},
-			susp:     map[string][][2]time.Time{},
-		}
-		if rapid.Bool().Draw(t, "granule") {
-			m.granule = time.Second
-		}
-		if rapid.Bool().Draw(t, "inflight") {
-			m.slots = rapid.IntRange(1, 3).Draw(t, "slots")
-		}
-		if rapid.Bool().Draw(t, "window") {
-			m.window = rapid.IntRange(2, 10).Draw(t, "window calls")
-		}
-		m.initTokens(t)
-		for _, k := range mkKeys {
-			m.setLimits(t, k)
-		}
+		m := newMkModel(t, mr, rdb)
+		defer m.r.lim.Close()
 		if rapid.Bool().Draw(t, "weights") {
 			m.setWeights(t, "app")
 		}

@@ -281,6 +281,37 @@ func TestPropertyMultiKey(t *testing.T) {
 	checkMultiKey(t)
 }
 
+// newMkModel is a model on mr, its keys' limits set, its shape drawn: a
+// granule or none, InFlight on app or none, a window on w1 or none, tiers
+// of tokens or none. Its Limiter is untimed, as the combined model's: on
+// a loaded machine a script in miniredis may take longer than
+// WithTimeout's default second. The caller closes m.r.lim.
+func newMkModel(t *rapid.T, mr *miniredis.Miniredis, rdb *redis.Client) *mkModel {
+	r := &mkRig{mr: mr, rdb: rdb, lim: throttle.NewLimiter(rdb, throttle.WithTimeout(0)), now: epoch(), ctx: context.Background()}
+	m := &mkModel{
+		r:        r,
+		horizon:  60 * time.Second,
+		admitted: map[string][]time.Time{},
+		maxRate:  map[string]float64{},
+		maxBurst: map[string]float64{},
+		susp:     map[string][][2]time.Time{},
+	}
+	if rapid.Bool().Draw(t, "granule") {
+		m.granule = time.Second
+	}
+	if rapid.Bool().Draw(t, "inflight") {
+		m.slots = rapid.IntRange(1, 3).Draw(t, "slots")
+	}
+	if rapid.Bool().Draw(t, "window") {
+		m.window = rapid.IntRange(2, 10).Draw(t, "window calls")
+	}
+	m.initTokens(t)
+	for _, k := range mkKeys {
+		m.setLimits(t, k)
+	}
+	return m
+}
+
 // checkMultiKey checks the property (rapid.Check) on a miniredis of its
 // own.
 func checkMultiKey(t *testing.T) {
@@ -290,31 +321,8 @@ func checkMultiKey(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		mr.FlushAll()
 		mr.SetTime(epoch())
-		// (untimed, as the combined model's: on a loaded machine a script
-		// in miniredis may take longer than WithTimeout's default second)
-		r := &mkRig{mr: mr, rdb: rdb, lim: throttle.NewLimiter(rdb, throttle.WithTimeout(0)), now: epoch(), ctx: context.Background()}
-		defer r.lim.Close()
-		m := &mkModel{
-			r:        r,
-			horizon:  60 * time.Second,
-			admitted: map[string][]time.Time{},
-			maxRate:  map[string]float64{},
-			maxBurst: map[string]float64{},
-			susp:     map[string][][2]time.Time{},
-		}
-		if rapid.Bool().Draw(t, "granule") {
-			m.granule = time.Second
-		}
-		if rapid.Bool().Draw(t, "inflight") {
-			m.slots = rapid.IntRange(1, 3).Draw(t, "slots")
-		}
-		if rapid.Bool().Draw(t, "window") {
-			m.window = rapid.IntRange(2, 10).Draw(t, "window calls")
-		}
-		m.initTokens(t)
-		for _, k := range mkKeys {
-			m.setLimits(t, k)
-		}
+		m := newMkModel(t, mr, rdb)
+		defer m.r.lim.Close()
 		sets := [][]string{{"w1", "app"}, {"w2", "app"}, {"app"}, {"w1"}}
 		steps := rapid.IntRange(10, 120).Draw(t, "steps")
 		for range steps {
