@@ -87,12 +87,13 @@ do
   end
 
   -- key_read reads key j (KEYS from base + 1) as decide_run reads one
-  -- key, up to run_state: its limits, suspension, buckets and M. It
+  -- key, up to run_state: its limits, suspension, buckets and M (its hash
+  -- fields h when lean_admit read them already). It
   -- returns nil and the reply every caller of the key gets when it cannot
   -- decide (no limits, bad limits, suspended without limits).
-  local function key_read(KEYS, base, o, now)
+  local function key_read(KEYS, base, o, now, h)
     local ks = {KEYS[base + 1], KEYS[base + 2], KEYS[base + 3], KEYS[base + 4], KEYS[base + 5], KEYS[base + 6]}
-    local h = redis.call('HMGET', ks[1], unpack(HM_FIELDS))
+    h = h or redis.call('HMGET', ks[1], unpack(HM_FIELDS))
     if not h[1] and not h[D_AT] then
       local _, any = restore_config(ks[1], ks[4])
       if any then h = redis.call('HMGET', ks[1], unpack(HM_FIELDS)) end
@@ -583,6 +584,50 @@ do
   -- decide_multi is the function: KEYS in groups of MULTI_STRIDE, one per
   -- key; ARGV[1] the options, ARGV[2] the task ID, ARGV[3] the cost,
   -- ARGV[4] the tenant ('' or none: the default tenant).
+  -- Per key position, what lean_admit reads (made once per function
+  -- library and refilled, as run.lua's OWED and STORED): the hash fields
+  -- (h), what T stored and what the buckets owe, and each key's limits
+  -- (spec, L) and expiry memo (x).
+  -- (one table: the library's main chunk is near Lua's 200 locals)
+  local LEAN = {h = {}, stored = {}, owed = {}, spec = {}, L = {}, x = {}}
+  for j = 1, MULTI_MAX do LEAN.stored[j], LEAN.owed[j] = {}, {} end
+
+  -- lean_admit is the common case of a caller of cost 1 (requests, on keys
+  -- without units): every key admits it now on buckets alone, by
+  -- fits_now's rules, and takes it as the one-key path's take_now does,
+  -- without the general state (the key_read tables, a cost vector per
+  -- key). It returns the reply, or nil and how many keys it read (LH)
+  -- for the general path, which then reads them no more.
+  local function lean_admit(KEYS, nk, o, now)
+    local headroom = o.headroom
+    local LH, LSPEC, LL, LX, LOWED = LEAN.h, LEAN.spec, LEAN.L, LEAN.x, LEAN.owed
+    for j = 1, nk do
+      local base = MULTI_STRIDE * (j - 1)
+      local h = redis.call('HMGET', KEYS[base + 1], unpack(HM_FIELDS))
+      LH[j] = h
+      if not h[1] and not h[D_AT] then return nil, j end -- (restore_config, or no limits)
+      local spec, L, until_ = read_limits(o, h, now)
+      if not spec or spec.units or spec.windows or spec.inflight or (until_ and until_ > now) then return nil, j end
+      local ts, x, vnext, stored = read_T(h[2], now, LEAN.stored[j])
+      if vnext < 0 or (vnext > now and vnext <= now + o.horizon + MAX_SKEW) then return nil, j end
+      local owed = bucket_owed(stored, ts, spec.tiers, now, headroom, LOWED[j])
+      local tiers = spec.tiers
+      for i = 1, #tiers do
+        local t = tiers[i]
+        if owed[i] + headroom * t.rate - (t.burst - 1) * t.p > 0 then return nil, j end
+      end
+      LSPEC[j], LL[j], LX[j] = spec, L, x
+    end
+    local out = {}
+    for j = 1, nk do
+      local base = MULTI_STRIDE * (j - 1)
+      local reply = take_now(KEYS[base + 1], KEYS[base + 4], o, now, LL[j], LH[j][2] ~= false, LSPEC[j], LOWED[j], LX[j], 1, nil)
+      if not reply then error('decide_multi: key ' .. j .. ' refused what it admitted') end
+      out[j] = reply
+    end
+    return '0;' .. table.concat(out, ';')
+  end
+
   decide_multi = function(KEYS, ARGV)
     local nk = math.floor(#KEYS / MULTI_STRIDE)
     if nk < 1 or nk > MULTI_MAX or #KEYS ~= nk * MULTI_STRIDE then
@@ -591,9 +636,15 @@ do
     local o = multi_options(ARGV[1])
     local id, raw, tenant = ARGV[2] or '', ARGV[3] or '1', ARGV[4] or ''
     local now = now_us()
+    local read = 0
+    if raw == '1' and not o.book then
+      local reply
+      reply, read = lean_admit(KEYS, nk, o, now)
+      if reply then return reply end
+    end
     local krs, pos, out = {}, {}, {}
     for j = 1, nk do
-      local kr, reply = key_read(KEYS, MULTI_STRIDE * (j - 1), o, now)
+      local kr, reply = key_read(KEYS, MULTI_STRIDE * (j - 1), o, now, j <= read and LEAN.h[j] or nil)
       if kr then
         local i = #krs + 1
         krs[i], pos[i] = kr, j

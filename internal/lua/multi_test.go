@@ -588,3 +588,28 @@ func TestMultiHoldPastABookingBroughtForwardDoesNotWait(t *testing.T) {
 	assert.Zero(t, e.reserved(0, "X"), "the hold left a")
 	assert.Zero(t, e.reserved(1, "X"), "the booking left b")
 }
+
+// A key whose hash expired with its state (its configuration kept in :c)
+// is decided with its limits copied back, on the lean path of a cost of 1
+// as on the general one: lean_admit gives the key it could not read to
+// key_read, which restores it from the hash fields already read.
+func TestMultiRestoresTheLimitsOfAKeyWhoseHashExpired(t *testing.T) {
+	onBoth(t, func(t *testing.T, e *multiEnv) {
+		e.limits(0, bucket(2, hour, 2))
+		e.limits(1, bucket(10, hour, 10))
+		require.Equal(t, StatusAllowed, e.multi(DecideArgs{}).Status)
+		require.NoError(t, e.rdb.Del(e.ctx, e.ks[0].Bucket).Err())
+		for i := range 2 {
+			r := e.multi(DecideArgs{})
+			require.Equal(t, StatusAllowed, r.Status, "call %d after a's hash expired: its limits back, its bucket full: %+v", i, r)
+		}
+		r := e.multi(DecideArgs{})
+		require.Equal(t, StatusDenied, r.Status, "a's 2 taken: %+v", r)
+		assert.Equal(t, 0, r.Key, "a (position 0) refused")
+		assert.Equal(t, "tier:1", r.RefusedBy)
+		l, err := e.rdb.HGet(e.ctx, e.ks[0].Bucket, "L").Result()
+		require.NoError(t, err, "a's limits are in its hash again")
+		assert.NotEmpty(t, l)
+		assert.Equal(t, 7, e.admits(1, 10), "b gave three calls, to the three admitted")
+	})
+}
