@@ -14,20 +14,25 @@ import (
 
 // How long the middleware keeps a task in its worker: at most MaxPaceWait
 // for a paced instant (whatever the decision's wait says), at most
+// MaxNearWait in all waiting to ask again near its paced instant, at most
 // MaxSlotWait for a slot in flight expected free, polling no more often
 // than MinSlotPoll.
 const (
 	MaxPaceWait = maxPaceWait
 	MaxSlotWait = maxSlotWait
+	MaxNearWait = maxNearWait
 	MinSlotPoll = minSlotPoll
 )
 
 // DecideTask is the decision the middleware takes for task id of tenant
 // ("" the default tenant) costing n requests and uses ("tokens=40", ""
 // none): the reservation horizon for a task with an ID, the 1 s granule,
-// the headroom and pacing of l's options (no lease).
+// the headroom and pacing of l's options (no lease), asking as a task
+// that waits in its worker for its paced instant (near), as one with a
+// deadline far off does.
 func DecideTask(l *Limiter, ctx context.Context, key, id, tenant string, n int, uses string) (Decision, error) {
-	v := variant{granule: granule, headroom: l.o.headroom, pace: l.o.pacing}
+	// (near: a task with its deadline's time to wait, as asynq's 30 min)
+	v := variant{granule: granule, headroom: l.o.headroom, pace: l.o.pacing, near: l.o.pacing}
 	if l.o.horizon > 0 && id != "" {
 		v.horizon = l.o.horizon
 	} else {

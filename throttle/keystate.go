@@ -50,6 +50,7 @@ type variant struct {
 	headroom         time.Duration
 	book, pace       bool
 	probe            bool // a slot waiter asking again (keeps its place)
+	near             bool // waits in its worker for a paced instant and asks again (lua.DecideArgs.Near)
 	fair             bool // callers say their tenant (fair shares)
 	mode             lua.Mode
 }

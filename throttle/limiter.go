@@ -265,7 +265,7 @@ func (l *Limiter) template(ks *keyState, key string, v variant) ([]any, error) {
 	t := &template{v: v, args: lua.AppendDecideArgs(nil, v.mode, keys, lua.DecideArgs{
 		Granule: v.granule, Horizon: v.horizon, Lapse: l.o.lapse,
 		Defaults: l.defaults(key), Lease: v.lease,
-		Headroom: v.headroom, Book: v.book, Pace: v.pace, Probe: v.probe, SlotExpiry: l.o.slotExpiry, Fair: v.fair,
+		Headroom: v.headroom, Book: v.book, Pace: v.pace, Probe: v.probe, Near: v.near, SlotExpiry: l.o.slotExpiry, Fair: v.fair,
 	})}
 	if v == (variant{mode: v.mode}) {
 		ks.take.Store(t)

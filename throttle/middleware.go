@@ -89,7 +89,9 @@ type Event struct {
 	Delay time.Duration
 	// Wait is how long a task Ran waits in its worker before its handler
 	// starts: admitted at its reserved time a moment ahead (see WithPacing).
-	// The event comes when it was admitted, before the wait.
+	// The event comes when it was admitted, before the wait. (A paced task
+	// may also wait in its worker before it is admitted, to ask again near
+	// its time; that wait is not in Wait.)
 	Wait time.Duration
 	// Reserved reports that the deferred task holds a reservation: it runs
 	// at its reserved time without contending again.
@@ -331,9 +333,27 @@ func (m *middleware) decideAndWait(ctx context.Context, key string, t *asynq.Tas
 		ctx, cancel = context.WithDeadline(ctx, dl.Add(-deferReserve))
 		defer cancel()
 	}
+	// A task with the time to wait in its worker for its paced instant asks
+	// as one that does (near): it is admitted at most lua.NearAhead ahead
+	// of its instant, and told to wait until then otherwise, so that the
+	// room its key has meanwhile is not counted as used by its call (see
+	// holder_turn in decide.lua). It waits and asks again, for at most
+	// maxNearWait in all.
+	near := m.l.o.pacing && m.waitBudget(ctx, m.l.o.timeout) >= maxNearWait
 	sent := m.now()
-	d, err := m.decide(ctx, key, t, id, asked, cost)
+	d, err := m.decideNear(ctx, key, t, id, asked, cost, near)
 	ev.Latency = m.now().Sub(sent)
+	for waited := time.Duration(0); near && err == nil && !d.Allowed && d.Reason == RefusedReserved; {
+		w := d.RetryAfter
+		if w > maxPaceWait || waited+w > maxNearWait || w > m.waitBudget(ctx, m.l.o.timeout) {
+			break
+		}
+		if serr := m.sleep(ctx, w); serr != nil {
+			return d, serr
+		}
+		waited += w
+		d, err = m.decideNear(ctx, key, t, id, asked, cost, true)
+	}
 	for waited := time.Duration(0); err == nil && !d.Allowed && d.Reason == RefusedBySlots; {
 		w := max(d.RetryAfter, minSlotPoll)
 		if waited+w > maxSlotWait || w > m.waitBudget(ctx, m.l.o.timeout) {
@@ -420,6 +440,13 @@ func (m *middleware) cannotDecide(ctx context.Context, t *asynq.Task, ks *keySta
 // maxPaceWait bounds the wait for a paced slot: one granule and the
 // tolerance the script allows a task back early.
 const maxPaceWait = granule + lua.PaceEarly
+
+// maxNearWait bounds how long a paced task waits in its worker, asking
+// again, before it is admitted near its instant (decideAndWait): back a
+// paced wait early, and a granule more if its key's tiers have no room at
+// its instant. A task whose deadline leaves less asks as before (admitted
+// up to maxPaceWait ahead).
+const maxNearWait = maxPaceWait + granule
 
 // tooFarAhead reports whether a task admitted wait ahead (paced) should be
 // deferred to its instant instead of waiting for it in its worker: the
@@ -598,7 +625,13 @@ func (m *middleware) waitTaskOnly(ctx context.Context, t *asynq.Task, ks *keySta
 // decide asks Redis for a decision on t, which costs cost; lease is how
 // many tokens it may take for this process (0: just its cost).
 func (m *middleware) decide(ctx context.Context, key string, t *asynq.Task, id string, lease int, cost taskCost) (Decision, error) {
-	return m.decideAs(ctx, key, t, id, cost, variant{granule: granule, lease: lease, headroom: m.l.o.headroom, pace: m.l.o.pacing})
+	return m.decideNear(ctx, key, t, id, lease, cost, false)
+}
+
+// decideNear is decide for a task that waits in its worker for a paced
+// instant ahead and asks again when near is set (lua.DecideArgs.Near).
+func (m *middleware) decideNear(ctx context.Context, key string, t *asynq.Task, id string, lease int, cost taskCost, near bool) (Decision, error) {
+	return m.decideAs(ctx, key, t, id, cost, variant{granule: granule, lease: lease, headroom: m.l.o.headroom, pace: m.l.o.pacing, near: near})
 }
 
 // decideProbe asks again for a task waiting in its worker for a slot in

@@ -108,6 +108,7 @@ type mTask struct {
 	resv         int64 // its reserved instant, as Redis should hold it (0 none)
 	probe        bool  // waiting in its worker for a slot in flight
 	waited       int64
+	nearWaited   int64 // waited in its worker to ask again near its paced instant
 	decisions    int
 }
 
@@ -442,7 +443,20 @@ func (w *modelWorld) decide(k *mTask, fromPool bool) {
 		w.admit(k, d, start)
 		return
 	}
+	probed := k.probe
 	k.probe = false
+	if !probed && d.Reason == throttle.RefusedReserved {
+		// decideAndWait: a paced task told to wait for its instant (it
+		// asked as one that waits, near) waits in its worker and asks
+		// again, a paced wait at most, MaxNearWait in all.
+		p := d.RetryAfter.Microseconds()
+		if p <= throttle.MaxPaceWait.Microseconds() && k.nearWaited+p <= throttle.MaxNearWait.Microseconds() {
+			k.nearWaited, k.back = k.nearWaited+p, w.now+p
+			w.waiting = append(w.waiting, k)
+			w.note("%s waits %v in its worker for its paced instant", k, time.Duration(p)*time.Microsecond)
+			return
+		}
+	}
 	if d.Reason == throttle.RefusedBySlots {
 		// decideAndWait: a slot expected free within a second is waited
 		// for in the worker, asking again with its place kept.
@@ -454,7 +468,7 @@ func (w *modelWorld) decide(k *mTask, fromPool bool) {
 			return
 		}
 	}
-	k.waited = 0
+	k.waited, k.nearWaited = 0, 0
 	k.reason = d.Reason
 	k.resv = 0
 	if throttle.Reserved(d) {

@@ -42,6 +42,13 @@ type DecideArgs struct {
 	// it waits for in its worker: it keeps its place among the waiters,
 	// taking no new one.
 	Probe bool
+	// Near marks a caller that waits in its worker for an instant ahead
+	// and asks again (the middleware, with the time to): with Pace, a
+	// holder is admitted at most NearAhead before the instant its call is
+	// counted at, on a key without windows; further ahead it is refused
+	// "reserved" with the wait, and asks again then. (Tenants' keys and
+	// decisions over several keys admit ahead as Pace says.)
+	Near bool
 	// Cost is what the caller takes from every request tier (0 means 1).
 	Cost int
 	// Units is what it takes of other units, "tokens=1200,input-tokens=300"
@@ -63,6 +70,10 @@ type DecideArgs struct {
 // granule, the longest a paced admission makes its caller wait
 // (DecideReply.Wait).
 const PaceEarly = 200 * time.Millisecond
+
+// NearAhead is how far ahead of its instant a paced holder that asks with
+// Near is admitted at most (decide.lua's o.near).
+const NearAhead = 100 * time.Millisecond
 
 // DecideReply is the outcome of one decision.
 type DecideReply struct {
@@ -92,7 +103,8 @@ type DecideReply struct {
 //	        granule, horizon (0 = never reserve), lapse, headroom and
 //	        slot_expiry in microseconds; lease: tokens an admitted caller may
 //	        take for its process (0 = 1); flags: 1 book, 2 pace, 4 probe,
-//	        8 fair (callers say their tenant);
+//	        8 fair (callers say their tenant), 16 near (a paced holder is
+//	        admitted at most NearAhead ahead);
 //	        defaults: the default limits as FormatTiers writes them ("" none)
 //	then a pair per caller decided in this run, in order: task ID ("" = no
 //	reservation), cost (fair: a triple, with the tenant). No pair at all is
@@ -184,6 +196,9 @@ func FormatOptions(a DecideArgs) string {
 	}
 	if a.Fair {
 		flags |= 8
+	}
+	if a.Near {
+		flags |= 16
 	}
 	b := make([]byte, 0, 64)
 	for i, v := range []int64{a.Granule.Microseconds(), a.Horizon.Microseconds(), a.Lapse.Microseconds(),

@@ -80,6 +80,10 @@ do
       pace = math.floor(flags / 2) % 2 == 1,   -- admit a holder at its instant
       probe = math.floor(flags / 4) % 2 == 1,  -- a slot waiter asking again keeps its place
       fair = math.floor(flags / 8) % 2 == 1,   -- callers say their tenant (fair.lua)
+      -- us a paced holder is admitted ahead at most, when the caller waits
+      -- in its worker and asks again (holder_turn; nil: a granule and
+      -- PACE_EARLY)
+      near = math.floor(flags / 16) % 2 == 1 and 100000 or nil,
       slot_expiry = tonumber(se),    -- us a slot is held without renewal
       defaults = defaults,           -- limits when the key has none in Redis ('': none)
     }
@@ -652,7 +656,18 @@ do
     local now = r.now
     local early = r.o.granule
     if r.paced then early = early + PACE_EARLY end
-    if now < resv - early then
+    -- A caller that waits in its worker and asks again (o.near: the
+    -- middleware, with the time to) is admitted at most o.near ahead of
+    -- the instant its call is counted at, on a key without windows; from
+    -- further ahead it is told to wait, and asks again then. A call counted
+    -- at an instant ahead is counted as of then (take): the room a bucket
+    -- has before that instant goes unused. (A second's holders admitted
+    -- ahead at once, as asynq hands them over, left what refunds gave back
+    -- idle and the provider's bucket full: bench L5 drained at 0.77-0.97
+    -- of the tokens limit, 0.91-0.94 with this.)
+    local near = r.o.near
+    if not r.paced or r.spec.windows then near = nil end
+    if now < resv - early or (near and resv - now > near) then
       reserve_windows(r, resv, c, 1)
       return denied(r, resv - now, 'reserved', resv)
     end
@@ -665,6 +680,10 @@ do
       local tier, wait = short(r, c, at, true)
       if tier == 0 then break end
       at = at + wait
+    end
+    if near and at - now > near and at - now <= early then
+      reserve_windows(r, resv, c, 1)
+      return denied(r, at - now, 'reserved', resv)
     end
     if at - now <= early and short(r, c, at, true) == 0 and not (r.slot_n and r.held >= r.slot_n) then
       return admit(r, resv, id, c, at)

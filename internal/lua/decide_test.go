@@ -317,6 +317,83 @@ func TestDecidePacesHoldersToExactInstants(t *testing.T) {
 	assert.Equal(t, 50*time.Millisecond, r.Wait, "and the next instant")
 }
 
+// A holder that waits in its worker and asks again (Near, the middleware)
+// is admitted at most NearAhead before the instant its call is counted
+// at: back earlier, it is told to wait for its instant, and nothing of the
+// key is counted for it, so the room before that instant stays usable. In
+// TestDecidePacesHoldersToExactInstants's backlog, holder 20 back at 0 was
+// admitted at 25 ms ahead of the holder of that slot (pushed to 50 ms);
+// with Near it waits for its own slot (525 ms) and the holder of 25 ms
+// takes it. A holder due whose tiers have no room within NearAhead is told
+// how long until they do.
+func TestDecideNearHolderWaitsForItsInstantAndAsksAgain(t *testing.T) {
+	e := newEnv(t)
+	e.setLimits(Tier{Rate: 40, PerMS: 1000, Burst: 5})
+	a := DecideArgs{Horizon: time.Minute, Lapse: time.Minute, Granule: time.Second, Pace: true}
+	for range 5 {
+		require.Equal(t, StatusAllowed, e.decide(a).Status)
+	}
+	slots := map[string]time.Time{}
+	for i := range 40 {
+		a.TaskID = fmt.Sprint(i)
+		r := e.decide(a)
+		require.Equal(t, StatusDenied, r.Status)
+		slots[a.TaskID] = r.Reserved
+	}
+	e.at(0)
+	a.Near = true
+	a.TaskID = "20"
+	r := e.decide(a)
+	assert.Equal(t, DecideReply{Status: StatusDenied, RetryAfter: 525 * time.Millisecond, RefusedBy: "reserved", Reserved: slots["20"], Generation: 1}, r,
+		"holder 20, back 525 ms before its slot: told to wait for it")
+	a.TaskID = "0"
+	r = e.decide(a)
+	assert.Equal(t, StatusAllowed, r.Status, "the holder of the first slot: %+v", r)
+	assert.Equal(t, 25*time.Millisecond, r.Wait, "its own slot: holder 20 took nothing")
+	a.TaskID = "4"
+	r = e.decide(a)
+	assert.Equal(t, StatusDenied, r.Status, "holder 4, its slot 125 ms ahead: %+v", r)
+	assert.Equal(t, "reserved", r.RefusedBy)
+	assert.Equal(t, 125*time.Millisecond, r.RetryAfter)
+	a.TaskID = "3"
+	r = e.decide(a)
+	assert.Equal(t, StatusAllowed, r.Status, "holder 3, its slot 100 ms ahead (NearAhead): %+v", r)
+	assert.Equal(t, 50*time.Millisecond, r.Wait, "at the bucket's next token, after holder 0's")
+
+	// Holder 20 at its slot: admitted there. The 19 holders before it never
+	// came, so its tiers have room; 21 and 22, 25 and 50 ms ahead, are
+	// admitted at the first instants the bucket has (now: it refilled).
+	e.at(525 * time.Millisecond)
+	for _, id := range []string{"20", "21", "22"} {
+		a.TaskID = id
+		r = e.decide(a)
+		require.Equal(t, StatusAllowed, r.Status, "holder %s: %+v", id, r)
+		assert.LessOrEqual(t, r.Wait, NearAhead, "holder %s", id)
+	}
+
+	// A holder due whose tiers have room only later than NearAhead: told
+	// how long until they do, its reservation kept.
+	e2 := newEnv(t)
+	e2.setLimits(Tier{Rate: 1, PerMS: 1000, Burst: 1})
+	b := DecideArgs{Horizon: time.Minute, Lapse: time.Minute, Granule: time.Second, Pace: true}
+	require.Equal(t, StatusAllowed, e2.decide(b).Status)
+	b.TaskID = "h"
+	require.Equal(t, testEpoch().Add(time.Second), e2.decide(b).Reserved)
+	b.TaskID = "g"
+	require.Equal(t, testEpoch().Add(2*time.Second), e2.decide(b).Reserved)
+	e2.at(2 * time.Second)
+	b.TaskID, b.Near = "h", true
+	require.Equal(t, StatusAllowed, e2.decide(b).Status, "h, late, takes the token of 2 s")
+	b.TaskID = "g"
+	r = e2.decide(b)
+	assert.Equal(t, DecideReply{Status: StatusDenied, RetryAfter: time.Second, RefusedBy: "reserved", Reserved: testEpoch().Add(2 * time.Second), Generation: 1}, r,
+		"g, due, its tier's next token a second away")
+	b.Near = false
+	r = e2.decide(b)
+	assert.Equal(t, StatusAllowed, r.Status, "without Near: admitted a second ahead, as before: %+v", r)
+	assert.Equal(t, time.Second, r.Wait)
+}
+
 // Booking (enqueue-time throttling) reserves a slot even for a caller that
 // could run now, and the holder is admitted against it.
 func TestDecideBookingReservesASlotEvenWhenFree(t *testing.T) {
