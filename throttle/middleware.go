@@ -334,11 +334,11 @@ func (m *middleware) decideAndWait(ctx context.Context, key string, t *asynq.Tas
 		defer cancel()
 	}
 	// A task with the time to wait in its worker for its paced instant asks
-	// as one that does (near): it is admitted at most lua.NearAhead ahead
-	// of its instant, and told to wait until then otherwise, so that the
-	// room its key has meanwhile is not counted as used by its call (see
-	// holder_turn in decide.lua). It waits and asks again, for at most
-	// maxNearWait in all.
+	// as one that does (near): on a key with units, it is admitted at most
+	// lua.NearAhead ahead of its instant, and told to wait until then
+	// otherwise, so that the room its key has meanwhile is not counted as
+	// used by its call (see holder_turn in decide.lua). It waits and asks
+	// again, for at most maxNearWait in all.
 	near := m.l.o.pacing && m.waitBudget(ctx, m.l.o.timeout) >= maxNearWait
 	sent := m.now()
 	d, err := m.decideNear(ctx, key, t, id, asked, cost, near)

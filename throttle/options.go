@@ -208,9 +208,10 @@ func WithHeadroom(d time.Duration) Option { return func(o *options) { o.headroom
 // whole second before its turn and its worker waits for it (at most about a
 // second, never busy, never past the time the task needs before its
 // deadline to be deferred instead), so the backlog drains at the rate.
-// On a key without windows or tenants, a task of one key with the time to
-// spare waits before it is admitted and asks again near its time (within
-// 100ms), so its call does not hold the key's room before that time.
+// On a key with units (In) and without windows or tenants, a task of one
+// key with the time to spare waits before it is admitted and asks again
+// near its time (within 100ms), so its call does not hold the room that
+// refunds make before that time.
 // Keys whose bursts cover a second of their rate are not paced.
 func WithPacing(on bool) Option { return func(o *options) { o.pacing = on } }
 

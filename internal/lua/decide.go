@@ -45,9 +45,10 @@ type DecideArgs struct {
 	// Near marks a caller that waits in its worker for an instant ahead
 	// and asks again (the middleware, with the time to): with Pace, a
 	// holder is admitted at most NearAhead before the instant its call is
-	// counted at, on a key without windows; further ahead it is refused
-	// "reserved" with the wait, and asks again then. (Tenants' keys and
-	// decisions over several keys admit ahead as Pace says.)
+	// counted at, on a key with units and without windows; further ahead
+	// it is refused "reserved" with the wait, and asks again then. (Other
+	// keys, tenants' keys and decisions over several keys admit ahead as
+	// Pace says.)
 	Near bool
 	// Cost is what the caller takes from every request tier (0 means 1).
 	Cost int

@@ -319,17 +319,20 @@ func TestDecidePacesHoldersToExactInstants(t *testing.T) {
 
 // A holder that waits in its worker and asks again (Near, the middleware)
 // is admitted at most NearAhead before the instant its call is counted
-// at: back earlier, it is told to wait for its instant, and nothing of the
-// key is counted for it, so the room before that instant stays usable. In
-// TestDecidePacesHoldersToExactInstants's backlog, holder 20 back at 0 was
-// admitted at 25 ms ahead of the holder of that slot (pushed to 50 ms);
-// with Near it waits for its own slot (525 ms) and the holder of 25 ms
-// takes it. A holder due whose tiers have no room within NearAhead is told
-// how long until they do.
+// at, on a key with units: back earlier, it is told to wait for its
+// instant, and nothing of the key is counted for it, so the room before
+// that instant stays usable. In TestDecidePacesHoldersToExactInstants's
+// backlog (here with a tokens tier that never binds), holder 20 back at 0
+// was admitted at 25 ms, ahead of the holder of that slot (pushed to
+// 50 ms); with Near it waits for its own slot (525 ms) and the holder of
+// 25 ms takes it. A holder due whose tiers have room only later than
+// NearAhead is told how long until they do. On a key without units, Near
+// changes nothing.
 func TestDecideNearHolderWaitsForItsInstantAndAsksAgain(t *testing.T) {
+	tokens := Tier{Rate: 1_000_000, PerMS: 1000, Burst: 1_000_000, Unit: "tokens"}
 	e := newEnv(t)
-	e.setLimits(Tier{Rate: 40, PerMS: 1000, Burst: 5})
-	a := DecideArgs{Horizon: time.Minute, Lapse: time.Minute, Granule: time.Second, Pace: true}
+	e.setLimits(Tier{Rate: 40, PerMS: 1000, Burst: 5}, tokens)
+	a := DecideArgs{Horizon: time.Minute, Lapse: time.Minute, Granule: time.Second, Pace: true, Units: "tokens=1"}
 	for range 5 {
 		require.Equal(t, StatusAllowed, e.decide(a).Status)
 	}
@@ -360,9 +363,9 @@ func TestDecideNearHolderWaitsForItsInstantAndAsksAgain(t *testing.T) {
 	assert.Equal(t, StatusAllowed, r.Status, "holder 3, its slot 100 ms ahead (NearAhead): %+v", r)
 	assert.Equal(t, 50*time.Millisecond, r.Wait, "at the bucket's next token, after holder 0's")
 
-	// Holder 20 at its slot: admitted there. The 19 holders before it never
-	// came, so its tiers have room; 21 and 22, 25 and 50 ms ahead, are
-	// admitted at the first instants the bucket has (now: it refilled).
+	// Holder 20 at its slot: admitted. The holders before it never came, so
+	// its tiers have room, and 21 and 22, 25 and 50 ms ahead, are admitted
+	// within NearAhead.
 	e.at(525 * time.Millisecond)
 	for _, id := range []string{"20", "21", "22"} {
 		a.TaskID = id
@@ -374,8 +377,8 @@ func TestDecideNearHolderWaitsForItsInstantAndAsksAgain(t *testing.T) {
 	// A holder due whose tiers have room only later than NearAhead: told
 	// how long until they do, its reservation kept.
 	e2 := newEnv(t)
-	e2.setLimits(Tier{Rate: 1, PerMS: 1000, Burst: 1})
-	b := DecideArgs{Horizon: time.Minute, Lapse: time.Minute, Granule: time.Second, Pace: true}
+	e2.setLimits(Tier{Rate: 1, PerMS: 1000, Burst: 1}, tokens)
+	b := DecideArgs{Horizon: time.Minute, Lapse: time.Minute, Granule: time.Second, Pace: true, Units: "tokens=1"}
 	require.Equal(t, StatusAllowed, e2.decide(b).Status)
 	b.TaskID = "h"
 	require.Equal(t, testEpoch().Add(time.Second), e2.decide(b).Reserved)
@@ -392,6 +395,23 @@ func TestDecideNearHolderWaitsForItsInstantAndAsksAgain(t *testing.T) {
 	r = e2.decide(b)
 	assert.Equal(t, StatusAllowed, r.Status, "without Near: admitted a second ahead, as before: %+v", r)
 	assert.Equal(t, time.Second, r.Wait)
+
+	// A key without units books its schedule exactly: Near changes nothing.
+	e3 := newEnv(t)
+	e3.setLimits(Tier{Rate: 40, PerMS: 1000, Burst: 5})
+	c := DecideArgs{Horizon: time.Minute, Lapse: time.Minute, Granule: time.Second, Pace: true}
+	for range 5 {
+		require.Equal(t, StatusAllowed, e3.decide(c).Status)
+	}
+	for i := range 40 {
+		c.TaskID = fmt.Sprint(i)
+		require.Equal(t, StatusDenied, e3.decide(c).Status)
+	}
+	e3.at(0)
+	c.TaskID, c.Near = "20", true
+	r = e3.decide(c)
+	assert.Equal(t, StatusAllowed, r.Status, "holder 20 on a key without units: admitted ahead, as without Near: %+v", r)
+	assert.Equal(t, 25*time.Millisecond, r.Wait)
 }
 
 // Booking (enqueue-time throttling) reserves a slot even for a caller that
