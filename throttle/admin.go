@@ -190,6 +190,9 @@ func (l *Limiter) suspendAs(ctx context.Context, key string, d time.Duration,
 	if err != nil {
 		return 0, fmt.Errorf("throttle: key %q: suspend: %w", key, err)
 	}
+	// This process stops at once: a task admitted ahead and waiting in its
+	// worker for its paced instant does not start.
+	ks.cacheSuspension(time.Now(), r.Left, false)
 	l.touchNow(ctx, ks, key, false)
 	if r.Adapted {
 		l.o.logger.Warn("throttle: adaptive limits cut fleet-wide after a new suspension; clean intervals win them back",

@@ -89,7 +89,10 @@ type Event struct {
 	Delay time.Duration
 	// Wait is how long a task Ran waits in its worker before its handler
 	// starts: admitted at its reserved time a moment ahead (see WithPacing).
-	// The event comes when it was admitted, before the wait. (A paced task
+	// The event comes when it was admitted, before the wait. If its key is
+	// suspended during the wait (as far as this process knows: its own 429,
+	// Suspend, or a decision that saw one), the task does not run after
+	// all: a Deferred event (RefusedBySuspension) follows. (A paced task
 	// may also wait in its worker before it is admitted, to ask again near
 	// its time; that wait is not in Wait.)
 	Wait time.Duration
@@ -371,6 +374,43 @@ func (m *middleware) decideAndWait(ctx context.Context, key string, t *asynq.Tas
 	return d, err
 }
 
+// suspendedMeanwhile reports a suspension this process knows of, on a
+// key of the admitted task of ev, after it waited in its worker for its
+// paced instant: the key suspended, and until when.
+func (m *middleware) suspendedMeanwhile(ev Event) (string, time.Time, bool) {
+	keys := ev.keys
+	if len(keys) == 0 {
+		keys = []string{ev.Key}
+	}
+	now := m.now()
+	var latest time.Time
+	by := ""
+	for _, k := range keys {
+		if at, ok := m.l.keys.get(k).suspendedUntil(now); ok && at.After(latest) {
+			latest, by = at, k
+		}
+	}
+	return by, latest, by != ""
+}
+
+// deferAdmitted gives back the admission of a task of ev that will not run
+// after all (its key by was suspended until retryAt while it waited for its
+// paced instant), and defers it as a task refused by that suspension: a
+// Deferred event follows its Ran one. Its slots in flight are released by
+// whoever holds them (act, processMulti).
+func (m *middleware) deferAdmitted(ctx context.Context, t *asynq.Task, by string, retryAt time.Time, ev Event) error {
+	if len(ev.parts) > 0 {
+		for _, p := range ev.parts {
+			m.giveBack(ctx, p.key, Decision{at: p.at, gen: p.gen}, ev.cost, ev.Tenant)
+		}
+	} else {
+		m.giveBack(ctx, ev.Key, Decision{at: ev.at, gen: ev.gen}, ev.cost, ev.Tenant)
+	}
+	ev = Event{Key: by, TaskID: ev.TaskID, TaskType: ev.TaskType, Tenant: ev.Tenant, keys: ev.keys, cost: ev.cost, Cached: true}
+	d := Decision{RetryAfter: max(retryAt.Sub(m.now()), 0), Reason: RefusedBySuspension}
+	return m.deferDecision(ctx, t, m.l.keys.get(by), d, ev, Deferred)
+}
+
 // deferReserve is what a task keeps of its time before its deadline, beyond
 // any Redis call still to come, to be deferred: asynq counts a task whose
 // deadline passes as failed, whatever its handler returns afterwards.
@@ -504,6 +544,13 @@ func (m *middleware) run(ctx context.Context, t *asynq.Task, next asynq.Handler,
 		// are taken as of then, so the call starts then.
 		if err := m.sleep(ctx, ev.Wait); err != nil {
 			return err
+		}
+		if ks != nil {
+			if by, retryAt, ok := m.suspendedMeanwhile(ev); ok {
+				// Its key was suspended while it waited (a 429 this
+				// process saw, or Suspend): the call does not start.
+				return m.deferAdmitted(ctx, t, by, retryAt, ev)
+			}
 		}
 	}
 	if ks != nil {
