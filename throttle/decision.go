@@ -96,6 +96,7 @@ type Decision struct {
 	gen        int64         // the limits' generation, for leases and refunds
 	at         time.Time     // when allowed: the instant admitted at (Redis clock), for refunds
 	booked     bool          // a booking refused: the ID holds a reservation already
+	near       bool          // refused "near": a holder asked as one that waits (lua.DecideArgs.Near), to ask again at its instant
 	parts      []keyPart     // a call of several keys admitted: what each key holds (multikey.go)
 	waitsFor   string        // a call of several keys admitted ahead (wait): the key whose turn it waits for
 }

@@ -72,6 +72,10 @@ func EnqueueRefused(l *Limiter, ctx context.Context, key, id, tenant string, n i
 // run at at (ProcessIn).
 func EnqueueDelay(l *Limiter, at, now time.Time) time.Duration { return l.reservedDelay(at, now) }
 
+// NearRefusal reports a refusal that tells a holder asking as one that
+// waits (near) to ask again at its instant from its worker.
+func NearRefusal(d Decision) bool { return d.near }
+
 // PacedWait is how far ahead of its decision d admitted its call (a paced
 // instant): what the middleware waits in the worker, up to MaxPaceWait.
 func PacedWait(d Decision) time.Duration { return d.wait }

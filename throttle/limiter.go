@@ -198,6 +198,8 @@ func (l *Limiter) decision(key string, cost taskCost, r lua.DecideReply) (Decisi
 		d.Reason = RefusedByQueue
 	case r.RefusedBy == "reserved":
 		d.Reason = RefusedReserved
+	case r.RefusedBy == "near":
+		d.Reason, d.near = RefusedReserved, true
 	case r.RefusedBy == "inflight":
 		d.Reason = RefusedBySlots
 	case r.RefusedBy == "booked":

@@ -346,7 +346,7 @@ func (m *middleware) decideAndWait(ctx context.Context, key string, t *asynq.Tas
 	sent := m.now()
 	d, err := m.decideNear(ctx, key, t, id, asked, cost, near)
 	ev.Latency = m.now().Sub(sent)
-	for waited := time.Duration(0); near && err == nil && !d.Allowed && d.Reason == RefusedReserved; {
+	for waited := time.Duration(0); near && err == nil && !d.Allowed && d.near; {
 		w := d.RetryAfter
 		if w > maxPaceWait || waited+w > maxNearWait || w > m.waitBudget(ctx, m.l.o.timeout) {
 			break

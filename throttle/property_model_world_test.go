@@ -445,7 +445,7 @@ func (w *modelWorld) decide(k *mTask, fromPool bool) {
 	}
 	probed := k.probe
 	k.probe = false
-	if !probed && d.Reason == throttle.RefusedReserved {
+	if !probed && throttle.NearRefusal(d) {
 		// decideAndWait: a paced task told to wait for its instant (it
 		// asked as one that waits, near) waits in its worker and asks
 		// again, a paced wait at most, MaxNearWait in all.

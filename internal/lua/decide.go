@@ -46,7 +46,7 @@ type DecideArgs struct {
 	// and asks again (the middleware, with the time to): with Pace, a
 	// holder is admitted at most NearAhead before the instant its call is
 	// counted at, on a key with units and without windows; further ahead
-	// it is refused "reserved" with the wait, and asks again then. (Other
+	// it is refused "near" with the wait, and asks again then. (Other
 	// keys, tenants' keys and decisions over several keys admit ahead as
 	// Pace says.)
 	Near bool
@@ -82,7 +82,7 @@ type DecideReply struct {
 	RetryAfter time.Duration // when denied: wait at least this long
 	Wait       time.Duration // when allowed at an instant ahead (Pace): start after this long
 	Remaining  int64         // when allowed: tokens (or calls) left in the tightest tier, or free slots without one
-	RefusedBy  string        // when denied: "tier:N" (1-based), "suspended", "queue", "reserved", "inflight" or "booked"
+	RefusedBy  string        // when denied: "tier:N" (1-based), "suspended", "queue", "reserved", "near", "inflight" or "booked"
 	Reserved   time.Time     // when denied with a reservation: the reserved instant (Redis clock)
 	At         time.Time     // when allowed: the instant it was admitted at (Redis clock)
 	Lease      int64         // when allowed: extra tokens taken for the caller's process

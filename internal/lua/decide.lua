@@ -671,9 +671,15 @@ do
     -- asynq's per task through Limiter.Enqueue).
     local near = r.o.near
     if not r.paced or r.spec.windows or not r.spec.units then near = nil end
-    if now < resv - early or (near and resv - now > near) then
+    if now < resv - early then
       reserve_windows(r, resv, c, 1)
       return denied(r, resv - now, 'reserved', resv)
+    end
+    -- (told 'near': the caller asks again at its instant from its worker;
+    -- a task told 'reserved' goes back to asynq for it)
+    if near and resv - now > near then
+      reserve_windows(r, resv, c, 1)
+      return denied(r, resv - now, 'near', resv)
     end
     if not r.paced then return nil end
     -- The holders of one granule come back together, in any order, and take
@@ -687,7 +693,7 @@ do
     end
     if near and at - now > near and at - now <= early then
       reserve_windows(r, resv, c, 1)
-      return denied(r, at - now, 'reserved', resv)
+      return denied(r, at - now, 'near', resv)
     end
     if at - now <= early and short(r, c, at, true) == 0 and not (r.slot_n and r.held >= r.slot_n) then
       return admit(r, resv, id, c, at)

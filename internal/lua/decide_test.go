@@ -347,7 +347,7 @@ func TestDecideNearHolderWaitsForItsInstantAndAsksAgain(t *testing.T) {
 	a.Near = true
 	a.TaskID = "20"
 	r := e.decide(a)
-	assert.Equal(t, DecideReply{Status: StatusDenied, RetryAfter: 525 * time.Millisecond, RefusedBy: "reserved", Reserved: slots["20"], Generation: 1}, r,
+	assert.Equal(t, DecideReply{Status: StatusDenied, RetryAfter: 525 * time.Millisecond, RefusedBy: "near", Reserved: slots["20"], Generation: 1}, r,
 		"holder 20, back 525 ms before its slot: told to wait for it")
 	a.TaskID = "0"
 	r = e.decide(a)
@@ -356,7 +356,7 @@ func TestDecideNearHolderWaitsForItsInstantAndAsksAgain(t *testing.T) {
 	a.TaskID = "4"
 	r = e.decide(a)
 	assert.Equal(t, StatusDenied, r.Status, "holder 4, its slot 125 ms ahead: %+v", r)
-	assert.Equal(t, "reserved", r.RefusedBy)
+	assert.Equal(t, "near", r.RefusedBy)
 	assert.Equal(t, 125*time.Millisecond, r.RetryAfter)
 	a.TaskID = "3"
 	r = e.decide(a)
@@ -389,7 +389,7 @@ func TestDecideNearHolderWaitsForItsInstantAndAsksAgain(t *testing.T) {
 	require.Equal(t, StatusAllowed, e2.decide(b).Status, "h, late, takes the token of 2 s")
 	b.TaskID = "g"
 	r = e2.decide(b)
-	assert.Equal(t, DecideReply{Status: StatusDenied, RetryAfter: time.Second, RefusedBy: "reserved", Reserved: testEpoch().Add(2 * time.Second), Generation: 1}, r,
+	assert.Equal(t, DecideReply{Status: StatusDenied, RetryAfter: time.Second, RefusedBy: "near", Reserved: testEpoch().Add(2 * time.Second), Generation: 1}, r,
 		"g, due, its tier's next token a second away")
 	b.Near = false
 	r = e2.decide(b)
