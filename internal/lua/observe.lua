@@ -30,7 +30,7 @@ local unit_left = ARGV[9] or ''       -- "unit:window_ms:remaining ...": other u
 local now = now_us()
 local SUSPEND_FROM = 10e6             -- us: a nearer reset is left to the tiers
 
-local h = redis.call('HMGET', key, 'L', 'T', 'O', 's', 'P', 'D')
+local h = redis.call('HMGET', key, 'L', 'T', 'O', 's', 'P', 'D', 'V')
 h[1] = config_of(kc, h[1], h[6]) or false
 local src = h[1]
 if not src and defaults ~= '' then src = defaults end
@@ -315,6 +315,47 @@ if t_changed then
   if provider_until and provider_until > now then
     fields[#fields + 1] = 'P'
     fields[#fields + 1] = write_P(provider_until, parts, tiers)
+  end
+end
+-- A queue of reservations booked under the rates in force before keeps
+-- each bucket's schedule (V) as times, spaced by the bucket's emission
+-- interval then: when what is learned changes a bucket's rate, what the
+-- schedule owes past the queue's end (q: its last booked instant and a
+-- granule) is respaced to the rate in force, so that the bookings after
+-- it are spaced at that rate. (A learned 2 a minute raised to 8 booked
+-- the next task 60 s behind the queue, at 2 a minute's spacing, where 8's
+-- was 15 s: the combined model's liveness.) The reservations already
+-- booked keep their instants, and the time before the queue's end is not
+-- respaced: it may be a wait (a suspension's) and not tokens owed
+-- (respaced from now, a 5/s schedule behind a 60 s suspension, lowered
+-- to 3/s, pushed the next booking 40 s past the suspension's end).
+if q > now and h[7] then
+  local old = ceiling
+  if h[3] then old = apply_learned(ceiling, src, h[3], now) end
+  local va, sw, virt = read_V(h[7])
+  if va then
+    local e0 = {}
+    for _, t in ipairs(old.tiers) do
+      if t.kind == 'b' then e0[t.id] = t.e end
+    end
+    local vt, respaced = {}, false
+    local from = q - va -- (the queue's end, as V's times are: from va)
+    for i, t in ipairs(tiers) do
+      if t.kind == 'b' then
+        local v = virt[-t.id]
+        if v == nil then
+          v = owed[i] / t.rate + (now - va) -- (load_schedule's start)
+        elseif e0[t.id] and e0[t.id] ~= t.e and v > from then
+          v = from + (v - from) * t.e / e0[t.id]
+          respaced = true
+        end
+        vt[i] = v
+      end
+    end
+    if respaced then
+      fields[#fields + 1] = 'V'
+      fields[#fields + 1] = write_V(va, sw, tiers, vt)
+    end
   end
 end
 if #fields > 0 then

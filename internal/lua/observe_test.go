@@ -437,3 +437,30 @@ func TestObserveLeavesAQuotaTooSmallForTheNearestTierUnmapped(t *testing.T) {
 		e.observe(ObserveArgs{Remaining: -1, Policies: []Policy{{Quota: 2, PerMS: 60_000}}}))
 	assert.Equal(t, Tier{Rate: 2, PerMS: 1000, Burst: 2}, e.inspect().Tiers[0], "nothing learned")
 }
+
+// A queue of reservations booked under a learned rate is respaced when a
+// later response changes that rate: the bookings after it are spaced at
+// the rate in force (issue 29's combined model, a liveness case its soak
+// found). On 12 a minute (burst 2), learned down to 2 a minute: the
+// bucket emptied at 0, t3 (cost 1) books 30 s, 2 a minute's next token.
+// The provider then says 8 a minute: what the schedule owes past the
+// queue's end (31 s: t3's instant and a granule), 59 s at 2 a minute, is
+// 14.75 s at 8, and t2 (cost 2, the whole burst) books 45.75 s, on the
+// whole second 46 s. Left at 2 a minute's spacing, the schedule booked t2
+// at 90 s.
+func TestObserveRespacesAQueueBookedUnderALearnedRate(t *testing.T) {
+	e := newEnv(t)
+	e.setLimits(Tier{Rate: 12, PerMS: 60_000, Burst: 2})
+	e.observe(ObserveArgs{Remaining: -1, Policies: []Policy{{Quota: 2, PerMS: 60_000}}})
+	book := func(id string, cost int) time.Duration {
+		t.Helper()
+		r := e.decide(DecideArgs{TaskID: id, Cost: cost, Horizon: 2 * time.Minute, Lapse: time.Minute, Granule: time.Second})
+		require.Equal(t, StatusDenied, r.Status, "%s: %+v", id, r)
+		return r.Reserved.Sub(testEpoch())
+	}
+	require.Equal(t, StatusAllowed, e.decide(DecideArgs{Cost: 2}).Status)
+	assert.Equal(t, 30*time.Second, book("t3", 1), "2 a minute: a token in 30 s")
+	e.observe(ObserveArgs{Remaining: -1, Policies: []Policy{{Quota: 8, PerMS: 60_000}}})
+	require.Equal(t, int64(8), e.inspect().Tiers[0].Rate, "8 a minute in force")
+	assert.Equal(t, 46*time.Second, book("t2", 2), "the schedule past t3 respaced to 8 a minute")
+}
