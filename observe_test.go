@@ -3,6 +3,7 @@ package throttle_test
 import (
 	"context"
 	"fmt"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"sync"
@@ -14,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/asynq-throttle/asynq-throttle/internal/logtest"
+	"github.com/asynq-throttle/asynq-throttle/internal/redistest"
 	"github.com/asynq-throttle/asynq-throttle/throttle"
 )
 
@@ -77,8 +79,10 @@ func TestE2EObserveLearnsThePublishedQuota(t *testing.T) {
 	// account): only what the provider says keeps the fleet under it.
 	f.setLimits("crm", throttle.Window(100, time.Second))
 	start := time.Now()
+	lag := redistest.StartLagMeter()
 	f.enqueue("crm", "job", 100)
 	f.waitDone(100, 60*time.Second)
+	worst := lag.End()
 	f.audit(100)
 
 	st, err := throttle.NewLimiter(f.rdb).Inspect(context.Background(), "crm")
@@ -102,5 +106,14 @@ func TestE2EObserveLearnsThePublishedQuota(t *testing.T) {
 	}
 	t.Logf("provider: %d calls, %d 429s (%d after the first 2 s), drained in %v; calls per second %v",
 		len(prov.calls), len(prov.denied), late, time.Since(start).Round(100*time.Millisecond), perSecond)
-	assert.Zero(t, late, "429s once the quota was learned")
+	// The headroom (20 ms) covers calls that reach the provider within it
+	// of their decisions; a call this process held back longer (a loaded
+	// machine, -race) may land in the provider's next second: one 429 per
+	// call the quota allows in the worst lag past the headroom. Unlearned,
+	// the fleet would draw some 90.
+	allowed := 0
+	if over := worst - 20*time.Millisecond; over > 0 {
+		allowed = int(math.Ceil(float64(prov.quota) * over.Seconds()))
+	}
+	assert.LessOrEqual(t, late, allowed, "429s once the quota was learned (%d allowed for the process's worst lag, %v)", allowed, worst)
 }
