@@ -478,13 +478,13 @@ func TestE2ERateLimitedSuspendsTheFleet(t *testing.T) {
 	// suspension ends. Tasks admitted before it was written may still start
 	// a moment after: at once, or (paced, admitted ahead) in a server that
 	// has not seen the suspension yet, at their instant, up to about 1.2 s
-	// on (the server that got the 429 stops its own); from then on,
-	// nothing until it ends.
+	// on (the server that got the 429 stops its own), a timer's lateness
+	// more; from then on, nothing until it ends.
 	from, to := t0.Add(100*time.Millisecond), t0.Add(3*time.Second)
 	mu.Lock()
 	assert.Zero(t, countIn(admitted, from, to), "slack admitted during its suspension")
 	mu.Unlock()
-	assert.Zero(t, countIn(f.rec.times("slack"), t0.Add(1300*time.Millisecond), to), "slack ran during its suspension")
+	assert.Zero(t, countIn(f.rec.times("slack"), t0.Add(1500*time.Millisecond), to), "slack ran during its suspension")
 	assert.Positive(t, countIn(f.rec.times("github"), from, to), "github stopped during slack's suspension")
 	f.ev.mu.Lock()
 	assert.Equal(t, 1, f.ev.byJob["slack-20"][throttle.Suspended])

@@ -158,7 +158,9 @@ func (l *Limiter) SetWeights(ctx context.Context, key string, weights map[string
 // is refused with the remaining suspension as RetryAfter on its next decision.
 // A suspension is only ever extended, never shortened, and d is capped by
 // WithMaxSuspension. Inspect tells how long a key is suspended for. This
-// process drops its leased tokens of the key at once.
+// process drops its leased tokens of the key at once, and a task it
+// admitted ahead, waiting in its worker for its paced instant, does not
+// start.
 func (l *Limiter) Suspend(ctx context.Context, key string, d time.Duration) error {
 	_, err := l.suspend(ctx, key, d)
 	return err

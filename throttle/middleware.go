@@ -21,7 +21,8 @@ import (
 type Outcome int
 
 const (
-	// Ran: a token was taken and the handler ran.
+	// Ran: a token was taken and the handler runs (after its paced wait,
+	// if any: see Event.Wait).
 	Ran Outcome = iota
 	// Deferred: refused; the task will run later.
 	Deferred
@@ -70,7 +71,10 @@ func (o Outcome) String() string {
 // Limiter.OnEvent. A handler that reports a rate limit gives a second event
 // for the same task: Suspended, or, for a wait of the task alone
 // (RateLimitedError.TaskOnly), Deferred with RefusedByProvider; a Used that
-// could not be recorded, one more: Unsettled.
+// could not be recorded, one more: Unsettled. A task admitted ahead whose
+// key this process learns is suspended during its paced wait gives Ran,
+// then Deferred with RefusedBySuspension: its handler did not run after
+// all (see Event.Wait).
 type Event struct {
 	Key      string
 	TaskID   string
@@ -109,7 +113,8 @@ type Event struct {
 	// Copied reports that the deferral re-enqueued a copy of the task (the
 	// path used outside worker.NewServer and on a task's last attempt).
 	Copied bool
-	// HandlerRan reports whether the handler ran.
+	// HandlerRan reports whether the handler ran (on a Ran event, sent
+	// before it runs: that it is to run).
 	HandlerRan bool
 	// Latency is how long the decision took in Redis, round trip included
 	// (0 when it took none: leased, cached, no key; and on a Suspended

@@ -33,7 +33,7 @@ func noStrayTags(t *testing.T, ctx context.Context, rdb redis.UniversalClient, k
 }
 
 // Two tenants share the app key; each task also carries its workspace's
-// key. Through Limiter.Enqueue: the heavy tenant's backlog of 3 s on app is
+// key. Through Limiter.Enqueue: the heavy tenant's backlog of 6 s on app is
 // booked first, and the light tenant's tasks are booked at its share of
 // app (half its rate), not behind the backlog. Duplicates of a unique task
 // of the light tenant, refused by asynq after their booking, give their
@@ -56,17 +56,17 @@ func TestEnqueueOfSeveralKeysKeepsTenantsTurnsAndGivesBackDuplicates(t *testing.
 		return at
 	}
 	var heavy []time.Time
-	for i := range 30 {
+	for i := range 60 {
 		info, err := lim.Enqueue(ctx, client, newTask(t, "sync", []byte(fmt.Sprint("h", i)),
 			throttle.Key("ws1", "app"), throttle.Tenant("heavy")))
 		require.NoError(t, err)
 		heavy = append(heavy, reserved("app", info.ID))
 	}
 	start := heavy[0]
-	require.Greater(t, heavy[29].Sub(start), 2500*time.Millisecond, "heavy alone: its backlog booked at app's whole rate: %v", heavy)
+	require.Greater(t, heavy[59].Sub(start), 5500*time.Millisecond, "heavy alone: its backlog booked at app's whole rate: %v", heavy)
 
 	unique := newTask(t, "sync", []byte("light-unique"), throttle.Key("ws2", "app"), throttle.Tenant("light"))
-	// (light's times count from its first Enqueue: the 30 above take a
+	// (light's times count from its first Enqueue: the 60 above take a
 	// while on a loaded machine, and the tenant's turn starts from now)
 	lightStart := time.Now()
 	info, err := lim.Enqueue(ctx, client, unique, asynq.Unique(time.Hour))
@@ -86,9 +86,10 @@ func TestEnqueueOfSeveralKeysKeepsTenantsTurnsAndGivesBackDuplicates(t *testing.
 	}
 	// (light's 4 tasks at half of 10/s: within about 0.8 s of its first
 	// Enqueue, booked on the whole second after, so under 2 s; behind
-	// heavy's backlog they would start 3.3 s after heavy's first, behind
-	// the duplicates' work 4 s more)
+	// heavy's backlog they would start 6 s after heavy's first, after its
+	// last, behind the duplicates' work 4 s more)
 	assert.Less(t, light[3].Sub(lightStart), 2*time.Second, "light's tasks are booked at its share of app: %v", light)
+	assert.True(t, light[3].Before(heavy[59]), "light's tasks are booked before heavy's last (%v): %v", heavy[59], light)
 }
 
 // The middleware's decision (ReserveKeysAs: reserving, no booking): the

@@ -27,9 +27,9 @@ func TestSuspensionDuringAPacedWaitStopsTheTask(t *testing.T) {
 		t.Run(keys[len(keys)-1], func(t *testing.T) {
 			// (A task that comes back after its instant does not wait: the
 			// case is then not met, and tried again.)
-			for try := 1; ; try++ {
-				if suspendDuringPacedWait(t, keys) || try == 3 {
-					break
+			for try := 1; !suspendDuringPacedWait(t, keys); try++ {
+				if try == 3 {
+					t.Fatal("in 3 tries, the second task never waited in its worker for its paced instant")
 				}
 			}
 		})

@@ -347,6 +347,9 @@ if q > now and h[7] then
           v = owed[i] / t.rate + (now - va) -- (load_schedule's start)
         elseif e0[t.id] and e0[t.id] ~= t.e and v > from then
           v = from + (v - from) * t.e / e0[t.id]
+          -- (never earlier than what the bucket owes says: the tail may
+          -- have been booked slower than e0, under an adaptive cut)
+          v = math.max(v, owed[i] / t.rate + (now - va))
           respaced = true
         end
         vt[i] = v
