@@ -381,7 +381,11 @@ func TestMultiKeyWithoutLimitsLimitsNothing(t *testing.T) {
 // admissions, a task refused as a whole was taken from no key, and every
 // task runs in the end (liveness).
 func TestMultiBoundPerKeyOverManyCalls(t *testing.T) {
-	for seed := range uint64(4) {
+	seeds := uint64(4)
+	if raceOn {
+		seeds = 2 // (see race_on_test.go)
+	}
+	for seed := range seeds {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {
 			e := newMultiEnv(t, false)
 			rng := rand.New(rand.NewPCG(seed, 30))
