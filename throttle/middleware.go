@@ -387,7 +387,12 @@ func (m *middleware) suspendedMeanwhile(ev Event) (string, time.Time, bool) {
 	if len(keys) == 0 {
 		keys = []string{ev.Key}
 	}
-	now := m.now()
+	return m.suspendedKnown(keys, m.now())
+}
+
+// suspendedKnown reports the suspension this process knows of (cached) on
+// keys that ends last at now: its key, and until when.
+func (m *middleware) suspendedKnown(keys []string, now time.Time) (string, time.Time, bool) {
 	var latest time.Time
 	by := ""
 	for _, k := range keys {

@@ -153,14 +153,7 @@ func (m *middleware) giveBackMulti(ctx context.Context, d Decision, cost taskCos
 func (m *middleware) processMulti(ctx context.Context, t *asynq.Task, next asynq.Handler, keys []string, ev Event) error {
 	ks := m.l.keys.get(keys[0])
 	now := m.now()
-	var latest time.Time
-	by := ""
-	for _, k := range keys {
-		if at, ok := m.l.keys.get(k).suspendedUntil(now); ok && at.After(latest) {
-			latest, by = at, k
-		}
-	}
-	if by != "" {
+	if by, latest, ok := m.suspendedKnown(keys, now); ok {
 		ev.Cached, ev.Key = true, by
 		return m.deferDecision(ctx, t, m.l.keys.get(by), Decision{RetryAfter: latest.Sub(now), Reason: RefusedBySuspension, Key: by}, ev, Deferred)
 	}
