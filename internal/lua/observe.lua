@@ -342,14 +342,15 @@ if q > now and h[7] then
     local from = q - va -- (the queue's end, as V's times are: from va)
     for i, t in ipairs(tiers) do
       if t.kind == 'b' then
+        -- (what the bucket owes says, as load_schedule starts a schedule)
+        local owes = owed[i] / t.rate + (now - va)
         local v = virt[-t.id]
         if v == nil then
-          v = owed[i] / t.rate + (now - va) -- (load_schedule's start)
+          v = owes
         elseif e0[t.id] and e0[t.id] ~= t.e and v > from then
-          v = from + (v - from) * t.e / e0[t.id]
-          -- (never earlier than what the bucket owes says: the tail may
-          -- have been booked slower than e0, under an adaptive cut)
-          v = math.max(v, owed[i] / t.rate + (now - va))
+          -- (never earlier than what the bucket owes: the tail may have
+          -- been booked slower than e0, under an adaptive cut)
+          v = math.max(from + (v - from) * t.e / e0[t.id], owes)
           respaced = true
         end
         vt[i] = v
